@@ -1,0 +1,1 @@
+//! Shared helpers for flodl's criterion benchmarks (the benchmarks live in `benches/`).

@@ -1,0 +1,1 @@
+//! flodl-data (being built; see ARCHITECTURE.md).

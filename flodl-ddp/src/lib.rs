@@ -1,0 +1,1 @@
+//! flodl-ddp (being built; see ARCHITECTURE.md).

@@ -1,0 +1,1 @@
+//! flodl-nccl (being built; see ARCHITECTURE.md).

@@ -1,0 +1,1 @@
+//! flodl-tensor (being built; see ARCHITECTURE.md).

@@ -1,0 +1,5 @@
+//! `cargo xtask`: project automation.
+
+fn main() -> anyhow::Result<()> {
+    anyhow::bail!("xtask: no commands yet")
+}
