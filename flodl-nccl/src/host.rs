@@ -1,0 +1,234 @@
+//! `HostComm`: a collective whose ranks are threads of one process, reducing host memory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::abort::AbortHandle;
+use crate::error::{Error, Result};
+use crate::reduction::{broadcast_share, reduce_share};
+use crate::rendezvous::{Group, Op, Post, RawBuf};
+
+/// The deadline every operation gets unless [`HostComm::set_timeout`] says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One rank of a group of threads that reduce `f32` host buffers together.
+///
+/// Build the whole group with [`HostComm::group`] and move each communicator into its rank's
+/// thread. Every rank must call the same operations in the same order with buffers of equal
+/// lengths. The ranks cooperate: each one reduces its own slice of the joint buffers, reading
+/// every rank's input and writing the result into every rank's buffer, so the work and the memory
+/// traffic are split evenly and no rank copies a whole buffer.
+///
+/// Results are deterministic: element `i` is always `((w_0·x_0 + w_1·x_1) + w_2·x_2) + ...` in
+/// `f32`, in rank order, whichever thread computes it, so every rank holds bitwise the same
+/// result, on every run.
+///
+/// Failure: dropping a communicator (also during a panic's unwinding) makes every peer's current
+/// and future operations fail with [`Error::PeerLost`]; [`AbortHandle::abort`] makes them fail
+/// with [`Error::Aborted`]; a rank that waits longer than its timeout fails with
+/// [`Error::TimedOut`] and aborts the group. Survivors continue with [`HostComm::shrink`].
+#[derive(Debug)]
+pub struct HostComm {
+    group: Arc<Group>,
+    rank: usize,
+    timeout: Duration,
+    /// Every rank's post, copied at the end of the arrive phase (reused across operations).
+    view: Vec<Post>,
+    /// Pointer scratch for the reduction (reused across operations).
+    scratch: Vec<*mut f32>,
+    /// This rank's own buffer list (reused across operations).
+    mine: Vec<RawBuf>,
+}
+
+// SAFETY: the raw pointers in `view`, `scratch` and `mine` are only dereferenced inside an
+// operation, by the thread that runs it, under the rendezvous protocol (see `rendezvous`); between
+// operations they are stale addresses nobody reads. Everything else is `Send`.
+unsafe impl Send for HostComm {}
+
+impl HostComm {
+    /// Builds a group of `world` communicators; element `r` is rank `r`.
+    pub fn group(world: usize) -> Vec<HostComm> {
+        let group = Group::new(world);
+        (0..world)
+            .map(|rank| {
+                // A fresh group has no claimed rank, so joining cannot fail.
+                let _ = group.join(rank);
+                HostComm::with_group(Arc::clone(&group), rank)
+            })
+            .collect()
+    }
+
+    fn with_group(group: Arc<Group>, rank: usize) -> HostComm {
+        HostComm {
+            group,
+            rank,
+            timeout: DEFAULT_TIMEOUT,
+            view: Vec::new(),
+            scratch: Vec::new(),
+            mine: Vec::new(),
+        }
+    }
+
+    /// This communicator's rank, in `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.group.world()
+    }
+
+    /// How long an operation waits for the other ranks before it fails with `TimedOut`.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets how long an operation waits for the other ranks (default 30 s).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// A handle that aborts the whole group from any thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.group.abort_handle()
+    }
+
+    /// The ranks currently blocked waiting for their peers (a diagnostic: the ranks *not* listed
+    /// are the late ones).
+    pub fn waiting_ranks(&self) -> Vec<usize> {
+        self.group.waiting_ranks()
+    }
+
+    /// Joins the group formed by `survivors` (ranks of this group, strictly increasing, including
+    /// this rank): every survivor calls this with the same list and gets a communicator whose
+    /// rank is its position in the list. Nothing blocks here; the new group's first operation is
+    /// the rendezvous. The old group is typically aborted or has lost a rank, but need not be.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the list is empty, unsorted, out of range, misses this rank, or this
+    /// rank already joined a group with this list.
+    pub fn shrink(&self, survivors: &[usize]) -> Result<HostComm> {
+        let world = self.world_size();
+        if survivors.is_empty()
+            || survivors.windows(2).any(|w| w[0] >= w[1])
+            || survivors.iter().any(|&r| r >= world)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "survivors {survivors:?} must be strictly increasing ranks below {world}"
+            )));
+        }
+        let Some(rank) = survivors.iter().position(|&r| r == self.rank) else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not among the survivors {survivors:?}",
+                self.rank
+            )));
+        };
+        let group = self.group.successor(survivors);
+        group.join(rank)?;
+        let mut comm = HostComm::with_group(group, rank);
+        comm.timeout = self.timeout;
+        Ok(comm)
+    }
+
+    /// In-place weighted all-reduce: afterwards every rank's buffers hold `Σ_r w_r·x_r`, where
+    /// `w_r` is the `weight` rank `r` passed.
+    ///
+    /// # Errors
+    /// `Mismatch` if the ranks' buffer counts or lengths differ; `Aborted`, `PeerLost`,
+    /// `TimedOut` as described on [`HostComm`]. On error the buffers are unchanged.
+    pub fn all_reduce_weighted_f32(&mut self, bufs: &mut [&mut [f32]], weight: f32) -> Result<()> {
+        self.run(Op::AllReduce, weight, bufs)
+    }
+
+    /// In-place sum all-reduce: afterwards every rank's buffers hold `Σ_r x_r`.
+    ///
+    /// # Errors
+    /// As for [`all_reduce_weighted_f32`](Self::all_reduce_weighted_f32).
+    pub fn all_reduce_sum_f32(&mut self, bufs: &mut [&mut [f32]]) -> Result<()> {
+        self.run(Op::AllReduce, 1.0, bufs)
+    }
+
+    /// Copies `root`'s buffers into every other rank's buffers.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `root` is not a rank; `Mismatch` if the ranks disagree on the root or
+    /// the buffers; `Aborted`, `PeerLost`, `TimedOut` as described on [`HostComm`].
+    pub fn broadcast_f32(&mut self, bufs: &mut [&mut [f32]], root: usize) -> Result<()> {
+        if root >= self.world_size() {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast root {root} is not a rank of a group of {}",
+                self.world_size()
+            )));
+        }
+        self.run(Op::Broadcast { root }, 0.0, bufs)
+    }
+
+    /// Waits until every rank has called `barrier`.
+    ///
+    /// # Errors
+    /// `Mismatch` if another rank called a different operation; `Aborted`, `PeerLost`,
+    /// `TimedOut` as described on [`HostComm`].
+    pub fn barrier(&mut self) -> Result<()> {
+        self.run(Op::Barrier, 0.0, &mut [])
+    }
+
+    fn run(&mut self, op: Op, weight: f32, bufs: &mut [&mut [f32]]) -> Result<()> {
+        self.mine.clear();
+        self.mine.extend(bufs.iter_mut().map(|b| RawBuf { ptr: b.as_mut_ptr(), len: b.len() }));
+        self.group.arrive(self.rank, op, weight, &self.mine, self.timeout, &mut self.view)?;
+        // Every rank has arrived: from here on peers may touch this rank's buffers, so this
+        // function must reach `release` on every path.
+        let outcome = validate(&self.view);
+        if outcome.is_ok() {
+            match op {
+                // SAFETY: all ranks arrived at the same operation with matching buffers
+                // (validated), nobody has released, every rank's `RawBuf`s come from live
+                // `&mut [f32]` borrows held by ranks blocked in this operation, and shares are
+                // disjoint, so this rank alone touches the elements of its share.
+                Op::AllReduce => unsafe { reduce_share(&self.view, self.rank, &mut self.scratch) },
+                // SAFETY: as above; distinct ranks lent distinct `&mut` buffers, which cannot
+                // overlap.
+                Op::Broadcast { root } => unsafe { broadcast_share(&self.view, root, self.rank) },
+                Op::Barrier => {}
+            }
+        }
+        self.group.release();
+        outcome
+    }
+}
+
+impl Drop for HostComm {
+    fn drop(&mut self) {
+        self.group.leave(self.rank);
+    }
+}
+
+/// Checks that every rank announced rank 0's operation with buffers of the same lengths.
+fn validate(posts: &[Post]) -> Result<()> {
+    let first = &posts[0];
+    for (rank, post) in posts.iter().enumerate().skip(1) {
+        let mismatch =
+            |what, expected: String, found: String| Error::Mismatch { what, rank, expected, found };
+        if post.op != first.op {
+            return Err(mismatch("operation", format!("{:?}", first.op), format!("{:?}", post.op)));
+        }
+        if post.bufs.len() != first.bufs.len() {
+            return Err(mismatch(
+                "buffer count",
+                first.bufs.len().to_string(),
+                post.bufs.len().to_string(),
+            ));
+        }
+        for (b, (x, y)) in first.bufs.iter().zip(&post.bufs).enumerate() {
+            if x.len != y.len {
+                return Err(mismatch(
+                    "buffer length",
+                    format!("{} (buffer {b})", x.len),
+                    format!("{} (buffer {b})", y.len),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

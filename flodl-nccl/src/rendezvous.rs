@@ -1,0 +1,298 @@
+//! The shared state of a host group: published buffers and a two-phase, abortable rendezvous.
+//!
+//! Every operation runs in two phases. *Arrive*: a rank publishes its buffers and waits until all
+//! ranks have published (abortable, bounded by the deadline). *Release*: after touching its share
+//! of everybody's buffers, a rank waits until every rank has finished touching its buffers. The
+//! release phase is deliberately not abortable: once all ranks have arrived, peers hold raw
+//! pointers into this rank's buffers, and returning early would let the caller free or reuse
+//! memory another thread is still writing. The work between the phases is bounded arithmetic, so
+//! the release wait is bounded too.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use crate::abort::AbortHandle;
+use crate::error::{Error, Result};
+
+/// How long a blocked rank sleeps between checks of its deadline when nobody wakes it.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// The operation a rank announces when it arrives; all ranks must announce the same one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Weighted (or plain, with weight 1) all-reduce.
+    AllReduce,
+    /// Broadcast from a root rank.
+    Broadcast {
+        /// The rank whose buffers are copied to all others.
+        root: usize,
+    },
+    /// Synchronisation only, no buffers.
+    Barrier,
+}
+
+impl Op {
+    /// The operation's name, as error messages show it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce",
+            Op::Broadcast { .. } => "broadcast",
+            Op::Barrier => "barrier",
+        }
+    }
+}
+
+/// A raw view of one rank's buffer, published to its peers for the length of one operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBuf {
+    pub(crate) ptr: *mut f32,
+    pub(crate) len: usize,
+}
+
+// SAFETY: a `RawBuf` is only dereferenced between the arrive and release phases of the operation
+// that published it; during that window its owner is blocked inside the operation (it lent the
+// buffer as `&mut [f32]` and touches it only through the same raw pointer), and the element ranges
+// the ranks touch are disjoint. Moving the address itself between threads is harmless.
+unsafe impl Send for RawBuf {}
+
+/// What one rank published for the current operation.
+#[derive(Debug, Default)]
+pub(crate) struct Post {
+    pub(crate) op: Option<Op>,
+    pub(crate) weight: f32,
+    pub(crate) bufs: Vec<RawBuf>,
+}
+
+/// Why a group stopped working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Aborted,
+    PeerLost { rank: usize },
+}
+
+impl Fault {
+    fn error(self) -> Error {
+        match self {
+            Fault::Aborted => Error::Aborted,
+            Fault::PeerLost { rank } => Error::PeerLost { rank },
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    /// Completed arrive phases.
+    arrivals: u64,
+    arrived: usize,
+    /// Completed release phases.
+    releases: u64,
+    finished: usize,
+    fault: Option<Fault>,
+    posts: Vec<Post>,
+    /// Which ranks are blocked in the arrive phase right now.
+    waiting: Vec<bool>,
+    /// Which ranks have been handed out and not yet dropped.
+    joined: Vec<bool>,
+    /// Groups formed from this one's survivors, keyed by the survivor list.
+    successors: Vec<(Vec<usize>, Weak<Group>)>,
+}
+
+/// The state all ranks of one host group share.
+#[derive(Debug)]
+pub(crate) struct Group {
+    world: usize,
+    state: Mutex<State>,
+    wake: Condvar,
+    abort: AbortHandle,
+}
+
+impl Group {
+    /// A fresh group of `world` ranks, none joined yet.
+    pub(crate) fn new(world: usize) -> Arc<Group> {
+        Arc::new_cyclic(|weak: &Weak<Group>| {
+            let weak = weak.clone();
+            Group {
+                world,
+                state: Mutex::new(State {
+                    arrivals: 0,
+                    arrived: 0,
+                    releases: 0,
+                    finished: 0,
+                    fault: None,
+                    posts: (0..world).map(|_| Post::default()).collect(),
+                    waiting: vec![false; world],
+                    joined: vec![false; world],
+                    successors: Vec::new(),
+                }),
+                wake: Condvar::new(),
+                abort: AbortHandle::new(move || {
+                    if let Some(group) = weak.upgrade() {
+                        group.fail(Fault::Aborted);
+                    }
+                }),
+            }
+        })
+    }
+
+    /// The number of ranks.
+    pub(crate) fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The group's abort handle.
+    pub(crate) fn abort_handle(&self) -> AbortHandle {
+        self.abort.clone()
+    }
+
+    /// Locks the state; a panic while the lock was held (which none of this module's code can
+    /// cause) must not take the group down with it, so poisoning is recovered.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>, slice: Duration) -> MutexGuard<'a, State> {
+        match self.wake.wait_timeout(guard, slice) {
+            Ok((guard, _)) => guard,
+            Err(poisoned) => poisoned.into_inner().0,
+        }
+    }
+
+    fn fail(&self, fault: Fault) {
+        let mut state = self.lock();
+        if state.fault.is_none() {
+            state.fault = Some(fault);
+        }
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// Marks `rank` as handed out; fails if it already is.
+    pub(crate) fn join(&self, rank: usize) -> Result<()> {
+        let mut state = self.lock();
+        if state.joined[rank] {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} of the new group has already been claimed"
+            )));
+        }
+        state.joined[rank] = true;
+        Ok(())
+    }
+
+    /// Records that `rank` left: peers waiting now, or arriving later, get `PeerLost`.
+    pub(crate) fn leave(&self, rank: usize) {
+        let mut state = self.lock();
+        state.joined[rank] = false;
+        if state.fault.is_none() {
+            state.fault = Some(Fault::PeerLost { rank });
+        }
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// The ranks currently blocked in the arrive phase (a diagnostic: who is *not* listed is late).
+    pub(crate) fn waiting_ranks(&self) -> Vec<usize> {
+        let state = self.lock();
+        (0..self.world).filter(|&r| state.waiting[r]).collect()
+    }
+
+    /// The group formed by `survivors` (old ranks, sorted), created on first request.
+    pub(crate) fn successor(&self, survivors: &[usize]) -> Arc<Group> {
+        let mut state = self.lock();
+        state.successors.retain(|(_, weak)| weak.strong_count() > 0);
+        if let Some(group) = state
+            .successors
+            .iter()
+            .find(|(list, _)| list == survivors)
+            .and_then(|(_, weak)| weak.upgrade())
+        {
+            return group;
+        }
+        let group = Group::new(survivors.len());
+        state.successors.push((survivors.to_vec(), Arc::downgrade(&group)));
+        group
+    }
+
+    /// The arrive phase: publishes `post` for `rank` and waits until every rank has published,
+    /// then copies all posts into `view` (indexed by rank).
+    ///
+    /// # Errors
+    /// The group's fault if it is (or becomes) aborted or a peer left; `TimedOut` once the deadline
+    /// passes (`timeout` after the call), which also aborts the group so the peers do not wait for this rank forever.
+    pub(crate) fn arrive(
+        &self,
+        rank: usize,
+        op: Op,
+        weight: f32,
+        bufs: &[RawBuf],
+        timeout: Duration,
+        view: &mut Vec<Post>,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut state = self.lock();
+        if let Some(fault) = state.fault {
+            return Err(fault.error());
+        }
+        let post = &mut state.posts[rank];
+        post.op = Some(op);
+        post.weight = weight;
+        post.bufs.clear();
+        post.bufs.extend_from_slice(bufs);
+        state.arrived += 1;
+        let generation = state.arrivals;
+        if state.arrived == self.world {
+            state.arrived = 0;
+            state.arrivals += 1;
+            state.waiting.iter_mut().for_each(|w| *w = false);
+            self.wake.notify_all();
+        } else {
+            state.waiting[rank] = true;
+            loop {
+                let now = Instant::now();
+                if now >= deadline {
+                    state.fault.get_or_insert(Fault::Aborted);
+                    state.waiting[rank] = false;
+                    drop(state);
+                    self.wake.notify_all();
+                    tracing::warn!(rank, op = op.name(), "collective timed out");
+                    return Err(Error::TimedOut { op: op.name(), after: now - started });
+                }
+                state = self.wait(state, (deadline - now).min(WAIT_SLICE));
+                if state.arrivals != generation {
+                    break;
+                }
+                if let Some(fault) = state.fault {
+                    state.waiting[rank] = false;
+                    return Err(fault.error());
+                }
+            }
+        }
+        view.resize_with(self.world, Post::default);
+        for (mine, theirs) in view.iter_mut().zip(&state.posts) {
+            mine.op = theirs.op;
+            mine.weight = theirs.weight;
+            mine.bufs.clear();
+            mine.bufs.extend_from_slice(&theirs.bufs);
+        }
+        Ok(())
+    }
+
+    /// The release phase: waits until every rank has finished touching the published buffers.
+    /// Not abortable (see the module documentation); bounded because every rank that arrived
+    /// only has bounded work left.
+    pub(crate) fn release(&self) {
+        let mut state = self.lock();
+        state.finished += 1;
+        let generation = state.releases;
+        if state.finished == self.world {
+            state.finished = 0;
+            state.releases += 1;
+            drop(state);
+            self.wake.notify_all();
+            return;
+        }
+        while state.releases == generation {
+            state = self.wait(state, WAIT_SLICE);
+        }
+    }
+}
