@@ -1,0 +1,139 @@
+//! The command-line grammar of `fdl` (clap derive).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Train one model on several devices at once (local SGD with the ElChe cadence).
+#[derive(Debug, Parser)]
+#[command(name = "fdl", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The `fdl` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// List every device with its name, memory and (for GPUs) compute capability.
+    Devices,
+    /// Train the reference MLP on MNIST across ranks and write a run directory.
+    Train(TrainArgs),
+    /// Run the A/B matrix (solo per device, then every policy x backend) and write a table.
+    Bench(BenchArgs),
+    /// Regenerate report.html of a run directory from its metrics.jsonl and summary.json.
+    Report(ReportArgs),
+}
+
+/// Flags shared by `train` and `bench`: what to train, on which ranks, and how.
+///
+/// Every flag is optional: a value given here overrides the same key in the `--config` file,
+/// which overrides the built-in default.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct TrainFlags {
+    /// TOML file with any of these keys (kebab-case, e.g. `batch-size = 64`); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Number of CPU ranks (default: every GPU, or 2 CPU ranks when there is none).
+    #[arg(long, value_name = "N", conflicts_with = "devices")]
+    pub(crate) ranks: Option<usize>,
+    /// Explicit rank devices, comma separated, e.g. `cpu,cpu,cuda:0`.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) devices: Option<String>,
+    /// When to average: sync, cadence or async.
+    #[arg(long, value_name = "POLICY")]
+    pub(crate) policy: Option<String>,
+    /// How to average: collective or host.
+    #[arg(long, value_name = "BACKEND")]
+    pub(crate) backend: Option<String>,
+    /// Number of epochs.
+    #[arg(long, value_name = "N")]
+    pub(crate) epochs: Option<usize>,
+    /// Per-rank batch size.
+    #[arg(long, value_name = "N")]
+    pub(crate) batch_size: Option<usize>,
+    /// Base learning rate (SGD with momentum).
+    #[arg(long, value_name = "LR")]
+    pub(crate) lr: Option<f64>,
+    /// SGD momentum.
+    #[arg(long, value_name = "M")]
+    pub(crate) momentum: Option<f64>,
+    /// LR schedule: constant, cosine, ... (see `fdl train --help` of the runtime's schedules).
+    #[arg(long, value_name = "SCHEDULE")]
+    pub(crate) schedule: Option<String>,
+    /// Seed of the initial weights and of the data permutation.
+    #[arg(long, value_name = "SEED")]
+    pub(crate) seed: Option<u64>,
+    /// Per-rank slowdown factors to emulate unequal devices, e.g. `1,2.5`.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) slowdown: Option<String>,
+    /// Hidden layer widths of the MLP, e.g. `256,128`.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) hidden: Option<String>,
+    /// Directory with the MNIST idx files (default: data/mnist of this repository).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data: Option<PathBuf>,
+    /// Train on the first N training images only (quick runs and tests).
+    #[arg(long, value_name = "N")]
+    pub(crate) train_subset: Option<usize>,
+    /// Evaluate on the first N test images only (quick runs and tests).
+    #[arg(long, value_name = "N")]
+    pub(crate) test_subset: Option<usize>,
+}
+
+/// `fdl train`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct TrainArgs {
+    /// What to train and how.
+    #[command(flatten)]
+    pub(crate) flags: TrainFlags,
+    /// Evaluate on the test set every N epochs (the last epoch is always evaluated).
+    #[arg(long, value_name = "N")]
+    pub(crate) eval_every: Option<usize>,
+    /// Write checkpoints into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N epochs (needs a checkpoint directory; default 1 when one is given).
+    #[arg(long, value_name = "N")]
+    pub(crate) checkpoint_every: Option<usize>,
+    /// Resume from this checkpoint.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) resume: Option<PathBuf>,
+    /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// Name of the run (its directory under runs/ when --out is not given).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) name: Option<String>,
+    /// No progress bars, even on a terminal.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+    /// Print the resolved configuration as JSON and exit without training.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+/// `fdl bench`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct BenchArgs {
+    /// What to train and how (policy and backend are ignored: every combination runs).
+    #[command(flatten)]
+    pub(crate) flags: TrainFlags,
+    /// Directory for bench.md and bench.json (default: runs/bench-<UTC timestamp>).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// Skip the solo runs (one per device).
+    #[arg(long)]
+    pub(crate) no_solo: bool,
+    /// No progress output, even on a terminal.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+}
+
+/// `fdl report`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ReportArgs {
+    /// The run directory (holding metrics.jsonl and summary.json).
+    pub(crate) run_dir: PathBuf,
+}

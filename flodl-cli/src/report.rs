@@ -1,0 +1,295 @@
+//! The self-contained `report.html` of a run: key figures, tables and inline SVG charts.
+
+use std::fmt::Write as _;
+
+use crate::chart::{LineChart, Series, Style, escape};
+use crate::record::{EpochRecord, Record, ReduceRecord, Summary};
+
+/// Renders the report of one run.
+pub(crate) fn render(summary: &Summary, records: &[Record]) -> String {
+    let epochs: Vec<&EpochRecord> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Epoch(e) => Some(e),
+            Record::Reduce(_) => None,
+        })
+        .collect();
+    let reduces: Vec<&ReduceRecord> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Reduce(r) => Some(r),
+            Record::Epoch(_) => None,
+        })
+        .collect();
+
+    let mut html = String::new();
+    let title = format!("fdl run {}", summary.name);
+    let _ = write!(
+        html,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{}</style></head><body>",
+        escape(&title),
+        CSS
+    );
+    let _ = write!(html, "<h1>{}</h1>", escape(&title));
+    let _ = write!(
+        html,
+        "<p class=\"meta\">started {} · fdl {} · {} rank(s): {}</p>",
+        escape(&summary.started_at),
+        escape(&summary.fdl_version),
+        summary.devices.len(),
+        escape(&summary.devices.join(", "))
+    );
+    key_figures(&mut html, summary);
+    rank_table(&mut html, summary);
+
+    html.push_str("<h2>Charts</h2><div class=\"charts\">");
+    for chart in charts(summary, &epochs, &reduces) {
+        let _ = write!(html, "<figure>{}</figure>", chart.to_svg());
+    }
+    html.push_str("</div>");
+
+    epoch_table(&mut html, &epochs);
+    config_table(&mut html, summary);
+    html.push_str("</body></html>\n");
+    html
+}
+
+const CSS: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}\
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}.meta{color:#555}\
+.figures{display:flex;flex-wrap:wrap;gap:12px}.figure{border:1px solid #ddd;border-radius:6px;padding:8px 14px}\
+.figure b{display:block;font-size:20px}.figure span{color:#666;font-size:12px}\
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}\
+th{background:#f4f4f4}td.l,th.l{text-align:left}\
+.charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;border:1px solid #eee}";
+
+fn key_figures(html: &mut String, s: &Summary) {
+    let acc = s.test.map_or("–".to_owned(), |t| format!("{:.2}%", t.accuracy * 100.0));
+    let test_loss = s.test.map_or("–".to_owned(), |t| format!("{:.4}", t.loss));
+    let train_loss = s.final_train_loss.map_or("–".to_owned(), |l| format!("{l:.4}"));
+    let avg_sync = s.avg_sync_ms.map_or("–".to_owned(), |m| format!("{m:.2} ms"));
+    let figures = [
+        ("test accuracy", acc),
+        ("test loss", test_loss),
+        ("final train loss", train_loss),
+        ("training wall", format!("{:.1} s", s.train_wall_s)),
+        ("epochs", s.epochs_completed.to_string()),
+        ("syncs", s.syncs.to_string()),
+        ("average sync", avg_sync),
+        ("policy / backend", format!("{} / {}", s.config.policy, s.config.backend)),
+    ];
+    html.push_str("<div class=\"figures\">");
+    for (label, value) in figures {
+        let _ = write!(
+            html,
+            "<div class=\"figure\"><b>{}</b><span>{}</span></div>",
+            escape(&value),
+            escape(label)
+        );
+    }
+    html.push_str("</div>");
+}
+
+fn rank_table(html: &mut String, s: &Summary) {
+    html.push_str("<h2>Ranks</h2><table><tr><th>rank</th><th class=\"l\">device</th><th>slowdown</th><th>samples</th><th>samples/s</th><th>share</th><th>idle</th></tr>");
+    for r in &s.ranks {
+        let slowdown = s.config.slowdown.get(r.rank).map_or("1".to_owned(), |f| format!("{f}"));
+        let idle = r.idle.map_or("–".to_owned(), |i| format!("{:.1}%", i * 100.0));
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}%</td><td>{}</td></tr>",
+            r.rank,
+            escape(&r.device),
+            escape(&slowdown),
+            r.samples,
+            r.samples_per_s,
+            r.share * 100.0,
+            idle
+        );
+    }
+    html.push_str("</table>");
+}
+
+fn epoch_table(html: &mut String, epochs: &[&EpochRecord]) {
+    html.push_str("<h2>Epochs</h2><table><tr><th>epoch</th><th>t (s)</th><th>epoch (ms)</th><th>train loss</th><th>test loss</th><th>test accuracy</th></tr>");
+    for e in epochs {
+        let (tl, ta) = e.eval.map_or(("–".to_owned(), "–".to_owned()), |v| {
+            (format!("{:.4}", v.loss), format!("{:.2}%", v.accuracy * 100.0))
+        });
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{:.2}</td><td>{:.0}</td><td>{:.4}</td><td>{}</td><td>{}</td></tr>",
+            e.epoch, e.t_s, e.epoch_ms, e.train_loss, tl, ta
+        );
+    }
+    html.push_str("</table>");
+}
+
+fn config_table(html: &mut String, s: &Summary) {
+    html.push_str("<h2>Configuration</h2><table>");
+    let mut rows = Vec::new();
+    if let Ok(serde_json::Value::Object(map)) = serde_json::to_value(&s.config) {
+        rows.extend(map);
+    }
+    if let Ok(serde_json::Value::Object(map)) = serde_json::to_value(&s.options) {
+        rows.extend(map);
+    }
+    for (key, value) in rows {
+        let text = match value {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Null => "–".to_owned(),
+            other => other.to_string(),
+        };
+        let _ = write!(
+            html,
+            "<tr><th class=\"l\">{}</th><td class=\"l\">{}</td></tr>",
+            escape(&key),
+            escape(&text)
+        );
+    }
+    html.push_str("</table>");
+}
+
+/// The report's charts, in display order.
+fn charts(s: &Summary, epochs: &[&EpochRecord], reduces: &[&ReduceRecord]) -> Vec<LineChart> {
+    let world = s.devices.len().max(epochs.iter().map(|e| e.ranks.len()).max().unwrap_or(0));
+    let rank_name = |r: usize| match s.devices.get(r) {
+        Some(d) => format!("rank {r} ({d})"),
+        None => format!("rank {r}"),
+    };
+
+    let train_loss = epochs.iter().map(|e| (e.t_s, e.train_loss)).collect();
+    let test_loss = epochs.iter().filter_map(|e| e.eval.map(|v| (e.t_s, v.loss))).collect();
+    let loss = LineChart::new("Loss", "wall time (s)", "loss")
+        .series(Series::new("train loss", train_loss, Style::Line))
+        .series(Series::new("test loss", test_loss, Style::Line));
+
+    let acc_points = epochs.iter().filter_map(|e| e.eval.map(|v| (e.t_s, v.accuracy * 100.0)));
+    let accuracy = LineChart::new("Test accuracy", "wall time (s)", "accuracy (%)")
+        .series(Series::new("test accuracy", acc_points.collect(), Style::Line));
+
+    let mut throughput =
+        LineChart::new("Per-rank throughput", "wall time (s)", "samples/s").y_from_zero();
+    for r in 0..world {
+        let pts = epochs
+            .iter()
+            .filter_map(|e| e.ranks.iter().find(|x| x.rank == r).map(|x| (e.t_s, x.samples_per_s)))
+            .collect();
+        throughput = throughput.series(Series::new(rank_name(r), pts, Style::Line));
+    }
+
+    // Batch share per reduce window when there are reduces (finer), else per epoch.
+    let mut share =
+        LineChart::new("Batch share", "wall time (s)", "share of batches").y_from_zero();
+    for r in 0..world {
+        let pts: Vec<(f64, f64)> = if reduces.is_empty() {
+            epochs
+                .iter()
+                .filter_map(|e| e.ranks.iter().find(|x| x.rank == r).map(|x| (e.t_s, x.share)))
+                .collect()
+        } else {
+            reduces
+                .iter()
+                .filter_map(|red| {
+                    let total: u64 = red.batches.iter().sum();
+                    let mine = *red.batches.get(r)?;
+                    (total > 0).then(|| (red.t_s, mine as f64 / total as f64))
+                })
+                .collect()
+        };
+        share = share.series(Series::new(rank_name(r), pts, Style::Step));
+    }
+
+    let anchor_pts = reduces.iter().filter_map(|r| r.anchor.map(|a| (r.t_s, a as f64))).collect();
+    let anchor = LineChart::new("ElChe anchor", "wall time (s)", "anchor (batches)")
+        .y_from_zero()
+        .series(Series::new("anchor", anchor_pts, Style::Step));
+
+    let sync_pts = reduces.iter().map(|r| (r.t_s, r.sync_ms)).collect();
+    let syncs = LineChart::new("Sync events", "wall time (s)", "sync time (ms)")
+        .y_from_zero()
+        .series(Series::new("reduce", sync_pts, Style::Dots));
+
+    vec![loss, accuracy, throughput, share, anchor, syncs]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{RunOptions, TrainConfig};
+    use crate::record::{EvalRecord, RankEpoch, RankSummary};
+
+    fn sample(epochs: usize, reduces_per_epoch: u64) -> (Summary, Vec<Record>) {
+        let mut records = Vec::new();
+        let mut index = 0;
+        for e in 1..=epochs {
+            for k in 0..reduces_per_epoch {
+                index += 1;
+                records.push(Record::Reduce(ReduceRecord {
+                    index,
+                    t_s: e as f64 - 1.0 + k as f64 / reduces_per_epoch as f64,
+                    sync_ms: 1.0 + k as f64,
+                    anchor: Some(10 + k),
+                    batches: vec![10, 25],
+                }));
+            }
+            records.push(Record::Epoch(EpochRecord {
+                epoch: e,
+                t_s: e as f64,
+                epoch_ms: 1000.0,
+                train_loss: 1.0 / e as f64,
+                eval: Some(EvalRecord { loss: 0.5 / e as f64, accuracy: 0.9 + 0.01 * e as f64 }),
+                ranks: (0..2)
+                    .map(|r| RankEpoch { rank: r, samples: 100, samples_per_s: 50.0, share: 0.5 })
+                    .collect(),
+            }));
+        }
+        let summary = Summary {
+            name: "t<1>".into(),
+            fdl_version: "0".into(),
+            started_at: "2026-01-01T00:00:00Z".into(),
+            config: TrainConfig::defaults(),
+            options: RunOptions {
+                eval_every: 1,
+                checkpoint_dir: None,
+                checkpoint_every: 1,
+                resume: None,
+                out: None,
+                name: None,
+            },
+            devices: vec!["cpu".into(), "cpu".into()],
+            epochs_completed: epochs,
+            train_wall_s: epochs as f64,
+            final_train_loss: Some(0.1),
+            test: Some(EvalRecord { loss: 0.1, accuracy: 0.98 }),
+            syncs: index,
+            avg_sync_ms: Some(1.5),
+            ranks: (0..2)
+                .map(|r| RankSummary {
+                    rank: r,
+                    device: "cpu".into(),
+                    samples: 100,
+                    samples_per_s: 50.0,
+                    share: 0.5,
+                    idle: Some(0.1),
+                })
+                .collect(),
+        };
+        (summary, records)
+    }
+
+    #[test]
+    fn report_has_six_charts_with_lines_and_escaped_name() {
+        for (epochs, reduces) in [(3, 4), (1, 0), (0, 0)] {
+            let (summary, records) = sample(epochs, reduces);
+            let html = render(&summary, &records);
+            assert_eq!(html.matches("<svg").count(), 6, "{epochs}/{reduces}");
+            assert_eq!(html.matches("</svg>").count(), 6);
+            assert!(html.contains("t&lt;1&gt;") && !html.contains("t<1>"));
+            assert!(!html.contains("NaN") && !html.contains("inf"));
+            if epochs > 1 && reduces > 0 {
+                // loss (2) + accuracy + throughput (2) + share (2) + anchor = 8 polylines.
+                assert_eq!(html.matches("<polyline").count(), 8);
+            }
+        }
+    }
+}
