@@ -1,5 +1,7 @@
 //! flodl-ddp (being built; see ARCHITECTURE.md).
 
+pub mod checkpoint;
+pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 pub mod elche;
 pub mod logic_error;
 pub mod verdict;

@@ -1,0 +1,59 @@
+//! Checkpoint bundles: the resumable state of a run, its versioned file format and atomic IO.
+//!
+//! A [`Checkpoint`] holds the consensus parameters and buffers, per-rank optimizer state, outer
+//! optimizer state, the ElChe state (opaque), step/epoch/reduce counters, the data coverage of
+//! the open epochs, RNG states, the world size and the hash of the run's configuration. Its
+//! model signature is the parameters' names, shapes and dtypes.
+//!
+//! # File format (version 1)
+//!
+//! All integers little-endian.
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `89 46 44 4C 43 4B 0D 0A` (`\x89FDLCK\r\n`) |
+//! | 8 | 4 | format version, `u32` (= [`FORMAT_VERSION`]) |
+//! | 12 | 4 | reserved, zero |
+//! | 16 | 8 | `M`: metadata section length, `u64` (≤ [`MAX_META_BYTES`]) |
+//! | 24 | 8 | `D`: data section length, `u64` |
+//! | 32 | 32 | sha256 of bytes 0..32, then the metadata and data sections |
+//! | 64 | `M` | metadata: bincode 2 (`config::standard()`, serde) of the scalars, coverage, RNG, opaque states, and each tensor's name, dtype and shape (params, buffers, each optimizer set, outer) |
+//! | 64 + `M` | `D` | tensor data: each tensor's elements as little-endian bytes, in metadata order, unpadded |
+//!
+//! A bundle is exactly `64 + M + D` bytes. Reading checks, in order: length ≥ 64, magic,
+//! version, `M` and `64 + M + D` against the ceilings ([`MAX_META_BYTES`], [`ReadLimits`]),
+//! `64 + M + D` against the actual size, the checksum, the reserved field, the metadata decode
+//! (bincode with a byte limit; it must consume exactly `M` bytes), every tensor's byte length
+//! (the tensors must fill `D` exactly), unique names, and the coverage invariants. Only then is
+//! a value returned; compatibility ([`Expectation`]: signature, world size, config hash) is
+//! checked by [`Checkpoint::load`] and the loaders of [`CheckpointStore`].
+//!
+//! # Files
+//!
+//! [`Checkpoint::save`] writes a temporary file in the target's directory, fsyncs it, renames
+//! it over the target and fsyncs the directory, so a crash leaves the previous bundle intact.
+//! [`CheckpointStore`] keeps `step-<global_step>.fdlck` bundles (the newest `keep`) and
+//! `latest.fdlck` (a hard link to the newest step bundle, swapped in atomically).
+//!
+//! # Restoring
+//!
+//! [`TensorSet::check_shapes`] (and the tensor-level restore helpers) validate every target's
+//! shape and dtype before any tensor is written.
+
+mod bundle;
+mod coverage;
+mod error;
+mod format;
+mod record;
+mod signature;
+mod store;
+
+pub use bundle::{Checkpoint, OpaqueState, RngStream, SaveReason};
+pub use coverage::{EpochCoverage, SampleRange, normalise, uncovered};
+pub use error::{CheckpointError, Result};
+pub use format::{FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_META_BYTES, ReadLimits};
+pub use record::{StoredDType, TensorRecord, TensorSet};
+pub use signature::{ConfigHash, Expectation, ModelSignature, SignatureEntry};
+pub use store::{
+    CheckpointStore, EXTENSION, LATEST, STEP_PREFIX, SaveHook, SaveStage, load_latest,
+};

@@ -1,0 +1,386 @@
+//! Files on disk: atomic saves, `latest` plus `step-N` naming with retention, and loading.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::bundle::Checkpoint;
+use super::error::{CheckpointError, Result};
+use super::format::{Encoded, ReadLimits};
+use super::signature::Expectation;
+
+/// File extension of bundles.
+pub const EXTENSION: &str = "fdlck";
+/// Name (without extension) of the bundle that always holds the newest save.
+pub const LATEST: &str = "latest";
+/// Prefix of the step-numbered bundles (`step-<global_step>.fdlck`).
+pub const STEP_PREFIX: &str = "step-";
+/// Marker in the names of temporary files of saves in progress.
+const TMP_MARKER: &str = ".tmp-";
+
+/// A point in an atomic save, reported to a fault-injection hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveStage {
+    /// The temporary file exists and is empty.
+    TempCreated,
+    /// Header and metadata are written, tensor data is not.
+    PartlyWritten,
+    /// Everything is written, not yet synced.
+    Written,
+    /// The temporary file is synced to disk, not yet renamed.
+    Synced,
+    /// The temporary file has been renamed over the target (directory not yet synced).
+    Renamed,
+}
+
+/// A hook called at each [`SaveStage`] with the final target path; an `Err` stops the save right
+/// there, leaving the files as a crash at that point would (no clean-up).
+pub type SaveHook<'a> = &'a mut dyn FnMut(SaveStage, &Path) -> io::Result<()>;
+
+fn no_hook(_: SaveStage, _: &Path) -> io::Result<()> {
+    Ok(())
+}
+
+/// Why a file write stopped: a real i/o error (clean up) or the hook (leave files as they are).
+enum WriteStop {
+    Io(io::Error),
+    Hook(io::Error),
+}
+
+fn temp_path(target: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    target.with_file_name(format!(".{name}{TMP_MARKER}{}-{n}", std::process::id()))
+}
+
+fn parent_dir(target: &Path) -> &Path {
+    match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Syncs a directory so a rename in it is durable.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Runs the temp-file part of an atomic write; `fill` writes the content.
+fn write_temp(
+    target: &Path,
+    temp: &Path,
+    hook: SaveHook<'_>,
+    fill: impl FnOnce(&mut BufWriter<File>, SaveHook<'_>) -> std::result::Result<(), WriteStop>,
+) -> std::result::Result<(), WriteStop> {
+    let file = File::create_new(temp).map_err(WriteStop::Io)?;
+    hook(SaveStage::TempCreated, target).map_err(WriteStop::Hook)?;
+    let mut w = BufWriter::new(file);
+    fill(&mut w, &mut *hook)?;
+    let file = w.into_inner().map_err(|e| WriteStop::Io(e.into_error()))?;
+    hook(SaveStage::Written, target).map_err(WriteStop::Hook)?;
+    file.sync_all().map_err(WriteStop::Io)?;
+    hook(SaveStage::Synced, target).map_err(WriteStop::Hook)?;
+    fs::rename(temp, target).map_err(WriteStop::Io)?;
+    hook(SaveStage::Renamed, target).map_err(WriteStop::Hook)?;
+    sync_dir(parent_dir(target)).map_err(WriteStop::Io)
+}
+
+/// Atomic write: temporary file in the target's directory, write, fsync, rename, fsync dir.
+fn write_atomic(
+    target: &Path,
+    hook: SaveHook<'_>,
+    fill: impl FnOnce(&mut BufWriter<File>, SaveHook<'_>) -> std::result::Result<(), WriteStop>,
+) -> Result<()> {
+    let temp = temp_path(target);
+    match write_temp(target, &temp, hook, fill) {
+        Ok(()) => Ok(()),
+        Err(WriteStop::Hook(e)) => Err(CheckpointError::io(target, e)),
+        Err(WriteStop::Io(e)) => {
+            // Best effort: the temporary file may not exist or may already be renamed.
+            let _ = fs::remove_file(&temp);
+            Err(CheckpointError::io(target, e))
+        }
+    }
+}
+
+fn write_bundle(target: &Path, encoded: &Encoded<'_>, hook: SaveHook<'_>) -> Result<()> {
+    write_atomic(target, hook, |w, hook| {
+        encoded.write_head(w).map_err(WriteStop::Io)?;
+        w.flush().map_err(WriteStop::Io)?;
+        hook(SaveStage::PartlyWritten, target).map_err(WriteStop::Hook)?;
+        encoded.write_data(w).map_err(WriteStop::Io)
+    })
+}
+
+impl Checkpoint {
+    /// Writes the bundle to `path` atomically: a reader sees the old file or the new one, and a
+    /// crash at any point leaves the old file intact.
+    ///
+    /// # Errors
+    /// Encoding errors as [`Checkpoint::to_bytes`], and [`CheckpointError::Io`].
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.save_with_hook(path, &mut no_hook)
+    }
+
+    /// [`Checkpoint::save`] with a fault-injection hook called at each [`SaveStage`].
+    ///
+    /// # Errors
+    /// As [`Checkpoint::save`]; a hook error is returned as [`CheckpointError::Io`].
+    pub fn save_with_hook(&self, path: &Path, hook: SaveHook<'_>) -> Result<()> {
+        write_bundle(path, &Encoded::new(self)?, hook)
+    }
+
+    /// Reads and fully validates the bundle at `path` (integrity only, not compatibility).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] and every integrity error; never a partial result.
+    pub fn read(path: &Path) -> Result<Checkpoint> {
+        Self::read_with_limits(path, ReadLimits::default())
+    }
+
+    /// [`Checkpoint::read`] under explicit [`ReadLimits`].
+    ///
+    /// # Errors
+    /// As [`Checkpoint::read`].
+    pub fn read_with_limits(path: &Path, limits: ReadLimits) -> Result<Checkpoint> {
+        let io_err = |e| CheckpointError::io(path, e);
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        Checkpoint::read_from(&mut BufReader::new(file), len, limits).map_err(io_err)?
+    }
+
+    /// Reads the bundle at `path` and checks it belongs to the run described by `expect`.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::read`], plus [`Checkpoint::check_compatible`]'s mismatches.
+    pub fn load(path: &Path, expect: &Expectation) -> Result<Checkpoint> {
+        let ckpt = Self::read(path)?;
+        ckpt.check_compatible(expect)?;
+        Ok(ckpt)
+    }
+}
+
+/// A checkpoint directory: `latest.fdlck` (the newest save) plus the last `keep`
+/// `step-<global_step>.fdlck` bundles.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    dir: PathBuf,
+    keep: usize,
+}
+
+impl CheckpointStore {
+    /// Opens (creating it if needed) a store in `dir` keeping `keep` step bundles (at least 1),
+    /// and removes temporary files left there by interrupted saves.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] when the directory cannot be created or listed.
+    pub fn open(dir: impl Into<PathBuf>, keep: usize) -> Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
+        let store = CheckpointStore { dir, keep: keep.max(1) };
+        for entry in store.entries()? {
+            if entry.starts_with('.') && entry.contains(TMP_MARKER) {
+                let path = store.dir.join(&entry);
+                fs::remove_file(&path).map_err(|e| CheckpointError::io(path, e))?;
+            }
+        }
+        Ok(store)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How many step bundles are kept.
+    pub fn keep(&self) -> usize {
+        self.keep
+    }
+
+    /// Path of the bundle named `name` (`<dir>/<name>.fdlck`).
+    pub fn path_of(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.{EXTENSION}"))
+    }
+
+    /// Path of the step bundle for `global_step`.
+    pub fn step_path(&self, global_step: u64) -> PathBuf {
+        self.path_of(&format!("{STEP_PREFIX}{global_step}"))
+    }
+
+    /// Saves `ckpt` as `step-<global_step>` and then as `latest` (each atomically), and deletes
+    /// step bundles beyond the newest `keep`. Returns the step bundle's path.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::save`]. A failure at any point leaves the previous `latest` loadable.
+    pub fn save(&self, ckpt: &Checkpoint) -> Result<PathBuf> {
+        self.save_with_hook(ckpt, &mut no_hook)
+    }
+
+    /// [`CheckpointStore::save`] with a fault-injection hook (called for each file written).
+    ///
+    /// # Errors
+    /// As [`CheckpointStore::save`].
+    pub fn save_with_hook(&self, ckpt: &Checkpoint, hook: SaveHook<'_>) -> Result<PathBuf> {
+        let encoded = Encoded::new(ckpt)?;
+        let step = self.step_path(ckpt.global_step);
+        write_bundle(&step, &encoded, &mut *hook)?;
+        let latest = self.path_of(LATEST);
+        self.link_latest(&step, &latest, &encoded, hook)?;
+        self.prune()?;
+        Ok(step)
+    }
+
+    /// Points `latest` at the step bundle: a hard link renamed over `latest` (no copy), or an
+    /// atomic copy where the filesystem has no hard links.
+    fn link_latest(
+        &self,
+        step: &Path,
+        latest: &Path,
+        encoded: &Encoded<'_>,
+        hook: SaveHook<'_>,
+    ) -> Result<()> {
+        let temp = temp_path(latest);
+        if fs::hard_link(step, &temp).is_err() {
+            return write_bundle(latest, encoded, hook);
+        }
+        let linked = (|| {
+            hook(SaveStage::Synced, latest).map_err(WriteStop::Hook)?;
+            fs::rename(&temp, latest).map_err(WriteStop::Io)?;
+            hook(SaveStage::Renamed, latest).map_err(WriteStop::Hook)?;
+            sync_dir(&self.dir).map_err(WriteStop::Io)
+        })();
+        match linked {
+            Ok(()) => Ok(()),
+            Err(WriteStop::Hook(e)) => Err(CheckpointError::io(latest, e)),
+            Err(WriteStop::Io(e)) => {
+                // Best effort: the link may already be renamed.
+                let _ = fs::remove_file(&temp);
+                Err(CheckpointError::io(latest, e))
+            }
+        }
+    }
+
+    /// Saves `ckpt` under `name` (e.g. `"final"`, `"crash"`) atomically, leaving `latest` and
+    /// the step bundles alone. Returns its path.
+    ///
+    /// # Errors
+    /// [`CheckpointError::InvalidName`] for an empty name, one with a path separator, a leading
+    /// dot, or `latest`; otherwise as [`Checkpoint::save`].
+    pub fn save_named(&self, name: &str, ckpt: &Checkpoint) -> Result<PathBuf> {
+        let bad = name.is_empty()
+            || name.starts_with('.')
+            || name.contains(['/', '\\'])
+            || name == LATEST
+            || parse_step(&format!("{name}.{EXTENSION}")).is_some();
+        if bad {
+            return Err(CheckpointError::InvalidName { name: name.to_string() });
+        }
+        let path = self.path_of(name);
+        ckpt.save(&path)?;
+        Ok(path)
+    }
+
+    /// The step bundles present, sorted by step (oldest first).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] when the directory cannot be listed.
+    pub fn steps(&self) -> Result<Vec<(u64, PathBuf)>> {
+        let mut steps: Vec<(u64, PathBuf)> = self
+            .entries()?
+            .into_iter()
+            .filter_map(|name| parse_step(&name).map(|s| (s, self.dir.join(name))))
+            .collect();
+        steps.sort_unstable();
+        Ok(steps)
+    }
+
+    /// Loads the newest bundle: `latest`, or the highest step bundle when `latest` is absent.
+    ///
+    /// # Errors
+    /// [`CheckpointError::NotFound`] when there is none; otherwise as [`Checkpoint::load`]
+    /// (a corrupt `latest` is an error, not silently skipped).
+    pub fn load_latest(&self, expect: &Expectation) -> Result<Checkpoint> {
+        let latest = self.path_of(LATEST);
+        if latest.is_file() {
+            return Checkpoint::load(&latest, expect);
+        }
+        match self.steps()?.pop() {
+            Some((_, path)) => Checkpoint::load(&path, expect),
+            None => Err(CheckpointError::NotFound { dir: self.dir.clone() }),
+        }
+    }
+
+    /// Loads the newest bundle that is intact and compatible, trying `latest` and then the step
+    /// bundles from newest to oldest. Returns it with the errors of the ones skipped.
+    ///
+    /// # Errors
+    /// [`CheckpointError::NotFound`] when none is present; the newest one's error when none
+    /// loads.
+    pub fn load_newest_valid(
+        &self,
+        expect: &Expectation,
+    ) -> Result<(Checkpoint, Vec<(PathBuf, CheckpointError)>)> {
+        let latest = self.path_of(LATEST);
+        let candidates = latest
+            .is_file()
+            .then_some(latest)
+            .into_iter()
+            .chain(self.steps()?.into_iter().rev().map(|(_, p)| p));
+        let mut skipped = Vec::new();
+        for path in candidates {
+            match Checkpoint::load(&path, expect) {
+                Ok(ckpt) => return Ok((ckpt, skipped)),
+                Err(e) => skipped.push((path, e)),
+            }
+        }
+        if skipped.is_empty() {
+            Err(CheckpointError::NotFound { dir: self.dir.clone() })
+        } else {
+            Err(skipped.swap_remove(0).1)
+        }
+    }
+
+    /// Deletes step bundles older than the newest `keep`.
+    fn prune(&self) -> Result<()> {
+        let steps = self.steps()?;
+        let excess = steps.len().saturating_sub(self.keep);
+        for (_, path) in &steps[..excess] {
+            fs::remove_file(path).map_err(|e| CheckpointError::io(path, e))?;
+        }
+        Ok(())
+    }
+
+    fn entries(&self) -> Result<Vec<String>> {
+        let io_err = |e| CheckpointError::io(&self.dir, e);
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            if let Some(name) = entry.file_name().to_str() {
+                names.push(name.to_string());
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// The step number of a file named `step-<n>.fdlck`.
+fn parse_step(file_name: &str) -> Option<u64> {
+    let digits = file_name.strip_prefix(STEP_PREFIX)?.strip_suffix(EXTENSION)?.strip_suffix('.')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Loads the newest bundle of the store in `dir` (see [`CheckpointStore::load_latest`]).
+///
+/// # Errors
+/// As [`CheckpointStore::load_latest`]; [`CheckpointError::NotFound`] when `dir` is missing.
+pub fn load_latest(dir: &Path, expect: &Expectation) -> Result<Checkpoint> {
+    if !dir.is_dir() {
+        return Err(CheckpointError::NotFound { dir: dir.to_path_buf() });
+    }
+    CheckpointStore { dir: dir.to_path_buf(), keep: 1 }.load_latest(expect)
+}
