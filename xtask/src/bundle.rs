@@ -1,0 +1,294 @@
+//! A self-contained GPU test bundle: stripped test binaries, the MNIST data, this xtask as the
+//! matrix runner, and a run.sh, for a GPU machine with no Rust toolchain.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::cargo_artifact::TestBinary;
+use crate::workspace;
+
+/// The bundle's manifest file.
+pub(crate) const MANIFEST: &str = "bundle.json";
+/// The largest bundle that can travel to a device machine.
+const SIZE_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// What a bundle holds: its test binaries, with paths relative to the bundle.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BundleManifest {
+    /// The commit the binaries were built from (`git describe --always --dirty`).
+    pub(crate) source: String,
+    /// The test binaries: `exe` under `bin/`, `manifest_dir` a folder named after the package's.
+    pub(crate) binaries: Vec<TestBinary>,
+}
+
+/// Writes a bundle of `binaries` into `dir` (created; an earlier bundle there is replaced).
+///
+/// # Errors
+/// When `dir` holds something other than a bundle, or a copy fails.
+pub(crate) fn make(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
+    if dir.exists() && fs::read_dir(dir)?.next().is_some() {
+        if !dir.join(MANIFEST).exists() {
+            bail!(
+                "{} is not empty and holds no {MANIFEST}: refusing to overwrite it",
+                dir.display()
+            );
+        }
+        fs::remove_dir_all(dir).with_context(|| format!("cannot clear {}", dir.display()))?;
+    }
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).with_context(|| format!("cannot create {}", bin.display()))?;
+    let mut strip = Strip::Untried;
+    let mut bundled = Vec::new();
+    for binary in binaries {
+        let name = format!("{}.{}.{}", binary.package, binary.kind, binary.target);
+        strip.copy(&binary.exe, &bin.join(&name))?;
+        let package_dir = binary
+            .manifest_dir
+            .file_name()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| binary.package.clone().into());
+        fs::create_dir_all(dir.join(&package_dir))?;
+        bundled.push(TestBinary {
+            exe: Path::new("bin").join(&name),
+            manifest_dir: package_dir,
+            ..binary.clone()
+        });
+    }
+    let xtask = env::current_exe().context("cannot find the running xtask")?;
+    strip.copy(&xtask, &bin.join("xtask"))?;
+    let mnist = dir.join("data").join("mnist");
+    fs::create_dir_all(&mnist)?;
+    for entry in fs::read_dir(workspace::mnist_dir()).context("cannot read data/mnist")? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            fs::copy(entry.path(), mnist.join(entry.file_name()))?;
+        }
+    }
+    let script = dir.join("run.sh");
+    fs::write(&script, run_script())?;
+    make_executable(&script)?;
+    let manifest = BundleManifest { source: git_describe(), binaries: bundled };
+    fs::write(dir.join(MANIFEST), serde_json::to_string_pretty(&manifest)? + "\n")?;
+    let size = folder_size(dir)?;
+    eprintln!(
+        "bundle: {} test binaries, {:.1} MiB in {} ({})",
+        manifest.binaries.len(),
+        size as f64 / (1024.0 * 1024.0),
+        dir.display(),
+        strip.describe()
+    );
+    if size > SIZE_LIMIT {
+        eprintln!("bundle: warning: larger than {} MiB", SIZE_LIMIT / (1024 * 1024));
+    }
+    Ok(())
+}
+
+/// Reads a bundle's manifest, with paths made absolute.
+///
+/// # Errors
+/// When `dir` holds no readable manifest.
+pub(crate) fn load(dir: &Path) -> Result<Vec<TestBinary>> {
+    let dir = dir.canonicalize().with_context(|| format!("no bundle at {}", dir.display()))?;
+    let path = dir.join(MANIFEST);
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let manifest: BundleManifest =
+        serde_json::from_str(&text).with_context(|| format!("bad {}", path.display()))?;
+    eprintln!("bundle: built from {}", manifest.source);
+    Ok(manifest
+        .binaries
+        .into_iter()
+        .map(|b| TestBinary { exe: dir.join(&b.exe), manifest_dir: dir.join(&b.manifest_dir), ..b })
+        .collect())
+}
+
+/// Whether the `strip` tool works here (tried on the first copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strip {
+    Untried,
+    Works,
+    Unavailable,
+}
+
+impl Strip {
+    /// Copies `from` to `to` and strips the copy's symbols when `strip` works.
+    fn copy(&mut self, from: &Path, to: &Path) -> Result<()> {
+        fs::copy(from, to).with_context(|| format!("cannot copy {}", from.display()))?;
+        if *self == Strip::Unavailable {
+            return Ok(());
+        }
+        let stripped = Command::new("strip")
+            .arg("--strip-all")
+            .arg(to)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        *self = if stripped { Strip::Works } else { Strip::Unavailable };
+        if !stripped {
+            eprintln!("bundle: warning: `strip` failed; binaries keep their symbols");
+        }
+        Ok(())
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Strip::Works => "stripped",
+            Strip::Untried | Strip::Unavailable => "not stripped",
+        }
+    }
+}
+
+fn make_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut permissions = fs::metadata(path)?.permissions();
+    permissions.set_mode(0o755);
+    fs::set_permissions(path, permissions)?;
+    Ok(())
+}
+
+fn folder_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            total += folder_size(&entry.path())?;
+        } else if kind.is_file() {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
+fn git_describe() -> String {
+    Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(workspace::root())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The bundle's run.sh: finds the CUDA libraries, exports the environment, runs the matrix.
+pub(crate) fn run_script() -> String {
+    r#"#!/usr/bin/env bash
+# flodl GPU test bundle, made by `cargo xtask gpu-test --bundle`: runs the GPU test matrix on a
+# machine with no Rust toolchain.
+#
+#   ./run.sh                 every case the visible GPUs allow, with FLODL_REQUIRE_GPU=1
+#   ./run.sh --allow-no-gpu  with no GPU, run the CPU cases instead of failing
+#   ./run.sh --gpus N        take N GPUs as visible (also: --cases-only, --timeout SECS)
+#
+# Results (matrix.txt, matrix.json, matrix.log, run.log) go to $OUT when set, else ./out.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${OUT:-$here/out}"
+mkdir -p "$out"
+
+# cudarc loads the CUDA libraries at run time: the driver (libcuda), NCCL, NVRTC and cuBLAS, from
+# a driver, a toolkit or Python wheels (site-packages/nvidia/*/lib). One search, without stubs or
+# forward-compat copies; the newest of each is kept. Their folders go on LD_LIBRARY_PATH, and
+# lib/ holds unversioned links (libnccl.so -> libnccl.so.2), the names cudarc asks for.
+shim="$here/lib"
+rm -rf "$shim"
+mkdir -p "$shim"
+found="$(find / \( -path /proc -o -path /sys -o -path /dev -o -path "$here" \) -prune -o \
+    \( -name 'libcuda.so*' -o -name 'libnccl.so*' -o -name 'libnvrtc.so*' \
+       -o -name 'libnvrtc-builtins.so*' -o -name 'libcublas.so*' -o -name 'libcublasLt.so*' \) \
+    -print 2>/dev/null | grep -v -e '/stubs/' -e '/compat/')"
+dirs=""
+for lib in libcuda libnccl libnvrtc libcublas libcublasLt; do
+    best="$(printf '%s\n' "$found" | grep -E "/$lib\.so(\.[0-9]+)*\$" \
+        | awk -F/ '{ print $NF "\t" $0 }' | sort -V | tail -n 1 | cut -f 2)"
+    if [ -z "$best" ]; then
+        echo "run.sh: $lib: not found"
+        continue
+    fi
+    echo "run.sh: $lib: $best"
+    if [ "$lib" = libcuda ]; then
+        # The driver's own folder is usually known to the loader already.
+        if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then continue; fi
+    else
+        ln -sf "$best" "$shim/$lib.so"
+    fi
+    d="$(dirname "$best")"
+    case ":$dirs:" in *":$d:"*) ;; *) dirs="${dirs:+$dirs:}$d" ;; esac
+done
+export LD_LIBRARY_PATH="$shim${dirs:+:$dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+
+# Tests find the vendored MNIST here; each binary runs from its package's folder in the bundle.
+export FLODL_MNIST_DIR="${FLODL_MNIST_DIR:-$here/data/mnist}"
+case " $* " in
+    *" --allow-no-gpu "*) ;;
+    *) export FLODL_REQUIRE_GPU=1 ;;
+esac
+if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L; fi
+
+"$here/bin/xtask" run-bundle --bundle "$here" --out "$out" "$@" 2>&1 | tee "$out/run.log"
+exit "${PIPESTATUS[0]}"
+"#
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_script_is_valid_bash_that_sets_up_and_runs_the_matrix() -> Result<()> {
+        let script = run_script();
+        assert!(script.starts_with("#!/usr/bin/env bash\n"));
+        for want in [
+            "-name 'libnccl.so*'",
+            "-name 'libnvrtc.so*'",
+            "-name 'libcublas.so*'",
+            "-name 'libcuda.so*'",
+            "export LD_LIBRARY_PATH=",
+            "export FLODL_MNIST_DIR=",
+            "export FLODL_REQUIRE_GPU=1",
+            "${OUT:-$here/out}",
+            "bin/xtask\" run-bundle --bundle \"$here\" --out \"$out\" \"$@\"",
+        ] {
+            assert!(script.contains(want), "run.sh lacks {want}");
+        }
+        let path = env::temp_dir().join(format!("flodl-xtask-run-{}.sh", std::process::id()));
+        fs::write(&path, &script)?;
+        let checked = Command::new("bash").arg("-n").arg(&path).output();
+        fs::remove_file(&path)?;
+        let checked = checked?;
+        assert!(checked.status.success(), "bash -n: {}", String::from_utf8_lossy(&checked.stderr));
+        Ok(())
+    }
+
+    #[test]
+    fn manifest_paths_are_relative_and_load_absolute() -> Result<()> {
+        let dir = env::temp_dir().join(format!("flodl-xtask-bundle-{}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        let binary = TestBinary {
+            package: "flodl-nccl".into(),
+            target: "nccl".into(),
+            kind: "test".into(),
+            exe: PathBuf::from("bin/flodl-nccl.test.nccl"),
+            manifest_dir: PathBuf::from("flodl-nccl"),
+        };
+        let manifest = BundleManifest { source: "abc123".into(), binaries: vec![binary.clone()] };
+        fs::write(dir.join(MANIFEST), serde_json::to_string(&manifest)?)?;
+        let loaded = load(&dir);
+        let canonical = dir.canonicalize();
+        fs::remove_dir_all(&dir)?;
+        let (loaded, canonical) = (loaded?, canonical?);
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].exe, canonical.join("bin/flodl-nccl.test.nccl"));
+        assert_eq!(loaded[0].manifest_dir, canonical.join("flodl-nccl"));
+        assert_eq!(loaded[0].id(), binary.id());
+        Ok(())
+    }
+}

@@ -1,0 +1,157 @@
+//! `cargo xtask ci`: the steps of `.ci/run`, run one by one with a summary.
+
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::flags::CiArgs;
+use crate::table::{Align, Table};
+use crate::workspace;
+
+/// One CI step: a cargo invocation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Step {
+    /// A short name for the summary.
+    pub(crate) title: &'static str,
+    /// The arguments after `cargo`.
+    pub(crate) args: &'static [&'static str],
+}
+
+impl Step {
+    /// The step as a shell command line (`cargo fmt --all --check`).
+    pub(crate) fn command_line(&self) -> String {
+        std::iter::once("cargo").chain(self.args.iter().copied()).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// The steps, in the order `.ci/run` runs them (a test keeps the two equal).
+pub(crate) const STEPS: [Step; 3] = [
+    Step { title: "format", args: &["fmt", "--all", "--check"] },
+    Step {
+        title: "lint",
+        args: &["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"],
+    },
+    Step { title: "test", args: &["test", "--workspace", "--release"] },
+];
+
+/// What happened to a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum StepResult {
+    Passed { seconds: f64 },
+    Failed { seconds: f64, code: Option<i32> },
+    NotRun,
+}
+
+/// Runs the CI steps in the workspace root and prints a summary.
+///
+/// # Errors
+/// When a step fails (or cannot start); the summary is printed first.
+pub(crate) fn run(args: &CiArgs) -> Result<()> {
+    let root = workspace::root();
+    let mut results = Vec::new();
+    let mut failed = false;
+    for step in &STEPS {
+        if failed && !args.keep_going {
+            results.push(StepResult::NotRun);
+            continue;
+        }
+        eprintln!("== {}", step.command_line());
+        let start = Instant::now();
+        let status = Command::new(workspace::cargo())
+            .args(step.args)
+            .current_dir(&root)
+            .env("CARGO_TERM_COLOR", "never")
+            .status()
+            .with_context(|| format!("cannot start `{}`", step.command_line()))?;
+        let seconds = start.elapsed().as_secs_f64();
+        if status.success() {
+            results.push(StepResult::Passed { seconds });
+        } else {
+            failed = true;
+            results.push(StepResult::Failed { seconds, code: status.code() });
+        }
+    }
+    eprintln!("\n== ci summary\n{}", summary(&results));
+    let failures: Vec<&str> = STEPS
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| matches!(r, StepResult::Failed { .. }))
+        .map(|(s, _)| s.title)
+        .collect();
+    if failures.is_empty() {
+        eprintln!("ci: all {} steps passed", STEPS.len());
+        Ok(())
+    } else {
+        bail!("ci failed: {}", failures.join(", "))
+    }
+}
+
+/// The summary table: step, command, result, time.
+fn summary(results: &[StepResult]) -> String {
+    let mut table = Table::new(&[
+        ("step", Align::Left),
+        ("command", Align::Left),
+        ("result", Align::Left),
+        ("time", Align::Right),
+    ]);
+    for (step, result) in STEPS.iter().zip(results) {
+        let (verdict, time) = match result {
+            StepResult::Passed { seconds } => ("ok".to_string(), format!("{seconds:.1} s")),
+            StepResult::Failed { seconds, code } => {
+                let code = code.map_or("signal".to_string(), |c| format!("exit {c}"));
+                (format!("FAILED ({code})"), format!("{seconds:.1} s"))
+            }
+            StepResult::NotRun => ("not run".to_string(), String::new()),
+        };
+        table.push(vec![step.title.into(), step.command_line(), verdict, time]);
+    }
+    table.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_the_commands_of_the_ci_script() -> Result<()> {
+        let script = std::fs::read_to_string(workspace::root().join(".ci").join("run"))?;
+        let script_commands: Vec<&str> =
+            script.lines().map(str::trim).filter(|line| line.starts_with("cargo ")).collect();
+        let ours: Vec<String> = STEPS.iter().map(Step::command_line).collect();
+        assert_eq!(script_commands, ours);
+        Ok(())
+    }
+
+    #[test]
+    fn summary_reports_each_step() {
+        let cases = [
+            (
+                [
+                    StepResult::Passed { seconds: 1.25 },
+                    StepResult::Failed { seconds: 30.0, code: Some(101) },
+                    StepResult::NotRun,
+                ],
+                ["ok", "FAILED (exit 101)", "not run"],
+            ),
+            (
+                [
+                    StepResult::Passed { seconds: 0.0 },
+                    StepResult::Passed { seconds: 2.0 },
+                    StepResult::Failed { seconds: 3.0, code: None },
+                ],
+                ["ok", "ok", "FAILED (signal)"],
+            ),
+        ];
+        for (results, verdicts) in cases {
+            let text = summary(&results);
+            let lines: Vec<&str> = text.lines().skip(2).collect();
+            assert_eq!(lines.len(), STEPS.len());
+            for ((line, step), verdict) in lines.iter().zip(&STEPS).zip(verdicts) {
+                assert!(line.starts_with(step.title), "{line}");
+                assert!(line.contains(&step.command_line()), "{line}");
+                assert!(line.contains(verdict), "{line} lacks {verdict}");
+            }
+        }
+    }
+}

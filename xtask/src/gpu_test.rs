@@ -1,0 +1,166 @@
+//! `cargo xtask gpu-test` and the bundle's `run-bundle`: build, detect GPUs, run the matrix.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::bundle;
+use crate::cargo_artifact::{self, TestBinary};
+use crate::flags::{GpuTestArgs, MatrixArgs, RunBundleArgs};
+use crate::gpu_inventory::GpuInventory;
+use crate::matrix::{self, CASES};
+use crate::matrix_report::MatrixReport;
+use crate::row_runner::{RunContext, file_in};
+use crate::workspace;
+
+/// Runs `cargo xtask gpu-test`.
+///
+/// # Errors
+/// When no GPU is visible (unless allowed), the build fails, or a matrix row fails.
+pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
+    if let Some(dir) = &args.bundle {
+        let binaries = cargo_artifact::build_tests()?;
+        bundle::make(dir, &binaries)?;
+        eprintln!(
+            "bundle: on a GPU machine run `{}/run.sh` (results go to $OUT or ./out)",
+            dir.display()
+        );
+        return Ok(());
+    }
+    if args.list {
+        return list(&cargo_artifact::build_tests()?);
+    }
+    let inventory = GpuInventory::detect(args.matrix.gpus);
+    check_gpus(&inventory, &args.matrix)?;
+    let binaries = cargo_artifact::build_tests()?;
+    let out = args.matrix.out.clone().unwrap_or_else(|| workspace::target_dir().join("gpu-test"));
+    let mnist =
+        env::var_os("FLODL_MNIST_DIR").map(PathBuf::from).unwrap_or_else(workspace::mnist_dir);
+    run_matrix(inventory, &binaries, &args.matrix, &mnist, &out)
+}
+
+/// Runs the matrix from a bundle (what the bundle's run.sh calls).
+///
+/// # Errors
+/// When the bundle is unreadable, no GPU is visible (unless allowed), or a matrix row fails.
+pub(crate) fn run_bundle(args: &RunBundleArgs) -> Result<()> {
+    let binaries = bundle::load(&args.bundle)?;
+    let inventory = GpuInventory::detect(args.matrix.gpus);
+    check_gpus(&inventory, &args.matrix)?;
+    let out = args.matrix.out.clone().unwrap_or_else(|| args.bundle.join("out"));
+    let mnist = env::var_os("FLODL_MNIST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| args.bundle.join("data").join("mnist"));
+    run_matrix(inventory, &binaries, &args.matrix, &mnist, &out)
+}
+
+/// Fails clearly when no GPU is visible, unless `--allow-no-gpu`.
+fn check_gpus(inventory: &GpuInventory, args: &MatrixArgs) -> Result<()> {
+    if inventory.count > 0 {
+        eprintln!(
+            "gpu-test: {} GPU(s) visible ({})",
+            inventory.count,
+            inventory.evidence.join("; ")
+        );
+        return Ok(());
+    }
+    let evidence = inventory.evidence.join("; ");
+    if args.allow_no_gpu {
+        eprintln!(
+            "gpu-test: no GPU visible ({evidence}); --allow-no-gpu: running the CPU rows without FLODL_REQUIRE_GPU"
+        );
+        return Ok(());
+    }
+    bail!(
+        "no GPU visible ({evidence}). gpu-test needs a GPU: run it on a GPU machine, carry the tests \
+         there with `cargo xtask gpu-test --bundle DIR`, or pass --allow-no-gpu to run the CPU rows only"
+    )
+}
+
+fn run_matrix(
+    inventory: GpuInventory,
+    binaries: &[TestBinary],
+    args: &MatrixArgs,
+    mnist: &Path,
+    out: &Path,
+) -> Result<()> {
+    let require_gpu = inventory.count > 0;
+    let context = RunContext {
+        gpus: inventory.count,
+        require_gpu,
+        timeout: Duration::from_secs(args.timeout),
+        mnist_dir: mnist.to_path_buf(),
+        log_path: file_in(out, "matrix.log")?,
+        scratch_path: file_in(out, "row.tmp")?,
+    };
+    if context.log_path.exists() {
+        fs::remove_file(&context.log_path)?;
+    }
+    let rows = matrix::plan(CASES, binaries, args.cases_only);
+    let mut results = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let binary = binaries.iter().find(|b| b.id() == row.binary);
+        let result = context.run_row(row, binary)?;
+        eprintln!(
+            "gpu-test: {:<32} {:<28} {} ({:.1} s)",
+            row.label,
+            row.binary,
+            result.outcome.word(),
+            result.seconds
+        );
+        results.push(result);
+    }
+    if context.scratch_path.exists() {
+        fs::remove_file(&context.scratch_path)?;
+    }
+    let report = MatrixReport::new(inventory, require_gpu, results);
+    report.write(out)?;
+    println!("{}", report.render());
+    eprintln!("gpu-test: wrote {}/matrix.txt, matrix.json, matrix.log", out.display());
+    if !report.ok {
+        bail!(
+            "GPU matrix failed: {} row(s); see {}",
+            report.failures,
+            out.join("matrix.txt").display()
+        );
+    }
+    Ok(())
+}
+
+/// Prints each test binary's tests and the cases that select them, to keep [`CASES`] current.
+fn list(binaries: &[TestBinary]) -> Result<()> {
+    for binary in binaries {
+        let output = Command::new(&binary.exe)
+            .args(["--list", "--format", "terse"])
+            .current_dir(&binary.manifest_dir)
+            .output()
+            .with_context(|| format!("cannot start {}", binary.exe.display()))?;
+        let tests = matrix::parse_test_list(&String::from_utf8_lossy(&output.stdout));
+        println!("{} ({} tests)", binary.id(), tests.len());
+        for test in &tests {
+            let cases: Vec<&str> = CASES
+                .iter()
+                .filter(|c| c.binary == binary.id())
+                .filter(|c| {
+                    matrix::selects(
+                        &c.filters.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+                        test,
+                    )
+                })
+                .map(|c| c.name)
+                .collect();
+            println!(
+                "  {test}{}",
+                if cases.is_empty() { String::new() } else { format!("  <- {}", cases.join(", ")) }
+            );
+        }
+    }
+    for case in CASES.iter().filter(|c| !binaries.iter().any(|b| b.id() == c.binary)) {
+        println!("case {:?}: binary {} was not built", case.name, case.binary);
+    }
+    Ok(())
+}

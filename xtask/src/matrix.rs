@@ -1,0 +1,230 @@
+//! The GPU test matrix: a table of cases, each a test binary plus test-name filters.
+//!
+//! Keep the table in step with the crates: `cargo xtask gpu-test --list` shows every test binary,
+//! its tests, and which case each test falls under.
+
+use serde::Serialize;
+
+use crate::cargo_artifact::TestBinary;
+
+/// One cell of the matrix: the tests of one binary whose names contain one of the filters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Case {
+    /// What the case covers (`nccl world 1`).
+    pub(crate) name: &'static str,
+    /// The test binary, as [`TestBinary::id`] names it (`flodl-nccl/nccl_comm`).
+    pub(crate) binary: &'static str,
+    /// Substrings of test names, as libtest filters them; empty means every test.
+    pub(crate) filters: &'static [&'static str],
+    /// How many GPUs the case needs; 0 for a CPU case.
+    pub(crate) gpus: usize,
+    /// Whether its tests must run one at a time (they share GPUs or an NCCL world).
+    pub(crate) serial: bool,
+}
+
+/// The matrix, in the order it runs.
+pub(crate) const CASES: &[Case] = &[
+    Case {
+        name: "tensor kernels",
+        binary: "flodl-tensor/kernels",
+        filters: &[],
+        gpus: 1,
+        serial: false,
+    },
+    Case {
+        name: "nccl world 1",
+        binary: "flodl-nccl/nccl",
+        filters: &["world_1"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "nccl multi-GPU",
+        binary: "flodl-nccl/nccl",
+        filters: &["multi_gpu"],
+        gpus: 2,
+        serial: true,
+    },
+    Case {
+        name: "pinned prefetch",
+        binary: "flodl-data/prefetch",
+        filters: &["cuda"],
+        gpus: 1,
+        serial: false,
+    },
+    Case {
+        name: "sync x collective",
+        binary: "flodl-ddp/gpu",
+        filters: &["sync_collective"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "sync x host",
+        binary: "flodl-ddp/gpu",
+        filters: &["sync_host"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "cadence x collective",
+        binary: "flodl-ddp/gpu",
+        filters: &["cadence_collective"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "cadence x host",
+        binary: "flodl-ddp/gpu",
+        filters: &["cadence_host"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "async x collective",
+        binary: "flodl-ddp/gpu",
+        filters: &["async_collective"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "async x host",
+        binary: "flodl-ddp/gpu",
+        filters: &["async_host"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "mixed GPU + CPU ranks (host)",
+        binary: "flodl-ddp/gpu",
+        filters: &["mixed"],
+        gpus: 1,
+        serial: true,
+    },
+];
+
+/// One line of the plan: a case, or a whole test binary run in full.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Row {
+    /// The case name, or `all tests` for a full binary.
+    pub(crate) label: String,
+    /// The test binary id.
+    pub(crate) binary: String,
+    /// libtest filters (empty: every test).
+    pub(crate) filters: Vec<String>,
+    /// GPUs needed; 0 for CPU.
+    pub(crate) gpus: usize,
+    /// Run with `--test-threads=1`.
+    pub(crate) serial: bool,
+    /// A case row (its tests must exist), not a full-binary row.
+    pub(crate) is_case: bool,
+}
+
+impl Row {
+    fn from_case(case: &Case) -> Row {
+        Row {
+            label: case.name.to_string(),
+            binary: case.binary.to_string(),
+            filters: case.filters.iter().map(|f| f.to_string()).collect(),
+            gpus: case.gpus,
+            serial: case.serial,
+            is_case: true,
+        }
+    }
+}
+
+/// The rows to run: every case, then (unless `cases_only`) each built binary in full.
+pub(crate) fn plan(cases: &[Case], binaries: &[TestBinary], cases_only: bool) -> Vec<Row> {
+    let mut rows: Vec<Row> = cases.iter().map(Row::from_case).collect();
+    if !cases_only {
+        rows.extend(binaries.iter().map(|binary| Row {
+            label: "all tests".to_string(),
+            binary: binary.id(),
+            filters: Vec::new(),
+            gpus: 0,
+            serial: false,
+            is_case: false,
+        }));
+    }
+    rows
+}
+
+/// Whether libtest would run `test` under these filters (any substring; none means all).
+pub(crate) fn selects(filters: &[String], test: &str) -> bool {
+    filters.is_empty() || filters.iter().any(|f| test.contains(f.as_str()))
+}
+
+/// Test names from `<binary> --list --format terse` (`name: test` lines; benches are skipped).
+pub(crate) fn parse_test_list(output: &str) -> Vec<String> {
+    output.lines().filter_map(|line| line.strip_suffix(": test")).map(String::from).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn binary(package: &str, kind: &str, target: &str) -> TestBinary {
+        TestBinary {
+            package: package.into(),
+            target: target.into(),
+            kind: kind.into(),
+            exe: PathBuf::from("/t").join(target),
+            manifest_dir: PathBuf::from("/w").join(package),
+        }
+    }
+
+    #[test]
+    fn cases_are_unique_and_well_formed() {
+        let mut names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), CASES.len(), "case names repeat");
+        for case in CASES {
+            assert!(case.binary.contains('/'), "{} names no package", case.name);
+            assert!(
+                case.filters.iter().all(|f| !f.is_empty()),
+                "{} has an empty filter",
+                case.name
+            );
+        }
+        assert!(CASES.iter().any(|c| c.gpus >= 2), "no multi-GPU case");
+    }
+
+    #[test]
+    fn plan_lists_cases_then_full_binaries() {
+        let binaries =
+            [binary("flodl-tensor", "lib", "flodl_tensor"), binary("flodl-nccl", "test", "nccl")];
+        let full = plan(CASES, &binaries, false);
+        assert_eq!(full.len(), CASES.len() + binaries.len());
+        assert!(full[..CASES.len()].iter().all(|r| r.is_case));
+        let tail: Vec<&str> = full[CASES.len()..].iter().map(|r| r.binary.as_str()).collect();
+        assert_eq!(tail, ["flodl-tensor/lib", "flodl-nccl/nccl"]);
+        assert!(
+            full[CASES.len()..].iter().all(|r| !r.is_case && r.filters.is_empty() && r.gpus == 0)
+        );
+        assert_eq!(plan(CASES, &binaries, true).len(), CASES.len());
+    }
+
+    #[test]
+    fn filters_select_like_libtest() {
+        let filters = ["world_1".to_string(), "cuda".to_string()];
+        let cases = [
+            (&filters[..], "comm::nccl_world_1_all_reduce", true),
+            (&filters[..], "prefetch::cuda_pinned", true),
+            (&filters[..], "host::world_2", false),
+            (&[][..], "anything", true),
+        ];
+        for (filters, test, want) in cases {
+            assert_eq!(selects(filters, test), want, "{test}");
+        }
+    }
+
+    #[test]
+    fn test_lists_parse() {
+        let output = "a::b: test\nc: test\nbench_x: benchmark\n\n";
+        assert_eq!(parse_test_list(output), ["a::b", "c"]);
+        assert!(parse_test_list("").is_empty());
+    }
+}

@@ -1,0 +1,192 @@
+//! The matrix's results as a table (matrix.txt) and as JSON (matrix.json).
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::gpu_inventory::GpuInventory;
+use crate::row_runner::RowResult;
+use crate::table::{Align, Table};
+
+/// Everything one matrix run found.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct MatrixReport {
+    /// The GPUs the run saw.
+    pub(crate) gpus: GpuInventory,
+    /// Whether `FLODL_REQUIRE_GPU=1` was set.
+    pub(crate) require_gpu: bool,
+    /// One result per row, in run order.
+    pub(crate) rows: Vec<RowResult>,
+    /// Rows that failed, timed out, were missing or not built.
+    pub(crate) failures: usize,
+    /// No failures.
+    pub(crate) ok: bool,
+}
+
+impl MatrixReport {
+    /// Gathers the rows' results.
+    pub(crate) fn new(gpus: GpuInventory, require_gpu: bool, rows: Vec<RowResult>) -> MatrixReport {
+        let failures = rows.iter().filter(|r| r.outcome.is_failure()).count();
+        MatrixReport { gpus, require_gpu, rows, failures, ok: failures == 0 }
+    }
+
+    /// The report as text: the GPUs, then one line per row (case × result × time).
+    pub(crate) fn render(&self) -> String {
+        let mut text = String::new();
+        let names = if self.gpus.names.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", self.gpus.names.join(", "))
+        };
+        text.push_str(&format!("GPUs: {}{names}\n", self.gpus.count));
+        for line in &self.gpus.evidence {
+            text.push_str(&format!("  {line}\n"));
+        }
+        let require = if self.require_gpu { "1" } else { "unset" };
+        text.push_str(&format!("FLODL_REQUIRE_GPU: {require}\n\n"));
+        let mut table = Table::new(&[
+            ("case", Align::Left),
+            ("binary", Align::Left),
+            ("filter", Align::Left),
+            ("gpus", Align::Right),
+            ("result", Align::Left),
+            ("tests", Align::Right),
+            ("skips", Align::Right),
+            ("time", Align::Right),
+        ]);
+        for result in &self.rows {
+            let ran = result.passed + result.failed > 0;
+            let tests = if ran {
+                format!("{}/{}", result.passed, result.passed + result.failed)
+            } else {
+                String::new()
+            };
+            let time = if ran || result.seconds > 0.0 {
+                format!("{:.1} s", result.seconds)
+            } else {
+                String::new()
+            };
+            table.push(vec![
+                result.row.label.clone(),
+                result.row.binary.clone(),
+                result.row.filters.join("|"),
+                result.row.gpus.to_string(),
+                result.outcome.word(),
+                tests,
+                if ran { result.skips.to_string() } else { String::new() },
+                time,
+            ]);
+        }
+        text.push_str(&table.render());
+        let verdict =
+            if self.ok { "ok".to_string() } else { format!("{} row(s) failed", self.failures) };
+        text.push_str(&format!("\nmatrix: {verdict}\n"));
+        for result in self.rows.iter().filter(|r| !r.log_tail.is_empty()) {
+            text.push_str(&format!(
+                "\n--- {} ({}): last lines\n",
+                result.row.label, result.row.binary
+            ));
+            for line in &result.log_tail {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+
+    /// Writes matrix.txt and matrix.json into `dir`.
+    ///
+    /// # Errors
+    /// When the folder or the files cannot be written.
+    pub(crate) fn write(&self, dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        fs::write(dir.join("matrix.txt"), self.render())?;
+        fs::write(dir.join("matrix.json"), serde_json::to_string_pretty(self)? + "\n")?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu_inventory::Probes;
+    use crate::matrix::Row;
+    use crate::row_runner::Outcome;
+
+    fn result(
+        label: &str,
+        gpus: usize,
+        outcome: Outcome,
+        passed: usize,
+        failed: usize,
+    ) -> RowResult {
+        let failing = outcome.is_failure();
+        RowResult {
+            row: Row {
+                label: label.into(),
+                binary: "flodl-nccl/nccl".into(),
+                filters: vec!["world_1".into(), "cuda".into()],
+                gpus,
+                serial: true,
+                is_case: true,
+            },
+            outcome,
+            passed,
+            failed,
+            skips: 0,
+            seconds: if passed + failed > 0 { 2.5 } else { 0.0 },
+            log_tail: if failing { vec!["thread panicked".into()] } else { Vec::new() },
+        }
+    }
+
+    #[test]
+    fn table_and_json_show_every_row() -> Result<()> {
+        let gpus = GpuInventory::from_probes(Probes {
+            smi_names: Some(vec!["NVIDIA H200".into()]),
+            ..Probes::default()
+        });
+        let rows = vec![
+            result("nccl world 1", 1, Outcome::Passed, 4, 0),
+            result(
+                "nccl multi-GPU",
+                2,
+                Outcome::Skipped { reason: "needs 2 GPUs, 1 visible".into() },
+                0,
+                0,
+            ),
+            result("pinned prefetch", 1, Outcome::Failed { code: Some(101) }, 2, 1),
+            result("stale case", 1, Outcome::Missing, 0, 0),
+        ];
+        let report = MatrixReport::new(gpus, true, rows);
+        assert_eq!(report.failures, 2);
+        assert!(!report.ok);
+        let text = report.render();
+        assert!(text.starts_with("GPUs: 1: NVIDIA H200\n"), "{text}");
+        for want in [
+            "nccl world 1",
+            "passed",
+            "4/4",
+            "2.5 s",
+            "skipped (needs 2 GPUs, 1 visible)",
+            "FAILED (exit 101)",
+            "2/3",
+            "MISSING",
+            "world_1|cuda",
+            "matrix: 2 row(s) failed",
+            "thread panicked",
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
+        let json: serde_json::Value = serde_json::to_value(&report)?;
+        assert_eq!(json["rows"].as_array().map(Vec::len), Some(4));
+        assert_eq!(json["rows"][0]["result"], "passed");
+        assert_eq!(json["rows"][0]["label"], "nccl world 1");
+        assert_eq!(json["rows"][2]["result"], "failed");
+        assert_eq!(json["rows"][2]["code"], 101);
+        assert_eq!(json["gpus"]["count"], 1);
+        assert_eq!(json["ok"], false);
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! Runs one matrix row: lists the binary's tests, runs the selected ones, reads the verdict.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::cargo_artifact::TestBinary;
+use crate::matrix::{Row, parse_test_list, selects};
+
+/// How many lines of a failed row's output go into the report.
+const TAIL_LINES: usize = 40;
+
+/// How a row ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub(crate) enum Outcome {
+    /// Every selected test passed.
+    Passed,
+    /// A test failed or the binary exited non-zero.
+    Failed {
+        /// The exit code, `None` when a signal ended it.
+        code: Option<i32>,
+    },
+    /// Killed after the time limit.
+    TimedOut,
+    /// A case whose filters match no test of its binary (the matrix is stale).
+    Missing,
+    /// The binary was not built (renamed, or its crate has no such test file).
+    NotBuilt,
+    /// A full-binary row whose binary has no tests.
+    NoTests,
+    /// Not run: it needs more GPUs than are visible.
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// Whether this outcome fails the matrix.
+    pub(crate) fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Failed { .. } | Outcome::TimedOut | Outcome::Missing | Outcome::NotBuilt
+        )
+    }
+
+    /// A short word for the table.
+    pub(crate) fn word(&self) -> String {
+        match self {
+            Outcome::Passed => "passed".into(),
+            Outcome::Failed { code: Some(code) } => format!("FAILED (exit {code})"),
+            Outcome::Failed { code: None } => "FAILED (signal)".into(),
+            Outcome::TimedOut => "TIMED OUT".into(),
+            Outcome::Missing => "MISSING (no test matches)".into(),
+            Outcome::NotBuilt => "NOT BUILT".into(),
+            Outcome::NoTests => "no tests".into(),
+            Outcome::Skipped { reason } => format!("skipped ({reason})"),
+        }
+    }
+}
+
+/// The record of one row.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RowResult {
+    /// The row that ran.
+    #[serde(flatten)]
+    pub(crate) row: Row,
+    /// How it ended.
+    #[serde(flatten)]
+    pub(crate) outcome: Outcome,
+    /// Tests that passed.
+    pub(crate) passed: usize,
+    /// Tests that failed.
+    pub(crate) failed: usize,
+    /// Lines with `skipped:` in the output (GPU tests that did not run).
+    pub(crate) skips: usize,
+    /// Wall time of the run.
+    pub(crate) seconds: f64,
+    /// The end of the output, for failed rows.
+    pub(crate) log_tail: Vec<String>,
+}
+
+/// What every row shares: environment, limits and the combined log.
+#[derive(Debug)]
+pub(crate) struct RunContext {
+    /// GPUs visible to this run.
+    pub(crate) gpus: usize,
+    /// Set `FLODL_REQUIRE_GPU=1` (a skipped GPU test fails).
+    pub(crate) require_gpu: bool,
+    /// Kill a row after this long.
+    pub(crate) timeout: Duration,
+    /// The MNIST folder, exported as `FLODL_MNIST_DIR`.
+    pub(crate) mnist_dir: PathBuf,
+    /// Where each row's output is kept, one after another.
+    pub(crate) log_path: PathBuf,
+    /// Scratch file for the row in flight.
+    pub(crate) scratch_path: PathBuf,
+}
+
+impl RunContext {
+    /// Runs one row against the binary it names (`None` when it was not built).
+    ///
+    /// # Errors
+    /// When the binary cannot be started or the logs cannot be written.
+    pub(crate) fn run_row(&self, row: &Row, binary: Option<&TestBinary>) -> Result<RowResult> {
+        let mut result = RowResult {
+            row: row.clone(),
+            outcome: Outcome::Passed,
+            passed: 0,
+            failed: 0,
+            skips: 0,
+            seconds: 0.0,
+            log_tail: Vec::new(),
+        };
+        if row.gpus > self.gpus {
+            let reason = format!("needs {} GPUs, {} visible", row.gpus, self.gpus);
+            result.outcome = Outcome::Skipped { reason };
+            return Ok(result);
+        }
+        let Some(binary) = binary else {
+            result.outcome = Outcome::NotBuilt;
+            return Ok(result);
+        };
+        let listed = self.command(binary).args(["--list", "--format", "terse"]).output();
+        let listed = listed.with_context(|| format!("cannot start {}", binary.exe.display()))?;
+        let selected = parse_test_list(&String::from_utf8_lossy(&listed.stdout))
+            .iter()
+            .filter(|t| selects(&row.filters, t))
+            .count();
+        if selected == 0 {
+            result.outcome = if row.is_case { Outcome::Missing } else { Outcome::NoTests };
+            return Ok(result);
+        }
+        let scratch = File::create(&self.scratch_path)
+            .with_context(|| format!("cannot write {}", self.scratch_path.display()))?;
+        let mut command = self.command(binary);
+        command.args(&row.filters).arg("--show-output");
+        if row.serial {
+            command.arg("--test-threads=1");
+        }
+        command.stdout(Stdio::from(scratch.try_clone()?)).stderr(Stdio::from(scratch));
+        let start = Instant::now();
+        let status = wait_with_timeout(&mut command, self.timeout)?;
+        result.seconds = start.elapsed().as_secs_f64();
+        let output = fs::read_to_string(&self.scratch_path).unwrap_or_default();
+        let (passed, failed) = parse_test_counts(&output);
+        result.passed = passed;
+        result.failed = failed;
+        result.skips = count_skips(&output);
+        result.outcome = match status {
+            None => Outcome::TimedOut,
+            Some(status) if status.success() && failed == 0 => Outcome::Passed,
+            Some(status) => Outcome::Failed { code: status.code() },
+        };
+        if result.outcome.is_failure() {
+            result.log_tail = tail(&output, TAIL_LINES);
+        }
+        self.append_log(row, binary, &output)?;
+        Ok(result)
+    }
+
+    fn command(&self, binary: &TestBinary) -> Command {
+        let mut command = Command::new(&binary.exe);
+        command
+            .current_dir(&binary.manifest_dir)
+            .env("CARGO_MANIFEST_DIR", &binary.manifest_dir)
+            .env("FLODL_MNIST_DIR", &self.mnist_dir)
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null());
+        if self.require_gpu {
+            command.env("FLODL_REQUIRE_GPU", "1");
+        } else {
+            command.env_remove("FLODL_REQUIRE_GPU");
+        }
+        command
+    }
+
+    fn append_log(&self, row: &Row, binary: &TestBinary, output: &str) -> Result<()> {
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("cannot write {}", self.log_path.display()))?;
+        writeln!(
+            log,
+            "===== {} :: {} {:?} ({})",
+            row.label,
+            row.binary,
+            row.filters,
+            binary.exe.display()
+        )?;
+        log.write_all(output.as_bytes())?;
+        writeln!(log)?;
+        Ok(())
+    }
+}
+
+/// Runs `command`; `None` when it outlived `timeout` and was killed.
+fn wait_with_timeout(command: &mut Command, timeout: Duration) -> Result<Option<ExitStatus>> {
+    let mut child = command.spawn().context("cannot start a test binary")?;
+    let pid = child.id();
+    let (sender, receiver) = mpsc::sync_channel(1);
+    let waiter = thread::spawn(move || {
+        // The receiver may be gone if we gave up; then nobody needs the status.
+        let _ = sender.send(child.wait());
+    });
+    let status = match receiver.recv_timeout(timeout) {
+        Ok(status) => Some(status?),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = receiver.recv();
+            None
+        }
+    };
+    let _ = waiter.join();
+    Ok(status)
+}
+
+/// Passed and failed test counts summed over libtest's `test result:` lines.
+pub(crate) fn parse_test_counts(output: &str) -> (usize, usize) {
+    let mut passed = 0;
+    let mut failed = 0;
+    for line in output.lines().filter(|l| l.starts_with("test result:")) {
+        for part in line.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(number)) = (words.next(), words.next()) else { continue };
+            let Ok(number) = number.parse::<usize>() else { continue };
+            match what {
+                "passed" => passed += number,
+                "failed" => failed += number,
+                _ => {}
+            }
+        }
+    }
+    (passed, failed)
+}
+
+/// Lines that report a skipped GPU test (`skipped: <reason>`).
+pub(crate) fn count_skips(output: &str) -> usize {
+    output.lines().filter(|l| l.contains("skipped:")).count()
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| l.to_string()).collect()
+}
+
+/// The path of a file under `dir`, which is created if missing.
+pub(crate) fn file_in(dir: &Path, name: &str) -> Result<PathBuf> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_over_result_lines() {
+        let cases = [
+            (
+                "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished in 0.01s",
+                (3, 0),
+            ),
+            (
+                "test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out",
+                (10, 2),
+            ),
+            (
+                "test result: ok. 1 passed; 0 failed\nnoise\ntest result: ok. 4 passed; 0 failed",
+                (5, 0),
+            ),
+            ("running 0 tests\n", (0, 0)),
+            ("test foo ... ok\n", (0, 0)),
+        ];
+        for (output, want) in cases {
+            assert_eq!(parse_test_counts(output), want, "{output}");
+        }
+    }
+
+    #[test]
+    fn skips_and_tails_are_read_from_output() {
+        let output =
+            "running 2 tests\nskipped: no CUDA driver\nok\nskipped: 1 GPU visible, 2 needed\n";
+        assert_eq!(count_skips(output), 2);
+        assert_eq!(count_skips("all good\n"), 0);
+        assert_eq!(tail(output, 2), ["ok", "skipped: 1 GPU visible, 2 needed"]);
+        assert_eq!(tail("a\nb", 10), ["a", "b"]);
+        assert!(tail("", 3).is_empty());
+    }
+
+    #[test]
+    fn failures_are_the_outcomes_that_need_attention() {
+        let cases = [
+            (Outcome::Passed, false),
+            (Outcome::Failed { code: Some(101) }, true),
+            (Outcome::Failed { code: None }, true),
+            (Outcome::TimedOut, true),
+            (Outcome::Missing, true),
+            (Outcome::NotBuilt, true),
+            (Outcome::NoTests, false),
+            (Outcome::Skipped { reason: "needs 2 GPUs, 1 visible".into() }, false),
+        ];
+        for (outcome, want) in cases {
+            assert_eq!(outcome.is_failure(), want, "{outcome:?}");
+            assert!(!outcome.word().is_empty());
+        }
+    }
+}
