@@ -3,9 +3,16 @@
 mod abort;
 mod error;
 mod host;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod reduction;
 mod rendezvous;
 
 pub use abort::AbortHandle;
 pub use error::{Error, Result};
 pub use host::{DEFAULT_TIMEOUT, HostComm};
+#[cfg(feature = "cuda")]
+pub use nccl::{
+    DeviceBuffer, NCCL_LIB_ENV, NcclComm, NcclDType, NcclVersion, RawStream, Reduction, UniqueId,
+    nccl_version,
+};
