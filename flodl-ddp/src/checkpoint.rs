@@ -37,8 +37,9 @@
 //!
 //! # Restoring
 //!
-//! [`TensorSet::check_shapes`] (and the tensor-level restore helpers) validate every target's
-//! shape and dtype before any tensor is written.
+//! [`TensorSet::capture`] copies a replica's tensors (any device) into a set;
+//! [`TensorSet::restore_into`] and [`Checkpoint::restore_model_into`] check every target's shape
+//! and dtype before any tensor is written.
 
 mod bundle;
 mod coverage;
@@ -47,6 +48,7 @@ mod format;
 mod record;
 mod signature;
 mod store;
+mod transfer;
 
 pub use bundle::{Checkpoint, OpaqueState, RngStream, SaveReason};
 pub use coverage::{EpochCoverage, SampleRange, normalise, uncovered};

@@ -7,10 +7,11 @@ use std::path::Path;
 
 use flodl_ddp::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ConfigHash, EpochCoverage, Expectation,
-    HEADER_LEN, MAGIC, MAX_META_BYTES, OpaqueState, ReadLimits, RngStream, SampleRange, SaveReason,
-    SaveStage, SignatureEntry, StoredDType, TensorRecord, TensorSet, load_latest, normalise,
-    uncovered,
+    HEADER_LEN, MAGIC, MAX_META_BYTES, ModelSignature, OpaqueState, ReadLimits, RngStream,
+    SampleRange, SaveReason, SaveStage, SignatureEntry, StoredDType, TensorRecord, TensorSet,
+    load_latest, normalise, uncovered,
 };
+use flodl_tensor::{DType, Device, Stream, Tensor, bf16, gpu_skip_reason, skip_or_fail};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use serde::{Deserialize, Serialize};
@@ -440,10 +441,7 @@ fn mismatched_bundles_are_rejected_with_typed_errors() -> TestResult {
     let with_first = |f: &dyn Fn(&mut SignatureEntry)| {
         let mut entries = good.signature.entries().to_vec();
         f(&mut entries[0]);
-        Expectation {
-            signature: flodl_ddp::checkpoint::ModelSignature::new(entries),
-            ..good.clone()
-        }
+        Expectation { signature: ModelSignature::new(entries), ..good.clone() }
     };
     let other_dtype = match first.dtype {
         StoredDType::F32 => StoredDType::I32,
@@ -463,10 +461,7 @@ fn mismatched_bundles_are_rejected_with_typed_errors() -> TestResult {
         }),
         (
             "one more parameter",
-            Expectation {
-                signature: flodl_ddp::checkpoint::ModelSignature::new(more),
-                ..good.clone()
-            },
+            Expectation { signature: ModelSignature::new(more), ..good.clone() },
             |e| matches!(e, CheckpointError::SignatureMismatch { .. }),
         ),
         (
@@ -824,4 +819,176 @@ fn bundle_fields_survive_with_their_meaning() -> TestResult {
         }
     }
     Ok(())
+}
+
+/// Tensors and their values as bit patterns.
+type TensorsAndBits = (Vec<Tensor>, Vec<Vec<u32>>);
+
+/// Random tensors of every dtype on `stream`'s device, with their host values as bit patterns.
+fn random_tensors(
+    rng: &mut Xoshiro256PlusPlus,
+    stream: &Stream,
+    n: usize,
+) -> Result<TensorsAndBits, Box<dyn Error>> {
+    let mut tensors = Vec::new();
+    let mut bits = Vec::new();
+    for _ in 0..n {
+        let shape = random_shape(rng);
+        let numel: usize = shape.iter().product();
+        let raw: Vec<u32> = (0..numel).map(|_| rng.random()).collect();
+        let t = match rng.random_range(0..3u8) {
+            0 => {
+                let v: Vec<f32> = raw.iter().map(|&b| f32::from_bits(b)).collect();
+                Tensor::from_slice(&v, &shape, stream)?
+            }
+            1 => {
+                let v: Vec<bf16> = raw.iter().map(|&b| bf16::from_bits(b as u16)).collect();
+                bits.push(v.iter().map(|x| u32::from(x.to_bits())).collect());
+                tensors.push(Tensor::from_slice(&v, &shape, stream)?);
+                continue;
+            }
+            _ => {
+                let v: Vec<i32> = raw.iter().map(|&b| b as i32).collect();
+                Tensor::from_slice(&v, &shape, stream)?
+            }
+        };
+        bits.push(raw);
+        tensors.push(t);
+    }
+    Ok((tensors, bits))
+}
+
+/// A tensor's values as bit patterns (widened to u32).
+fn tensor_bits(t: &Tensor, stream: &Stream) -> Result<Vec<u32>, Box<dyn Error>> {
+    Ok(match t.dtype() {
+        DType::F32 => t.to_vec::<f32>(stream)?.iter().map(|x| x.to_bits()).collect(),
+        DType::Bf16 => t.to_vec::<bf16>(stream)?.iter().map(|x| u32::from(x.to_bits())).collect(),
+        DType::I32 => t.to_vec::<i32>(stream)?.iter().map(|&x| x as u32).collect(),
+    })
+}
+
+fn zeros_like(ts: &[Tensor], stream: &Stream) -> Result<Vec<Tensor>, Box<dyn Error>> {
+    Ok(ts.iter().map(|t| Tensor::zeros(t.shape(), t.dtype(), stream)).collect::<Result<_, _>>()?)
+}
+
+/// Capture → bundle bytes → decode → restore into fresh tensors, bitwise, on one device.
+fn capture_restore_round_trip(stream: &Stream) -> TestResult {
+    for seed in SEEDS {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let (params, param_bits) = random_tensors(&mut rng, stream, 5)?;
+        let (buffers, buffer_bits) = random_tensors(&mut rng, stream, 2)?;
+        let names: Vec<String> = (0..params.len()).map(|i| format!("layer{i}.w")).collect();
+        let mut ckpt = Checkpoint::new(
+            TensorSet::capture(&names, &params, stream)?,
+            2,
+            ConfigHash::of("transfer"),
+        );
+        ckpt.buffers = TensorSet::capture_indexed("buf", &buffers, stream)?;
+        let expect = Expectation {
+            signature: ModelSignature::of_tensors(&names, &params)?,
+            world_size: 2,
+            config_hash: ConfigHash::of("transfer"),
+        };
+        let back = Checkpoint::from_bytes(&ckpt.to_bytes()?)?;
+        back.check_compatible(&expect)?;
+        let mut p = zeros_like(&params, stream)?;
+        let mut b = zeros_like(&buffers, stream)?;
+        back.restore_model_into(&mut p, &mut b, stream)?;
+        for (t, want) in p.iter().chain(&b).zip(param_bits.iter().chain(&buffer_bits)) {
+            if tensor_bits(t, stream)? != *want {
+                return Err(fail(format!("seed {seed}: restored tensor differs")));
+            }
+        }
+        for (t, want) in back.params.to_tensors(stream)?.iter().zip(&param_bits) {
+            if tensor_bits(t, stream)? != *want {
+                return Err(fail(format!("seed {seed}: to_tensors differs")));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn capture_and_restore_are_bitwise_on_cpu() -> TestResult {
+    capture_restore_round_trip(&Stream::cpu_with_threads(1))
+}
+
+#[test]
+fn capture_and_restore_are_bitwise_on_cuda() -> TestResult {
+    if let Some(reason) = gpu_skip_reason() {
+        skip_or_fail(&reason);
+        return Ok(());
+    }
+    capture_restore_round_trip(&Stream::new(Device::Cuda(0))?)
+}
+
+#[test]
+fn a_mismatched_target_stops_the_restore_before_any_write() -> TestResult {
+    let s = Stream::cpu_with_threads(1);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(8);
+    let params: Vec<Tensor> = (0..3)
+        .map(|i| Tensor::rand_normal(&[2, i + 1], 0.0, 1.0, rng.random(), &s))
+        .collect::<Result<_, _>>()?;
+    let buffers = vec![Tensor::from_slice(&[5i32, 6], &[2], &s)?];
+    let mut ckpt =
+        Checkpoint::new(TensorSet::capture_indexed("p", &params, &s)?, 1, ConfigHash::of("m"));
+    ckpt.buffers = TensorSet::capture_indexed("b", &buffers, &s)?;
+    type Make = fn(&Stream) -> flodl_tensor::Result<(Vec<Tensor>, Vec<Tensor>)>;
+    let cases: Vec<(&str, Make, Accept)> = vec![
+        (
+            "last param reshaped",
+            |s| {
+                Ok((
+                    vec![
+                        Tensor::zeros(&[2, 1], DType::F32, s)?,
+                        Tensor::zeros(&[2, 2], DType::F32, s)?,
+                        Tensor::zeros(&[3, 2], DType::F32, s)?,
+                    ],
+                    vec![Tensor::zeros(&[2], DType::I32, s)?],
+                ))
+            },
+            |e| matches!(e, CheckpointError::TensorMismatch { name, .. } if name == "p.2"),
+        ),
+        (
+            "buffer of another dtype",
+            |s| {
+                Ok((
+                    vec![
+                        Tensor::zeros(&[2, 1], DType::F32, s)?,
+                        Tensor::zeros(&[2, 2], DType::F32, s)?,
+                        Tensor::zeros(&[2, 3], DType::F32, s)?,
+                    ],
+                    vec![Tensor::zeros(&[2], DType::F32, s)?],
+                ))
+            },
+            |e| matches!(e, CheckpointError::TensorMismatch { name, .. } if name == "b.0"),
+        ),
+        (
+            "a param missing",
+            |s| {
+                Ok((
+                    vec![
+                        Tensor::zeros(&[2, 1], DType::F32, s)?,
+                        Tensor::zeros(&[2, 2], DType::F32, s)?,
+                    ],
+                    vec![Tensor::zeros(&[2], DType::I32, s)?],
+                ))
+            },
+            |e| matches!(e, CheckpointError::CountMismatch { expected: 3, found: 2, .. }),
+        ),
+    ];
+    for (name, make, accept) in cases {
+        let (mut p, mut b) = make(&s)?;
+        expect_err(ckpt.restore_model_into(&mut p, &mut b, &s), accept, name)?;
+        for t in p.iter().chain(&b) {
+            if tensor_bits(t, &s)?.iter().any(|&x| x != 0) {
+                return Err(fail(format!("{name}: a tensor was written before the check failed")));
+            }
+        }
+    }
+    expect_err(
+        TensorSet::capture(&["only one name"], &params, &s),
+        |e| matches!(e, CheckpointError::CountMismatch { .. }),
+        "names and tensors differ in count",
+    )
 }

@@ -159,6 +159,9 @@ pub enum CheckpointError {
         /// The rejected name.
         name: String,
     },
+    /// A tensor operation (device copy) failed.
+    #[error(transparent)]
+    Tensor(#[from] flodl_tensor::Error),
 }
 
 /// Result alias for checkpoint operations.
