@@ -1,1 +1,60 @@
-//! flodl-data (being built; see ARCHITECTURE.md).
+//! flodl's data plane: datasets, deterministic sharding, the prefetcher and the staging cache.
+//!
+//! - [`Dataset`]: length, [`SampleLayout`] and a bulk [`Dataset::fetch`] into a reusable
+//!   [`HostBatch`]. Readers: [`Mnist`] (idx files, gzipped or raw, validated, optional sha256)
+//!   and [`InMemory`]; [`Subset`] restricts any dataset.
+//! - Sharding: [`epoch_permutation`] depends only on `(seed, epoch)`; [`equal_partition`] and
+//!   [`weighted_partition`] slice it into per-rank [`EpochPlan`]s; [`plan_batches`] cuts a plan
+//!   into [`BatchPicks`] under a [`TailPolicy`]. Augmentation is multiplicity ([`PickSpace`]);
+//!   transforms are pure functions of a [`PickKey`].
+//! - [`Prefetcher`]: a background thread per rank, bounded queue, pinned staging, async
+//!   uploads with a ready event; depth from the VRAM gauge ([`Depth`]).
+//! - [`StagingCache`]: a sample-keyed host cache under a byte budget, filled ahead from
+//!   advisories, evicting by farthest next use.
+//!
+//! ```
+//! use std::num::NonZeroUsize;
+//! use flodl_data::{TailPolicy, epoch_permutation, equal_partition, plan_batches};
+//!
+//! # fn main() -> flodl_data::Result<()> {
+//! let perm = epoch_permutation(10, 42, 0);
+//! let plans = equal_partition(0, perm.len(), 3)?;
+//! let bs = NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN);
+//! let batches = plan_batches(&perm, &plans[0], bs, TailPolicy::Drop)?;
+//! assert_eq!(plans[0].size, 4);
+//! assert_eq!(batches.len(), 2);
+//! # Ok(())
+//! # }
+//! ```
+
+mod batch;
+mod checksum;
+mod dataset;
+mod depth;
+mod error;
+mod idx;
+mod in_memory;
+mod layout;
+pub mod mnist;
+mod permutation;
+mod plan;
+mod prefetch;
+mod residency;
+mod staging;
+mod transform;
+
+pub use batch::HostBatch;
+pub use dataset::{Dataset, Subset};
+pub use depth::{CPU_DEPTH, Depth, VramBudget, vram_depth};
+pub use error::{Error, Result};
+pub use in_memory::{InMemory, Values};
+pub use layout::{Field, SampleLayout};
+pub use mnist::{Mnist, Split, Verify};
+pub use permutation::{PickKey, PickSpace, epoch_permutation};
+pub use plan::{
+    BatchPicks, EpochPlan, TailPolicy, equal_partition, plan_batches, weighted_partition,
+};
+pub use prefetch::{DeviceBatch, Feed, Next, PrefetchConfig, Prefetcher};
+pub use residency::Eviction;
+pub use staging::{CacheReport, Fill, StagingCache, StagingConfig};
+pub use transform::Transform;

@@ -1,0 +1,228 @@
+//! Host batches: one typed, reusable host buffer per field of a layout.
+
+use flodl_tensor::{DType, Device, PinnedBuffer};
+
+use crate::error::{Error, Result};
+use crate::layout::SampleLayout;
+
+/// The host buffer of one field: `len × numel` elements, row-major by sample.
+#[derive(Debug)]
+pub(crate) enum Column {
+    F32(PinnedBuffer<f32>),
+    I32(PinnedBuffer<i32>),
+}
+
+impl Column {
+    fn alloc(dtype: DType, n: usize, device: Device) -> Result<Self> {
+        Ok(match dtype {
+            DType::I32 => Column::I32(PinnedBuffer::new(n, device)?),
+            // SampleLayout admits only f32 and i32.
+            _ => Column::F32(PinnedBuffer::new(n, device)?),
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Column::F32(b) => b.len(),
+            Column::I32(b) => b.len(),
+        }
+    }
+}
+
+/// A read view of one field's buffer.
+#[derive(Debug)]
+pub(crate) enum View<'a> {
+    F32(&'a [f32]),
+    I32(&'a [i32]),
+}
+
+/// A write view of one field's buffer.
+#[derive(Debug)]
+pub(crate) enum ViewMut<'a> {
+    F32(&'a mut [f32]),
+    I32(&'a mut [i32]),
+}
+
+/// Copies rows `k` values wide: row `from` of `src` into row `to` of `dst` (same dtype).
+pub(crate) fn copy_row_view(
+    src: &View<'_>,
+    from: usize,
+    dst: &mut ViewMut<'_>,
+    to: usize,
+    k: usize,
+) {
+    match (src, dst) {
+        (View::F32(s), ViewMut::F32(d)) => {
+            d[to * k..(to + 1) * k].copy_from_slice(&s[from * k..(from + 1) * k]);
+        }
+        (View::I32(s), ViewMut::I32(d)) => {
+            d[to * k..(to + 1) * k].copy_from_slice(&s[from * k..(from + 1) * k]);
+        }
+        // Views of one layout always pair f32 with f32 and i32 with i32.
+        _ => {}
+    }
+}
+
+/// A batch of samples in host memory: one buffer per field of a [`SampleLayout`], holding
+/// [`HostBatch::len`] samples.
+///
+/// Buffers are reused across fetches and reallocated only when the number of samples changes.
+/// A batch made for a CUDA device holds page-locked buffers, so host-to-device copies from it
+/// are asynchronous; a batch made for the CPU holds plain memory.
+#[derive(Debug)]
+pub struct HostBatch {
+    layout: SampleLayout,
+    device: Device,
+    len: usize,
+    columns: Vec<Column>,
+}
+
+impl HostBatch {
+    /// An empty batch for samples of `layout`, with buffers suited to copies to `device`.
+    pub fn new(layout: &SampleLayout, device: Device) -> Self {
+        Self { layout: layout.clone(), device, len: 0, columns: Vec::new() }
+    }
+
+    /// Makes room for exactly `n` samples of `layout` (contents unspecified until written).
+    ///
+    /// Datasets call this at the start of [`crate::Dataset::fetch`].
+    ///
+    /// # Errors
+    /// [`Error::LayoutMismatch`] when the batch was made for another layout; a tensor error when
+    /// a page-locked allocation fails.
+    pub fn prepare(&mut self, layout: &SampleLayout, n: usize) -> Result<()> {
+        if *layout != self.layout {
+            return Err(Error::LayoutMismatch);
+        }
+        if n == self.len && self.columns.len() == self.layout.fields().len() {
+            return Ok(());
+        }
+        let mut columns = Vec::with_capacity(self.layout.fields().len());
+        for f in self.layout.fields() {
+            columns.push(Column::alloc(f.dtype, n * f.numel(), self.device)?);
+        }
+        self.columns = columns;
+        self.len = n;
+        Ok(())
+    }
+
+    /// Samples held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no samples are held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The layout of the samples.
+    pub fn layout(&self) -> &SampleLayout {
+        &self.layout
+    }
+
+    /// The device the buffers are suited to.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    fn column(&self, field: usize) -> Result<&Column> {
+        self.columns.get(field).ok_or(Error::NoSuchField { field, fields: self.columns.len() })
+    }
+
+    fn column_mut(&mut self, field: usize) -> Result<&mut Column> {
+        let fields = self.columns.len();
+        self.columns.get_mut(field).ok_or(Error::NoSuchField { field, fields })
+    }
+
+    /// The values of an f32 field, `len × numel` row-major.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchField`] for a field past the layout (or before [`HostBatch::prepare`]),
+    /// [`Error::FieldType`] when the field is not f32.
+    pub fn f32(&self, field: usize) -> Result<&[f32]> {
+        match self.column(field)? {
+            Column::F32(b) => Ok(b.as_slice()?),
+            Column::I32(_) => Err(type_error(field, DType::I32, DType::F32)),
+        }
+    }
+
+    /// The values of an f32 field, mutable.
+    ///
+    /// # Errors
+    /// As [`HostBatch::f32`].
+    pub fn f32_mut(&mut self, field: usize) -> Result<&mut [f32]> {
+        match self.column_mut(field)? {
+            Column::F32(b) => Ok(b.as_mut_slice()?),
+            Column::I32(_) => Err(type_error(field, DType::I32, DType::F32)),
+        }
+    }
+
+    /// The values of an i32 field, `len × numel` row-major.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchField`] for a field past the layout (or before [`HostBatch::prepare`]),
+    /// [`Error::FieldType`] when the field is not i32.
+    pub fn i32(&self, field: usize) -> Result<&[i32]> {
+        match self.column(field)? {
+            Column::I32(b) => Ok(b.as_slice()?),
+            Column::F32(_) => Err(type_error(field, DType::F32, DType::I32)),
+        }
+    }
+
+    /// The values of an i32 field, mutable.
+    ///
+    /// # Errors
+    /// As [`HostBatch::i32`].
+    pub fn i32_mut(&mut self, field: usize) -> Result<&mut [i32]> {
+        match self.column_mut(field)? {
+            Column::I32(b) => Ok(b.as_mut_slice()?),
+            Column::F32(_) => Err(type_error(field, DType::F32, DType::I32)),
+        }
+    }
+
+    /// Views of every field at once (crate-internal: bulk copies).
+    pub(crate) fn views(&self) -> Result<Vec<View<'_>>> {
+        self.columns
+            .iter()
+            .map(|c| {
+                Ok(match c {
+                    Column::F32(b) => View::F32(b.as_slice()?),
+                    Column::I32(b) => View::I32(b.as_slice()?),
+                })
+            })
+            .collect()
+    }
+
+    /// Mutable views of every field at once (crate-internal: bulk copies).
+    pub(crate) fn views_mut(&mut self) -> Result<Vec<ViewMut<'_>>> {
+        self.columns
+            .iter_mut()
+            .map(|c| {
+                Ok(match c {
+                    Column::F32(b) => ViewMut::F32(b.as_mut_slice()?),
+                    Column::I32(b) => ViewMut::I32(b.as_mut_slice()?),
+                })
+            })
+            .collect()
+    }
+
+    /// The buffers, one per field (crate-internal: the prefetcher uploads them).
+    pub(crate) fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// Whether the buffers hold `len` whole samples (false only after a failed `prepare`).
+    pub(crate) fn is_consistent(&self) -> bool {
+        self.columns.len() == self.layout.fields().len()
+            && self
+                .columns
+                .iter()
+                .zip(self.layout.fields())
+                .all(|(c, f)| c.len() == self.len * f.numel())
+    }
+}
+
+fn type_error(field: usize, found: DType, requested: DType) -> Error {
+    Error::FieldType { field, found, requested }
+}

@@ -1,0 +1,45 @@
+//! Sha256 checks of files against a `SHA256SUMS` listing (`<hex digest>  <file name>` lines).
+
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// Lowercase hex sha256 of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The digest `sums` lists for `file` (lowercased).
+///
+/// # Errors
+/// [`Error::Io`] when `sums` cannot be read, [`Error::MissingChecksum`] when it lists no digest
+/// for `file`.
+pub(crate) fn listed_sha256(sums: &Path, file: &str) -> Result<String> {
+    let text = std::fs::read_to_string(sums)
+        .map_err(|source| Error::Io { path: sums.to_owned(), source })?;
+    text.lines()
+        .filter_map(|line| {
+            let (digest, name) = line.trim().split_once(char::is_whitespace)?;
+            // `sha256sum` marks binary mode with a leading '*'.
+            let name = name.trim_start().trim_start_matches('*');
+            (name == file).then(|| digest.to_ascii_lowercase())
+        })
+        .next()
+        .ok_or_else(|| Error::MissingChecksum { sums: sums.to_owned(), file: file.to_owned() })
+}
+
+/// Checks `bytes` (the contents of `path`) against the digest `sums` lists for its file name.
+///
+/// # Errors
+/// As [`listed_sha256`], plus [`Error::Checksum`] when the digests differ.
+pub(crate) fn verify(bytes: &[u8], path: &Path, sums: &Path) -> Result<()> {
+    let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let expected = listed_sha256(sums, &file)?;
+    let found = sha256_hex(bytes);
+    if found != expected {
+        return Err(Error::Checksum { path: path.to_owned(), expected, found });
+    }
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! The prefetcher: a background thread per rank that fetches, stages and uploads batches ahead.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use flodl_tensor::{Device, Event, Stream, Tensor};
+
+use crate::batch::{Column, HostBatch};
+use crate::dataset::Dataset;
+use crate::depth::{CPU_DEPTH, Depth, vram_depth};
+use crate::error::{Error, Result};
+use crate::layout::SampleLayout;
+use crate::permutation::{PickKey, PickSpace};
+use crate::plan::BatchPicks;
+use crate::transform::Transform;
+
+/// A batch on the device: one tensor per layout field (`[n, ..]`), ready once [`DeviceBatch::ready`]
+/// has completed.
+#[derive(Debug)]
+pub struct DeviceBatch {
+    tensors: Vec<Tensor>,
+    ready: Event,
+    keys: Vec<PickKey>,
+    valid: usize,
+    index: usize,
+}
+
+impl DeviceBatch {
+    /// The tensors, in layout field order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The tensors, mutable.
+    pub fn tensors_mut(&mut self) -> &mut [Tensor] {
+        &mut self.tensors
+    }
+
+    /// The tensors, taken out of the batch (wait on the event first).
+    pub fn into_tensors(self) -> Vec<Tensor> {
+        self.tensors
+    }
+
+    /// The event recorded on the prefetch stream after the upload (and transform).
+    pub fn ready(&self) -> &Event {
+        &self.ready
+    }
+
+    /// Makes `stream` (the consumer's) wait until the batch is on the device.
+    ///
+    /// # Errors
+    /// A driver error.
+    pub fn wait(&self, stream: &Stream) -> Result<()> {
+        Ok(stream.wait_event(&self.ready)?)
+    }
+
+    /// The pick key of every row, padding rows included.
+    pub fn keys(&self) -> &[PickKey] {
+        &self.keys
+    }
+
+    /// Rows in the batch, padding included.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// How many leading rows are real (the rest are padding, see [`crate::TailPolicy::Pad`]).
+    pub fn valid(&self) -> usize {
+        self.valid
+    }
+
+    /// Position of this batch in its plan.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+/// How a [`Prefetcher`] runs.
+#[derive(Clone)]
+pub struct PrefetchConfig {
+    /// The pick space the plans' picks live in (maps picks to samples and repeats).
+    pub space: PickSpace,
+    /// The run's shuffle seed (part of every [`PickKey`]).
+    pub seed: u64,
+    /// How many uploaded batches may wait for the consumer.
+    pub depth: Depth,
+    /// Augmentation applied after upload, if any.
+    pub transform: Option<Arc<dyn Transform>>,
+}
+
+impl std::fmt::Debug for PrefetchConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrefetchConfig")
+            .field("space", &self.space)
+            .field("seed", &self.seed)
+            .field("depth", &self.depth)
+            .field("transform", &self.transform.is_some())
+            .finish()
+    }
+}
+
+impl PrefetchConfig {
+    /// No augmentation over `samples` samples, depth from the VRAM gauge.
+    pub fn new(samples: usize, seed: u64) -> Self {
+        Self { space: PickSpace::plain(samples), seed, depth: Depth::default(), transform: None }
+    }
+}
+
+/// One plan's work for the background thread.
+struct Job {
+    epoch: u64,
+    batches: Vec<BatchPicks>,
+    out: flume::Sender<Result<DeviceBatch>>,
+}
+
+/// A rank's prefetcher: a background thread that, for each plan, fetches every batch from the
+/// dataset into reusable staging buffers (page-locked on CUDA), uploads it asynchronously on
+/// its own stream, applies the transform, records a ready event and queues it on a bounded
+/// channel whose capacity is the plan's depth.
+///
+/// Plans run in the order started. Dropping a [`Feed`] cancels the rest of its plan; dropping
+/// the prefetcher stops the thread (abandoning a plan in progress) and joins it.
+pub struct Prefetcher {
+    dataset: Arc<dyn Dataset>,
+    device: Device,
+    config: PrefetchConfig,
+    jobs: Option<flume::Sender<Job>>,
+    // Never sent on: dropping it tells the thread to abandon a plan in progress.
+    stop: Option<flume::Sender<()>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Prefetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefetcher")
+            .field("device", &self.device)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prefetcher {
+    /// A prefetcher uploading to `device` on a stream of its own.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSharding`] when `config.space` does not cover the dataset's samples; a
+    /// tensor error when the stream cannot be created; [`Error::Io`] when the thread cannot
+    /// be spawned.
+    pub fn new(dataset: Arc<dyn Dataset>, device: Device, config: PrefetchConfig) -> Result<Self> {
+        if config.space.samples() > dataset.len() {
+            return Err(Error::InvalidSharding {
+                reason: format!(
+                    "pick space of {} samples over a dataset of {}",
+                    config.space.samples(),
+                    dataset.len()
+                ),
+            });
+        }
+        // A CPU rank copies on its own thread only.
+        let stream = match device {
+            Device::Cpu => Stream::cpu_with_threads(1),
+            Device::Cuda(_) => Stream::new(device)?,
+        };
+        let (jobs, job_rx) = flume::bounded::<Job>(4);
+        let (stop, stop_rx) = flume::bounded::<()>(0);
+        let worker = Worker {
+            dataset: Arc::clone(&dataset),
+            layout: dataset.layout().clone(),
+            space: config.space,
+            seed: config.seed,
+            transform: config.transform.clone(),
+            stream,
+            staging: [
+                HostBatch::new(dataset.layout(), device),
+                HostBatch::new(dataset.layout(), device),
+            ],
+        };
+        let handle = std::thread::Builder::new()
+            .name("flodl-prefetch".into())
+            .spawn(move || worker.run(&job_rx, &stop_rx))
+            .map_err(|source| Error::Io { path: "<prefetch thread>".into(), source })?;
+        Ok(Self {
+            dataset,
+            device,
+            config,
+            jobs: Some(jobs),
+            stop: Some(stop),
+            worker: Some(handle),
+        })
+    }
+
+    /// The device batches are uploaded to.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The depth a plan of `batches` batches of `batch_size` rows would get now.
+    pub fn depth_for(&self, batches: usize, batch_size: usize) -> usize {
+        let depth = match self.config.depth {
+            Depth::Fixed(d) => d,
+            Depth::Vram(budget) => {
+                let batch_bytes = (self.dataset.layout().sample_bytes() * batch_size) as u64;
+                let gauge = flodl_tensor::devices().into_iter().find(|d| d.device == self.device);
+                match gauge {
+                    Some(info) if self.device.is_cuda() => vram_depth(
+                        self.device,
+                        info.total_memory,
+                        info.free_memory,
+                        batch_bytes,
+                        &budget,
+                    ),
+                    _ => CPU_DEPTH,
+                }
+            }
+        };
+        depth.min(batches)
+    }
+
+    /// Starts prefetching the batches of one plan of `epoch`; they come out of the returned
+    /// [`Feed`] in order. The depth is evaluated now (see [`Prefetcher::depth_for`]).
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`] for a pick outside the pick space; [`Error::WorkerLost`] when
+    /// the background thread has died.
+    pub fn start(&self, epoch: u64, batches: Vec<BatchPicks>) -> Result<Feed> {
+        let len = self.config.space.len();
+        if let Some(&index) = batches.iter().flat_map(|b| &b.picks).find(|&&p| p >= len) {
+            return Err(Error::IndexOutOfRange { index, len });
+        }
+        let widest = batches.iter().map(BatchPicks::len).max().unwrap_or(0);
+        let depth = self.depth_for(batches.len(), widest);
+        tracing::debug!(epoch, batches = batches.len(), depth, "prefetch plan");
+        let (out, rx) = flume::bounded(depth);
+        let remaining = batches.len();
+        let job = Job { epoch, batches, out };
+        let jobs = self.jobs.as_ref().ok_or(Error::WorkerLost { role: "prefetch" })?;
+        jobs.send(job).map_err(|_| Error::WorkerLost { role: "prefetch" })?;
+        Ok(Feed { rx, remaining, depth })
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        drop(self.stop.take());
+        if let Some(handle) = self.worker.take()
+            && handle.join().is_err()
+        {
+            tracing::warn!("prefetch thread panicked");
+        }
+    }
+}
+
+/// What [`Feed::next_timeout`] found.
+#[derive(Debug)]
+pub enum Next {
+    /// The next batch of the plan.
+    Batch(DeviceBatch),
+    /// Nothing yet within the timeout.
+    Pending,
+    /// Every batch of the plan has been delivered.
+    Done,
+}
+
+/// The consumer's end of one plan: its batches, in order. Dropping it cancels the rest of
+/// the plan.
+#[derive(Debug)]
+pub struct Feed {
+    rx: flume::Receiver<Result<DeviceBatch>>,
+    remaining: usize,
+    depth: usize,
+}
+
+impl Feed {
+    /// The depth (queue capacity) this plan runs with.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Batches not yet delivered.
+    pub fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    /// Batches uploaded and waiting in the queue now.
+    pub fn queued(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Waits up to `timeout` for the next batch.
+    ///
+    /// # Errors
+    /// The fetch, upload or transform error of the batch (the plan then ends), or
+    /// [`Error::WorkerLost`] when the thread ended before delivering every batch.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Next> {
+        if self.remaining == 0 {
+            return Ok(Next::Done);
+        }
+        match self.rx.recv_timeout(timeout) {
+            Ok(item) => self.take(item).map(Next::Batch),
+            Err(flume::RecvTimeoutError::Timeout) => Ok(Next::Pending),
+            Err(flume::RecvTimeoutError::Disconnected) => self.lost(),
+        }
+    }
+
+    fn take(&mut self, item: Result<DeviceBatch>) -> Result<DeviceBatch> {
+        match item {
+            Ok(batch) => {
+                self.remaining -= 1;
+                Ok(batch)
+            }
+            Err(e) => {
+                self.remaining = 0;
+                Err(e)
+            }
+        }
+    }
+
+    fn lost<T>(&mut self) -> Result<T> {
+        self.remaining = 0;
+        Err(Error::WorkerLost { role: "prefetch" })
+    }
+}
+
+impl Iterator for Feed {
+    type Item = Result<DeviceBatch>;
+
+    /// Blocks for the next batch; `None` once the plan is delivered or after an error.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.remaining == 0 {
+            return None;
+        }
+        Some(match self.rx.recv() {
+            Ok(item) => self.take(item),
+            Err(flume::RecvError::Disconnected) => self.lost(),
+        })
+    }
+}
+
+/// The background thread's state: reused across plans.
+struct Worker {
+    dataset: Arc<dyn Dataset>,
+    layout: SampleLayout,
+    space: PickSpace,
+    seed: u64,
+    transform: Option<Arc<dyn Transform>>,
+    stream: Stream,
+    // Two staging buffers: one is filled while the other's upload is in flight.
+    staging: [HostBatch; 2],
+}
+
+/// Whether to go on after delivering a batch.
+enum Delivery {
+    Delivered,
+    Cancelled,
+    Stopped,
+}
+
+impl Worker {
+    fn run(mut self, jobs: &flume::Receiver<Job>, stop: &flume::Receiver<()>) {
+        while let Ok(job) = jobs.recv() {
+            for (index, picks) in job.batches.iter().enumerate() {
+                if stop.is_disconnected() {
+                    return;
+                }
+                let item = self.prepare(job.epoch, index, picks);
+                let failed = item.is_err();
+                match deliver(&job.out, stop, item) {
+                    Delivery::Delivered if !failed => {}
+                    Delivery::Delivered | Delivery::Cancelled => break,
+                    Delivery::Stopped => return,
+                }
+            }
+        }
+    }
+
+    fn prepare(&mut self, epoch: u64, index: usize, picks: &BatchPicks) -> Result<DeviceBatch> {
+        let keys = picks
+            .picks
+            .iter()
+            .map(|&p| self.space.key(p, epoch, self.seed))
+            .collect::<Result<Vec<_>>>()?;
+        let samples: Vec<usize> = keys.iter().map(|k| k.sample).collect();
+        let staging = &mut self.staging[index % 2];
+        self.dataset.fetch(&samples, staging)?;
+        if !staging.is_consistent() || staging.len() != samples.len() {
+            return Err(Error::LayoutMismatch);
+        }
+        let n = samples.len();
+        let mut tensors = Vec::with_capacity(self.layout.fields().len());
+        for (field, column) in self.layout.fields().iter().zip(staging.columns()) {
+            let mut t = Tensor::zeros(&field.batch_shape(n), field.dtype, &self.stream)?;
+            match column {
+                Column::F32(b) => t.copy_from_pinned_async(b, &self.stream)?,
+                Column::I32(b) => t.copy_from_pinned_async(b, &self.stream)?,
+            }
+            tensors.push(t);
+        }
+        if let Some(transform) = &self.transform {
+            transform.apply(&keys, &mut tensors, &self.stream)?;
+        }
+        let ready = Event::new(self.stream.device())?;
+        ready.record(&self.stream)?;
+        Ok(DeviceBatch { tensors, ready, keys, valid: picks.valid, index })
+    }
+}
+
+/// Hands `item` to the consumer, unless the consumer left or the prefetcher is dropped first.
+fn deliver(
+    out: &flume::Sender<Result<DeviceBatch>>,
+    stop: &flume::Receiver<()>,
+    item: Result<DeviceBatch>,
+) -> Delivery {
+    flume::Selector::new()
+        .send(out, item, |r| match r {
+            Ok(()) => Delivery::Delivered,
+            Err(_) => Delivery::Cancelled,
+        })
+        .recv(stop, |_| Delivery::Stopped)
+        .wait()
+}
