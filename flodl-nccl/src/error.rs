@@ -68,6 +68,9 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver error: {0}")]
     Cuda(String),
+    /// A tensor operation failed (e.g. a tensor is not on the device the communicator needs).
+    #[error(transparent)]
+    Tensor(#[from] flodl_tensor::Error),
 }
 
 /// The crate's result type.

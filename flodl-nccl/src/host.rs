@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use flodl_tensor::{DType, Device, Stream, Tensor};
+
 use crate::abort::AbortHandle;
+use crate::collective::Collective;
 use crate::error::{Error, Result};
 use crate::reduction::{broadcast_share, reduce_share};
 use crate::rendezvous::{Group, Op, Post, RawBuf};
@@ -201,6 +204,76 @@ impl HostComm {
 impl Drop for HostComm {
     fn drop(&mut self) {
         self.group.leave(self.rank);
+    }
+}
+
+/// The `f32` host slices behind CPU tensors (zero-copy).
+fn host_slices<'a>(tensors: &'a mut [&mut Tensor]) -> Result<Vec<&'a mut [f32]>> {
+    tensors
+        .iter_mut()
+        .map(|t| {
+            if t.device() != Device::Cpu || t.dtype() != DType::F32 {
+                return Err(Error::InvalidArgument(format!(
+                    "HostComm reduces f32 CPU tensors, got {:?} on {}",
+                    t.dtype(),
+                    t.device()
+                )));
+            }
+            Ok(t.as_mut_slice::<f32>()?)
+        })
+        .collect()
+}
+
+/// CPU tensors are reduced in place through their host slices; the stream is not used, since
+/// CPU work is synchronous.
+impl Collective for HostComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.group.world()
+    }
+
+    fn all_reduce_weighted(
+        &mut self,
+        tensors: &mut [&mut Tensor],
+        weight: f32,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let mut slices = host_slices(tensors)?;
+        self.all_reduce_weighted_f32(&mut slices, weight)
+    }
+
+    fn all_reduce_sum(&mut self, tensors: &mut [&mut Tensor], _stream: &Stream) -> Result<()> {
+        let mut slices = host_slices(tensors)?;
+        self.all_reduce_sum_f32(&mut slices)
+    }
+
+    fn broadcast(
+        &mut self,
+        tensors: &mut [&mut Tensor],
+        root: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let mut slices = host_slices(tensors)?;
+        self.broadcast_f32(&mut slices, root)
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        HostComm::barrier(self)
+    }
+
+    fn abort_handle(&self) -> AbortHandle {
+        HostComm::abort_handle(self)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        HostComm::set_timeout(self, timeout);
     }
 }
 

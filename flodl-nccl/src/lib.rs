@@ -1,6 +1,7 @@
 //! flodl-nccl: the collective contract, an in-process host collective and an abortable NCCL binding.
 
 mod abort;
+mod collective;
 mod error;
 mod host;
 #[cfg(feature = "cuda")]
@@ -9,6 +10,7 @@ mod reduction;
 mod rendezvous;
 
 pub use abort::AbortHandle;
+pub use collective::Collective;
 pub use error::{Error, Result};
 pub use host::{DEFAULT_TIMEOUT, HostComm};
 #[cfg(feature = "cuda")]

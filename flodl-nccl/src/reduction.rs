@@ -72,8 +72,22 @@ pub(crate) unsafe fn reduce_share(posts: &[Post], rank: usize, scratch: &mut Vec
 
 /// # Safety
 /// Every pointer in `ptrs` is valid for reads and writes of `len` `f32`s that no other thread
-/// touches during the call; the pointers may be equal only if `ptrs.len() == 1`.
+/// touches during the call; the ranges do not overlap (one pointer per rank).
 unsafe fn reduce_piece(ptrs: &[*mut f32], weights: &[f32], len: usize) {
+    if let ([p0, p1], [w0, w1]) = (ptrs, weights) {
+        // Two ranks: one fused pass, no accumulator (measured faster than the blocked path).
+        // SAFETY: two distinct ranks' buffers never overlap (they were lent as separate
+        // `&mut` borrows), each is valid for `len` elements, and only this thread touches them.
+        let (x0, x1) = unsafe {
+            (std::slice::from_raw_parts_mut(*p0, len), std::slice::from_raw_parts_mut(*p1, len))
+        };
+        for (a, b) in x0.iter_mut().zip(x1.iter_mut()) {
+            let sum = w0 * *a + w1 * *b;
+            *a = sum;
+            *b = sum;
+        }
+        return;
+    }
     let mut acc = [0.0f32; BLOCK];
     let mut done = 0;
     while done < len {
@@ -82,23 +96,13 @@ unsafe fn reduce_piece(ptrs: &[*mut f32], weights: &[f32], len: usize) {
         // SAFETY: `done + n <= len`, so each slice lies inside the valid range; the slices are
         // only read here and the writes below go through the raw pointers after the reads.
         let input = |r: usize| unsafe { std::slice::from_raw_parts(ptrs[r].add(done), n) };
-        match ptrs.len() {
-            2 => {
-                let (w0, w1) = (weights[0], weights[1]);
-                for ((a, &x0), &x1) in acc.iter_mut().zip(input(0)).zip(input(1)) {
-                    *a = w0 * x0 + w1 * x1;
-                }
-            }
-            _ => {
-                let w0 = weights[0];
-                for (a, &x) in acc.iter_mut().zip(input(0)) {
-                    *a = w0 * x;
-                }
-                for (r, &w) in weights.iter().enumerate().skip(1) {
-                    for (a, &x) in acc.iter_mut().zip(input(r)) {
-                        *a += w * x;
-                    }
-                }
+        let w0 = weights[0];
+        for (a, &x) in acc.iter_mut().zip(input(0)) {
+            *a = w0 * x;
+        }
+        for (r, &w) in weights.iter().enumerate().skip(1) {
+            for (a, &x) in acc.iter_mut().zip(input(r)) {
+                *a += w * x;
             }
         }
         for &ptr in ptrs {

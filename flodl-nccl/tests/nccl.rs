@@ -38,13 +38,7 @@ fn skipped() -> bool {
     match skip_reason() {
         None => false,
         Some(reason) => {
-            // Until flodl-tensor's shared `skip_or_fail` lands: the same rule, inline.
-            let require = std::env::var("FLODL_REQUIRE_GPU").unwrap_or_default();
-            assert!(
-                matches!(require.as_str(), "" | "0" | "false"),
-                "FLODL_REQUIRE_GPU is set but the GPU test cannot run: {reason}"
-            );
-            eprintln!("skipped: {reason}");
+            flodl_tensor::skip_or_fail(&reason);
             true
         }
     }
