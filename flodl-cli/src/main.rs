@@ -3,7 +3,7 @@
 mod args;
 mod chart;
 mod config;
-//mod devices;
+mod devices;
 mod record;
 mod report;
 mod run_dir;
@@ -48,7 +48,7 @@ fn main() -> ExitCode {
 fn run(command: Command) -> Result<()> {
     match command {
         Command::Devices => {
-            //devices::run();
+            devices::run();
             Ok(())
         }
         Command::Report(args) => regenerate_report(&args.run_dir),
