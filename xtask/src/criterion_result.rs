@@ -162,9 +162,26 @@ pub(crate) fn read_results(dir: &Path, since: Option<SystemTime>) -> Result<Vec<
 
 fn sort_key(result: &BenchResult) -> (&str, &str, f64, &str) {
     let parameter = result.parameter.as_deref().unwrap_or("");
-    let number = parameter.parse::<f64>().unwrap_or(f64::NAN);
-    let number = if number.is_nan() { f64::INFINITY } else { number };
-    (result.group.as_str(), result.function.as_str(), number, parameter)
+    let size = parameter_size(parameter).unwrap_or(f64::INFINITY);
+    (result.group.as_str(), result.function.as_str(), size, parameter)
+}
+
+/// The size a parameter names: a leading number times its suffix (`1M`, `64Ki`, `4096`).
+pub(crate) fn parameter_size(parameter: &str) -> Option<f64> {
+    let end =
+        parameter.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(parameter.len());
+    let number: f64 = parameter[..end].parse().ok()?;
+    let multiplier = match parameter[end..].trim() {
+        "" => 1.0,
+        "k" | "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some(number * multiplier)
 }
 
 /// Folders named `new` holding both JSON files (criterion's `report` folders are skipped).
@@ -281,6 +298,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn parameter_sizes_read_suffixes() {
+        let cases = [
+            ("4096", Some(4096.0)),
+            ("1M", Some(1e6)),
+            ("10M", Some(1e7)),
+            ("2.5k", Some(2500.0)),
+            ("64Ki", Some(65536.0)),
+            ("1Gi", Some(1073741824.0)),
+            ("256x256", None),
+            ("mlp", None),
+            ("", None),
+        ];
+        for (parameter, want) in cases {
+            assert_eq!(parameter_size(parameter), want, "{parameter}");
+        }
+    }
+
+    #[test]
     fn results_are_found_under_new_folders_and_sorted() -> Result<()> {
         let dir =
             std::env::temp_dir().join(format!("flodl-xtask-criterion-{}", std::process::id()));
@@ -295,7 +330,9 @@ pub(crate) mod tests {
             Ok(())
         };
         let outcome = (|| -> Result<Vec<BenchResult>> {
+            write("kernels/cpu_axpy/10M/new", "cpu_axpy", "10M", 3.0)?;
             write("kernels/cpu_axpy/65536/new", "cpu_axpy", "65536", 3.0)?;
+            write("kernels/cpu_axpy/1M/new", "cpu_axpy", "1M", 3.0)?;
             write("kernels/cpu_axpy/1024/new", "cpu_axpy", "1024", 1.0)?;
             write("kernels/cpu_axpy/1024/base", "cpu_axpy", "1024", 9.0)?;
             write("kernels/cpu_add/64/new", "cpu_add", "64", 2.0)?;
@@ -305,7 +342,14 @@ pub(crate) mod tests {
         let missing = read_results(&dir.join("absent"), None);
         fs::remove_dir_all(&dir)?;
         let ids: Vec<String> = outcome?.into_iter().map(|r| r.id).collect();
-        assert_eq!(ids, ["kernels/cpu_add/64", "kernels/cpu_axpy/1024", "kernels/cpu_axpy/65536"]);
+        let want = [
+            "kernels/cpu_add/64",
+            "kernels/cpu_axpy/1024",
+            "kernels/cpu_axpy/65536",
+            "kernels/cpu_axpy/1M",
+            "kernels/cpu_axpy/10M",
+        ];
+        assert_eq!(ids, want);
         assert!(missing?.is_empty());
         Ok(())
     }
