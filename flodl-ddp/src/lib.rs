@@ -18,3 +18,6 @@ pub use chunk_pool::{Chunk, ChunkPool, Coverage, Tail};
 pub use chunk_size::{ChunkSizing, Speeds, window_allocation};
 pub use epoch_stream::{EpochStream, StreamCoverage};
 pub use overshoot::{Overshoot, OvershootMode};
+
+pub mod policy;
+pub use policy::{Backend, Policy};
