@@ -34,6 +34,7 @@
 //! it over the target and fsyncs the directory, so a crash leaves the previous bundle intact.
 //! [`CheckpointStore`] keeps `step-<global_step>.fdlck` bundles (the newest `keep`) and
 //! `latest.fdlck` (a hard link to the newest step bundle, swapped in atomically).
+//! [`SaveInterval`] says when a periodic save falls due.
 //!
 //! # Restoring
 //!
@@ -45,6 +46,7 @@ mod bundle;
 mod coverage;
 mod error;
 mod format;
+mod interval;
 mod record;
 mod signature;
 mod store;
@@ -54,6 +56,7 @@ pub use bundle::{Checkpoint, OpaqueState, RngStream, SaveReason};
 pub use coverage::{EpochCoverage, SampleRange, normalise, uncovered};
 pub use error::{CheckpointError, Result};
 pub use format::{FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_META_BYTES, ReadLimits};
+pub use interval::SaveInterval;
 pub use record::{StoredDType, TensorRecord, TensorSet};
 pub use signature::{ConfigHash, Expectation, ModelSignature, SignatureEntry};
 pub use store::{

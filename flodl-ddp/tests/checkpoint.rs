@@ -3,13 +3,14 @@
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::io;
+use std::num::NonZeroU64;
 use std::path::Path;
 
 use flodl_ddp::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ConfigHash, EpochCoverage, Expectation,
     HEADER_LEN, MAGIC, MAX_META_BYTES, ModelSignature, OpaqueState, ReadLimits, RngStream,
-    SampleRange, SaveReason, SaveStage, SignatureEntry, StoredDType, TensorRecord, TensorSet,
-    load_latest, normalise, uncovered,
+    SampleRange, SaveInterval, SaveReason, SaveStage, SignatureEntry, StoredDType, TensorRecord,
+    TensorSet, load_latest, normalise, uncovered,
 };
 use flodl_tensor::{DType, Device, Stream, Tensor, bf16, gpu_skip_reason, skip_or_fail};
 use rand::{RngExt, SeedableRng};
@@ -515,14 +516,16 @@ fn crash_case(fail_at: usize, prev: &Checkpoint, next: &Checkpoint) -> TestResul
             "crash at hook call {fail_at} (finished {finished}): latest is neither intact old nor new"
         )));
     }
-    // Reopening clears the temporaries of the crash; saving again works and wins.
+    // Reopening clears the temporaries of the crash (and nothing else); saving again works.
+    std::fs::write(dir.path().join(".notes.tmp-1"), b"not ours")?;
     let store = CheckpointStore::open(dir.path(), 3)?;
-    let temps = std::fs::read_dir(dir.path())?
+    let dotfiles: Vec<String> = std::fs::read_dir(dir.path())?
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
-        .count();
-    if temps != 0 {
-        return Err(fail(format!("{temps} temporary files left after reopening")));
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    if dotfiles != [".notes.tmp-1"] {
+        return Err(fail(format!("dotfiles after reopening: {dotfiles:?}")));
     }
     store.save(next)?;
     if store.load_latest(&expect)? != *next {
@@ -991,4 +994,27 @@ fn a_mismatched_target_stops_the_restore_before_any_write() -> TestResult {
         |e| matches!(e, CheckpointError::CountMismatch { .. }),
         "names and tensors differ in count",
     )
+}
+
+#[test]
+fn save_interval_matches_hand_computed_schedules() -> TestResult {
+    let cases: [(SaveInterval, &[u64], &[u64]); 5] = [
+        (SaveInterval::never(), &[], &[]),
+        (SaveInterval::every_reduces(0), &[], &[]),
+        (SaveInterval::every_reduces(3), &[3, 6, 9], &[]),
+        (SaveInterval::every_epochs(2), &[], &[2, 4, 6, 8, 10]),
+        (
+            SaveInterval { every_reduces: NonZeroU64::new(1), every_epochs: NonZeroU64::new(5) },
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+            &[5, 10],
+        ),
+    ];
+    for (interval, reduces, epochs) in cases {
+        let got_r: Vec<u64> = (0..=10).filter(|&n| interval.due_after_reduce(n)).collect();
+        let got_e: Vec<u64> = (0..=10).filter(|&n| interval.due_after_epoch(n)).collect();
+        if got_r != reduces || got_e != epochs {
+            return Err(fail(format!("{interval:?}: reduces {got_r:?}, epochs {got_e:?}")));
+        }
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -339,42 +340,41 @@ impl Checkpoint {
         decode_payload(&head, header, &bytes[HEADER_LEN..])
     }
 
-    /// Reads and fully validates a bundle from `reader` holding exactly `actual_len` bytes
-    /// (the file size). Declared lengths are checked against `limits` and `actual_len` before
-    /// the payload buffer is allocated.
+    /// Reads and fully validates a bundle from `reader`, the contents of the file at `path`,
+    /// which holds `actual_len` bytes. Declared lengths are checked against `limits` and
+    /// `actual_len` before the payload buffer is allocated.
     pub(crate) fn read_from(
         reader: &mut impl Read,
         actual_len: u64,
         limits: ReadLimits,
-    ) -> std::io::Result<Result<Checkpoint>> {
-        let mut head = [0u8; HEADER_LEN];
+        path: &Path,
+    ) -> Result<Checkpoint> {
+        let io_err = |e| CheckpointError::io(path, e);
         if actual_len < HEADER_LEN as u64 {
-            return Ok(Err(CheckpointError::Truncated {
+            return Err(CheckpointError::Truncated {
                 expected: HEADER_LEN as u64,
                 actual: actual_len,
-            }));
+            });
         }
-        reader.read_exact(&mut head)?;
-        let header = match parse_header(&head, actual_len, limits) {
-            Ok(h) => h,
-            Err(e) => return Ok(Err(e)),
-        };
-        let payload_len = header.total() - HEADER_LEN as u64;
-        let Ok(payload_len) = usize::try_from(payload_len) else {
-            return Ok(Err(CheckpointError::TooLarge {
+        let mut head = [0u8; HEADER_LEN];
+        reader.read_exact(&mut head).map_err(io_err)?;
+        let header = parse_header(&head, actual_len, limits)?;
+        let payload_len = usize::try_from(header.total() - HEADER_LEN as u64).map_err(|_| {
+            CheckpointError::TooLarge {
                 what: "bundle",
                 declared: header.total(),
                 limit: usize::MAX as u64,
-            }));
-        };
+            }
+        })?;
         let mut payload = Vec::with_capacity(payload_len);
-        reader.take(payload_len as u64).read_to_end(&mut payload)?;
+        reader.take(payload_len as u64).read_to_end(&mut payload).map_err(io_err)?;
         if payload.len() != payload_len {
-            return Ok(Err(CheckpointError::Truncated {
+            // The file shrank while being read.
+            return Err(CheckpointError::Truncated {
                 expected: header.total(),
                 actual: (HEADER_LEN + payload.len()) as u64,
-            }));
+            });
         }
-        Ok(decode_payload(&head, header, &payload))
+        decode_payload(&head, header, &payload)
     }
 }

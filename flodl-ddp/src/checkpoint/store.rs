@@ -63,8 +63,21 @@ fn parent_dir(target: &Path) -> &Path {
 }
 
 /// Syncs a directory so a rename in it is durable.
+#[cfg(unix)]
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Directories cannot be opened for syncing here; the rename is as durable as the platform makes
+/// it.
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> io::Result<()> {
+    Ok(())
+}
+
+/// Whether `file_name` is a temporary file of one of our saves.
+fn is_temp_name(file_name: &str) -> bool {
+    file_name.starts_with('.') && file_name.contains(&format!(".{EXTENSION}{TMP_MARKER}"))
 }
 
 /// Runs the temp-file part of an atomic write; `fill` writes the content.
@@ -148,7 +161,7 @@ impl Checkpoint {
         let io_err = |e| CheckpointError::io(path, e);
         let file = File::open(path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
-        Checkpoint::read_from(&mut BufReader::new(file), len, limits).map_err(io_err)?
+        Checkpoint::read_from(&mut BufReader::new(file), len, limits, path)
     }
 
     /// Reads the bundle at `path` and checks it belongs to the run described by `expect`.
@@ -181,7 +194,7 @@ impl CheckpointStore {
         fs::create_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
         let store = CheckpointStore { dir, keep: keep.max(1) };
         for entry in store.entries()? {
-            if entry.starts_with('.') && entry.contains(TMP_MARKER) {
+            if is_temp_name(&entry) {
                 let path = store.dir.join(&entry);
                 fs::remove_file(&path).map_err(|e| CheckpointError::io(path, e))?;
             }
