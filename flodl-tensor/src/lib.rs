@@ -45,6 +45,9 @@ mod skip;
 mod stream;
 mod tensor;
 
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
 #[path = "cuda_off.rs"]
 mod cuda;
 

@@ -1,0 +1,70 @@
+//! A CUDA stream with the device it belongs to and its cuBLAS handle.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::CudaStream as RawStream;
+
+use super::context::{self, DeviceState};
+use super::{CudaEvent, cuda_err};
+use crate::{Error, Result};
+
+/// A non-blocking CUDA stream; clones share it.
+#[derive(Clone)]
+pub(crate) struct CudaStream(Arc<StreamState>);
+
+struct StreamState {
+    dev: Arc<DeviceState>,
+    raw: Arc<RawStream>,
+    // Created on the first gemm: a cuBLAS handle bound to this stream.
+    blas: Mutex<Option<Arc<CudaBlas>>>,
+}
+
+impl std::fmt::Debug for CudaStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStream").field("ordinal", &self.ordinal()).finish_non_exhaustive()
+    }
+}
+
+impl CudaStream {
+    pub(crate) fn new(ordinal: usize) -> Result<CudaStream> {
+        let dev = context::device(ordinal)?;
+        let raw = dev.ctx.new_stream().map_err(cuda_err("stream create"))?;
+        Ok(CudaStream(Arc::new(StreamState { dev, raw, blas: Mutex::new(None) })))
+    }
+
+    pub(crate) fn ordinal(&self) -> usize {
+        self.0.dev.ctx.ordinal()
+    }
+
+    pub(crate) fn raw(&self) -> &Arc<RawStream> {
+        &self.0.raw
+    }
+
+    pub(crate) fn device(&self) -> &DeviceState {
+        &self.0.dev
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.0.raw.synchronize().map_err(cuda_err("stream synchronize"))
+    }
+
+    pub(crate) fn wait_event(&self, e: &CudaEvent) -> Result<()> {
+        self.0.raw.wait(e.raw()).map_err(cuda_err("stream wait event"))
+    }
+
+    /// This stream's cuBLAS handle, created on first use.
+    pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
+        let mut slot = self.0.blas.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = slot.as_ref() {
+            return Ok(b.clone());
+        }
+        // SAFETY: only tries to load the library; it neither panics nor touches CUDA state.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::CudaUnavailable { reason: "libcublas is not installed".into() });
+        }
+        let b = Arc::new(CudaBlas::new(self.0.raw.clone()).map_err(cuda_err("cublas create"))?);
+        *slot = Some(b.clone());
+        Ok(b)
+    }
+}
