@@ -12,6 +12,7 @@ use flodl_ddp::checkpoint::{
     SampleRange, SaveInterval, SaveReason, SaveStage, SignatureEntry, StoredDType, TensorRecord,
     TensorSet, load_latest, normalise, uncovered,
 };
+use flodl_ddp::{Chunk, ChunkPool, Tail};
 use flodl_tensor::{DType, Device, Stream, Tensor, bf16, gpu_skip_reason, skip_or_fail};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -1014,6 +1015,61 @@ fn save_interval_matches_hand_computed_schedules() -> TestResult {
         let got_e: Vec<u64> = (0..=10).filter(|&n| interval.due_after_epoch(n)).collect();
         if got_r != reduces || got_e != epochs {
             return Err(fail(format!("{interval:?}: reduces {got_r:?}, epochs {got_e:?}")));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_resumed_pool_dispatches_exactly_the_uncovered_ranges() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(606);
+    for case in 0..200 {
+        let world = rng.random_range(1..5usize);
+        let batch = rng.random_range(1..9usize);
+        let samples = rng.random_range(0..400usize);
+        let tail = if rng.random::<bool>() { Tail::Keep } else { Tail::Drop };
+        let mut pool = ChunkPool::new(case, samples, batch, world, tail)?;
+        // Hand out chunks, credit some, leave others in flight at the "crash".
+        let mut held: Vec<(usize, Chunk)> = Vec::new();
+        for _ in 0..rng.random_range(0..30) {
+            let rank = rng.random_range(0..world);
+            if let Some(chunk) = pool.take(rank, rng.random_range(1..4))? {
+                held.push((rank, chunk));
+            }
+        }
+        for (rank, chunk) in &held {
+            if rng.random_range(0..3) > 0 {
+                pool.credit(*rank, chunk)?;
+            }
+        }
+        let seed = rng.random();
+        let saved = EpochCoverage::from_pool(&pool.coverage(), seed)?;
+        let mut ckpt = small_checkpoint()?;
+        ckpt.coverage = vec![saved.clone()];
+        let back = Checkpoint::from_bytes(&ckpt.to_bytes()?)?;
+        let restored = back
+            .coverage_of(case as u64)
+            .ok_or_else(|| fail(format!("case {case}: coverage lost")))?;
+        if restored != &saved || restored.seed != seed {
+            return Err(fail(format!("case {case}: coverage changed in the bundle")));
+        }
+        // Drain the resumed pool: it must hand out exactly the uncovered positions, once each.
+        let mut resumed = ChunkPool::resume(&restored.to_pool()?, batch, world, tail)?;
+        let mut dispatched = Vec::new();
+        while let Some(chunk) = resumed.take(rng.random_range(0..world), rng.random_range(1..4))? {
+            dispatched.push(SampleRange::new(chunk.offset, chunk.len));
+        }
+        let total = restored.total;
+        let mut seen = vec![0u32; total];
+        for r in restored.completed().iter().chain(&dispatched) {
+            seen[r.offset..r.offset + r.size].iter_mut().for_each(|c| *c += 1);
+        }
+        if normalise(&dispatched, total)? != restored.uncovered() || seen.iter().any(|&c| c != 1) {
+            return Err(fail(format!(
+                "case {case}: done {:?}, uncovered {:?}, dispatched {dispatched:?}",
+                restored.completed(),
+                restored.uncovered()
+            )));
         }
     }
     Ok(())
