@@ -8,8 +8,8 @@ use flodl_tensor::{DType, Device, Stream, Tensor};
 use crate::abort::AbortHandle;
 use crate::collective::Collective;
 use crate::error::{Error, Result};
-use crate::reduction::{broadcast_share, reduce_share};
-use crate::rendezvous::{Group, Op, Post, RawBuf};
+use crate::plan::{Op, RawBuf};
+use crate::rendezvous::Group;
 
 /// The deadline every operation gets unless [`HostComm::set_timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -18,9 +18,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// Build the whole group with [`HostComm::group`] and move each communicator into its rank's
 /// thread. Every rank must call the same operations in the same order with buffers of equal
-/// lengths. The ranks cooperate: each one reduces its own slice of the joint buffers, reading
-/// every rank's input and writing the result into every rank's buffer, so the work and the memory
-/// traffic are split evenly and no rank copies a whole buffer.
+/// lengths. The ranks cooperate: the joint buffers are cut into cache-line-aligned chunks (about
+/// eight per rank) that the running ranks take from a shared counter; for its chunk a rank reads
+/// every rank's input and writes the result into every rank's buffer, so each element is read
+/// once and written once per rank, nothing is copied twice, and a rank that the OS deschedules
+/// does not hold the others back.
 ///
 /// Results are deterministic: element `i` is always `((w_0·x_0 + w_1·x_1) + w_2·x_2) + ...` in
 /// `f32`, in rank order, whichever thread computes it, so every rank holds bitwise the same
@@ -35,17 +37,15 @@ pub struct HostComm {
     group: Arc<Group>,
     rank: usize,
     timeout: Duration,
-    /// Every rank's post, copied at the end of the arrive phase (reused across operations).
-    view: Vec<Post>,
     /// Pointer scratch for the reduction (reused across operations).
     scratch: Vec<*mut f32>,
     /// This rank's own buffer list (reused across operations).
     mine: Vec<RawBuf>,
 }
 
-// SAFETY: the raw pointers in `view`, `scratch` and `mine` are only dereferenced inside an
-// operation, by the thread that runs it, under the rendezvous protocol (see `rendezvous`); between
-// operations they are stale addresses nobody reads. Everything else is `Send`.
+// SAFETY: the raw pointers in `scratch` and `mine` are only dereferenced inside an operation, by
+// the thread that runs it, under the rendezvous protocol (see `rendezvous`); between operations
+// they are stale addresses nobody reads. Everything else is `Send`.
 unsafe impl Send for HostComm {}
 
 impl HostComm {
@@ -62,14 +62,7 @@ impl HostComm {
     }
 
     fn with_group(group: Arc<Group>, rank: usize) -> HostComm {
-        HostComm {
-            group,
-            rank,
-            timeout: DEFAULT_TIMEOUT,
-            view: Vec::new(),
-            scratch: Vec::new(),
-            mine: Vec::new(),
-        }
+        HostComm { group, rank, timeout: DEFAULT_TIMEOUT, scratch: Vec::new(), mine: Vec::new() }
     }
 
     /// This communicator's rank, in `0..world_size()`.
@@ -179,25 +172,17 @@ impl HostComm {
     fn run(&mut self, op: Op, weight: f32, bufs: &mut [&mut [f32]]) -> Result<()> {
         self.mine.clear();
         self.mine.extend(bufs.iter_mut().map(|b| RawBuf { ptr: b.as_mut_ptr(), len: b.len() }));
-        self.group.arrive(self.rank, op, weight, &self.mine, self.timeout, &mut self.view)?;
+        let plan = self.group.arrive(self.rank, op, weight, &self.mine, self.timeout)?;
         // Every rank has arrived: from here on peers may touch this rank's buffers, so this
-        // function must reach `release` on every path.
-        let outcome = validate(&self.view);
-        if outcome.is_ok() {
-            match op {
-                // SAFETY: all ranks arrived at the same operation with matching buffers
-                // (validated), nobody has released, every rank's `RawBuf`s come from live
-                // `&mut [f32]` borrows held by ranks blocked in this operation, and shares are
-                // disjoint, so this rank alone touches the elements of its share.
-                Op::AllReduce => unsafe { reduce_share(&self.view, self.rank, &mut self.scratch) },
-                // SAFETY: as above; distinct ranks lent distinct `&mut` buffers, which cannot
-                // overlap.
-                Op::Broadcast { root } => unsafe { broadcast_share(&self.view, root, self.rank) },
-                Op::Barrier => {}
-            }
+        // function must reach `complete` on every path.
+        // SAFETY: every rank arrived at this plan, and each stays blocked in its operation (its
+        // buffers lent as `&mut [f32]`, touched only through the published pointers) until
+        // `complete` sees every chunk done.
+        if unsafe { plan.work(&mut self.scratch) } {
+            self.group.finished();
         }
-        self.group.release();
-        outcome
+        self.group.complete(&plan);
+        plan.error().map_or(Ok(()), Err)
     }
 }
 
@@ -275,33 +260,4 @@ impl Collective for HostComm {
     fn set_timeout(&mut self, timeout: Duration) {
         HostComm::set_timeout(self, timeout);
     }
-}
-
-/// Checks that every rank announced rank 0's operation with buffers of the same lengths.
-fn validate(posts: &[Post]) -> Result<()> {
-    let first = &posts[0];
-    for (rank, post) in posts.iter().enumerate().skip(1) {
-        let mismatch =
-            |what, expected: String, found: String| Error::Mismatch { what, rank, expected, found };
-        if post.op != first.op {
-            return Err(mismatch("operation", format!("{:?}", first.op), format!("{:?}", post.op)));
-        }
-        if post.bufs.len() != first.bufs.len() {
-            return Err(mismatch(
-                "buffer count",
-                first.bufs.len().to_string(),
-                post.bufs.len().to_string(),
-            ));
-        }
-        for (b, (x, y)) in first.bufs.iter().zip(&post.bufs).enumerate() {
-            if x.len != y.len {
-                return Err(mismatch(
-                    "buffer length",
-                    format!("{} (buffer {b})", x.len),
-                    format!("{} (buffer {b})", y.len),
-                ));
-            }
-        }
-    }
-    Ok(())
 }

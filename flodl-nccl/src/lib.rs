@@ -6,6 +6,7 @@ mod error;
 mod host;
 #[cfg(feature = "cuda")]
 mod nccl;
+mod plan;
 mod reduction;
 mod rendezvous;
 

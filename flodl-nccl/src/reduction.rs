@@ -1,31 +1,11 @@
-//! The host reduction kernels: each rank's share of the buffers and the weighted sum over ranks.
-//!
-//! The buffers of one operation form a single index space (buffer 0, then buffer 1, ...). Rank
-//! `k` of `W` owns the contiguous range `[k·N/W, (k+1)·N/W)`, rounded down to a cache line, so
-//! the shares never split a line between two writers (when the buffers are line-aligned) and
-//! each rank streams through memory sequentially.
+//! The host reduction kernels: the weighted sum over ranks and the broadcast copy, over a range
+//! of the joint index space of an operation's buffers (buffer 0, then buffer 1, ...).
 
-use crate::rendezvous::{Post, RawBuf};
+use crate::plan::{Post, RawBuf};
 
-/// `f32` elements in a 64-byte cache line.
-const LINE: usize = 16;
-/// Elements reduced per block: the block's accumulator and its slices of every rank's input
-/// stay in L1 while the result is written back to every rank.
+/// Elements reduced per block (more than two ranks): the block's accumulator and its slices of
+/// every rank's input stay in L1 while the result is written back to every rank.
 const BLOCK: usize = 1024;
-
-/// The element range `[start, end)` of the joint index space that `rank` of `world` owns.
-pub(crate) fn share(total: usize, rank: usize, world: usize) -> (usize, usize) {
-    let bound = |k: usize| {
-        if k >= world {
-            total
-        } else {
-            // u128: `total * k` cannot overflow.
-            let exact = (total as u128 * k as u128 / world as u128) as usize;
-            exact - exact % LINE
-        }
-    };
-    (bound(rank), bound(rank + 1))
-}
 
 /// Calls `f(buffer, offset, len)` for every piece of `[start, end)` of the joint index space of
 /// buffers with lengths `lens`.
@@ -48,32 +28,58 @@ fn for_each_piece(
 }
 
 /// Writes `Σ_r weight_r · x_r` (summed in rank order, in `f32`) into every rank's buffers, for
-/// the elements of `rank`'s share.
+/// the elements `[start, end)` of the joint index space.
 ///
 /// # Safety
-/// `posts` must describe one operation that every rank has arrived at and none has released:
+/// `posts` describes one operation at which every rank has arrived and which has not completed:
 /// every `RawBuf` points to `len` valid, initialised `f32`s whose owner does not access them
-/// until the release phase, all ranks have the same number of buffers with equal lengths, and
-/// the calling rank is the only thread touching the elements of its share.
-pub(crate) unsafe fn reduce_share(posts: &[Post], rank: usize, scratch: &mut Vec<*mut f32>) {
-    let world = posts.len();
-    let total: usize = posts[0].bufs.iter().map(|b| b.len).sum();
+/// until the operation completes, all ranks have the same number of buffers with equal lengths,
+/// `end` is at most their total length, and the calling thread is the only one touching the
+/// elements of `[start, end)`.
+pub(crate) unsafe fn reduce_range(
+    posts: &[Post],
+    range: (usize, usize),
+    scratch: &mut Vec<*mut f32>,
+) {
     let weights: Vec<f32> = posts.iter().map(|p| p.weight).collect();
     let lens = posts[0].bufs.iter().map(|b| b.len);
-    for_each_piece(lens, share(total, rank, world), |b, offset, len| {
+    for_each_piece(lens, range, |b, offset, len| {
         scratch.clear();
         // SAFETY: `offset + len <= bufs[b].len` by construction of the pieces, so the pointer
         // stays inside the buffer (the contract guarantees equal lengths on every rank).
         scratch.extend(posts.iter().map(|p| unsafe { p.bufs[b].ptr.add(offset) }));
-        // SAFETY: forwarded from this function's contract; the piece lies in this rank's share.
+        // SAFETY: forwarded from this function's contract; the piece lies in `range`.
         unsafe { reduce_piece(scratch, &weights, len) };
     });
+}
+
+unsafe fn reduce_piece(ptrs: &[*mut f32], weights: &[f32], len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked above); the rest is the caller's contract.
+        unsafe { reduce_piece_avx2(ptrs, weights, len) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { reduce_piece_body(ptrs, weights, len) };
+}
+
+/// [`reduce_piece_body`] compiled for AVX2 (measured 20-50% faster than SSE2 on this kernel).
+///
+/// # Safety
+/// The CPU supports AVX2, and the contract of [`reduce_piece_body`] holds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn reduce_piece_avx2(ptrs: &[*mut f32], weights: &[f32], len: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { reduce_piece_body(ptrs, weights, len) };
 }
 
 /// # Safety
 /// Every pointer in `ptrs` is valid for reads and writes of `len` `f32`s that no other thread
 /// touches during the call; the ranges do not overlap (one pointer per rank).
-unsafe fn reduce_piece(ptrs: &[*mut f32], weights: &[f32], len: usize) {
+#[inline(always)]
+unsafe fn reduce_piece_body(ptrs: &[*mut f32], weights: &[f32], len: usize) {
     if let ([p0, p1], [w0, w1]) = (ptrs, weights) {
         // Two ranks: one fused pass, no accumulator (measured faster than the blocked path).
         // SAFETY: two distinct ranks' buffers never overlap (they were lent as separate
@@ -114,21 +120,19 @@ unsafe fn reduce_piece(ptrs: &[*mut f32], weights: &[f32], len: usize) {
     }
 }
 
-/// Copies `root`'s buffers into every other rank's buffers, for the elements of `rank`'s share.
+/// Copies `root`'s buffers into every other rank's buffers, for the elements `[start, end)`.
 ///
 /// # Safety
-/// As for [`reduce_share`]; additionally distinct ranks' buffers do not overlap.
-pub(crate) unsafe fn broadcast_share(posts: &[Post], root: usize, rank: usize) {
-    let world = posts.len();
-    let total: usize = posts[0].bufs.iter().map(|b| b.len).sum();
+/// As for [`reduce_range`]; additionally distinct ranks' buffers do not overlap.
+pub(crate) unsafe fn broadcast_range(posts: &[Post], root: usize, range: (usize, usize)) {
     let lens = posts[0].bufs.iter().map(|b| b.len);
-    for_each_piece(lens, share(total, rank, world), |b, offset, len| {
+    for_each_piece(lens, range, |b, offset, len| {
         let src: RawBuf = posts[root].bufs[b];
         for (r, post) in posts.iter().enumerate() {
             if r != root {
                 // SAFETY: both ranges lie inside their buffers (equal lengths, piece in range),
-                // belong to different ranks so they do not overlap, and only this rank touches
-                // this share of them during the operation.
+                // belong to different ranks so they do not overlap, and only this thread
+                // touches these elements during the operation.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         src.ptr.add(offset),
@@ -144,23 +148,6 @@ pub(crate) unsafe fn broadcast_share(posts: &[Post], root: usize, rank: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shares_tile_the_index_space() {
-        for total in [0usize, 1, 15, 16, 17, 1000, 4097, 1 << 20] {
-            for world in 1..=9 {
-                let mut next = 0;
-                for rank in 0..world {
-                    let (start, end) = share(total, rank, world);
-                    assert_eq!(start, next, "total {total} world {world} rank {rank}");
-                    assert!(end >= start);
-                    assert!(start % LINE == 0 || start == total);
-                    next = end;
-                }
-                assert_eq!(next, total);
-            }
-        }
-    }
 
     #[test]
     fn pieces_cover_a_range_across_buffers() {

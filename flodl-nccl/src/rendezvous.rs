@@ -1,12 +1,14 @@
-//! The shared state of a host group: published buffers and a two-phase, abortable rendezvous.
+//! The shared state of a host group: the published buffers and an abortable rendezvous.
 //!
-//! Every operation runs in two phases. *Arrive*: a rank publishes its buffers and waits until all
-//! ranks have published (abortable, bounded by the deadline). *Release*: after touching its share
-//! of everybody's buffers, a rank waits until every rank has finished touching its buffers. The
-//! release phase is deliberately not abortable: once all ranks have arrived, peers hold raw
-//! pointers into this rank's buffers, and returning early would let the caller free or reuse
-//! memory another thread is still writing. The work between the phases is bounded arithmetic, so
-//! the release wait is bounded too.
+//! An operation has two waits. *Arrive*: a rank publishes its buffers and waits until every rank
+//! has published (abortable, bounded by the deadline); the last rank to arrive turns the posts
+//! into a [`Plan`]. *Complete*: after taking chunks of the plan until none are left, a rank waits
+//! until every chunk is done. Completion is deliberately not abortable: once all ranks have
+//! arrived, peers hold raw pointers into this rank's buffers, and returning early would let the
+//! caller free or reuse memory another thread is still writing. The chunks are bounded
+//! arithmetic, so the completion wait is bounded too. Completion does not wait for the other
+//! *ranks*, only for the chunks: a rank that was descheduled finds the work done by the others
+//! and returns at once, so on a busy machine an operation needs each rank scheduled only once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::abort::AbortHandle;
 use crate::error::{Error, Result};
+use crate::plan::{Op, Plan, Post, RawBuf};
 
 /// How long a blocked rank sleeps between checks of its deadline when nobody wakes it.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -21,52 +24,6 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// peers of an evenly split reduction arrive within microseconds of each other, and a futex
 /// wake-up costs tens of microseconds.
 const SPIN: Duration = Duration::from_micros(30);
-
-/// The operation a rank announces when it arrives; all ranks must announce the same one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    /// Weighted (or plain, with weight 1) all-reduce.
-    AllReduce,
-    /// Broadcast from a root rank.
-    Broadcast {
-        /// The rank whose buffers are copied to all others.
-        root: usize,
-    },
-    /// Synchronisation only, no buffers.
-    Barrier,
-}
-
-impl Op {
-    /// The operation's name, as error messages show it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Op::AllReduce => "all_reduce",
-            Op::Broadcast { .. } => "broadcast",
-            Op::Barrier => "barrier",
-        }
-    }
-}
-
-/// A raw view of one rank's buffer, published to its peers for the length of one operation.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RawBuf {
-    pub(crate) ptr: *mut f32,
-    pub(crate) len: usize,
-}
-
-// SAFETY: a `RawBuf` is only dereferenced between the arrive and release phases of the operation
-// that published it; during that window its owner is blocked inside the operation (it lent the
-// buffer as `&mut [f32]` and touches it only through the same raw pointer), and the element ranges
-// the ranks touch are disjoint. Moving the address itself between threads is harmless.
-unsafe impl Send for RawBuf {}
-
-/// What one rank published for the current operation.
-#[derive(Debug, Default)]
-pub(crate) struct Post {
-    pub(crate) op: Option<Op>,
-    pub(crate) weight: f32,
-    pub(crate) bufs: Vec<RawBuf>,
-}
 
 /// Why a group stopped working.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,11 +46,10 @@ struct State {
     /// Completed arrive phases.
     arrivals: u64,
     arrived: usize,
-    /// Completed release phases.
-    releases: u64,
-    finished: usize,
     fault: Option<Fault>,
     posts: Vec<Post>,
+    /// The plan of the operation every rank last arrived at.
+    plan: Option<Arc<Plan>>,
     /// Which ranks are blocked in the arrive phase right now.
     waiting: Vec<bool>,
     /// Which ranks have been handed out and not yet dropped.
@@ -108,7 +64,7 @@ pub(crate) struct Group {
     world: usize,
     state: Mutex<State>,
     wake: Condvar,
-    /// Bumped on every change a waiter waits for (arrival, release, fault), so a spinning rank
+    /// Bumped on every change a waiter waits for (arrival, completion, fault), so a spinning rank
     /// can watch it without the lock.
     progress: AtomicU64,
     /// Whether waiting ranks spin briefly before sleeping (only when there is a core per rank).
@@ -126,10 +82,9 @@ impl Group {
                 state: Mutex::new(State {
                     arrivals: 0,
                     arrived: 0,
-                    releases: 0,
-                    finished: 0,
                     fault: None,
                     posts: (0..world).map(|_| Post::default()).collect(),
+                    plan: None,
                     waiting: vec![false; world],
                     joined: vec![false; world],
                     successors: Vec::new(),
@@ -242,12 +197,13 @@ impl Group {
         group
     }
 
-    /// The arrive phase: publishes `post` for `rank` and waits until every rank has published,
-    /// then copies all posts into `view` (indexed by rank).
+    /// The arrive phase: publishes `rank`'s post and waits until every rank has published;
+    /// returns the operation's plan.
     ///
     /// # Errors
     /// The group's fault if it is (or becomes) aborted or a peer left; `TimedOut` once the deadline
-    /// passes (`timeout` after the call), which also aborts the group so the peers do not wait for this rank forever.
+    /// passes (`timeout` after the call), which also aborts the group so the peers do not wait for
+    /// this rank forever.
     pub(crate) fn arrive(
         &self,
         rank: usize,
@@ -255,8 +211,7 @@ impl Group {
         weight: f32,
         bufs: &[RawBuf],
         timeout: Duration,
-        view: &mut Vec<Post>,
-    ) -> Result<()> {
+    ) -> Result<Arc<Plan>> {
         let started = Instant::now();
         let deadline = started + timeout;
         let mut state = self.lock();
@@ -271,64 +226,60 @@ impl Group {
         state.arrived += 1;
         let generation = state.arrivals;
         if state.arrived == self.world {
+            let plan = Arc::new(Plan::new(&state.posts));
+            state.plan = Some(Arc::clone(&plan));
             state.arrived = 0;
             state.arrivals += 1;
             state.waiting.iter_mut().for_each(|w| *w = false);
             self.announce();
-        } else {
-            state.waiting[rank] = true;
-            let seen = self.progress.load(Ordering::Acquire);
-            drop(state);
-            self.spin_while(seen);
-            state = self.lock();
-            loop {
-                if state.arrivals != generation {
-                    break;
-                }
-                if let Some(fault) = state.fault {
-                    state.waiting[rank] = false;
-                    return Err(fault.error());
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    state.fault.get_or_insert(Fault::Aborted);
-                    state.waiting[rank] = false;
-                    self.announce();
-                    drop(state);
-                    tracing::warn!(rank, op = op.name(), "collective timed out");
-                    return Err(Error::TimedOut { op: op.name(), after: now - started });
-                }
-                state = self.wait(state, (deadline - now).min(WAIT_SLICE));
-            }
+            return Ok(plan);
         }
-        view.resize_with(self.world, Post::default);
-        for (mine, theirs) in view.iter_mut().zip(&state.posts) {
-            mine.op = theirs.op;
-            mine.weight = theirs.weight;
-            mine.bufs.clear();
-            mine.bufs.extend_from_slice(&theirs.bufs);
-        }
-        Ok(())
-    }
-
-    /// The release phase: waits until every rank has finished touching the published buffers.
-    /// Not abortable (see the module documentation); bounded because every rank that arrived
-    /// only has bounded work left.
-    pub(crate) fn release(&self) {
-        let mut state = self.lock();
-        state.finished += 1;
-        let generation = state.releases;
-        if state.finished == self.world {
-            state.finished = 0;
-            state.releases += 1;
-            self.announce();
-            return;
-        }
+        state.waiting[rank] = true;
         let seen = self.progress.load(Ordering::Acquire);
         drop(state);
         self.spin_while(seen);
         state = self.lock();
-        while state.releases == generation {
+        loop {
+            if state.arrivals != generation {
+                // The next plan needs this rank's next arrival, so this is still our plan.
+                if let Some(plan) = &state.plan {
+                    return Ok(Arc::clone(plan));
+                }
+            }
+            if let Some(fault) = state.fault {
+                state.waiting[rank] = false;
+                return Err(fault.error());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                state.fault.get_or_insert(Fault::Aborted);
+                state.waiting[rank] = false;
+                self.announce();
+                drop(state);
+                tracing::warn!(rank, op = op.name(), "collective timed out");
+                return Err(Error::TimedOut { op: op.name(), after: now - started });
+            }
+            state = self.wait(state, (deadline - now).min(WAIT_SLICE));
+        }
+    }
+
+    /// Wakes the ranks waiting in [`complete`](Self::complete); called by the rank that did
+    /// the plan's last chunk.
+    pub(crate) fn finished(&self) {
+        let _state = self.lock();
+        self.announce();
+    }
+
+    /// The completion wait: returns once every chunk of `plan` is done. Not abortable (see the
+    /// module documentation).
+    pub(crate) fn complete(&self, plan: &Plan) {
+        if plan.is_done() {
+            return;
+        }
+        let seen = self.progress.load(Ordering::Acquire);
+        self.spin_while(seen);
+        let mut state = self.lock();
+        while !plan.is_done() {
             state = self.wait(state, WAIT_SLICE);
         }
     }
