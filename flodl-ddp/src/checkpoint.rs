@@ -41,6 +41,45 @@
 //! [`TensorSet::capture`] copies a replica's tensors (any device) into a set;
 //! [`TensorSet::restore_into`] and [`Checkpoint::restore_model_into`] check every target's shape
 //! and dtype before any tensor is written.
+//!
+//! # Example: save at a reduce, resume
+//!
+//! ```
+//! use flodl_ddp::checkpoint::{
+//!     Checkpoint, CheckpointStore, ConfigHash, EpochCoverage, Expectation, ModelSignature,
+//!     OpaqueState, SampleRange, TensorSet, load_latest,
+//! };
+//! use flodl_tensor::{DType, Stream, Tensor};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let s = Stream::cpu_with_threads(1);
+//! let params = vec![Tensor::rand_normal(&[4, 3], 0.0, 1.0, 7, &s)?];
+//! let config = ConfigHash::of("lr=0.1 batch=32 world=2 policy=sync");
+//!
+//! // At a reduce: capture the consensus and the progress, save atomically.
+//! let mut ckpt = Checkpoint::new(TensorSet::capture_indexed("param", &params, &s)?, 2, config);
+//! ckpt.global_step = 120;
+//! ckpt.elche = Some(OpaqueState::encode(&vec![3u64, 5])?);
+//! let mut epoch = EpochCoverage::new(0, 42, 1000);
+//! epoch.mark_done(SampleRange::new(0, 480))?;
+//! ckpt.coverage.push(epoch);
+//! let dir = tempfile::tempdir()?;
+//! CheckpointStore::open(dir.path(), 3)?.save(&ckpt)?;
+//!
+//! // On resume: load only a bundle of this model, world and configuration, then restore.
+//! let expect = Expectation {
+//!     signature: ModelSignature::of_indexed("param", &params),
+//!     world_size: 2,
+//!     config_hash: config,
+//! };
+//! let back = load_latest(dir.path(), &expect)?;
+//! let mut fresh = vec![Tensor::zeros(&[4, 3], DType::F32, &s)?];
+//! back.params.restore_into("params", &mut fresh, &s)?;
+//! assert_eq!(fresh[0].to_vec::<f32>(&s)?, params[0].to_vec::<f32>(&s)?);
+//! assert_eq!(back.coverage[0].uncovered(), [SampleRange::new(480, 520)]);
+//! # Ok(())
+//! # }
+//! ```
 
 mod bundle;
 mod coverage;

@@ -893,6 +893,9 @@ fn capture_restore_round_trip(stream: &Stream) -> TestResult {
             world_size: 2,
             config_hash: ConfigHash::of("transfer"),
         };
+        if ModelSignature::of_indexed("buf", &buffers) != ckpt.buffers.signature() {
+            return Err(fail(format!("seed {seed}: indexed signature differs")));
+        }
         let back = Checkpoint::from_bytes(&ckpt.to_bytes()?)?;
         back.check_compatible(&expect)?;
         let mut p = zeros_like(&params, stream)?;

@@ -225,6 +225,24 @@ impl ModelSignature {
     }
 }
 
+impl ModelSignature {
+    /// The signature of a running model whose tensors are named `<prefix>.0`, `<prefix>.1`, ...
+    /// (as [`TensorSet::capture_indexed`] names them).
+    pub fn of_indexed<T: Borrow<Tensor>>(prefix: &str, tensors: &[T]) -> Self {
+        ModelSignature::new(
+            tensors
+                .iter()
+                .enumerate()
+                .map(|(i, t)| SignatureEntry {
+                    name: format!("{prefix}.{i}"),
+                    shape: t.borrow().shape().to_vec(),
+                    dtype: t.borrow().dtype().into(),
+                })
+                .collect(),
+        )
+    }
+}
+
 impl Checkpoint {
     /// Writes the stored parameters and buffers into a replica's tensors, after checking every
     /// target of both lists: on any mismatch nothing is written.
