@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use crate::bundle;
-use crate::cargo_artifact::{self, TestBinary};
+use crate::cargo_artifact::{self, BuildMode, TestBinary};
 use crate::flags::{GpuTestArgs, MatrixArgs, RunBundleArgs};
 use crate::gpu_inventory::GpuInventory;
 use crate::matrix::{self, CASES};
@@ -23,7 +23,7 @@ use crate::workspace;
 /// When no GPU is visible (unless allowed), the build fails, or a matrix row fails.
 pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
     if let Some(dir) = &args.bundle {
-        let binaries = cargo_artifact::build_tests()?;
+        let binaries = cargo_artifact::build_tests(BuildMode::Strict)?;
         bundle::make(dir, &binaries)?;
         eprintln!(
             "bundle: on a GPU machine run `{}/run.sh` (results go to $OUT or ./out)",
@@ -32,11 +32,11 @@ pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
         return Ok(());
     }
     if args.list {
-        return list(&cargo_artifact::build_tests()?);
+        return list(&cargo_artifact::build_tests(BuildMode::KeepGoing)?);
     }
     let inventory = GpuInventory::detect(args.matrix.gpus);
     check_gpus(&inventory, &args.matrix)?;
-    let binaries = cargo_artifact::build_tests()?;
+    let binaries = cargo_artifact::build_tests(BuildMode::Strict)?;
     let out = args.matrix.out.clone().unwrap_or_else(|| workspace::target_dir().join("gpu-test"));
     let mnist =
         env::var_os("FLODL_MNIST_DIR").map(PathBuf::from).unwrap_or_else(workspace::mnist_dir);
