@@ -96,6 +96,14 @@ impl HostComm {
         self.group.waiting_ranks()
     }
 
+    /// The ranks of this group whose communicators have not been dropped, in order: after a
+    /// `PeerLost`, the natural survivor list for [`shrink`](Self::shrink). Ranks that drop later
+    /// are not foreseen, so survivors should agree on one list (the coordinator's) rather than
+    /// each calling this at a different moment.
+    pub fn live_ranks(&self) -> Vec<usize> {
+        self.group.live_ranks()
+    }
+
     /// Joins the group formed by `survivors` (ranks of this group, strictly increasing, including
     /// this rank): every survivor calls this with the same list and gets a communicator whose
     /// rank is its position in the list. Nothing blocks here; the new group's first operation is

@@ -180,6 +180,12 @@ impl Group {
         (0..self.world).filter(|&r| state.waiting[r]).collect()
     }
 
+    /// The ranks whose communicators exist and have not been dropped.
+    pub(crate) fn live_ranks(&self) -> Vec<usize> {
+        let state = self.lock();
+        (0..self.world).filter(|&r| state.joined[r]).collect()
+    }
+
     /// The group formed by `survivors` (old ranks, sorted), created on first request.
     pub(crate) fn successor(&self, survivors: &[usize]) -> Arc<Group> {
         let mut state = self.lock();

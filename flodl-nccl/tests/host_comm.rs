@@ -312,6 +312,7 @@ fn survivors_shrink_into_a_working_group() -> TestResult {
         let mut buf = vec![0.0f32; 8];
         let lost = comm.all_reduce_sum_f32(&mut [&mut buf]);
         assert!(matches!(lost, Err(Error::PeerLost { rank: 2 })), "{lost:?}");
+        assert_eq!(comm.live_ranks(), survivors);
         let missing_self = comm.shrink(&[leaver]);
         assert!(matches!(missing_self, Err(Error::InvalidArgument(_))));
         let mut small = comm.shrink(&survivors)?;
