@@ -146,6 +146,7 @@ impl Checkpoint {
     }
 
     /// Reads and fully validates the bundle at `path` (integrity only, not compatibility).
+    /// Peak memory is about twice the bundle: the verified file, then the tensors split out.
     ///
     /// # Errors
     /// [`CheckpointError::Io`] and every integrity error; never a partial result.
