@@ -212,3 +212,19 @@ impl Slot {
         }
     }
 }
+
+impl Drop for Slot {
+    /// A communicator nobody destroyed or aborted (e.g. a failed construction) is aborted, which
+    /// never waits for peers and never panics.
+    fn drop(&mut self) {
+        let comm = self.comm.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if comm.0.is_null() {
+            return;
+        }
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the slot is being dropped, so nothing else holds the pointer; it is live
+        // (non-null) and is never used again.
+        let _ = unsafe { (self.lib.comm_abort)(comm.0) };
+        comm.0 = std::ptr::null_mut();
+    }
+}
