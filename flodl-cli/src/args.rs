@@ -54,12 +54,12 @@ pub(crate) struct TrainFlags {
     #[arg(long, value_name = "N")]
     pub(crate) batch_size: Option<usize>,
     /// Base learning rate (SGD with momentum).
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", allow_negative_numbers = true)]
     pub(crate) lr: Option<f64>,
     /// SGD momentum.
-    #[arg(long, value_name = "M")]
+    #[arg(long, value_name = "M", allow_negative_numbers = true)]
     pub(crate) momentum: Option<f64>,
-    /// LR schedule: constant, cosine, ... (see `fdl train --help` of the runtime's schedules).
+    /// LR schedule (constant: the runtime does not offer others yet).
     #[arg(long, value_name = "SCHEDULE")]
     pub(crate) schedule: Option<String>,
     /// Seed of the initial weights and of the data permutation.

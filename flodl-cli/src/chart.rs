@@ -273,7 +273,13 @@ impl Axis {
 
     /// A tick label with as many decimals as the step needs.
     fn label(&self, v: f64) -> String {
-        let decimals = if self.step >= 1.0 { 0 } else { (-self.step.log10()).ceil() as usize + 1 };
+        // The fewest decimals that show the step exactly (0.5 -> 1, 0.25 -> 2, 20 -> 0).
+        let decimals = (0..=6)
+            .find(|d| {
+                let scaled = self.step * 10f64.powi(*d);
+                (scaled - scaled.round()).abs() < 1e-6 * scaled.max(1.0)
+            })
+            .unwrap_or(6) as usize;
         let v = if v.abs() < self.step * 1e-9 { 0.0 } else { v };
         if v.abs() >= 1e5 { format!("{:.1}k", v / 1000.0) } else { format!("{v:.decimals$}") }
     }
@@ -324,6 +330,16 @@ mod tests {
                 "step {} not 1-2-5",
                 axis.step
             );
+        }
+    }
+
+    #[test]
+    fn tick_labels_use_the_decimals_of_the_step() {
+        let cases = [(1.5, 3.5, "1.5"), (0.0, 1.0, "0.2"), (0.0, 1.2, "0.25"), (0.0, 100.0, "20")];
+        for (min, max, want) in cases {
+            let axis = Axis::new(min, max);
+            let labels: Vec<String> = axis.ticks.iter().map(|t| axis.label(*t)).collect();
+            assert!(labels.iter().any(|l| l == want), "{min}..{max}: {labels:?}");
         }
     }
 

@@ -82,8 +82,8 @@ pub(crate) struct TrainConfig {
     pub(crate) slowdown: Vec<f64>,
     /// MLP hidden widths.
     pub(crate) hidden: Vec<usize>,
-    /// MNIST directory.
-    pub(crate) data: PathBuf,
+    /// MNIST directory (default: the vendored copy, see `flodl_data::mnist::vendored_dir`).
+    pub(crate) data: Option<PathBuf>,
     /// Use only the first N training images.
     pub(crate) train_subset: Option<usize>,
     /// Use only the first N test images.
@@ -129,11 +129,11 @@ impl TrainConfig {
             batch_size: 64,
             lr: 0.05,
             momentum: 0.9,
-            schedule: "cosine".to_owned(),
+            schedule: "constant".to_owned(),
             seed: 42,
             slowdown: Vec::new(),
             hidden: DEFAULT_HIDDEN.to_vec(),
-            data: default_data_dir(),
+            data: None,
             train_subset: None,
             test_subset: None,
         }
@@ -189,7 +189,7 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
         None => file.hidden.map(|l| l.into_vec("hidden")).transpose()?,
     };
     set(&mut cfg.hidden, hidden);
-    set(&mut cfg.data, flags.data.clone().or(file.data));
+    cfg.data = flags.data.clone().or(file.data);
     cfg.train_subset = flags.train_subset.or(file.train_subset);
     cfg.test_subset = flags.test_subset.or(file.test_subset);
 
@@ -274,15 +274,6 @@ fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `data/mnist` under the current directory when present, else the repository's copy.
-fn default_data_dir() -> PathBuf {
-    let local = PathBuf::from("data/mnist");
-    if local.is_dir() {
-        return local;
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist")
 }
 
 #[cfg(test)]
