@@ -21,3 +21,5 @@ pub use overshoot::{Overshoot, OvershootMode};
 
 pub mod policy;
 pub use policy::{Backend, Policy};
+
+pub mod schedule;
