@@ -22,6 +22,8 @@ const SIZE_LIMIT: u64 = 64 * 1024 * 1024;
 pub(crate) struct BundleManifest {
     /// The commit the binaries were built from (`git describe --always --dirty`).
     pub(crate) source: String,
+    /// Every test target compiled (false: built with `--keep-going` past compile errors).
+    pub(crate) complete: bool,
     /// The test binaries: `exe` under `bin/`, `manifest_dir` a folder named after the package's.
     pub(crate) binaries: Vec<TestBinary>,
 }
@@ -30,7 +32,7 @@ pub(crate) struct BundleManifest {
 ///
 /// # Errors
 /// When `dir` holds something other than a bundle, or a copy fails.
-pub(crate) fn make(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
+pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Result<()> {
     if dir.exists() && fs::read_dir(dir)?.next().is_some() {
         if !dir.join(MANIFEST).exists() {
             bail!(
@@ -72,7 +74,7 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
     let script = dir.join("run.sh");
     fs::write(&script, run_script())?;
     make_executable(&script)?;
-    let manifest = BundleManifest { source: git_describe(), binaries: bundled };
+    let manifest = BundleManifest { source: git_describe(), complete, binaries: bundled };
     fs::write(dir.join(MANIFEST), serde_json::to_string_pretty(&manifest)? + "\n")?;
     let size = folder_size(dir)?;
     eprintln!(
@@ -82,6 +84,9 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
         dir.display(),
         strip.describe()
     );
+    if !complete {
+        eprintln!("bundle: warning: some tests did not compile and are not in the bundle");
+    }
     if size > SIZE_LIMIT {
         eprintln!("bundle: warning: larger than {} MiB", SIZE_LIMIT / (1024 * 1024));
     }
@@ -99,7 +104,9 @@ pub(crate) fn load(dir: &Path) -> Result<Vec<TestBinary>> {
         fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let manifest: BundleManifest =
         serde_json::from_str(&text).with_context(|| format!("bad {}", path.display()))?;
-    eprintln!("bundle: built from {}", manifest.source);
+    let completeness =
+        if manifest.complete { "" } else { " (incomplete: some tests did not compile)" };
+    eprintln!("bundle: built from {}{completeness}", manifest.source);
     Ok(manifest
         .binaries
         .into_iter()
@@ -279,7 +286,11 @@ mod tests {
             exe: PathBuf::from("bin/flodl-nccl.test.nccl"),
             manifest_dir: PathBuf::from("flodl-nccl"),
         };
-        let manifest = BundleManifest { source: "abc123".into(), binaries: vec![binary.clone()] };
+        let manifest = BundleManifest {
+            source: "abc123".into(),
+            complete: true,
+            binaries: vec![binary.clone()],
+        };
         fs::write(dir.join(MANIFEST), serde_json::to_string(&manifest)?)?;
         let loaded = load(&dir);
         let canonical = dir.canonicalize();

@@ -114,12 +114,21 @@ pub(crate) enum BuildMode {
     KeepGoing,
 }
 
+/// The test executables a build produced, and whether every test compiled.
+#[derive(Debug, Clone)]
+pub(crate) struct TestBuild {
+    /// The executables.
+    pub(crate) binaries: Vec<TestBinary>,
+    /// Every test target compiled.
+    pub(crate) complete: bool,
+}
+
 /// Builds the workspace tests (release, `cuda` feature, xtask excluded) and returns their
 /// executables.
 ///
 /// # Errors
 /// When cargo cannot start, or (in strict mode) the build fails.
-pub(crate) fn build_tests(mode: BuildMode) -> Result<Vec<TestBinary>> {
+pub(crate) fn build_tests(mode: BuildMode) -> Result<TestBuild> {
     let common = ["--workspace", "--exclude", "xtask", "--release", "--features", "cuda"];
     let mut args: Vec<&str> = match mode {
         BuildMode::Strict => vec!["test"],
@@ -139,16 +148,17 @@ pub(crate) fn build_tests(mode: BuildMode) -> Result<Vec<TestBinary>> {
         .output()
         .context("cannot start cargo")?;
     let binaries = parse_test_binaries(&String::from_utf8_lossy(&output.stdout))?;
-    if !output.status.success() {
+    let complete = output.status.success();
+    if !complete {
         match mode {
             BuildMode::Strict => bail!("building the tests failed (cargo {})", args.join(" ")),
             BuildMode::KeepGoing => eprintln!(
-                "warning: some tests did not compile; listing the {} that did",
+                "warning: some tests did not compile; going on with the {} that did",
                 binaries.len()
             ),
         }
     }
-    Ok(binaries)
+    Ok(TestBuild { binaries, complete })
 }
 
 #[cfg(test)]

@@ -65,6 +65,9 @@ pub(crate) struct GpuTestArgs {
     /// List each test binary's tests and the matrix cases they match, then stop.
     #[arg(long)]
     pub(crate) list: bool,
+    /// Go on with the tests that compile when some do not (the run still fails at the end).
+    #[arg(long)]
+    pub(crate) keep_going: bool,
 }
 
 /// Options of the hidden `cargo xtask run-bundle`.

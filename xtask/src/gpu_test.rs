@@ -22,9 +22,10 @@ use crate::workspace;
 /// # Errors
 /// When no GPU is visible (unless allowed), the build fails, or a matrix row fails.
 pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
+    let mode = if args.keep_going || args.list { BuildMode::KeepGoing } else { BuildMode::Strict };
     if let Some(dir) = &args.bundle {
-        let binaries = cargo_artifact::build_tests(BuildMode::Strict)?;
-        bundle::make(dir, &binaries)?;
+        let build = cargo_artifact::build_tests(mode)?;
+        bundle::make(dir, &build.binaries, build.complete)?;
         eprintln!(
             "bundle: on a GPU machine run `{}/run.sh` (results go to $OUT or ./out)",
             dir.display()
@@ -32,15 +33,21 @@ pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
         return Ok(());
     }
     if args.list {
-        return list(&cargo_artifact::build_tests(BuildMode::KeepGoing)?);
+        return list(&cargo_artifact::build_tests(mode)?.binaries);
     }
     let inventory = GpuInventory::detect(args.matrix.gpus);
     check_gpus(&inventory, &args.matrix)?;
-    let binaries = cargo_artifact::build_tests(BuildMode::Strict)?;
+    let build = cargo_artifact::build_tests(mode)?;
     let out = args.matrix.out.clone().unwrap_or_else(|| workspace::target_dir().join("gpu-test"));
     let mnist =
         env::var_os("FLODL_MNIST_DIR").map(PathBuf::from).unwrap_or_else(workspace::mnist_dir);
-    run_matrix(inventory, &binaries, &args.matrix, &mnist, &out)
+    run_matrix(inventory, &build.binaries, &args.matrix, &mnist, &out)?;
+    if !build.complete {
+        bail!(
+            "some tests did not compile (see the cargo errors above); the matrix ran without them"
+        );
+    }
+    Ok(())
 }
 
 /// Runs the matrix from a bundle (what the bundle's run.sh calls).
