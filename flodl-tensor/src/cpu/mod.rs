@@ -1,5 +1,6 @@
 //! The CPU backend: host storage, the stream's worker threads and the kernels.
 
+mod multiversion;
 mod storage;
 mod workers;
 

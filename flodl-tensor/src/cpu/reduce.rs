@@ -1,6 +1,7 @@
 //! Reductions (dot products and squared norms) accumulated in f64 lanes.
 
 use super::CpuWorkers;
+use super::multiversion::multiversion;
 
 const LANES: usize = 16;
 
@@ -22,19 +23,35 @@ fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f64, f64) -> f64) -> f64 {
     acc.iter().sum::<f64>() + tail
 }
 
-pub(crate) fn dot(w: &CpuWorkers, a: &[f32], b: &[f32]) -> f64 {
-    w.sum(a.len(), |r| lane_sum(&a[r.clone()], &b[r], |x, y| x * y))
+multiversion! {
+    fn dot_range(a: &[f32], b: &[f32]) -> f64 {
+        lane_sum(a, b, |x, y| x * y)
+    }
 }
 
-pub(crate) fn sum_sq(w: &CpuWorkers, a: &[f32]) -> f64 {
-    w.sum(a.len(), |r| lane_sum(&a[r.clone()], &a[r], |x, _| x * x))
+multiversion! {
+    fn sum_sq_range(a: &[f32]) -> f64 {
+        lane_sum(a, a, |x, _| x * x)
+    }
 }
 
-pub(crate) fn sum_sq_diff(w: &CpuWorkers, a: &[f32], b: &[f32]) -> f64 {
-    w.sum(a.len(), |r| {
-        lane_sum(&a[r.clone()], &b[r], |x, y| {
+multiversion! {
+    fn sum_sq_diff_range(a: &[f32], b: &[f32]) -> f64 {
+        lane_sum(a, b, |x, y| {
             let d = x - y;
             d * d
         })
-    })
+    }
+}
+
+pub(crate) fn dot(w: &CpuWorkers, a: &[f32], b: &[f32]) -> f64 {
+    w.sum(a.len(), |r| dot_range(&a[r.clone()], &b[r]))
+}
+
+pub(crate) fn sum_sq(w: &CpuWorkers, a: &[f32]) -> f64 {
+    w.sum(a.len(), |r| sum_sq_range(&a[r]))
+}
+
+pub(crate) fn sum_sq_diff(w: &CpuWorkers, a: &[f32], b: &[f32]) -> f64 {
+    w.sum(a.len(), |r| sum_sq_diff_range(&a[r.clone()], &b[r]))
 }

@@ -1,14 +1,15 @@
 //! The averaging core: `out = Σ w_i x_i` in one pass over memory.
 //!
-//! The output is built in L1-sized blocks: the first input initialises a block accumulator, the
-//! others are added in input order (f32), and the finished block is written once. Large outputs
-//! are written with non-temporal stores so the destination is not read into cache first; each
-//! input is read exactly once.
+//! The output is built in 64-float tiles held in registers: the first input initialises the
+//! tile, the others are added in input order (f32), and the finished tile is written once, so
+//! every input is read exactly once and all inputs stream side by side. Large outputs are written
+//! with non-temporal stores so the destination is not read into cache first. The tile loop is
+//! compiled for AVX-512 and AVX2 and picked at run time.
 
 use super::CpuWorkers;
 
-/// Elements per block: an 8 KiB accumulator that stays in L1.
-const BLOCK: usize = 2048;
+/// Floats per tile: four cache lines, held in four AVX-512 (or eight AVX2) registers.
+const TILE: usize = 64;
 
 /// Outputs at least this long bypass the cache on the final store.
 const STREAMING_MIN: usize = 1 << 18;
@@ -16,86 +17,142 @@ const STREAMING_MIN: usize = 1 << 18;
 /// `out = Σ weights[i] · inputs[i]`; every input is as long as `out` and `inputs` is non-empty.
 pub(crate) fn weighted_sum(w: &CpuWorkers, inputs: &[&[f32]], weights: &[f32], out: &mut [f32]) {
     let streaming = out.len() >= STREAMING_MIN;
-    w.split1(out, |off, oc| block_loop(inputs, weights, off, oc, streaming));
+    w.split1(out, |off, oc| chunk(inputs, weights, off, oc, streaming));
 }
 
-fn block_loop(inputs: &[&[f32]], weights: &[f32], off: usize, out: &mut [f32], streaming: bool) {
-    let (Some((x0, xs)), Some((w0, ws))) = (inputs.split_first(), weights.split_first()) else {
+/// One element, summed in input order (used for the unaligned head and the tail).
+#[inline(always)]
+fn element(inputs: &[&[f32]], weights: &[f32], i: usize) -> f32 {
+    let mut acc = weights[0] * inputs[0][i];
+    for (x, wt) in inputs[1..].iter().zip(&weights[1..]) {
+        acc += *wt * x[i];
+    }
+    acc
+}
+
+fn chunk(inputs: &[&[f32]], weights: &[f32], off: usize, out: &mut [f32], streaming: bool) {
+    if inputs.is_empty() || weights.len() != inputs.len() {
         return;
-    };
-    let mut acc = [0.0f32; BLOCK];
-    let mut start = 0;
-    while start < out.len() {
-        let n = BLOCK.min(out.len() - start);
-        let a = &mut acc[..n];
-        let lo = off + start;
-        for (d, s) in a.iter_mut().zip(&x0[lo..lo + n]) {
-            *d = *w0 * *s;
+    }
+    let n = out.len();
+    // Align the tiles to 64 bytes so their stores can stream.
+    let head = out.as_ptr().align_offset(64).min(n);
+    let body = (n - head) / TILE * TILE;
+    for (i, o) in out[..head].iter_mut().enumerate() {
+        *o = element(inputs, weights, off + i);
+    }
+    tiles::run(inputs, weights, off + head, &mut out[head..head + body], streaming);
+    for (i, o) in out[head + body..].iter_mut().enumerate() {
+        *o = element(inputs, weights, off + head + body + i);
+    }
+}
+
+/// The tile loop over `out` (a multiple of [`TILE`] long, 64-byte aligned), inputs from `off`.
+#[inline(always)]
+fn tile_loop(
+    inputs: &[&[f32]],
+    weights: &[f32],
+    off: usize,
+    out: &mut [f32],
+    store: impl Fn(&mut [f32], &[f32; TILE]),
+) {
+    let (x0, xs) = (inputs[0], &inputs[1..]);
+    let (w0, ws) = (weights[0], &weights[1..]);
+    for (t, o) in out.chunks_exact_mut(TILE).enumerate() {
+        let lo = off + t * TILE;
+        let mut acc = [0.0f32; TILE];
+        for (a, x) in acc.iter_mut().zip(&x0[lo..lo + TILE]) {
+            *a = w0 * *x;
         }
         for (x, wt) in xs.iter().zip(ws) {
-            for (d, s) in a.iter_mut().zip(&x[lo..lo + n]) {
-                *d += *wt * *s;
+            for (a, v) in acc.iter_mut().zip(&x[lo..lo + TILE]) {
+                *a += *wt * *v;
             }
         }
-        let dst = &mut out[start..start + n];
-        if streaming {
-            store::streaming(dst, a);
-        } else {
-            dst.copy_from_slice(a);
-        }
-        start += n;
-    }
-    if streaming {
-        store::fence();
+        store(o, &acc);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod store {
+mod tiles {
     use std::arch::x86_64::{_mm_sfence, _mm256_loadu_ps, _mm256_stream_ps};
 
-    /// Copies `src` into `dst` with non-temporal stores where the CPU has AVX.
-    pub(super) fn streaming(dst: &mut [f32], src: &[f32]) {
-        if std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU supports AVX (checked just above).
-            unsafe { streaming_avx(dst, src) }
+    use super::{TILE, tile_loop};
+
+    pub(super) fn run(inputs: &[&[f32]], weights: &[f32], off: usize, out: &mut [f32], nt: bool) {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above), which implies AVX.
+            unsafe { run_avx512(inputs, weights, off, out, nt) }
+        } else if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above), which implies AVX.
+            unsafe { run_avx2(inputs, weights, off, out, nt) }
         } else {
-            dst.copy_from_slice(src);
+            tile_loop(inputs, weights, off, out, |o, a| o.copy_from_slice(a));
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run_avx512(
+        inputs: &[&[f32]],
+        weights: &[f32],
+        off: usize,
+        out: &mut [f32],
+        nt: bool,
+    ) {
+        if nt {
+            // SAFETY: AVX is implied by AVX-512F, which the caller guarantees.
+            tile_loop(inputs, weights, off, out, |o, a| unsafe { stream_tile(o, a) });
+            fence();
+        } else {
+            tile_loop(inputs, weights, off, out, |o, a| o.copy_from_slice(a));
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(inputs: &[&[f32]], weights: &[f32], off: usize, out: &mut [f32], nt: bool) {
+        if nt {
+            // SAFETY: AVX is implied by AVX2, which the caller guarantees.
+            tile_loop(inputs, weights, off, out, |o, a| unsafe { stream_tile(o, a) });
+            fence();
+        } else {
+            tile_loop(inputs, weights, off, out, |o, a| o.copy_from_slice(a));
+        }
+    }
+
+    /// Writes one tile with non-temporal stores.
+    ///
+    /// # Safety
+    /// The CPU must support AVX; `o` must be 32-byte aligned (tiles are 64-byte aligned).
+    #[inline(always)]
+    unsafe fn stream_tile(o: &mut [f32], a: &[f32; TILE]) {
+        if o.len() < TILE {
+            return;
+        }
+        let (d, s) = (o.as_mut_ptr(), a.as_ptr());
+        for k in (0..TILE).step_by(8) {
+            // SAFETY: k + 8 <= TILE <= o.len() keeps both accesses in bounds; d + k is 32-byte
+            // aligned (the caller aligned d to 64 bytes and k is a multiple of 8 floats); AVX is
+            // available per the caller.
+            unsafe { _mm256_stream_ps(d.add(k), _mm256_loadu_ps(s.add(k))) };
         }
     }
 
     /// Orders this thread's non-temporal stores before whatever it does next.
-    pub(super) fn fence() {
+    fn fence() {
         // SAFETY: `sfence` is part of SSE, which every x86_64 CPU has.
         unsafe { _mm_sfence() }
-    }
-
-    /// # Safety
-    /// The CPU must support AVX.
-    #[target_feature(enable = "avx")]
-    unsafe fn streaming_avx(dst: &mut [f32], src: &[f32]) {
-        let n = dst.len().min(src.len());
-        let head = dst.as_ptr().align_offset(32).min(n);
-        dst[..head].copy_from_slice(&src[..head]);
-        let mut i = head;
-        let d = dst.as_mut_ptr();
-        let s = src.as_ptr();
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n keeps both 8-float accesses in bounds of both slices;
-            // d + i is 32-byte aligned (head aligned it and i advances by 8 floats), as
-            // `_mm256_stream_ps` requires; the load is unaligned-tolerant.
-            unsafe { _mm256_stream_ps(d.add(i), _mm256_loadu_ps(s.add(i))) };
-            i += 8;
-        }
-        dst[i..n].copy_from_slice(&src[i..n]);
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-mod store {
-    pub(super) fn streaming(dst: &mut [f32], src: &[f32]) {
-        dst.copy_from_slice(src);
-    }
+mod tiles {
+    use super::tile_loop;
 
-    pub(super) fn fence() {}
+    pub(super) fn run(inputs: &[&[f32]], weights: &[f32], off: usize, out: &mut [f32], _nt: bool) {
+        tile_loop(inputs, weights, off, out, |o, a| o.copy_from_slice(a));
+    }
 }
