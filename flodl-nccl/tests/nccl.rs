@@ -91,6 +91,14 @@ fn unique_ids_round_trip_as_bytes() -> TestResult {
         assert_eq!(UniqueId::try_from(wire)?, id);
         assert_eq!(id.as_bytes(), &bytes);
     }
+    // The wire format of the control plane (bincode over serde): bytes in, the same id out.
+    let id = UniqueId::from_bytes(std::array::from_fn(|i| i as u8));
+    let config = bincode::config::standard();
+    let frame = bincode::serde::encode_to_vec(&id, config)?;
+    let (back, used): (UniqueId, usize) = bincode::serde::decode_from_slice(&frame, config)?;
+    assert_eq!((back, used), (id, frame.len()));
+    let short = bincode::serde::encode_to_vec(vec![1u8; 100], config)?;
+    assert!(bincode::serde::decode_from_slice::<UniqueId, _>(&short, config).is_err());
     for len in [0usize, 127, 129] {
         assert!(matches!(UniqueId::try_from(vec![0u8; len]), Err(Error::InvalidArgument(_))));
     }
