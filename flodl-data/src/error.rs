@@ -154,6 +154,14 @@ pub enum Error {
     },
 
     // === Pipelines ===
+    /// A background data thread could not be started.
+    #[error("cannot start the {role} thread: {source}")]
+    Spawn {
+        /// Which thread: "prefetch" or "staging".
+        role: &'static str,
+        /// The operating system's refusal.
+        source: std::io::Error,
+    },
     /// A background data thread ended without delivering what it owed (it panicked, or its owner
     /// was dropped while a consumer still waited).
     #[error("the {role} thread ended before delivering everything it owed")]

@@ -192,6 +192,22 @@ mod tests {
     }
 
     #[test]
+    fn pick_key_hashes_are_deterministic_and_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for sample in 0..20 {
+            for repeat in 0..3 {
+                for epoch in 0..4 {
+                    for seed in [0u64, 42] {
+                        let k = PickKey { sample, repeat, epoch, seed };
+                        assert_eq!(k.hash64(), k.hash64());
+                        assert!(seen.insert(k.hash64()), "collision at {k:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn pick_space_maps_picks_to_sample_and_repeat() -> Result<()> {
         let space = PickSpace::new(5, 3)?;
         assert_eq!(space.len(), 15);

@@ -184,7 +184,7 @@ impl Prefetcher {
         let handle = std::thread::Builder::new()
             .name("flodl-prefetch".into())
             .spawn(move || worker.run(&job_rx, &stop_rx))
-            .map_err(|source| Error::Io { path: "<prefetch thread>".into(), source })?;
+            .map_err(|source| Error::Spawn { role: "prefetch", source })?;
         Ok(Self {
             dataset,
             device,
@@ -202,20 +202,22 @@ impl Prefetcher {
 
     /// The depth a plan of `batches` batches of `batch_size` rows would get now.
     pub fn depth_for(&self, batches: usize, batch_size: usize) -> usize {
-        let depth = match self.config.depth {
-            Depth::Fixed(d) => d,
-            Depth::Vram(budget) => {
+        let depth = match (self.config.depth, self.device) {
+            (Depth::Fixed(d), _) => d,
+            (Depth::Vram(budget), Device::Cpu) => CPU_DEPTH.min(budget.max_depth),
+            (Depth::Vram(budget), Device::Cuda(_)) => {
                 let batch_bytes = (self.dataset.layout().sample_bytes() * batch_size) as u64;
                 let gauge = flodl_tensor::devices().into_iter().find(|d| d.device == self.device);
                 match gauge {
-                    Some(info) if self.device.is_cuda() => vram_depth(
+                    Some(info) => vram_depth(
                         self.device,
                         info.total_memory,
                         info.free_memory,
                         batch_bytes,
                         &budget,
                     ),
-                    _ => CPU_DEPTH,
+                    // A device the driver does not list: the most conservative pipelined depth.
+                    None => 1,
                 }
             }
         };
@@ -394,12 +396,24 @@ impl Worker {
         }
         let n = samples.len();
         let mut tensors = Vec::with_capacity(self.layout.fields().len());
+        let cpu = self.stream.device().is_cpu();
         for (field, column) in self.layout.fields().iter().zip(staging.columns()) {
-            let mut t = Tensor::zeros(&field.batch_shape(n), field.dtype, &self.stream)?;
-            match column {
-                Column::F32(b) => t.copy_from_pinned_async(b, &self.stream)?,
-                Column::I32(b) => t.copy_from_pinned_async(b, &self.stream)?,
-            }
+            let shape = field.batch_shape(n);
+            let t = match column {
+                // On the CPU the upload is one plain copy into a new tensor.
+                Column::F32(b) if cpu => Tensor::from_slice(b.as_slice()?, &shape, &self.stream)?,
+                Column::I32(b) if cpu => Tensor::from_slice(b.as_slice()?, &shape, &self.stream)?,
+                Column::F32(b) => {
+                    let mut t = Tensor::zeros(&shape, field.dtype, &self.stream)?;
+                    t.copy_from_pinned_async(b, &self.stream)?;
+                    t
+                }
+                Column::I32(b) => {
+                    let mut t = Tensor::zeros(&shape, field.dtype, &self.stream)?;
+                    t.copy_from_pinned_async(b, &self.stream)?;
+                    t
+                }
+            };
             tensors.push(t);
         }
         if let Some(transform) = &self.transform {

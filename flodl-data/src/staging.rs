@@ -141,7 +141,7 @@ impl StagingCache {
                 let handle = std::thread::Builder::new()
                     .name("flodl-staging".into())
                     .spawn(move || fill_loop(&worker, &rx))
-                    .map_err(|source| Error::Io { path: "<staging thread>".into(), source })?;
+                    .map_err(|source| Error::Spawn { role: "staging", source })?;
                 (Some(tx), Some(handle))
             }
         };

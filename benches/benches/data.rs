@@ -1,0 +1,312 @@
+//! Data-plane benchmarks: MNIST batch fetch, prefetcher starve time, staging cache hit ratios.
+//!
+//! Criterion times the MNIST fetch (samples/s), a staging-cache hit fetch and the prefetcher's
+//! production rate. Two figures are not timings and are printed instead (they are skipped under
+//! `--test`):
+//! - prefetcher starve time: the share of wall time a consumer of fixed per-batch cost spends
+//!   waiting for the next batch, after the first batch;
+//! - staging cache hit ratio, next use (Belady) versus LRU, at budgets of 10/25/50% of MNIST.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use flodl_benches::{Unit, bench_name, criterion_config};
+use flodl_data::mnist::vendored_dir;
+use flodl_data::{
+    BatchPicks, CacheReport, Dataset, Depth, Eviction, Fill, HostBatch, Mnist, PrefetchConfig,
+    Prefetcher, Split, StagingCache, StagingConfig, TailPolicy, Verify, epoch_permutation,
+    equal_partition, plan_batches,
+};
+use flodl_tensor::{Device, Stream};
+
+const SEED: u64 = 42;
+
+fn mnist() -> Arc<Mnist> {
+    Arc::new(Mnist::load(vendored_dir(), Split::Train, Verify::Skip).expect("vendored MNIST"))
+}
+
+fn nz(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).expect("non-zero batch size")
+}
+
+/// The batches of `rank` of `world` for one epoch.
+fn rank_batches(n: usize, epoch: u64, world: usize, rank: usize, bs: usize) -> Vec<BatchPicks> {
+    let perm = epoch_permutation(n, SEED, epoch);
+    let plan = equal_partition(epoch, n, world).expect("partition")[rank];
+    plan_batches(&perm, &plan, nz(bs), TailPolicy::Drop).expect("batches")
+}
+
+fn in_test_mode() -> bool {
+    std::env::args().any(|a| a == "--test")
+}
+
+fn data(c: &mut Criterion) {
+    let ds = mnist();
+    let mut g = c.benchmark_group("data");
+
+    // MNIST batch fetch: random indices (an epoch's order) gathered into a reusable host batch.
+    let perm = epoch_permutation(ds.len(), SEED, 0);
+    for bs in [64usize, 256] {
+        let mut out = HostBatch::new(ds.layout(), Device::Cpu);
+        let mut at = 0;
+        g.throughput(Unit::Samples.throughput(bs as u64));
+        let id =
+            BenchmarkId::new(bench_name("cpu", "mnist_fetch", Unit::Samples), format!("bs{bs}"));
+        g.bench_function(id, |b| {
+            b.iter(|| {
+                if at + bs > perm.len() {
+                    at = 0;
+                }
+                ds.fetch(&perm[at..at + bs], &mut out).expect("fetch");
+                at += bs;
+            })
+        });
+    }
+
+    // Staging cache, all hits: the read-through fast path.
+    let cache = StagingCache::new(
+        Arc::clone(&ds) as Arc<dyn Dataset>,
+        StagingConfig {
+            fill: Fill::Off,
+            ..StagingConfig::new(ds.len() * ds.layout().sample_bytes())
+        },
+    )
+    .expect("cache");
+    let hot: Vec<usize> = perm[..256].to_vec();
+    let mut out = HostBatch::new(ds.layout(), Device::Cpu);
+    cache.fetch(&hot, &mut out).expect("warm the cache");
+    g.throughput(Unit::Samples.throughput(256));
+    let id = BenchmarkId::new(bench_name("cpu", "staging_hit_fetch", Unit::Samples), "bs256");
+    g.bench_function(id, |b| b.iter(|| cache.fetch(&hot, &mut out).expect("fetch")));
+    drop(cache);
+
+    // Prefetcher production rate: one plan of 16 batches of 256, consumer does nothing.
+    let prefetcher = Prefetcher::new(
+        Arc::clone(&ds) as Arc<dyn Dataset>,
+        Device::Cpu,
+        PrefetchConfig::new(ds.len(), SEED),
+    )
+    .expect("prefetcher");
+    let stream = Stream::cpu_with_threads(1);
+    let plan: Vec<BatchPicks> = rank_batches(ds.len(), 0, 1, 0, 256).into_iter().take(16).collect();
+    g.throughput(Unit::Samples.throughput(16 * 256));
+    let id = BenchmarkId::new(bench_name("cpu", "prefetch_plan", Unit::Samples), "16xbs256");
+    g.bench_function(id, |b| {
+        b.iter(|| {
+            for batch in prefetcher.start(0, plan.clone()).expect("start") {
+                batch.expect("batch").wait(&stream).expect("wait");
+            }
+        })
+    });
+    g.finish();
+
+    if in_test_mode() {
+        eprintln!("data figures skipped under --test");
+        return;
+    }
+    starve_bench(c, &ds);
+    starve_figures(&ds);
+    hit_ratio_figures(&ds);
+}
+
+/// Busy-waits `d`: the consumer's fixed per-batch cost (a stand-in for a training step).
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// A consumer's endless stream of batches: MNIST train epochs of batch size `bs`, each next
+/// plan started when the current one has only `depth` batches left (as a rank that knows its
+/// next plan does), so epoch boundaries are included.
+struct Consumer {
+    ds: Arc<Mnist>,
+    bs: usize,
+    prefetcher: Prefetcher,
+    feeds: std::collections::VecDeque<flodl_data::Feed>,
+    next_epoch: u64,
+    stream: Stream,
+}
+
+impl Consumer {
+    fn new(ds: &Arc<Mnist>, bs: usize, depth: Depth) -> Self {
+        let prefetcher = Prefetcher::new(
+            Arc::clone(ds) as Arc<dyn Dataset>,
+            Device::Cpu,
+            PrefetchConfig { depth, ..PrefetchConfig::new(ds.len(), SEED) },
+        )
+        .expect("prefetcher");
+        Self {
+            ds: Arc::clone(ds),
+            bs,
+            prefetcher,
+            feeds: std::collections::VecDeque::new(),
+            next_epoch: 0,
+            stream: Stream::cpu_with_threads(1),
+        }
+    }
+
+    fn start_next(&mut self) {
+        let plan = rank_batches(self.ds.len(), self.next_epoch, 1, 0, self.bs);
+        self.feeds.push_back(self.prefetcher.start(self.next_epoch, plan).expect("start"));
+        self.next_epoch += 1;
+    }
+
+    /// Takes the next batch; returns how long the consumer waited for it.
+    fn take(&mut self) -> Duration {
+        loop {
+            if self.feeds.len() < 2
+                && self.feeds.back().is_none_or(|f| f.remaining() <= f.depth().max(1))
+            {
+                self.start_next();
+            }
+            let feed = self.feeds.front_mut().expect("a feed");
+            let t = Instant::now();
+            match feed.next() {
+                Some(batch) => {
+                    batch.expect("batch").wait(&self.stream).expect("wait");
+                    return t.elapsed();
+                }
+                None => {
+                    self.feeds.pop_front();
+                }
+            }
+        }
+    }
+}
+
+/// Consumes `batches` batches at `cost` each after one warm-up batch; returns (starve, wall).
+fn starve_run(
+    ds: &Arc<Mnist>,
+    bs: usize,
+    cost: Duration,
+    depth: Depth,
+    batches: usize,
+) -> (Duration, Duration) {
+    let mut s = Consumer::new(ds, bs, depth);
+    s.take();
+    let start = Instant::now();
+    let mut starve = Duration::ZERO;
+    for _ in 0..batches {
+        starve += s.take();
+        spin(cost);
+    }
+    (starve, start.elapsed())
+}
+
+/// Criterion: time per consumed batch for a consumer of fixed cost (so the excess over the cost
+/// is the starve time); the starve share of every measured call is printed afterwards.
+fn starve_bench(c: &mut Criterion, ds: &Arc<Mnist>) {
+    let mut g = c.benchmark_group("data");
+    let bs = 256;
+    for cost_ms in [2u64, 5] {
+        let cost = Duration::from_millis(cost_ms);
+        let mut s = Consumer::new(ds, bs, Depth::default());
+        s.take();
+        let mut starve = Duration::ZERO;
+        let mut wall = Duration::ZERO;
+        g.throughput(Unit::Samples.throughput(bs as u64));
+        let id = BenchmarkId::new(
+            bench_name("cpu", "prefetch_consume", Unit::Samples),
+            format!("bs{bs}_cost{cost_ms}ms"),
+        );
+        g.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    starve += s.take();
+                    spin(cost);
+                }
+                let e = t.elapsed();
+                wall += e;
+                e
+            })
+        });
+        println!(
+            "data/prefetch: starve {:.3}% of wall ({:.1} ms of {:.0} ms) consumer {cost_ms} ms/batch, bs {bs}, gauge depth (cpu: {})",
+            100.0 * starve.as_secs_f64() / wall.as_secs_f64().max(1e-9),
+            starve.as_secs_f64() * 1e3,
+            wall.as_secs_f64() * 1e3,
+            flodl_data::CPU_DEPTH,
+        );
+    }
+    g.finish();
+}
+
+fn starve_figures(ds: &Arc<Mnist>) {
+    let bs = 256;
+    // Production time per batch with an idle consumer, for scale.
+    let n = 200;
+    let (_, wall) = starve_run(ds, bs, Duration::ZERO, Depth::Fixed(2), n);
+    println!(
+        "data/prefetch: production {:.1} us per batch of {bs} (idle consumer, {n} batches)",
+        wall.as_secs_f64() * 1e6 / n as f64
+    );
+    for (cost_ms, depth) in
+        [(1u64, Depth::Fixed(2)), (2, Depth::Fixed(2)), (2, Depth::Fixed(8)), (5, Depth::Fixed(2))]
+    {
+        let (starve, wall) = starve_run(ds, bs, Duration::from_millis(cost_ms), depth, 300);
+        println!(
+            "data/prefetch: starve {:.3}% of wall ({:.2} ms of {:.0} ms) consumer {cost_ms} ms/batch, bs {bs}, 300 batches, {depth:?}",
+            100.0 * starve.as_secs_f64() / wall.as_secs_f64(),
+            starve.as_secs_f64() * 1e3,
+            wall.as_secs_f64() * 1e3,
+        );
+    }
+}
+
+/// Hit ratio of a read-through cache over the advised stream of rank 0 of 2, 3 epochs, bs 256.
+fn hit_ratio(ds: &Arc<Mnist>, budget_samples: usize, eviction: Eviction, fill: Fill) -> f64 {
+    let sample_bytes = ds.layout().sample_bytes();
+    let cache = StagingCache::new(
+        Arc::clone(ds) as Arc<dyn Dataset>,
+        StagingConfig {
+            budget_bytes: budget_samples * sample_bytes,
+            eviction,
+            fill,
+            fill_chunk: 256,
+        },
+    )
+    .expect("cache");
+    let batches: Vec<Vec<usize>> =
+        (0..3).flat_map(|e| rank_batches(ds.len(), e, 2, 0, 256)).map(|b| b.picks).collect();
+    cache.advise(batches.concat());
+    let mut out = HostBatch::new(ds.layout(), Device::Cpu);
+    let mut total = CacheReport::default();
+    for b in &batches {
+        if fill == Fill::Background {
+            // A consumer with a 1 ms step: the read-ahead runs during it.
+            spin(Duration::from_millis(1));
+        }
+        let r = cache.fetch_reported(b, &mut out).expect("fetch");
+        total.hits += r.hits;
+        total.misses += r.misses;
+    }
+    total.hits as f64 / (total.hits + total.misses) as f64
+}
+
+fn hit_ratio_figures(ds: &Arc<Mnist>) {
+    println!("data/staging: hit ratio, MNIST train, rank 0 of 2, 3 epochs of advisories, bs 256");
+    for pct in [10usize, 25, 50] {
+        let budget = ds.len() * pct / 100;
+        let min = hit_ratio(ds, budget, Eviction::NextUse, Fill::Off);
+        let lru = hit_ratio(ds, budget, Eviction::Lru, Fill::Off);
+        let filled = hit_ratio(ds, budget, Eviction::NextUse, Fill::Background);
+        println!(
+            "data/staging: budget {pct:>2}% ({budget} samples): next-use {:.1}%  lru {:.1}%  next-use + read-ahead (1 ms consumer) {:.1}%",
+            100.0 * min,
+            100.0 * lru,
+            100.0 * filled
+        );
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = criterion_config();
+    targets = data
+}
+criterion_main!(benches);
