@@ -1,6 +1,6 @@
 //! Host batches: one typed, reusable host buffer per field of a layout.
 
-use flodl_tensor::{DType, Device, PinnedBuffer};
+use flodl_tensor::{DType, Device, PinnedBuffer, Stream, Tensor};
 
 use crate::error::{Error, Result};
 use crate::layout::SampleLayout;
@@ -10,14 +10,22 @@ use crate::layout::SampleLayout;
 pub(crate) enum Column {
     F32(PinnedBuffer<f32>),
     I32(PinnedBuffer<i32>),
+    // A batch for the CPU holds CPU tensors of shape `[len, ..]`, so a prefetcher hands them
+    // over as the device batch without a copy.
+    Cpu(Tensor),
 }
 
 impl Column {
-    fn alloc(dtype: DType, n: usize, device: Device) -> Result<Self> {
-        Ok(match dtype {
-            DType::I32 => Column::I32(PinnedBuffer::new(n, device)?),
+    fn alloc(field: &crate::layout::Field, n: usize, device: Device) -> Result<Self> {
+        Ok(match (device, field.dtype) {
+            (Device::Cpu, dtype) => Column::Cpu(Tensor::zeros(
+                &field.batch_shape(n),
+                dtype,
+                &Stream::cpu_with_threads(1),
+            )?),
+            (_, DType::I32) => Column::I32(PinnedBuffer::new(n * field.numel(), device)?),
             // SampleLayout admits only f32 and i32.
-            _ => Column::F32(PinnedBuffer::new(n, device)?),
+            (_, _) => Column::F32(PinnedBuffer::new(n * field.numel(), device)?),
         })
     }
 
@@ -25,7 +33,31 @@ impl Column {
         match self {
             Column::F32(b) => b.len(),
             Column::I32(b) => b.len(),
+            Column::Cpu(t) => t.numel(),
         }
+    }
+
+    fn view(&self) -> Result<View<'_>> {
+        Ok(match self {
+            Column::F32(b) => View::F32(b.as_slice()?),
+            Column::I32(b) => View::I32(b.as_slice()?),
+            Column::Cpu(t) if t.dtype() == DType::I32 => View::I32(t.as_slice()?),
+            Column::Cpu(t) => View::F32(t.as_slice()?),
+        })
+    }
+
+    fn view_mut(&mut self) -> Result<ViewMut<'_>> {
+        Ok(match self {
+            Column::F32(b) => ViewMut::F32(b.as_mut_slice()?),
+            Column::I32(b) => ViewMut::I32(b.as_mut_slice()?),
+            Column::Cpu(t) => {
+                if t.dtype() == DType::I32 {
+                    ViewMut::I32(t.as_mut_slice()?)
+                } else {
+                    ViewMut::F32(t.as_mut_slice()?)
+                }
+            }
+        })
     }
 }
 
@@ -68,7 +100,8 @@ pub(crate) fn copy_row_view(
 ///
 /// Buffers are reused across fetches and reallocated only when the number of samples changes.
 /// A batch made for a CUDA device holds page-locked buffers, so host-to-device copies from it
-/// are asynchronous; a batch made for the CPU holds plain memory.
+/// are asynchronous; a batch made for the CPU holds CPU tensors, which a prefetcher hands over
+/// without copying.
 #[derive(Debug)]
 pub struct HostBatch {
     layout: SampleLayout,
@@ -99,7 +132,7 @@ impl HostBatch {
         }
         let mut columns = Vec::with_capacity(self.layout.fields().len());
         for f in self.layout.fields() {
-            columns.push(Column::alloc(f.dtype, n * f.numel(), self.device)?);
+            columns.push(Column::alloc(f, n, self.device)?);
         }
         self.columns = columns;
         self.len = n;
@@ -141,9 +174,9 @@ impl HostBatch {
     /// [`Error::NoSuchField`] for a field past the layout (or before [`HostBatch::prepare`]),
     /// [`Error::FieldType`] when the field is not f32.
     pub fn f32(&self, field: usize) -> Result<&[f32]> {
-        match self.column(field)? {
-            Column::F32(b) => Ok(b.as_slice()?),
-            Column::I32(_) => Err(type_error(field, DType::I32, DType::F32)),
+        match self.column(field)?.view()? {
+            View::F32(v) => Ok(v),
+            View::I32(_) => Err(type_error(field, DType::I32, DType::F32)),
         }
     }
 
@@ -152,9 +185,9 @@ impl HostBatch {
     /// # Errors
     /// As [`HostBatch::f32`].
     pub fn f32_mut(&mut self, field: usize) -> Result<&mut [f32]> {
-        match self.column_mut(field)? {
-            Column::F32(b) => Ok(b.as_mut_slice()?),
-            Column::I32(_) => Err(type_error(field, DType::I32, DType::F32)),
+        match self.column_mut(field)?.view_mut()? {
+            ViewMut::F32(v) => Ok(v),
+            ViewMut::I32(_) => Err(type_error(field, DType::I32, DType::F32)),
         }
     }
 
@@ -164,9 +197,9 @@ impl HostBatch {
     /// [`Error::NoSuchField`] for a field past the layout (or before [`HostBatch::prepare`]),
     /// [`Error::FieldType`] when the field is not i32.
     pub fn i32(&self, field: usize) -> Result<&[i32]> {
-        match self.column(field)? {
-            Column::I32(b) => Ok(b.as_slice()?),
-            Column::F32(_) => Err(type_error(field, DType::F32, DType::I32)),
+        match self.column(field)?.view()? {
+            View::I32(v) => Ok(v),
+            View::F32(_) => Err(type_error(field, DType::F32, DType::I32)),
         }
     }
 
@@ -175,36 +208,56 @@ impl HostBatch {
     /// # Errors
     /// As [`HostBatch::i32`].
     pub fn i32_mut(&mut self, field: usize) -> Result<&mut [i32]> {
-        match self.column_mut(field)? {
-            Column::I32(b) => Ok(b.as_mut_slice()?),
-            Column::F32(_) => Err(type_error(field, DType::F32, DType::I32)),
+        match self.column_mut(field)?.view_mut()? {
+            ViewMut::I32(v) => Ok(v),
+            ViewMut::F32(_) => Err(type_error(field, DType::F32, DType::I32)),
         }
     }
 
     /// Views of every field at once (crate-internal: bulk copies).
     pub(crate) fn views(&self) -> Result<Vec<View<'_>>> {
-        self.columns
-            .iter()
-            .map(|c| {
-                Ok(match c {
-                    Column::F32(b) => View::F32(b.as_slice()?),
-                    Column::I32(b) => View::I32(b.as_slice()?),
-                })
-            })
-            .collect()
+        self.columns.iter().map(Column::view).collect()
     }
 
     /// Mutable views of every field at once (crate-internal: bulk copies).
     pub(crate) fn views_mut(&mut self) -> Result<Vec<ViewMut<'_>>> {
-        self.columns
-            .iter_mut()
-            .map(|c| {
-                Ok(match c {
-                    Column::F32(b) => ViewMut::F32(b.as_mut_slice()?),
-                    Column::I32(b) => ViewMut::I32(b.as_mut_slice()?),
+        self.columns.iter_mut().map(Column::view_mut).collect()
+    }
+
+    /// Moves the buffers out as CPU tensors `[len, ..]` (one per field), leaving the batch
+    /// empty; `None` (and the batch untouched) when it was not made for the CPU.
+    pub(crate) fn take_tensors(&mut self) -> Option<Vec<Tensor>> {
+        if self.columns.is_empty() || !self.columns.iter().all(|c| matches!(c, Column::Cpu(_))) {
+            return None;
+        }
+        self.len = 0;
+        Some(
+            std::mem::take(&mut self.columns)
+                .into_iter()
+                .filter_map(|c| match c {
+                    Column::Cpu(t) => Some(t),
+                    Column::F32(_) | Column::I32(_) => None,
                 })
-            })
-            .collect()
+                .collect(),
+        )
+    }
+
+    /// Adopts CPU tensors given back by a consumer as the buffers of an empty CPU batch, when
+    /// they fit the layout (one per field, `[n, ..]` for one `n`, right dtypes); else drops them.
+    pub(crate) fn adopt(&mut self, tensors: Vec<Tensor>) {
+        if !self.columns.is_empty() || self.device != Device::Cpu {
+            return;
+        }
+        let fields = self.layout.fields();
+        let n = tensors.first().and_then(|t| t.shape().first().copied()).unwrap_or(0);
+        let fits = tensors.len() == fields.len()
+            && tensors.iter().zip(fields).all(|(t, f)| {
+                t.device() == Device::Cpu && t.dtype() == f.dtype && t.shape() == f.batch_shape(n)
+            });
+        if fits {
+            self.columns = tensors.into_iter().map(Column::Cpu).collect();
+            self.len = n;
+        }
     }
 
     /// The buffers, one per field (crate-internal: the prefetcher uploads them).

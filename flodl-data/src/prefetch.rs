@@ -24,6 +24,19 @@ pub struct DeviceBatch {
     keys: Vec<PickKey>,
     valid: usize,
     index: usize,
+    // CPU batches give their tensors back to the prefetcher when dropped, for reuse.
+    recycle: Option<flume::Sender<Vec<Tensor>>>,
+}
+
+impl Drop for DeviceBatch {
+    fn drop(&mut self) {
+        if let Some(tx) = self.recycle.take()
+            && !self.tensors.is_empty()
+        {
+            // Full or disconnected: the tensors are simply freed.
+            let _ = tx.try_send(std::mem::take(&mut self.tensors));
+        }
+    }
 }
 
 impl DeviceBatch {
@@ -38,8 +51,8 @@ impl DeviceBatch {
     }
 
     /// The tensors, taken out of the batch (wait on the event first).
-    pub fn into_tensors(self) -> Vec<Tensor> {
-        self.tensors
+    pub fn into_tensors(mut self) -> Vec<Tensor> {
+        std::mem::take(&mut self.tensors)
     }
 
     /// The event recorded on the prefetch stream after the upload (and transform).
@@ -169,6 +182,7 @@ impl Prefetcher {
         };
         let (jobs, job_rx) = flume::bounded::<Job>(4);
         let (stop, stop_rx) = flume::bounded::<()>(0);
+        let (recycle, recycled) = flume::bounded(4);
         let worker = Worker {
             dataset: Arc::clone(&dataset),
             layout: dataset.layout().clone(),
@@ -180,6 +194,8 @@ impl Prefetcher {
                 HostBatch::new(dataset.layout(), device),
                 HostBatch::new(dataset.layout(), device),
             ],
+            recycle,
+            recycled,
         };
         let handle = std::thread::Builder::new()
             .name("flodl-prefetch".into())
@@ -355,6 +371,9 @@ struct Worker {
     stream: Stream,
     // Two staging buffers: one is filled while the other's upload is in flight.
     staging: [HostBatch; 2],
+    // CPU batches' tensors come back here when the consumer drops them.
+    recycle: flume::Sender<Vec<Tensor>>,
+    recycled: flume::Receiver<Vec<Tensor>>,
 }
 
 /// Whether to go on after delivering a batch.
@@ -390,39 +409,56 @@ impl Worker {
             .collect::<Result<Vec<_>>>()?;
         let samples: Vec<usize> = keys.iter().map(|k| k.sample).collect();
         let staging = &mut self.staging[index % 2];
+        if let Ok(tensors) = self.recycled.try_recv() {
+            staging.adopt(tensors);
+        }
         self.dataset.fetch(&samples, staging)?;
         if !staging.is_consistent() || staging.len() != samples.len() {
             return Err(Error::LayoutMismatch);
         }
-        let n = samples.len();
-        let mut tensors = Vec::with_capacity(self.layout.fields().len());
-        let cpu = self.stream.device().is_cpu();
-        for (field, column) in self.layout.fields().iter().zip(staging.columns()) {
-            let shape = field.batch_shape(n);
-            let t = match column {
-                // On the CPU the upload is one plain copy into a new tensor.
-                Column::F32(b) if cpu => Tensor::from_slice(b.as_slice()?, &shape, &self.stream)?,
-                Column::I32(b) if cpu => Tensor::from_slice(b.as_slice()?, &shape, &self.stream)?,
-                Column::F32(b) => {
-                    let mut t = Tensor::zeros(&shape, field.dtype, &self.stream)?;
-                    t.copy_from_pinned_async(b, &self.stream)?;
-                    t
-                }
-                Column::I32(b) => {
-                    let mut t = Tensor::zeros(&shape, field.dtype, &self.stream)?;
-                    t.copy_from_pinned_async(b, &self.stream)?;
-                    t
-                }
-            };
-            tensors.push(t);
-        }
+        let mut tensors = match staging.take_tensors() {
+            // On the CPU the fetched buffers are the batch: no copy.
+            Some(tensors) => tensors,
+            None => upload(&self.layout, staging, &self.stream)?,
+        };
         if let Some(transform) = &self.transform {
             transform.apply(&keys, &mut tensors, &self.stream)?;
         }
         let ready = Event::new(self.stream.device())?;
         ready.record(&self.stream)?;
-        Ok(DeviceBatch { tensors, ready, keys, valid: picks.valid, index })
+        Ok(DeviceBatch {
+            tensors,
+            ready,
+            keys,
+            valid: picks.valid,
+            index,
+            recycle: self.stream.device().is_cpu().then(|| self.recycle.clone()),
+        })
     }
+}
+
+/// Starts the asynchronous upload of a staged batch to the stream's device.
+fn upload(layout: &SampleLayout, staging: &HostBatch, stream: &Stream) -> Result<Vec<Tensor>> {
+    let n = staging.len();
+    let mut tensors = Vec::with_capacity(layout.fields().len());
+    for (field, column) in layout.fields().iter().zip(staging.columns()) {
+        let shape = field.batch_shape(n);
+        let t = match column {
+            Column::F32(b) => {
+                let mut t = Tensor::zeros(&shape, field.dtype, stream)?;
+                t.copy_from_pinned_async(b, stream)?;
+                t
+            }
+            Column::I32(b) => {
+                let mut t = Tensor::zeros(&shape, field.dtype, stream)?;
+                t.copy_from_pinned_async(b, stream)?;
+                t
+            }
+            Column::Cpu(t) => t.to_device(stream.device(), stream)?,
+        };
+        tensors.push(t);
+    }
+    Ok(tensors)
 }
 
 /// Hands `item` to the consumer, unless the consumer left or the prefetcher is dropped first.

@@ -253,7 +253,14 @@ fn a_panicking_dataset_gives_a_typed_error_not_a_hang() -> Result<()> {
     let items: Vec<Result<DeviceBatch>> =
         prefetcher.start(0, batches_of(&space, 2, 0, 100, TailPolicy::Drop)?)?.collect();
     assert!(matches!(items.as_slice(), [Err(Error::WorkerLost { .. })]));
-    assert!(prefetcher.start(0, Vec::new()).is_err());
+    // Later plans fail too: at once, or (racing the thread's unwinding) on the first batch.
+    match prefetcher.start(1, batches_of(&space, 2, 1, 100, TailPolicy::Drop)?) {
+        Err(e) => assert!(matches!(e, Error::WorkerLost { .. })),
+        Ok(feed) => {
+            let items: Vec<Result<DeviceBatch>> = feed.collect();
+            assert!(matches!(items.as_slice(), [Err(Error::WorkerLost { .. })]));
+        }
+    }
     Ok(())
 }
 
@@ -325,5 +332,28 @@ fn cpu_depth_from_the_gauge_is_two_and_never_exceeds_the_plan() -> Result<()> {
         )
         .is_err()
     );
+    Ok(())
+}
+
+#[test]
+fn cpu_batches_reuse_the_tensors_the_consumer_dropped() -> Result<()> {
+    let ds: Arc<dyn Dataset> = Arc::new(random_dataset(640, 11)?);
+    let space = PickSpace::plain(640);
+    // A rendezvous queue: batch i + 2 is prepared only after the consumer dropped batch i.
+    let prefetcher =
+        Prefetcher::new(Arc::clone(&ds), Device::Cpu, config(space, 1, Depth::Fixed(0)))?;
+    let batches = batches_of(&space, 1, 0, 32, TailPolicy::Drop)?;
+    let stream = Stream::cpu_with_threads(1);
+    let mut addresses = Vec::new();
+    for (i, got) in prefetcher.start(0, batches.clone())?.enumerate() {
+        let got = got?;
+        check_batch(&*ds, &space, &batches[i], &got, &stream)?;
+        addresses.push(got.tensors()[0].as_slice::<f32>()?.as_ptr() as usize);
+    }
+    let mut distinct = addresses.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(addresses.len(), 20);
+    assert!(distinct.len() <= 4, "{} distinct buffers for 20 batches", distinct.len());
     Ok(())
 }
