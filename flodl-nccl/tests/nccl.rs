@@ -7,27 +7,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
-use flodl_nccl::{DeviceBuffer, Error, NcclComm, NcclDType, Reduction, UniqueId, nccl_version};
+use flodl_nccl::{
+    DeviceBuffer, Error, NcclComm, NcclDType, Reduction, UniqueId, nccl_skip_reason, nccl_version,
+};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-
-/// Why the GPU tests cannot run here, or `None` when NCCL and a GPU are usable.
-fn skip_reason() -> Option<String> {
-    if let Err(e) = nccl_version() {
-        return Some(e.to_string());
-    }
-    // SAFETY: probing only tries to load the driver library.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Some("the CUDA driver library is not installed".into());
-    }
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => None,
-        Ok(_) => Some("no CUDA device".into()),
-        Err(e) => Some(format!("CUDA driver: {e}")),
-    }
-}
 
 fn gpu_count() -> usize {
     CudaContext::device_count().map_or(0, |n| usize::try_from(n).unwrap_or(0))
@@ -35,7 +21,7 @@ fn gpu_count() -> usize {
 
 /// Prints `skipped: <reason>` and returns true, or fails the test under `FLODL_REQUIRE_GPU=1`.
 fn skipped() -> bool {
-    match skip_reason() {
+    match nccl_skip_reason() {
         None => false,
         Some(reason) => {
             flodl_tensor::skip_or_fail(&reason);
@@ -64,6 +50,7 @@ fn upload(
 
 #[test]
 fn missing_pieces_are_typed_errors_not_panics() -> TestResult {
+    println!("NCCL usable: {:?}", nccl_skip_reason().map_or("yes".to_owned(), |why| why));
     match nccl_version() {
         Ok(version) => println!("NCCL {version}"),
         Err(Error::LibraryMissing(why)) => println!("NCCL not loadable: {why}"),

@@ -301,6 +301,15 @@ impl Library {
     }
 }
 
+/// Why NCCL collectives cannot run in this process (no loadable NCCL library, no CUDA driver or
+/// no GPU), or `None` when they can. Never panics; suitable as a test skip reason.
+pub fn nccl_skip_reason() -> Option<String> {
+    if let Err(e) = Library::get() {
+        return Some(e.to_string());
+    }
+    flodl_tensor::gpu_skip_reason()
+}
+
 /// The version of the NCCL library this process can load.
 ///
 /// # Errors
