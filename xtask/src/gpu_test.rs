@@ -113,7 +113,7 @@ fn run_matrix(
         let binary = binaries.iter().find(|b| b.id() == row.binary);
         let result = context.run_row(row, binary)?;
         eprintln!(
-            "gpu-test: {:<32} {:<28} {} ({:.1} s)",
+            "gpu-test: {:<40} {:<24} {} ({:.1} s)",
             row.label,
             row.binary,
             result.outcome.word(),

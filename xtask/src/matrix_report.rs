@@ -10,6 +10,9 @@ use crate::gpu_inventory::GpuInventory;
 use crate::row_runner::RowResult;
 use crate::table::{Align, Table};
 
+/// The widest filter shown in the table (matrix.json has them whole).
+const FILTER_WIDTH: usize = 40;
+
 /// Everything one matrix run found.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct MatrixReport {
@@ -71,7 +74,7 @@ impl MatrixReport {
             table.push(vec![
                 result.row.label.clone(),
                 result.row.binary.clone(),
-                result.row.filters.join("|"),
+                shorten(&result.row.filters.join("|"), FILTER_WIDTH),
                 result.row.gpus.to_string(),
                 result.outcome.word(),
                 tests,
@@ -108,6 +111,15 @@ impl MatrixReport {
     }
 }
 
+/// `text` cut to `width` characters, ending in `…` when cut.
+fn shorten(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        text.to_string()
+    } else {
+        text.chars().take(width.saturating_sub(1)).chain(std::iter::once('…')).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +150,15 @@ mod tests {
             skips: 0,
             seconds: if passed + failed > 0 { 2.5 } else { 0.0 },
             log_tail: if failing { vec!["thread panicked".into()] } else { Vec::new() },
+        }
+    }
+
+    #[test]
+    fn long_filters_are_shortened() {
+        let cases = [("abc", 3, "abc"), ("abcd", 3, "ab…"), ("", 5, ""), ("ééééé", 4, "ééé…")];
+        for (text, width, want) in cases {
+            assert_eq!(shorten(text, width), want, "{text}");
+            assert!(shorten(text, width).chars().count() <= width);
         }
     }
 

@@ -121,7 +121,8 @@ impl RunContext {
             log_tail: Vec::new(),
         };
         if row.gpus > self.gpus {
-            let reason = format!("needs {} GPUs, {} visible", row.gpus, self.gpus);
+            let plural = if row.gpus == 1 { "" } else { "s" };
+            let reason = format!("needs {} GPU{plural}, {} visible", row.gpus, self.gpus);
             result.outcome = Outcome::Skipped { reason };
             return Ok(result);
         }
