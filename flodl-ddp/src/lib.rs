@@ -23,3 +23,27 @@ pub mod policy;
 pub use policy::{Backend, Policy};
 
 pub mod schedule;
+
+// The runtime: replicas, trainer, workers, coordinator, averaging backends, metrics.
+mod comm;
+mod coordinator;
+mod dispatch;
+mod error;
+mod handle;
+mod host_round;
+mod message;
+mod metrics;
+mod mlp;
+mod replica;
+mod solo;
+mod staging;
+mod trainer;
+mod worker;
+pub use error::{Error, Result};
+pub use handle::{DdpHandle, HostTensor, TrainedState};
+pub use metrics::{
+    EpochMetrics, EvalMetrics, RankEpochMetrics, ReduceEvent, Report, record_scalar,
+};
+pub use mlp::{Mlp, MlpConfig, Optimizer};
+pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
+pub use trainer::{Devices, ElCheKnobs, SampleAudit, Trainer};

@@ -1,0 +1,659 @@
+//! The coordinator: one thread that hands out work, decides when to average, runs the host
+//! averaging rounds and aggregates metrics.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flodl_nccl::AbortHandle;
+
+use crate::comm::RankComm;
+use crate::dispatch::{Cutting, Dispatcher};
+use crate::elche::ElChe;
+use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
+use crate::host_round::{HostRound, average};
+use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window};
+use crate::metrics::{EpochMetrics, ReduceEvent};
+use crate::policy::{Backend, Policy};
+use crate::trainer::RunConfig;
+use crate::verdict::Verdict;
+use crate::worker::{RankLoop, Worker};
+use crate::{Error, Result};
+
+/// Capacity of the workers → coordinator channel.
+const TO_COORDINATOR: usize = 4096;
+/// Capacity of each coordinator → worker channel.
+const TO_WORKER: usize = 256;
+/// Chunks a rank may hold at once (one training, one queued, so it never waits for work).
+const CHUNKS_AHEAD: usize = 2;
+/// Longest the coordinator sleeps between looks at the cancel flag and deadlines.
+const TICK: Duration = Duration::from_millis(50);
+
+/// What [`spawn`] starts: the coordinator's thread, the ranks' threads and the abort handles of
+/// the collective group.
+pub(crate) type Spawned = (JoinHandle<Result<TrainedState>>, Vec<JoinHandle<()>>, Vec<AbortHandle>);
+
+/// Starts one thread per rank and the coordinator's thread.
+pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
+    let world = cfg.world();
+    let comms: Vec<Option<RankComm>> = match cfg.backend {
+        Backend::Collective => {
+            RankComm::host_group(world, cfg.stall_timeout).into_iter().map(Some).collect()
+        }
+        Backend::Host => (0..world).map(|_| None).collect(),
+    };
+    let aborts: Vec<AbortHandle> = comms.iter().flatten().map(RankComm::abort_handle).collect();
+    let (to_coord, from_workers) = flume::bounded(TO_COORDINATOR);
+    let mut coord = Coordinator::new(
+        cfg.clone(),
+        outlets.clone(),
+        from_workers,
+        to_coord.clone(),
+        aborts.clone(),
+    )?;
+    let mut workers = Vec::with_capacity(world);
+    for (rank, comm) in comms.into_iter().enumerate() {
+        let (tx, rx) = flume::bounded(TO_WORKER);
+        coord.to_workers.push(tx);
+        let first = coord.windows[rank];
+        let (cfg, to_coord, cancel) = (cfg.clone(), to_coord.clone(), outlets.cancel.clone());
+        let handle = std::thread::Builder::new()
+            .name(format!("flodl-rank-{rank}"))
+            .spawn(move || rank_thread(rank, cfg, comm, cancel, rx, to_coord, first))
+            .map_err(|e| Error::Config(format!("cannot spawn rank {rank}'s thread: {e}")))?;
+        workers.push(handle);
+    }
+    drop(to_coord);
+    let main = std::thread::Builder::new()
+        .name("flodl-coordinator".into())
+        .spawn(move || match catch_unwind(AssertUnwindSafe(|| coord.run())) {
+            Ok(r) => r,
+            Err(p) => Err(Error::Panicked { rank: usize::MAX, message: panic_message(p.as_ref()) }),
+        })
+        .map_err(|e| Error::Config(format!("cannot spawn the coordinator thread: {e}")))?;
+    Ok((main, workers, aborts))
+}
+
+/// A rank's thread: build the worker, run its loop, report a failure before letting go of the
+/// communicator (so peers see the cause before they see the rank leave).
+fn rank_thread(
+    rank: usize,
+    cfg: Arc<RunConfig>,
+    comm: Option<RankComm>,
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+    rx: flume::Receiver<ToWorker>,
+    tx: flume::Sender<ToCoordinator>,
+    first: Window,
+) {
+    let timeout = cfg.stall_timeout;
+    let outcome = catch_unwind(AssertUnwindSafe(|| match Worker::build(rank, cfg, comm, cancel) {
+        Ok(worker) => {
+            let mut lp = RankLoop::new(worker, rx, tx.clone(), first);
+            let r = lp.run();
+            (r, Some(lp))
+        }
+        Err(e) => (Err(e), None),
+    }));
+    let error = match outcome {
+        Ok((Ok(()), _)) => None,
+        Ok((Err(e), keep)) => {
+            let _ = tx.send_timeout(ToCoordinator::Failed { rank, error: e }, timeout);
+            drop(keep);
+            return;
+        }
+        Err(p) => Some(Error::Panicked { rank, message: panic_message(p.as_ref()) }),
+    };
+    if let Some(error) = error {
+        let _ = tx.send_timeout(ToCoordinator::Failed { rank, error }, timeout);
+    }
+}
+
+/// What the coordinator knows about one rank.
+#[derive(Debug, Clone, Default)]
+struct RankBook {
+    in_flight: usize,
+    works_sent: u64,
+    /// The rank's readiness for the reduce of the current window: (steps, ms, why).
+    progress: Option<(usize, f64, Readiness)>,
+}
+
+/// The reduce in progress.
+#[derive(Debug)]
+enum Reduce {
+    /// None.
+    Idle,
+    /// Collective backend: waiting for every rank's acknowledgement.
+    Collective { round: u64, acks: Vec<Option<(usize, f64)>>, counts: Vec<usize> },
+    /// Host backend: the averaging state machine.
+    Host(HostRound),
+}
+
+/// An aggregated epoch waiting for its evaluation before it is emitted.
+#[derive(Debug)]
+struct Held {
+    metrics: EpochMetrics,
+    awaiting_eval: bool,
+}
+
+/// The coordinator's state.
+struct Coordinator {
+    cfg: Arc<RunConfig>,
+    outlets: Outlets,
+    rx: flume::Receiver<ToCoordinator>,
+    tx: flume::Sender<ToCoordinator>,
+    to_workers: Vec<flume::Sender<ToWorker>>,
+    aborts: Vec<AbortHandle>,
+    start: Instant,
+    devices: Vec<String>,
+    shapes: Vec<Vec<usize>>,
+    dispatch: Dispatcher,
+    elche: Option<ElChe>,
+    max_overshoot: usize,
+    ranks: Vec<RankBook>,
+    /// The current window's number.
+    round: u64,
+    windows: Vec<Window>,
+    reduce: Reduce,
+    last_sync_ms: f64,
+    reduces: u64,
+    held: VecDeque<Held>,
+    eval_requested: bool,
+    emitted: Vec<EpochMetrics>,
+    stalled: usize,
+    last_heard: Instant,
+}
+
+impl Coordinator {
+    fn new(
+        cfg: Arc<RunConfig>,
+        outlets: Outlets,
+        rx: flume::Receiver<ToCoordinator>,
+        tx: flume::Sender<ToCoordinator>,
+        aborts: Vec<AbortHandle>,
+    ) -> Result<Self> {
+        let world = cfg.world();
+        let batches = cfg.batches_per_epoch();
+        let knobs = &cfg.elche;
+        let elche = match cfg.policy {
+            Policy::Sync => None,
+            Policy::Cadence | Policy::Async => {
+                let mut e = ElChe::new(world, knobs.anchor)
+                    .map_err(|e| Error::Config(e.to_string()))?
+                    .with_overhead_target(knobs.overhead_target)
+                    .with_max_anchor(knobs.max_anchor)
+                    .with_max_total(batches);
+                if let Some(d) = knobs.max_batch_diff {
+                    e = e.with_max_batch_diff(d);
+                }
+                if let Some((slow, ratio)) = knobs.speed_hint {
+                    e = e
+                        .with_speed_ratio(slow, ratio)
+                        .map_err(|e| Error::Config(e.to_string()))?;
+                }
+                Some(e)
+            }
+        };
+        let cutting = match cfg.policy {
+            Policy::Sync => Cutting::Static,
+            _ => Cutting::Progressive { min_chunk: knobs.min_chunk },
+        };
+        let max_overshoot = knobs.max_overshoot.unwrap_or((batches / 100).clamp(2, 5));
+        let mut coord = Coordinator {
+            devices: cfg.devices.iter().map(ToString::to_string).collect(),
+            dispatch: Dispatcher::new(world, cfg.batch_size, batches, cfg.epochs, cutting),
+            cfg,
+            outlets,
+            rx,
+            tx,
+            to_workers: Vec::with_capacity(world),
+            aborts,
+            start: Instant::now(),
+            shapes: Vec::new(),
+            elche,
+            max_overshoot,
+            ranks: vec![RankBook::default(); world],
+            round: 1,
+            windows: Vec::new(),
+            reduce: Reduce::Idle,
+            last_sync_ms: 0.0,
+            reduces: 0,
+            held: VecDeque::new(),
+            eval_requested: false,
+            emitted: Vec::new(),
+            stalled: 0,
+            last_heard: Instant::now(),
+        };
+        coord.windows = coord.make_windows(1);
+        Ok(coord)
+    }
+
+    /// Each rank's window numbered `round`, from the policy and ElChe's counts.
+    fn make_windows(&self, round: u64) -> Vec<Window> {
+        (0..self.cfg.world())
+            .map(|r| {
+                let count = self
+                    .elche
+                    .as_ref()
+                    .and_then(|e| e.counts().get(r).copied())
+                    .unwrap_or(1)
+                    .max(1);
+                let (target, limit) = match self.cfg.policy {
+                    Policy::Sync => (1, 1),
+                    Policy::Cadence => (count, count),
+                    Policy::Async => (count, count + self.max_overshoot),
+                };
+                Window { round, target, limit }
+            })
+            .collect()
+    }
+
+    fn run(mut self) -> Result<TrainedState> {
+        let result = self.drive();
+        if result.is_err() {
+            for tx in &self.to_workers {
+                let _ = tx.try_send(ToWorker::Stop);
+            }
+            for a in &self.aborts {
+                a.abort();
+            }
+        }
+        result
+    }
+
+    fn send(&self, rank: usize, msg: ToWorker) -> Result<()> {
+        match self.to_workers.get(rank) {
+            Some(tx) => tx
+                .send_timeout(msg, self.cfg.stall_timeout)
+                .map_err(|_| Error::Disconnected("rank thread")),
+            None => Err(Error::Disconnected("rank thread")),
+        }
+    }
+
+    fn drive(&mut self) -> Result<TrainedState> {
+        self.startup()?;
+        loop {
+            self.dispatch_all()?;
+            if let Some(state) = self.step_reduce()? {
+                return Ok(state);
+            }
+            let timeout = match &self.reduce {
+                Reduce::Host(round) => round.time_left().min(TICK),
+                _ => TICK,
+            };
+            match self.rx.recv_timeout(timeout) {
+                Ok(msg) => {
+                    self.last_heard = Instant::now();
+                    self.handle(msg)?;
+                    while let Ok(msg) = self.rx.try_recv() {
+                        self.handle(msg)?;
+                    }
+                }
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    if self.last_heard.elapsed() > self.cfg.stall_timeout {
+                        return Err(Error::Timeout {
+                            what: "any rank's report",
+                            after: self.cfg.stall_timeout,
+                        });
+                    }
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Disconnected("every rank thread"));
+                }
+            }
+            if self.outlets.cancel.load(Ordering::Acquire) {
+                return Err(Error::Aborted);
+            }
+            self.check_host_deadline()?;
+            self.aggregate();
+        }
+    }
+
+    /// Waits for every rank's replica, checks they agree, and sends rank 0's weights to all.
+    fn startup(&mut self) -> Result<()> {
+        let world = self.cfg.world();
+        let deadline = Instant::now() + self.cfg.stall_timeout;
+        let mut ready = vec![false; world];
+        let mut initial = None;
+        while ready.iter().any(|r| !r) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let msg = match self.rx.recv_timeout(left.min(TICK)) {
+                Ok(m) => m,
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Timeout {
+                            what: "the ranks' replicas",
+                            after: self.cfg.stall_timeout,
+                        });
+                    }
+                    if self.outlets.cancel.load(Ordering::Acquire) {
+                        return Err(Error::Aborted);
+                    }
+                    continue;
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Disconnected("every rank thread"));
+                }
+            };
+            match msg {
+                ToCoordinator::Ready { rank, shapes, initial: init } => {
+                    if self.shapes.is_empty() {
+                        self.shapes = shapes;
+                    } else if self.shapes != shapes {
+                        return Err(Error::ReplicaMismatch(format!(
+                            "rank {rank}'s replica has other parameter shapes than rank 0's"
+                        )));
+                    }
+                    if let Some(slot) = ready.get_mut(rank) {
+                        *slot = true;
+                    }
+                    if init.is_some() {
+                        initial = init;
+                    }
+                }
+                ToCoordinator::Failed { rank, error } => return Err(rank_error(rank, error)),
+                _ => {}
+            }
+        }
+        let initial = Arc::new(initial.ok_or(Error::Disconnected("rank 0"))?);
+        for rank in 1..world {
+            self.send(rank, ToWorker::Init(initial.clone()))?;
+        }
+        self.last_heard = Instant::now();
+        Ok(())
+    }
+
+    /// Tops up every rank's chunks.
+    fn dispatch_all(&mut self) -> Result<()> {
+        let counts: Vec<usize> = match &self.elche {
+            Some(e) => e.counts().to_vec(),
+            None => vec![1; self.cfg.world()],
+        };
+        let calibrated =
+            self.elche.as_ref().is_some_and(|e| e.is_calibrated() || e.has_speed_hint());
+        for rank in 0..self.cfg.world() {
+            while self.ranks[rank].in_flight < CHUNKS_AHEAD {
+                let Some(chunk) = self.dispatch.next_chunk(rank, &counts, calibrated) else {
+                    break;
+                };
+                self.send(rank, ToWorker::Work(chunk))?;
+                let book = &mut self.ranks[rank];
+                book.in_flight += 1;
+                book.works_sent += 1;
+                if matches!(book.progress, Some((_, _, Readiness::Idle))) {
+                    book.progress = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, msg: ToCoordinator) -> Result<()> {
+        match msg {
+            ToCoordinator::Ready { .. } | ToCoordinator::Final { .. } => {}
+            ToCoordinator::ChunkDone { rank, chunk, work } => {
+                self.dispatch.complete(rank, &chunk, &work);
+                if let Some(b) = self.ranks.get_mut(rank) {
+                    b.in_flight = b.in_flight.saturating_sub(1);
+                }
+                self.aggregate();
+            }
+            ToCoordinator::Progress { rank, round, steps, wall_ms, why, works } => {
+                if let Some(b) = self.ranks.get_mut(rank) {
+                    let current = why == Readiness::Reached || works == b.works_sent;
+                    if round == self.round && current {
+                        b.progress = Some((steps, wall_ms, why));
+                    }
+                }
+            }
+            ToCoordinator::Reduced { rank, round, steps, sync_ms } => {
+                let mut done = None;
+                if let Reduce::Collective { round: r, acks, counts } = &mut self.reduce
+                    && *r == round
+                {
+                    if let Some(slot) = acks.get_mut(rank) {
+                        *slot = Some((steps, sync_ms));
+                    }
+                    if acks.iter().all(Option::is_some) {
+                        let steps = acks.iter().flatten().map(|a| a.0).collect::<Vec<_>>();
+                        let sync = acks.iter().flatten().map(|a| a.1).fold(0.0, f64::max);
+                        done = Some((round, std::mem::take(counts), steps, sync));
+                    }
+                }
+                if let Some((round, counts, steps, sync)) = done {
+                    self.complete_reduce(round, counts, steps, sync);
+                }
+            }
+            ToCoordinator::Snapshot { rank, round, attempt, state, steps } => {
+                if let Reduce::Host(hr) = &mut self.reduce
+                    && let Some(job) = hr.collect(rank, round, attempt, state, steps)
+                {
+                    {
+                        let tx = self.tx.clone();
+                        std::thread::Builder::new()
+                            .name("flodl-host-average".into())
+                            .spawn(move || {
+                                let state = average(&job.states, &job.steps);
+                                let _ =
+                                    tx.send(ToCoordinator::Averaged { round: job.round, state });
+                            })
+                            .map_err(|e| {
+                                Error::Config(format!("cannot spawn the averaging thread: {e}"))
+                            })?;
+                    }
+                }
+            }
+            ToCoordinator::Averaged { round, state } => {
+                let finished = match &mut self.reduce {
+                    Reduce::Host(hr) => hr.averaged(round),
+                    _ => None,
+                };
+                if let Some(done) = finished {
+                    let state = Arc::new(state?);
+                    for rank in 0..self.cfg.world() {
+                        let eval = if rank == 0 { done.eval } else { None };
+                        let next = done.next[rank];
+                        self.send(rank, ToWorker::Update { state: state.clone(), next, eval })?;
+                    }
+                    let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
+                    self.complete_reduce(done.round, done.counts, done.steps, sync_ms);
+                }
+            }
+            ToCoordinator::Evaluated { epoch, eval } => {
+                self.eval_requested = false;
+                for h in self.held.iter_mut() {
+                    if h.awaiting_eval && h.metrics.epoch <= epoch {
+                        h.metrics.eval = eval;
+                        h.awaiting_eval = false;
+                    }
+                }
+                self.emit_ready();
+            }
+            ToCoordinator::Failed { rank, error } => return Err(rank_error(rank, error)),
+        }
+        Ok(())
+    }
+
+    /// Moves complete epochs to the held queue and emits those that need nothing more.
+    fn aggregate(&mut self) {
+        while let Some((epoch, tally, ms)) = self.dispatch.pop_complete() {
+            let metrics = tally.finish(epoch, ms, &self.devices);
+            let awaiting_eval = self.cfg.evaluates(epoch);
+            self.held.push_back(Held { metrics, awaiting_eval });
+        }
+        self.emit_ready();
+    }
+
+    fn emit_ready(&mut self) {
+        while self.held.front().is_some_and(|h| !h.awaiting_eval) {
+            if let Some(h) = self.held.pop_front() {
+                tracing::info!(epoch = h.metrics.epoch, loss = h.metrics.avg_loss, "epoch done");
+                // Capacity is the number of epochs: this never drops.
+                let _ = self.outlets.epochs.try_send(h.metrics.clone());
+                self.emitted.push(h.metrics);
+            }
+        }
+    }
+
+    /// The newest held epoch that waits for an evaluation not yet requested.
+    fn take_eval_request(&mut self) -> Option<usize> {
+        if self.eval_requested {
+            return None;
+        }
+        let epoch = self.held.iter().filter(|h| h.awaiting_eval).map(|h| h.metrics.epoch).max()?;
+        self.eval_requested = true;
+        Some(epoch)
+    }
+
+    /// Starts a reduce when every rank is ready for it, or finishes the run when nothing is left.
+    fn step_reduce(&mut self) -> Result<Option<TrainedState>> {
+        if !matches!(self.reduce, Reduce::Idle) {
+            return Ok(None);
+        }
+        if self.ranks.iter().any(|b| b.progress.is_none()) {
+            return Ok(None);
+        }
+        let steps: Vec<usize> = self.ranks.iter().map(|b| b.progress.map_or(0, |p| p.0)).collect();
+        if steps.iter().sum::<usize>() > 0 {
+            self.trigger(&steps)?;
+            return Ok(None);
+        }
+        if !self.dispatch.all_done() || self.dispatch.any_outstanding() {
+            return Ok(None);
+        }
+        if !self.held.is_empty() {
+            if let Some(epoch) = self.take_eval_request() {
+                self.send(0, ToWorker::Evaluate { epoch })?;
+            }
+            return Ok(None);
+        }
+        self.finish().map(Some)
+    }
+
+    fn trigger(&mut self, steps: &[usize]) -> Result<()> {
+        let walls: Vec<f64> = self.ranks.iter().map(|b| b.progress.map_or(0.0, |p| p.1)).collect();
+        let steps64: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
+        if let Some(e) = self.elche.as_mut() {
+            e.report_timing(&walls, &steps64, self.last_sync_ms)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            e.apply_verdict(Verdict::Stable);
+        }
+        let counts: Vec<usize> = self.windows.iter().map(|w| w.target).collect();
+        let ending = self.round;
+        self.round += 1;
+        let next = self.make_windows(self.round);
+        let eval = self.take_eval_request();
+        for b in &mut self.ranks {
+            b.progress = None;
+        }
+        let started = Instant::now();
+        match self.cfg.backend {
+            Backend::Collective => {
+                for (rank, &window) in next.iter().enumerate() {
+                    let eval = if rank == 0 { eval } else { None };
+                    self.send(rank, ToWorker::Reduce { next: window, eval })?;
+                }
+                let acks = vec![None; self.cfg.world()];
+                self.reduce = Reduce::Collective { round: ending, acks, counts };
+            }
+            Backend::Host => {
+                for rank in 0..self.cfg.world() {
+                    self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0 })?;
+                }
+                let deadline = started + self.cfg.snapshot_timeout;
+                self.reduce = Reduce::Host(HostRound::new(
+                    ending,
+                    self.cfg.world(),
+                    deadline,
+                    next.clone(),
+                    eval,
+                    counts,
+                ));
+            }
+        }
+        self.windows = next;
+        Ok(())
+    }
+
+    /// Soft-aborts a host round whose snapshots are late and asks again.
+    fn check_host_deadline(&mut self) -> Result<()> {
+        let Reduce::Host(hr) = &mut self.reduce else { return Ok(()) };
+        let Some((round, attempt)) = hr.retry_if_late(self.cfg.snapshot_timeout) else {
+            return Ok(());
+        };
+        self.stalled += 1;
+        tracing::warn!(
+            round,
+            attempt,
+            "host averaging round missed its snapshot deadline; retrying"
+        );
+        if self.stalled >= self.cfg.max_stalled_rounds {
+            return Err(Error::ReduceStalled { attempts: self.stalled });
+        }
+        for rank in 0..self.cfg.world() {
+            self.send(rank, ToWorker::Snapshot { round, attempt })?;
+        }
+        Ok(())
+    }
+
+    fn complete_reduce(&mut self, round: u64, counts: Vec<usize>, steps: Vec<usize>, sync_ms: f64) {
+        self.reduce = Reduce::Idle;
+        self.stalled = 0;
+        self.reduces += 1;
+        self.last_sync_ms = sync_ms;
+        self.dispatch.add_reduce(sync_ms);
+        let event = ReduceEvent {
+            round,
+            epoch: self.dispatch.oldest().min(self.cfg.epochs.saturating_sub(1)),
+            at_ms: self.start.elapsed().as_secs_f64() * 1000.0,
+            anchor: self.elche.as_ref().map_or(1, ElChe::anchor),
+            counts,
+            steps,
+            sync_ms,
+        };
+        tracing::debug!(round, sync_ms, "reduce done");
+        // Dropped when the handle does not drain its queue: events are for reports only.
+        let _ = self.outlets.reduces.try_send(event);
+    }
+
+    /// Tells every rank to finish and returns rank 0's final state.
+    fn finish(&mut self) -> Result<TrainedState> {
+        for rank in 0..self.cfg.world() {
+            self.send(rank, ToWorker::Finish)?;
+        }
+        let deadline = Instant::now() + self.cfg.stall_timeout;
+        let mut finals: Vec<Option<HostState>> = vec![None; self.cfg.world()];
+        while finals.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: "the ranks' final states",
+                    after: self.cfg.stall_timeout,
+                });
+            }
+            match self.rx.recv_timeout(left) {
+                Ok(ToCoordinator::Final { rank, state }) => {
+                    if let Some(slot) = finals.get_mut(rank) {
+                        *slot = Some(state);
+                    }
+                }
+                Ok(ToCoordinator::Failed { rank, error }) => return Err(rank_error(rank, error)),
+                Ok(_) => {}
+                Err(_) => return Err(Error::Disconnected("rank thread")),
+            }
+        }
+        let state = finals.into_iter().next().flatten().ok_or(Error::Disconnected("rank 0"))?;
+        let wall_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        trained_state(&self.shapes, state, std::mem::take(&mut self.emitted), self.reduces, wall_ms)
+    }
+}
+
+/// A rank's error as the run reports it.
+fn rank_error(rank: usize, error: Error) -> Error {
+    match error {
+        Error::Panicked { .. } => error,
+        e => Error::Rank { rank, source: Box::new(e) },
+    }
+}

@@ -1,0 +1,74 @@
+//! The crate's error type.
+
+use std::time::Duration;
+
+/// Everything that can go wrong in flodl-ddp.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The trainer was configured with values that cannot run (reported by `run()`).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A rank failed; the run stopped and this is the first failure.
+    #[error("rank {rank} failed: {source}")]
+    Rank {
+        /// The rank that failed.
+        rank: usize,
+        /// Why.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A rank's thread panicked (in the replica or the runtime).
+    #[error("rank {rank} panicked: {message}")]
+    Panicked {
+        /// The rank whose thread panicked.
+        rank: usize,
+        /// The panic payload, when it is a string.
+        message: String,
+    },
+    /// A user replica failed.
+    #[error("replica: {0}")]
+    Replica(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A replica does not match what the runtime or another replica expects.
+    #[error("replica mismatch: {0}")]
+    ReplicaMismatch(String),
+    /// A wait passed its deadline (a peer or the coordinator stopped answering).
+    #[error("{what} timed out after {after:?}")]
+    Timeout {
+        /// What was being waited for.
+        what: &'static str,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// A host-averaging round missed its snapshot deadline too many times in a row.
+    #[error("host averaging stalled: {attempts} rounds in a row missed their snapshot deadline")]
+    ReduceStalled {
+        /// Rounds that were soft-aborted in a row.
+        attempts: usize,
+    },
+    /// A runtime thread went away without saying why (its channel disconnected).
+    #[error("the {0} disconnected")]
+    Disconnected(&'static str),
+    /// The run was aborted through its handle.
+    #[error("run aborted")]
+    Aborted,
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Tensor(#[from] flodl_tensor::Error),
+    /// A collective operation failed.
+    #[error(transparent)]
+    Collective(#[from] flodl_nccl::Error),
+    /// The data plane failed.
+    #[error(transparent)]
+    Data(#[from] flodl_data::Error),
+}
+
+impl Error {
+    /// Wraps any error a user replica raises.
+    pub fn replica(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Replica(err.into())
+    }
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;

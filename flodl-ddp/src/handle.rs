@@ -1,0 +1,222 @@
+//! The running run: `DdpHandle` (metrics, abort, join) and what it returns, `TrainedState`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use flodl_nccl::AbortHandle;
+use flodl_tensor::{Stream, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{EpochMetrics, ReduceEvent};
+use crate::replica::Replica;
+use crate::trainer::RunConfig;
+use crate::{Error, Result};
+
+/// A tensor on the host: shape and row-major f32 values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostTensor {
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The values, `shape.iter().product()` of them.
+    pub data: Vec<f32>,
+}
+
+/// What a finished run returns: the averaged model and the run's metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainedState {
+    /// The averaged parameters, in the replica's order.
+    pub params: Vec<HostTensor>,
+    /// The averaged buffers, in the replica's order.
+    pub buffers: Vec<HostTensor>,
+    /// Every epoch's metrics, in order.
+    pub epochs: Vec<EpochMetrics>,
+    /// Reduces performed.
+    pub reduces: u64,
+    /// Wall time of the run in milliseconds (replica construction included).
+    pub wall_ms: f64,
+}
+
+impl TrainedState {
+    /// Writes the parameters and buffers into `replica` (same architecture) on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::ReplicaMismatch`] when the counts or shapes differ; tensor errors.
+    pub fn load_into(&self, replica: &mut dyn Replica, stream: &Stream) -> Result<()> {
+        load(&self.params, replica.parameters_mut(), "parameters", stream)?;
+        load(&self.buffers, replica.buffers_mut(), "buffers", stream)
+    }
+}
+
+fn load(src: &[HostTensor], dst: &mut [Tensor], what: &str, stream: &Stream) -> Result<()> {
+    if src.len() != dst.len() {
+        return Err(Error::ReplicaMismatch(format!(
+            "state has {} {what}, replica has {}",
+            src.len(),
+            dst.len()
+        )));
+    }
+    for (s, d) in src.iter().zip(dst) {
+        if s.shape != d.shape() {
+            return Err(Error::ReplicaMismatch(format!(
+                "{what}: state shape {:?}, replica shape {:?}",
+                s.shape,
+                d.shape()
+            )));
+        }
+        d.copy_from_host(&s.data, stream)?;
+    }
+    Ok(())
+}
+
+/// The channels and flags a run's threads share with its handle.
+#[derive(Debug, Clone)]
+pub(crate) struct Outlets {
+    /// Epoch metrics, in order (capacity: the number of epochs, so never full).
+    pub(crate) epochs: flume::Sender<EpochMetrics>,
+    /// Reduce events (dropped when the handle does not drain them).
+    pub(crate) reduces: flume::Sender<ReduceEvent>,
+    /// Set to stop the run.
+    pub(crate) cancel: Arc<AtomicBool>,
+}
+
+/// Capacity of the reduce-event queue.
+const REDUCE_QUEUE: usize = 1 << 16;
+
+/// A run in progress: read its metrics while it trains, then [`join`](DdpHandle::join) it.
+///
+/// Dropping the handle without joining aborts the run and waits for its threads.
+#[derive(Debug)]
+pub struct DdpHandle {
+    epochs: flume::Receiver<EpochMetrics>,
+    reduces: flume::Receiver<ReduceEvent>,
+    cancel: Arc<AtomicBool>,
+    aborts: Vec<AbortHandle>,
+    main: Option<JoinHandle<Result<TrainedState>>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl DdpHandle {
+    /// Spawns the run's threads.
+    pub(crate) fn start(config: Arc<RunConfig>) -> Result<DdpHandle> {
+        let (epochs_tx, epochs) = flume::bounded(config.epochs + 1);
+        let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let outlets = Outlets { epochs: epochs_tx, reduces: reduces_tx, cancel: cancel.clone() };
+        let (main, workers, aborts) = if config.world() == 1 {
+            let main = crate::solo::spawn(config, outlets)?;
+            (main, Vec::new(), Vec::new())
+        } else {
+            crate::coordinator::spawn(config, outlets)?
+        };
+        Ok(DdpHandle { epochs, reduces, cancel, aborts, main: Some(main), workers })
+    }
+
+    /// The epoch metrics emitted since the last call, without waiting.
+    pub fn poll_metrics(&mut self) -> Vec<EpochMetrics> {
+        self.epochs.try_iter().collect()
+    }
+
+    /// The next epoch's metrics, waiting up to `timeout`; `None` on timeout or when the run has
+    /// ended and every epoch was read.
+    pub fn next_metrics(&mut self, timeout: Duration) -> Option<EpochMetrics> {
+        self.epochs.recv_timeout(timeout).ok()
+    }
+
+    /// The reduce events emitted since the last call, without waiting (events are dropped
+    /// when more than 65536 wait unread).
+    pub fn poll_reduce_events(&mut self) -> Vec<ReduceEvent> {
+        self.reduces.try_iter().collect()
+    }
+
+    /// Whether the run has ended (successfully or not); `join` then returns at once.
+    pub fn is_finished(&self) -> bool {
+        self.main.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Stops the run as soon as possible; `join` then returns [`Error::Aborted`] unless the
+    /// run had already finished.
+    pub fn abort(&self) {
+        self.cancel.store(true, Ordering::Release);
+        for a in &self.aborts {
+            a.abort();
+        }
+    }
+
+    /// Waits for the run to end and returns the averaged model.
+    ///
+    /// # Errors
+    /// The first failure of the run: a rank's error (wrapped in [`Error::Rank`]), a timeout, or
+    /// [`Error::Aborted`].
+    pub fn join(mut self) -> Result<TrainedState> {
+        self.wait()
+    }
+
+    fn wait(&mut self) -> Result<TrainedState> {
+        let result = match self.main.take() {
+            Some(main) => match main.join() {
+                Ok(r) => r,
+                Err(p) => Err(Error::Panicked { rank: 0, message: panic_message(p.as_ref()) }),
+            },
+            None => Err(Error::Aborted),
+        };
+        if result.is_err() {
+            self.abort();
+        }
+        for w in self.workers.drain(..) {
+            // A worker catches its own panics; a join error here has nothing left to report.
+            let _ = w.join();
+        }
+        result
+    }
+}
+
+impl Drop for DdpHandle {
+    fn drop(&mut self) {
+        if self.main.is_some() {
+            self.abort();
+            let _ = self.wait();
+        }
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Pairs host values with their shapes (parameters first, then buffers).
+pub(crate) fn trained_state(
+    shapes: &[Vec<usize>],
+    state: crate::message::HostState,
+    epochs: Vec<EpochMetrics>,
+    reduces: u64,
+    wall_ms: f64,
+) -> Result<TrainedState> {
+    let n = state.params.len();
+    if shapes.len() != n + state.buffers.len() {
+        return Err(Error::ReplicaMismatch(format!(
+            "{} shapes for {} parameters and {} buffers",
+            shapes.len(),
+            n,
+            state.buffers.len()
+        )));
+    }
+    let pair = |shapes: &[Vec<usize>], values: Vec<Vec<f32>>| -> Vec<HostTensor> {
+        shapes.iter().zip(values).map(|(s, data)| HostTensor { shape: s.clone(), data }).collect()
+    };
+    Ok(TrainedState {
+        params: pair(&shapes[..n], state.params),
+        buffers: pair(&shapes[n..], state.buffers),
+        epochs,
+        reduces,
+        wall_ms,
+    })
+}

@@ -1,0 +1,264 @@
+//! The host backend's averaging round: collect snapshots under a deadline, average on a helper
+//! thread, hand the average back.
+
+use std::time::{Duration, Instant};
+
+use crate::message::{HostState, Window};
+use crate::{Error, Result};
+
+/// A host averaging round (`Idle` is the coordinator's `Reduce::Idle`).
+#[derive(Debug)]
+pub(crate) enum HostRound {
+    /// Waiting for every rank's snapshot until `deadline`.
+    Collecting {
+        round: u64,
+        attempt: u32,
+        deadline: Instant,
+        started: Instant,
+        snaps: Vec<Option<(HostState, usize)>>,
+        plan: RoundPlan,
+    },
+    /// The helper thread is averaging.
+    Computing { round: u64, started: Instant, steps: Vec<usize>, plan: RoundPlan },
+    /// Transient state while moving between the two.
+    Moving,
+}
+
+/// What follows a round: the next windows, the evaluation request and the ending window's
+/// planned counts.
+#[derive(Debug, Clone)]
+pub(crate) struct RoundPlan {
+    next: Vec<Window>,
+    eval: Option<usize>,
+    counts: Vec<usize>,
+}
+
+/// Snapshots ready to be averaged.
+#[derive(Debug)]
+pub(crate) struct AverageJob {
+    pub(crate) round: u64,
+    pub(crate) states: Vec<HostState>,
+    pub(crate) steps: Vec<usize>,
+}
+
+/// A finished round, as the coordinator completes it.
+#[derive(Debug)]
+pub(crate) struct RoundDone {
+    pub(crate) round: u64,
+    pub(crate) started: Instant,
+    pub(crate) next: Vec<Window>,
+    pub(crate) eval: Option<usize>,
+    pub(crate) counts: Vec<usize>,
+    pub(crate) steps: Vec<usize>,
+}
+
+impl HostRound {
+    /// A round that collects `world` snapshots until `deadline`.
+    pub(crate) fn new(
+        round: u64,
+        world: usize,
+        deadline: Instant,
+        next: Vec<Window>,
+        eval: Option<usize>,
+        counts: Vec<usize>,
+    ) -> HostRound {
+        HostRound::Collecting {
+            round,
+            attempt: 0,
+            deadline,
+            started: Instant::now(),
+            snaps: (0..world).map(|_| None).collect(),
+            plan: RoundPlan { next, eval, counts },
+        }
+    }
+
+    /// Time until the snapshot deadline (the maximum while averaging).
+    pub(crate) fn time_left(&self) -> Duration {
+        match self {
+            HostRound::Collecting { deadline, .. } => {
+                deadline.saturating_duration_since(Instant::now())
+            }
+            _ => Duration::MAX,
+        }
+    }
+
+    /// Takes a snapshot (the first per rank of the current attempt wins); returns the job to
+    /// average once every rank's is in.
+    pub(crate) fn collect(
+        &mut self,
+        rank: usize,
+        round: u64,
+        attempt: u32,
+        state: HostState,
+        steps: usize,
+    ) -> Option<AverageJob> {
+        let HostRound::Collecting { round: r, attempt: a, snaps, .. } = self else { return None };
+        if *r != round || *a != attempt {
+            return None;
+        }
+        if let Some(slot @ None) = snaps.get_mut(rank) {
+            *slot = Some((state, steps));
+        }
+        if snaps.iter().any(Option::is_none) {
+            return None;
+        }
+        let HostRound::Collecting { round, started, snaps, plan, .. } =
+            std::mem::replace(self, HostRound::Moving)
+        else {
+            return None;
+        };
+        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps.into_iter().flatten().unzip();
+        *self = HostRound::Computing { round, started, steps: steps.clone(), plan };
+        Some(AverageJob { round, states, steps })
+    }
+
+    /// The helper thread finished `round`: the round is done.
+    pub(crate) fn averaged(&mut self, round: u64) -> Option<RoundDone> {
+        if !matches!(self, HostRound::Computing { round: r, .. } if *r == round) {
+            return None;
+        }
+        let HostRound::Computing { round, started, steps, plan } =
+            std::mem::replace(self, HostRound::Moving)
+        else {
+            return None;
+        };
+        Some(RoundDone {
+            round,
+            started,
+            next: plan.next,
+            eval: plan.eval,
+            counts: plan.counts,
+            steps,
+        })
+    }
+
+    /// Soft abort: when the snapshot deadline has passed, drops what was collected and starts a
+    /// new attempt with a fresh deadline; returns the round and the new attempt to request.
+    pub(crate) fn retry_if_late(&mut self, timeout: Duration) -> Option<(u64, u32)> {
+        let HostRound::Collecting { round, attempt, deadline, snaps, .. } = self else {
+            return None;
+        };
+        if Instant::now() < *deadline {
+            return None;
+        }
+        *attempt += 1;
+        *deadline = Instant::now() + timeout;
+        for s in snaps.iter_mut() {
+            *s = None;
+        }
+        Some((*round, *attempt))
+    }
+}
+
+/// The work-weighted average of `states`: parameters weighted by `steps` (ranks with no step
+/// excluded), buffers averaged equally over the ranks that stepped, accumulated in rank order.
+///
+/// # Errors
+/// [`Error::ReplicaMismatch`] when no rank stepped or the states disagree in layout.
+pub(crate) fn average(states: &[HostState], steps: &[usize]) -> Result<HostState> {
+    let total: usize = steps.iter().sum();
+    let movers = steps.iter().filter(|&&s| s > 0).count();
+    let first =
+        states.first().ok_or_else(|| Error::ReplicaMismatch("no snapshot to average".into()))?;
+    if total == 0 || states.len() != steps.len() {
+        return Err(Error::ReplicaMismatch(
+            "a host average needs at least one rank that stepped".into(),
+        ));
+    }
+    let weights: Vec<f32> = steps.iter().map(|&s| s as f32 / total as f32).collect();
+    let equal: Vec<f32> =
+        steps.iter().map(|&s| if s > 0 { 1.0 / movers as f32 } else { 0.0 }).collect();
+    let params =
+        weighted(states.iter().map(|s| &s.params).collect(), &weights, first.params.len())?;
+    let buffers =
+        weighted(states.iter().map(|s| &s.buffers).collect(), &equal, first.buffers.len())?;
+    Ok(HostState { params, buffers })
+}
+
+fn weighted(sets: Vec<&Vec<Vec<f32>>>, weights: &[f32], n: usize) -> Result<Vec<Vec<f32>>> {
+    if sets.iter().any(|s| s.len() != n) {
+        return Err(Error::ReplicaMismatch("snapshots hold different numbers of tensors".into()));
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let len = sets[0][i].len();
+        if sets.iter().any(|s| s[i].len() != len) {
+            return Err(Error::ReplicaMismatch(format!("snapshots disagree on tensor {i}'s size")));
+        }
+        let mut acc = vec![0.0f32; len];
+        for (set, &w) in sets.iter().zip(weights) {
+            if w == 0.0 {
+                continue;
+            }
+            for (a, &x) in acc.iter_mut().zip(&set[i]) {
+                *a += w * x;
+            }
+        }
+        out.push(acc);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_xoshiro::Xoshiro256PlusPlus;
+
+    /// The host average against an f64 reference on random states and step counts.
+    #[test]
+    fn average_matches_f64_reference() -> Result<()> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+        for _ in 0..50 {
+            let world = rng.random_range(1..6);
+            let sizes: Vec<usize> =
+                (0..rng.random_range(1..4)).map(|_| rng.random_range(1..50)).collect();
+            let mut steps: Vec<usize> = (0..world).map(|_| rng.random_range(0..5)).collect();
+            steps[0] += 1;
+            let states: Vec<HostState> = (0..world)
+                .map(|_| HostState {
+                    params: sizes
+                        .iter()
+                        .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
+                        .collect(),
+                    buffers: vec![(0..3).map(|_| rng.random_range(-1.0..1.0)).collect()],
+                })
+                .collect();
+            let avg = average(&states, &steps)?;
+            let total: f64 = steps.iter().map(|&s| s as f64).sum();
+            let movers = steps.iter().filter(|&&s| s > 0).count() as f64;
+            for (i, &n) in sizes.iter().enumerate() {
+                for j in 0..n {
+                    let want: f64 = states
+                        .iter()
+                        .zip(&steps)
+                        .map(|(s, &k)| k as f64 / total * f64::from(s.params[i][j]))
+                        .sum();
+                    assert!((f64::from(avg.params[i][j]) - want).abs() < 1e-5, "param {i}[{j}]");
+                }
+            }
+            for j in 0..3 {
+                let want: f64 = states
+                    .iter()
+                    .zip(&steps)
+                    .filter(|(_, k)| **k > 0)
+                    .map(|(s, _)| f64::from(s.buffers[0][j]) / movers)
+                    .sum();
+                assert!((f64::from(avg.buffers[0][j]) - want).abs() < 1e-5, "buffer {j}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn late_round_retries_with_a_new_attempt() {
+        let mut r = HostRound::new(3, 2, Instant::now(), vec![], None, vec![]);
+        assert!(r.collect(0, 3, 0, HostState::default(), 1).is_none());
+        assert_eq!(r.retry_if_late(Duration::from_secs(60)), Some((3, 1)));
+        // a snapshot of the aborted attempt no longer counts
+        assert!(r.collect(1, 3, 0, HostState::default(), 1).is_none());
+        assert!(r.collect(0, 3, 1, HostState::default(), 1).is_none());
+        assert!(r.collect(1, 3, 1, HostState::default(), 1).is_some());
+        assert!(r.averaged(3).is_some());
+    }
+}

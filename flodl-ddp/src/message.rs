@@ -1,0 +1,95 @@
+//! The closed sets of messages between the coordinator and the workers.
+
+use std::sync::Arc;
+
+use crate::Error;
+use crate::metrics::{EvalMetrics, WorkTally};
+
+/// A replica's state on the host: parameters then buffers, each flattened, with shapes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HostState {
+    /// Parameter values, in the replica's order.
+    pub(crate) params: Vec<Vec<f32>>,
+    /// Buffer values, in the replica's order.
+    pub(crate) buffers: Vec<Vec<f32>>,
+}
+
+/// A batch-aligned slice of one epoch's permutation handed to one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    /// The epoch whose permutation is sliced.
+    pub(crate) epoch: usize,
+    /// First position in the permutation.
+    pub(crate) offset: usize,
+    /// Number of positions (a whole number of batches).
+    pub(crate) len: usize,
+}
+
+/// A reduce window: how many batches a rank should train before the next reduce (`target`)
+/// and how many it may train at most (`limit`, larger under `Async`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    /// The window's number (the reduce that ends it has the same number).
+    pub(crate) round: u64,
+    /// Batches to train before reporting the window reached.
+    pub(crate) target: usize,
+    /// Batches after which the rank stops and waits for the reduce.
+    pub(crate) limit: usize,
+}
+
+/// Coordinator → worker.
+#[derive(Debug)]
+pub(crate) enum ToWorker {
+    /// Load these initial weights (rank 0's), then start.
+    Init(Arc<HostState>),
+    /// Train this chunk after the ones already queued.
+    Work(Chunk),
+    /// Collective backend: average now (all ranks do), then start `next` window; evaluate
+    /// `eval` epoch afterwards when set.
+    Reduce { next: Window, eval: Option<usize> },
+    /// Host backend: send a snapshot of the parameters for this round and attempt.
+    Snapshot { round: u64, attempt: u32 },
+    /// Host backend: load the averaged state, then start `next` window; evaluate afterwards
+    /// when set.
+    Update { state: Arc<HostState>, next: Window, eval: Option<usize> },
+    /// Evaluate now (no reduce pending) and report it for `epoch`.
+    Evaluate { epoch: usize },
+    /// No more work: send the final state and exit.
+    Finish,
+    /// The run is over (another rank failed or the handle aborted): exit now.
+    Stop,
+}
+
+/// Why a rank says it is ready for the reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// It trained its window's target.
+    Reached,
+    /// It ran out of work before its target.
+    Idle,
+}
+
+/// Worker → coordinator.
+#[derive(Debug)]
+pub(crate) enum ToCoordinator {
+    /// The replica is built; rank 0 sends its initial state, every rank its parameter shapes.
+    Ready { rank: usize, shapes: Vec<Vec<usize>>, initial: Option<HostState> },
+    /// A chunk is done.
+    ChunkDone { rank: usize, chunk: Chunk, work: WorkTally },
+    /// The rank is ready for the reduce of `round` (steps and compute ms since the last reduce).
+    /// `works` counts the chunks the rank has received so far (an `Idle` report is stale when
+    /// more were sent).
+    Progress { rank: usize, round: u64, steps: usize, wall_ms: f64, why: Readiness, works: u64 },
+    /// Collective backend: the rank finished the reduce of `round`.
+    Reduced { rank: usize, round: u64, steps: usize, sync_ms: f64 },
+    /// Host backend: the rank's snapshot for `round`.
+    Snapshot { rank: usize, round: u64, attempt: u32, state: HostState, steps: usize },
+    /// The evaluation of `epoch`.
+    Evaluated { epoch: usize, eval: Option<EvalMetrics> },
+    /// The final state after [`ToWorker::Finish`].
+    Final { rank: usize, state: HostState },
+    /// Host backend: the helper thread's average for `round`.
+    Averaged { round: u64, state: crate::Result<HostState> },
+    /// The rank failed and is exiting.
+    Failed { rank: usize, error: Error },
+}

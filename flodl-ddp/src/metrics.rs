@@ -1,0 +1,294 @@
+//! What a run reports: per-epoch metrics, per-reduce events and user scalars.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Aggregated metrics of one epoch, emitted once every sample of the epoch has been trained.
+///
+/// Serialises with serde; field names are stable (the CLI writes them to `metrics.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochMetrics {
+    /// The epoch, from 0.
+    pub epoch: usize,
+    /// Mean training loss over every batch of the epoch (all ranks, batch-weighted).
+    pub avg_loss: f64,
+    /// Wall time of the epoch in milliseconds: first batch handed out to last batch done.
+    pub epoch_ms: f64,
+    /// Samples trained in the epoch, all ranks together.
+    pub samples: usize,
+    /// Aggregate training throughput of the epoch in samples per second (`samples / epoch_ms`).
+    pub throughput: f64,
+    /// One entry per rank, in rank order.
+    pub ranks: Vec<RankEpochMetrics>,
+    /// User scalars recorded with [`record_scalar`] during the epoch: the batch-weighted mean
+    /// over ranks of each rank's mean.
+    pub scalars: BTreeMap<String, f64>,
+    /// Reduces (parameter averages) completed while this epoch was the oldest unfinished one.
+    pub reduces: usize,
+    /// Time spent in those reduces, in milliseconds (per reduce: the slowest rank's view).
+    pub sync_ms: f64,
+    /// Evaluation on the test dataset, when one is configured for this epoch.
+    pub eval: Option<EvalMetrics>,
+}
+
+/// One rank's share of an epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankEpochMetrics {
+    /// The rank.
+    pub rank: usize,
+    /// The device it trains on, as `cpu` or `cuda:N`.
+    pub device: String,
+    /// Batches it trained in this epoch.
+    pub batches: usize,
+    /// Samples it trained in this epoch.
+    pub samples: usize,
+    /// Its mean training loss over those batches (0 when it trained none).
+    pub avg_loss: f64,
+    /// Time spent in its training steps (forward, backward, optimizer), in milliseconds.
+    pub compute_ms: f64,
+    /// Its training throughput in samples per second of compute (`samples / compute_ms`),
+    /// including emulated slowdown.
+    pub throughput: f64,
+    /// Its fraction of the epoch's samples (the shares of all ranks sum to 1).
+    pub batch_share: f64,
+}
+
+/// The result of evaluating the (averaged) model on a test dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalMetrics {
+    /// Mean loss per sample.
+    pub loss: f64,
+    /// Fraction of samples classified correctly, in [0, 1].
+    pub accuracy: f64,
+    /// Samples evaluated.
+    pub samples: usize,
+}
+
+/// One reduce (parameter average across ranks), as reported while the run goes on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReduceEvent {
+    /// Sequence number of the reduce, from 1.
+    pub round: u64,
+    /// The oldest epoch not yet finished when the reduce completed.
+    pub epoch: usize,
+    /// Milliseconds since the run started, at completion.
+    pub at_ms: f64,
+    /// ElChe's anchor (batches of the slowest rank per window) for the window that just ended.
+    pub anchor: usize,
+    /// Planned batches per rank for the window that just ended.
+    pub counts: Vec<usize>,
+    /// Batches each rank actually trained in it (its averaging weight before normalisation).
+    pub steps: Vec<usize>,
+    /// Duration of the reduce in milliseconds (collective: slowest rank's all-reduce; host:
+    /// snapshot request to update sent).
+    pub sync_ms: f64,
+}
+
+/// Everything a run reports, in the order it happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Report {
+    /// An epoch finished.
+    Epoch(EpochMetrics),
+    /// A reduce finished.
+    Reduce(ReduceEvent),
+}
+
+thread_local! {
+    static SCALARS: RefCell<BTreeMap<String, (f64, usize)>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// Records one value of a named user scalar on the calling rank (call it from a replica's
+/// training step); values are averaged per rank and across ranks into [`EpochMetrics::scalars`].
+///
+/// Non-finite values are ignored.
+pub fn record_scalar(name: &str, value: f64) {
+    if !value.is_finite() {
+        return;
+    }
+    SCALARS.with(|s| {
+        let mut map = s.borrow_mut();
+        if let Some(entry) = map.get_mut(name) {
+            entry.0 += value;
+            entry.1 += 1;
+        } else {
+            map.insert(name.to_owned(), (value, 1));
+        }
+    });
+}
+
+/// Takes the calling thread's recorded scalars as `name → (sum, count)` and clears them.
+pub(crate) fn drain_scalars() -> BTreeMap<String, (f64, usize)> {
+    SCALARS.with(|s| std::mem::take(&mut *s.borrow_mut()))
+}
+
+/// Per-rank, per-epoch accumulation of what ranks report about their chunks.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EpochTally {
+    ranks: Vec<RankTally>,
+    reduces: usize,
+    sync_ms: f64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct RankTally {
+    batches: usize,
+    samples: usize,
+    loss_sum: f64,
+    compute_ms: f64,
+    scalars: BTreeMap<String, (f64, usize)>,
+}
+
+/// What a rank reports about a finished piece of work.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WorkTally {
+    /// Batches trained.
+    pub(crate) batches: usize,
+    /// Samples trained.
+    pub(crate) samples: usize,
+    /// Sum of the batches' mean losses.
+    pub(crate) loss_sum: f64,
+    /// Time in training steps, milliseconds (emulated slowdown included).
+    pub(crate) compute_ms: f64,
+    /// User scalars as `name → (sum, count)`.
+    pub(crate) scalars: BTreeMap<String, (f64, usize)>,
+}
+
+impl EpochTally {
+    /// An empty tally for `world` ranks.
+    pub(crate) fn new(world: usize) -> Self {
+        Self { ranks: vec![RankTally::default(); world], reduces: 0, sync_ms: 0.0 }
+    }
+
+    /// Adds a rank's finished work.
+    pub(crate) fn add(&mut self, rank: usize, work: &WorkTally) {
+        let Some(t) = self.ranks.get_mut(rank) else { return };
+        t.batches += work.batches;
+        t.samples += work.samples;
+        t.loss_sum += work.loss_sum;
+        t.compute_ms += work.compute_ms;
+        for (name, (sum, count)) in &work.scalars {
+            let e = t.scalars.entry(name.clone()).or_insert((0.0, 0));
+            e.0 += sum;
+            e.1 += count;
+        }
+    }
+
+    /// Counts a reduce that completed while this epoch was the oldest unfinished one.
+    pub(crate) fn add_reduce(&mut self, sync_ms: f64) {
+        self.reduces += 1;
+        self.sync_ms += sync_ms;
+    }
+
+    /// The epoch's metrics (without evaluation).
+    pub(crate) fn finish(&self, epoch: usize, epoch_ms: f64, devices: &[String]) -> EpochMetrics {
+        let batches: usize = self.ranks.iter().map(|r| r.batches).sum();
+        let samples: usize = self.ranks.iter().map(|r| r.samples).sum();
+        let loss_sum: f64 = self.ranks.iter().map(|r| r.loss_sum).sum();
+        let ranks = self
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, t)| RankEpochMetrics {
+                rank,
+                device: devices.get(rank).cloned().unwrap_or_default(),
+                batches: t.batches,
+                samples: t.samples,
+                avg_loss: ratio(t.loss_sum, t.batches as f64),
+                compute_ms: t.compute_ms,
+                throughput: ratio(t.samples as f64 * 1000.0, t.compute_ms),
+                batch_share: ratio(t.samples as f64, samples as f64),
+            })
+            .collect();
+        let mut weighted: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for t in &self.ranks {
+            for (name, (sum, count)) in &t.scalars {
+                if *count == 0 {
+                    continue;
+                }
+                let weight = t.batches.max(1) as f64;
+                let e = weighted.entry(name.clone()).or_insert((0.0, 0.0));
+                e.0 += weight * sum / *count as f64;
+                e.1 += weight;
+            }
+        }
+        let scalars = weighted.into_iter().map(|(k, (s, w))| (k, ratio(s, w))).collect();
+        EpochMetrics {
+            epoch,
+            avg_loss: ratio(loss_sum, batches as f64),
+            epoch_ms,
+            samples,
+            throughput: ratio(samples as f64 * 1000.0, epoch_ms),
+            ranks,
+            scalars,
+            reduces: self.reduces,
+            sync_ms: self.sync_ms,
+            eval: None,
+        }
+    }
+}
+
+/// `num / den`, or 0 when `den` is not positive.
+fn ratio(num: f64, den: f64) -> f64 {
+    if den > 0.0 { num / den } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_weights_losses_by_batches_and_shares_sum_to_one() -> Result<(), String> {
+        let mut t = EpochTally::new(2);
+        let mut a = WorkTally {
+            batches: 3,
+            samples: 30,
+            loss_sum: 3.0,
+            compute_ms: 10.0,
+            ..Default::default()
+        };
+        a.scalars.insert("x".into(), (6.0, 3));
+        let mut b = WorkTally {
+            batches: 1,
+            samples: 10,
+            loss_sum: 2.0,
+            compute_ms: 5.0,
+            ..Default::default()
+        };
+        b.scalars.insert("x".into(), (4.0, 1));
+        t.add(0, &a);
+        t.add(1, &b);
+        t.add_reduce(1.5);
+        let m = t.finish(0, 20.0, &["cpu".into(), "cpu".into()]);
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-12;
+        if !close(m.avg_loss, 5.0 / 4.0) || m.samples != 40 || !close(m.throughput, 2000.0) {
+            return Err(format!("bad aggregate {m:?}"));
+        }
+        let share: f64 = m.ranks.iter().map(|r| r.batch_share).sum();
+        if !close(share, 1.0) || !close(m.ranks[0].throughput, 3000.0) {
+            return Err(format!("bad per-rank {m:?}"));
+        }
+        // rank means 2.0 (weight 3) and 4.0 (weight 1)
+        if !close(m.scalars["x"], (3.0 * 2.0 + 4.0) / 4.0) || m.reduces != 1 {
+            return Err(format!("bad scalars {m:?}"));
+        }
+        let json = serde_json::to_string(&Report::Epoch(m.clone())).map_err(|e| e.to_string())?;
+        let back: Report = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+        if back != Report::Epoch(m) {
+            return Err("serde round trip changed the metrics".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn scalars_drain_per_thread() {
+        record_scalar("a", 1.0);
+        record_scalar("a", 3.0);
+        record_scalar("a", f64::NAN);
+        let d = drain_scalars();
+        assert_eq!(d.get("a"), Some(&(4.0, 2)));
+        assert!(drain_scalars().is_empty());
+    }
+}

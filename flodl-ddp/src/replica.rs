@@ -1,0 +1,207 @@
+//! The `Replica` contract: what a user's model and optimizer give the runtime.
+
+use flodl_tensor::{Device, Stream, Tensor};
+
+use crate::{Error, Result};
+
+/// One batch on a rank's device: the dataset's fields in layout order, `len` samples each.
+///
+/// Each field is a device tensor whose first dimension is the batch: a field whose samples are
+/// scalars arrives as `[len]`, any other as `[len, features]` (sample dimensions flattened).
+#[derive(Debug)]
+pub struct Batch {
+    fields: Vec<Tensor>,
+    len: usize,
+}
+
+impl Batch {
+    /// A batch made of `fields`, which must all have the same first dimension.
+    ///
+    /// # Errors
+    /// [`Error::ReplicaMismatch`] when `fields` is empty or the first dimensions differ.
+    pub fn new(fields: Vec<Tensor>) -> Result<Batch> {
+        let len = match fields.first().and_then(|t| t.shape().first()) {
+            Some(&n) => n,
+            None => return Err(Error::ReplicaMismatch("a batch needs at least one field".into())),
+        };
+        if let Some(bad) = fields.iter().find(|t| t.shape().first() != Some(&len)) {
+            return Err(Error::ReplicaMismatch(format!(
+                "batch fields disagree on the batch size: {len} vs shape {:?}",
+                bad.shape()
+            )));
+        }
+        Ok(Batch { fields, len })
+    }
+
+    /// Samples in the batch.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the batch holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Field `i` (in the dataset's layout order).
+    ///
+    /// # Errors
+    /// [`Error::ReplicaMismatch`] when the batch has fewer fields.
+    pub fn field(&self, i: usize) -> Result<&Tensor> {
+        self.fields.get(i).ok_or_else(|| {
+            Error::ReplicaMismatch(format!(
+                "batch has {} fields, field {i} asked",
+                self.fields.len()
+            ))
+        })
+    }
+
+    /// All fields, in layout order.
+    pub fn fields(&self) -> &[Tensor] {
+        &self.fields
+    }
+
+    /// All fields, mutable (the runtime refills them in place).
+    pub(crate) fn fields_mut(&mut self) -> &mut [Tensor] {
+        &mut self.fields
+    }
+}
+
+/// Where and how a rank's replica is built; handed to the replica factory inside the rank's
+/// thread.
+#[derive(Debug, Clone)]
+pub struct ReplicaContext {
+    /// The rank the replica belongs to.
+    pub rank: usize,
+    /// Ranks in the run.
+    pub world: usize,
+    /// The rank's device.
+    pub device: Device,
+    /// The rank's compute stream: build every tensor and run every kernel on it.
+    pub stream: Stream,
+    /// Samples per training batch on this rank (every training batch has exactly this size).
+    pub batch_size: usize,
+    /// The run's seed: build identical initial weights from it on every rank.
+    pub seed: u64,
+}
+
+/// Loss and correct predictions of one evaluated batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchEval {
+    /// Sum of the per-sample losses.
+    pub loss_sum: f64,
+    /// Samples predicted correctly.
+    pub correct: usize,
+    /// Samples evaluated.
+    pub samples: usize,
+}
+
+/// A model with its optimizer, as one rank trains it.
+///
+/// The runtime calls [`train_step`](Replica::train_step) then [`step`](Replica::step) once per
+/// batch, and between batches reads and overwrites [`parameters`](Replica::parameters) (and
+/// [`buffers`](Replica::buffers)) to average replicas. Parameters, gradients and buffers are
+/// device tensors on the context's device, `f32`, in a fixed order that is the same on every
+/// rank. A replica is built inside its rank's thread and never leaves it, so it need not be
+/// `Send`.
+pub trait Replica {
+    /// Forward and backward pass on `batch`: returns the mean loss and leaves the gradients of
+    /// the mean loss in [`gradients`](Replica::gradients).
+    ///
+    /// # Errors
+    /// Whatever the model's computation raises; the run stops with it.
+    fn train_step(&mut self, batch: &Batch) -> Result<f32>;
+
+    /// One optimizer step with learning rate `lr`, using the gradients of the last
+    /// [`train_step`](Replica::train_step).
+    ///
+    /// # Errors
+    /// Whatever the optimizer raises; the run stops with it.
+    fn step(&mut self, lr: f32) -> Result<()>;
+
+    /// The trainable parameters, in a fixed order.
+    fn parameters(&self) -> &[Tensor];
+
+    /// The trainable parameters, mutable (the runtime writes averaged values into them).
+    fn parameters_mut(&mut self) -> &mut [Tensor];
+
+    /// The gradients of the last training step, one per parameter, in the same order.
+    fn gradients(&self) -> &[Tensor];
+
+    /// Non-trainable state averaged with equal weight across ranks (running statistics).
+    fn buffers(&self) -> &[Tensor] {
+        &[]
+    }
+
+    /// The buffers, mutable.
+    fn buffers_mut(&mut self) -> &mut [Tensor] {
+        &mut []
+    }
+
+    /// The optimizer's state tensors (momentum, moments), in a fixed order, for checkpoints.
+    fn optimizer_state(&self) -> &[Tensor] {
+        &[]
+    }
+
+    /// The optimizer's state tensors, mutable.
+    fn optimizer_state_mut(&mut self) -> &mut [Tensor] {
+        &mut []
+    }
+
+    /// Resets the optimizer to its initial state (zeroes the state tensors by default).
+    ///
+    /// # Errors
+    /// A tensor error from zeroing.
+    fn reset_optimizer(&mut self, stream: &Stream) -> Result<()> {
+        for t in self.optimizer_state_mut() {
+            flodl_tensor::ops::fill(t, 0.0, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Evaluates one batch without training (forward only); `None` when the replica does not
+    /// support evaluation (the runtime then reports no evaluation).
+    ///
+    /// # Errors
+    /// Whatever the model's computation raises.
+    fn evaluate_batch(&mut self, batch: &Batch) -> Result<Option<BatchEval>> {
+        let _ = batch;
+        Ok(None)
+    }
+}
+
+impl<R: Replica + ?Sized> Replica for Box<R> {
+    fn train_step(&mut self, batch: &Batch) -> Result<f32> {
+        (**self).train_step(batch)
+    }
+    fn step(&mut self, lr: f32) -> Result<()> {
+        (**self).step(lr)
+    }
+    fn parameters(&self) -> &[Tensor] {
+        (**self).parameters()
+    }
+    fn parameters_mut(&mut self) -> &mut [Tensor] {
+        (**self).parameters_mut()
+    }
+    fn gradients(&self) -> &[Tensor] {
+        (**self).gradients()
+    }
+    fn buffers(&self) -> &[Tensor] {
+        (**self).buffers()
+    }
+    fn buffers_mut(&mut self) -> &mut [Tensor] {
+        (**self).buffers_mut()
+    }
+    fn optimizer_state(&self) -> &[Tensor] {
+        (**self).optimizer_state()
+    }
+    fn optimizer_state_mut(&mut self) -> &mut [Tensor] {
+        (**self).optimizer_state_mut()
+    }
+    fn reset_optimizer(&mut self, stream: &Stream) -> Result<()> {
+        (**self).reset_optimizer(stream)
+    }
+    fn evaluate_batch(&mut self, batch: &Batch) -> Result<Option<BatchEval>> {
+        (**self).evaluate_batch(batch)
+    }
+}

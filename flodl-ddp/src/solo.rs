@@ -1,0 +1,62 @@
+//! The single-device driver: one rank, no coordinator, no averaging.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
+use crate::metrics::{EpochTally, WorkTally, drain_scalars};
+use crate::trainer::RunConfig;
+use crate::worker::Worker;
+use crate::{Error, Result};
+
+/// Starts the single rank on its own thread.
+pub(crate) fn spawn(
+    cfg: Arc<RunConfig>,
+    outlets: Outlets,
+) -> Result<JoinHandle<Result<TrainedState>>> {
+    std::thread::Builder::new()
+        .name("flodl-rank-0".into())
+        .spawn(move || match catch_unwind(AssertUnwindSafe(|| run(&cfg, &outlets))) {
+            Ok(r) => r,
+            Err(p) => Err(Error::Panicked { rank: 0, message: panic_message(p.as_ref()) }),
+        })
+        .map_err(|e| Error::Config(format!("cannot spawn the rank thread: {e}")))
+}
+
+/// Trains every epoch in permutation order, one batch after the other.
+fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
+    let start = Instant::now();
+    let mut worker = Worker::build(0, cfg.clone(), None, outlets.cancel.clone())?;
+    let devices = [cfg.devices[0].to_string()];
+    let bs = cfg.batch_size;
+    let mut epochs = Vec::with_capacity(cfg.epochs);
+    for epoch in 0..cfg.epochs {
+        let t0 = Instant::now();
+        let mut work = WorkTally::default();
+        for b in 0..cfg.batches_per_epoch() {
+            if outlets.cancel.load(Ordering::Acquire) {
+                return Err(Error::Aborted);
+            }
+            let (loss, ms) = worker.train_batch(epoch, b * bs)?;
+            work.batches += 1;
+            work.samples += bs;
+            work.loss_sum += f64::from(loss);
+            work.compute_ms += ms;
+        }
+        work.scalars = drain_scalars();
+        let mut tally = EpochTally::new(1);
+        tally.add(0, &work);
+        let mut metrics = tally.finish(epoch, t0.elapsed().as_secs_f64() * 1000.0, &devices);
+        if cfg.evaluates(epoch) {
+            metrics.eval = worker.evaluate()?;
+        }
+        // Capacity is the number of epochs: this never drops.
+        let _ = outlets.epochs.try_send(metrics.clone());
+        epochs.push(metrics);
+    }
+    let state = worker.snapshot()?;
+    trained_state(&worker.shapes(), state, epochs, 0, start.elapsed().as_secs_f64() * 1000.0)
+}

@@ -1,0 +1,373 @@
+//! The `Trainer` builder: what to train, on which devices, how often to average.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flodl_data::Dataset;
+use flodl_tensor::Device;
+
+use crate::handle::DdpHandle;
+use crate::policy::{Backend, Policy};
+use crate::replica::{Replica, ReplicaContext};
+use crate::{Error, Result};
+
+/// Builds a rank's replica inside the rank's thread.
+pub(crate) type Factory = Arc<dyn Fn(&ReplicaContext) -> Result<Box<dyn Replica>> + Send + Sync>;
+
+/// Observes every training batch: `(rank, epoch, sample indices)`, called on the rank's thread
+/// before the batch is trained (for data-coverage audits).
+pub type SampleAudit = Arc<dyn Fn(usize, usize, &[usize]) + Send + Sync>;
+
+/// Which devices the ranks run on: one rank per device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Devices {
+    /// `n` CPU ranks, each a single thread.
+    Cpu(usize),
+    /// One rank per visible CUDA GPU.
+    AllGpus,
+    /// Exactly these devices, in rank order (CPU and GPUs may be mixed).
+    List(Vec<Device>),
+}
+
+impl Devices {
+    /// The devices, one per rank.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the list is empty or `AllGpus` finds none.
+    pub fn resolve(&self) -> Result<Vec<Device>> {
+        let list = match self {
+            Devices::Cpu(n) => vec![Device::Cpu; *n],
+            Devices::AllGpus => (0..flodl_tensor::cuda_device_count()).map(Device::Cuda).collect(),
+            Devices::List(list) => list.clone(),
+        };
+        if list.is_empty() {
+            let why = match self {
+                Devices::AllGpus => flodl_tensor::gpu_skip_reason()
+                    .unwrap_or_else(|| "no CUDA device is visible".into()),
+                _ => "no device given".into(),
+            };
+            return Err(Error::Config(format!("no rank to run: {why}")));
+        }
+        Ok(list)
+    }
+}
+
+/// ElChe's knobs (see `ElChe`): the cadence of `Cadence` and `Async`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ElCheKnobs {
+    /// Batches of the slowest rank per window at the start (default 10).
+    pub anchor: usize,
+    /// Largest anchor the overhead auto-tune may reach (default 1000).
+    pub max_anchor: usize,
+    /// Fraction of window time a reduce may cost before the anchor grows (default 0.05).
+    pub overhead_target: f64,
+    /// Largest change of a rank's count from one window to the next (default none).
+    pub max_batch_diff: Option<usize>,
+    /// `Async`: batches a rank may train past its count while the others catch up (default:
+    /// `clamp(batches per epoch / 100, 2, 5)`).
+    pub max_overshoot: Option<usize>,
+    /// Smallest chunk of progressive dispatch, in batches (default 4).
+    pub min_chunk: usize,
+    /// Initial hint: `(slow rank, speed ratio)` so counts are balanced from the first window.
+    pub speed_hint: Option<(usize, f64)>,
+}
+
+impl Default for ElCheKnobs {
+    fn default() -> Self {
+        Self {
+            anchor: 10,
+            max_anchor: 1000,
+            overhead_target: 0.05,
+            max_batch_diff: None,
+            max_overshoot: None,
+            min_chunk: 4,
+            speed_hint: None,
+        }
+    }
+}
+
+/// Everything a run needs, checked and frozen by [`Trainer::run`].
+pub(crate) struct RunConfig {
+    pub(crate) factory: Factory,
+    pub(crate) dataset: Arc<dyn Dataset>,
+    pub(crate) test: Option<Arc<dyn Dataset>>,
+    pub(crate) eval_every: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) epochs: usize,
+    pub(crate) devices: Vec<Device>,
+    pub(crate) policy: Policy,
+    pub(crate) backend: Backend,
+    pub(crate) seed: u64,
+    pub(crate) lr: f32,
+    pub(crate) elche: ElCheKnobs,
+    pub(crate) slowdown: Vec<f64>,
+    pub(crate) stall_timeout: Duration,
+    pub(crate) snapshot_timeout: Duration,
+    pub(crate) max_stalled_rounds: usize,
+    pub(crate) audit: Option<SampleAudit>,
+}
+
+impl RunConfig {
+    /// Ranks in the run.
+    pub(crate) fn world(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Full batches per epoch (the tail smaller than a batch is dropped).
+    pub(crate) fn batches_per_epoch(&self) -> usize {
+        self.dataset.len() / self.batch_size
+    }
+
+    /// The slowdown factor of `rank` (1 when none is configured).
+    pub(crate) fn slowdown(&self, rank: usize) -> f64 {
+        self.slowdown.get(rank).copied().unwrap_or(1.0)
+    }
+
+    /// Whether the end of `epoch` is evaluated.
+    pub(crate) fn evaluates(&self, epoch: usize) -> bool {
+        self.test.is_some()
+            && ((epoch + 1).is_multiple_of(self.eval_every) || epoch + 1 == self.epochs)
+    }
+}
+
+impl std::fmt::Debug for RunConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunConfig")
+            .field("batch_size", &self.batch_size)
+            .field("epochs", &self.epochs)
+            .field("devices", &self.devices)
+            .field("policy", &self.policy)
+            .field("backend", &self.backend)
+            .field("seed", &self.seed)
+            .field("lr", &self.lr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures and starts a data-parallel training run.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # fn demo(train: Arc<dyn flodl_data::Dataset>) -> flodl_ddp::Result<()> {
+/// use flodl_ddp::{Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, Trainer};
+/// let mlp = MlpConfig::new(&[784, 256, 128, 10], Optimizer::sgd(0.9));
+/// let handle = Trainer::new(Mlp::factory(mlp))
+///     .dataset(train)
+///     .devices(Devices::Cpu(2))
+///     .policy(Policy::Cadence)
+///     .backend(Backend::Collective)
+///     .learning_rate(0.05)
+///     .run()?;
+/// let state = handle.join()?;
+/// # let _ = state; Ok(()) }
+/// ```
+pub struct Trainer {
+    factory: Factory,
+    dataset: Option<Arc<dyn Dataset>>,
+    test: Option<Arc<dyn Dataset>>,
+    eval_every: usize,
+    batch_size: usize,
+    epochs: usize,
+    devices: Devices,
+    policy: Policy,
+    backend: Backend,
+    seed: u64,
+    lr: f32,
+    elche: ElCheKnobs,
+    slowdown: Vec<f64>,
+    stall_timeout: Duration,
+    snapshot_timeout: Duration,
+    max_stalled_rounds: usize,
+    audit: Option<SampleAudit>,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("batch_size", &self.batch_size)
+            .field("epochs", &self.epochs)
+            .field("devices", &self.devices)
+            .field("policy", &self.policy)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Trainer {
+    /// A trainer whose ranks build their replica with `factory` (called once per rank, inside
+    /// the rank's thread).
+    ///
+    /// Defaults: batch size 64, 1 epoch, 1 CPU rank, `Cadence` on the `Collective` backend,
+    /// seed 42, learning rate 0.01, no test set, no slowdown, stall timeout 120 s, snapshot
+    /// timeout 5 s with 3 retries.
+    pub fn new<R, F>(factory: F) -> Trainer
+    where
+        R: Replica + 'static,
+        F: Fn(&ReplicaContext) -> Result<R> + Send + Sync + 'static,
+    {
+        let factory: Factory =
+            Arc::new(move |ctx: &ReplicaContext| Ok(Box::new(factory(ctx)?) as Box<dyn Replica>));
+        Trainer {
+            factory,
+            dataset: None,
+            test: None,
+            eval_every: 1,
+            batch_size: 64,
+            epochs: 1,
+            devices: Devices::Cpu(1),
+            policy: Policy::Cadence,
+            backend: Backend::Collective,
+            seed: 42,
+            lr: 0.01,
+            elche: ElCheKnobs::default(),
+            slowdown: Vec::new(),
+            stall_timeout: Duration::from_secs(120),
+            snapshot_timeout: Duration::from_secs(5),
+            max_stalled_rounds: 3,
+            audit: None,
+        }
+    }
+
+    /// The training dataset (required).
+    pub fn dataset(mut self, dataset: Arc<dyn Dataset>) -> Trainer {
+        self.dataset = Some(dataset);
+        self
+    }
+
+    /// A test dataset evaluated on the averaged model at the end of every `every`-th epoch and
+    /// of the last one (`every` 0 is taken as 1).
+    pub fn test_dataset(mut self, dataset: Arc<dyn Dataset>, every: usize) -> Trainer {
+        self.test = Some(dataset);
+        self.eval_every = every.max(1);
+        self
+    }
+
+    /// Samples per batch on every rank.
+    pub fn batch_size(mut self, batch_size: usize) -> Trainer {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Passes over the dataset.
+    pub fn epochs(mut self, epochs: usize) -> Trainer {
+        self.epochs = epochs;
+        self
+    }
+
+    /// The ranks' devices.
+    pub fn devices(mut self, devices: Devices) -> Trainer {
+        self.devices = devices;
+        self
+    }
+
+    /// When to average.
+    pub fn policy(mut self, policy: Policy) -> Trainer {
+        self.policy = policy;
+        self
+    }
+
+    /// How to average.
+    pub fn backend(mut self, backend: Backend) -> Trainer {
+        self.backend = backend;
+        self
+    }
+
+    /// The seed of the initial weights and of the epoch permutations.
+    pub fn seed(mut self, seed: u64) -> Trainer {
+        self.seed = seed;
+        self
+    }
+
+    /// The learning rate every rank's optimizer steps with.
+    pub fn learning_rate(mut self, lr: f32) -> Trainer {
+        self.lr = lr;
+        self
+    }
+
+    /// ElChe's knobs.
+    pub fn elche(mut self, knobs: ElCheKnobs) -> Trainer {
+        self.elche = knobs;
+        self
+    }
+
+    /// Per-rank slowdown factors (speed-skew emulation): after each step, rank `r` waits
+    /// `(factors[r] − 1) ×` the step's compute time. Missing ranks run at factor 1.
+    pub fn slowdown(mut self, factors: Vec<f64>) -> Trainer {
+        self.slowdown = factors;
+        self
+    }
+
+    /// How long any rank or the coordinator waits for a peer before the run fails.
+    pub fn stall_timeout(mut self, timeout: Duration) -> Trainer {
+        self.stall_timeout = timeout;
+        self
+    }
+
+    /// Host backend: how long a round waits for snapshots before it is soft-aborted and
+    /// retried, and how many rounds in a row may be (the run then fails).
+    pub fn snapshot_timeout(mut self, timeout: Duration, retries: usize) -> Trainer {
+        self.snapshot_timeout = timeout;
+        self.max_stalled_rounds = retries.max(1);
+        self
+    }
+
+    /// Calls `audit(rank, epoch, indices)` for every training batch.
+    pub fn sample_audit(mut self, audit: SampleAudit) -> Trainer {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// Checks the configuration and starts the run; returns at once.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
+    /// smaller than one batch per rank, a bad slowdown factor, or no device.
+    pub fn run(self) -> Result<DdpHandle> {
+        let dataset =
+            self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
+        let devices = self.devices.resolve()?;
+        if self.batch_size == 0 || self.epochs == 0 {
+            return Err(Error::Config("batch size and epochs must be at least 1".into()));
+        }
+        if dataset.len() / self.batch_size < devices.len() {
+            return Err(Error::Config(format!(
+                "{} samples make fewer than one batch of {} per rank for {} ranks",
+                dataset.len(),
+                self.batch_size,
+                devices.len()
+            )));
+        }
+        if let Some(bad) = self.slowdown.iter().find(|f| !f.is_finite() || **f < 1.0) {
+            return Err(Error::Config(format!("slowdown factors must be >= 1, got {bad}")));
+        }
+        if !self.lr.is_finite() || self.lr < 0.0 {
+            return Err(Error::Config(format!("invalid learning rate {}", self.lr)));
+        }
+        if self.elche.anchor == 0 || self.elche.min_chunk == 0 {
+            return Err(Error::Config("ElChe anchor and min chunk must be at least 1".into()));
+        }
+        if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() {
+            return Err(Error::Config("timeouts must be positive".into()));
+        }
+        let config = RunConfig {
+            factory: self.factory,
+            dataset,
+            test: self.test,
+            eval_every: self.eval_every,
+            batch_size: self.batch_size,
+            epochs: self.epochs,
+            devices,
+            policy: self.policy,
+            backend: self.backend,
+            seed: self.seed,
+            lr: self.lr,
+            elche: self.elche,
+            slowdown: self.slowdown,
+            stall_timeout: self.stall_timeout,
+            snapshot_timeout: self.snapshot_timeout,
+            max_stalled_rounds: self.max_stalled_rounds,
+            audit: self.audit,
+        };
+        DdpHandle::start(Arc::new(config))
+    }
+}

@@ -1,0 +1,506 @@
+//! A rank: its replica, stream, batch buffers and communicator, and the loop that drives them.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use flodl_data::HostBatch;
+use flodl_tensor::{DType, Device, Stream, Tensor};
+
+use crate::comm::RankComm;
+use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window};
+use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
+use crate::replica::{Batch, Replica, ReplicaContext};
+use crate::staging::{device_batch, upload};
+use crate::trainer::RunConfig;
+use crate::{Error, Result};
+
+/// How often a waiting rank looks at the cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// Below this, a slowdown wait spins: a sleep overshoots by tens of microseconds.
+const SPIN_BELOW: Duration = Duration::from_micros(300);
+
+/// Holds the rank for `d`, the extra time an emulated slower device would have spent: sleeps
+/// (freeing the core, as a busy accelerator would) and spins only the last stretch, so short
+/// steps are slowed by the right factor.
+fn emulate_slower_device(d: Duration) {
+    let end = Instant::now() + d;
+    if d > SPIN_BELOW {
+        std::thread::sleep(d - SPIN_BELOW / 2);
+    }
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+/// The epoch permutations a rank is currently reading (at most two epochs at a time).
+#[derive(Debug)]
+struct Permutations {
+    len: usize,
+    seed: u64,
+    cache: VecDeque<(usize, Vec<usize>)>,
+}
+
+impl Permutations {
+    fn get(&mut self, epoch: usize) -> &[usize] {
+        if let Some(i) = self.cache.iter().position(|(e, _)| *e == epoch) {
+            return &self.cache[i].1;
+        }
+        if self.cache.len() >= 2 {
+            self.cache.pop_front();
+        }
+        let perm = flodl_data::epoch_permutation(self.len, self.seed, epoch as u64);
+        self.cache.push_back((epoch, perm));
+        self.cache.back().map_or(&[], |(_, p)| p.as_slice())
+    }
+}
+
+/// One rank's training state.
+pub(crate) struct Worker {
+    pub(crate) rank: usize,
+    cfg: Arc<RunConfig>,
+    stream: Stream,
+    replica: Box<dyn Replica>,
+    host: HostBatch,
+    batch: Batch,
+    eval_batches: Vec<Batch>,
+    perms: Permutations,
+    comm: Option<RankComm>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("rank", &self.rank).finish_non_exhaustive()
+    }
+}
+
+/// The stream a rank computes on: one thread on a CPU, a new stream on a GPU.
+pub(crate) fn rank_stream(device: Device) -> Result<Stream> {
+    match device {
+        Device::Cpu => Ok(Stream::cpu_with_threads(1)),
+        d => Ok(Stream::new(d)?),
+    }
+}
+
+impl Worker {
+    /// Builds rank `rank`'s replica and buffers (on the calling thread).
+    pub(crate) fn build(
+        rank: usize,
+        cfg: Arc<RunConfig>,
+        comm: Option<RankComm>,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<Self> {
+        let device = cfg.devices[rank];
+        let stream = rank_stream(device)?;
+        let ctx = ReplicaContext {
+            rank,
+            world: cfg.world(),
+            device,
+            stream: stream.clone(),
+            batch_size: cfg.batch_size,
+            seed: cfg.seed,
+        };
+        let replica = (cfg.factory)(&ctx)?;
+        if let Some(t) = replica
+            .parameters()
+            .iter()
+            .chain(replica.buffers())
+            .find(|t| t.dtype() != DType::F32 || t.device() != device)
+        {
+            return Err(Error::ReplicaMismatch(format!(
+                "parameters and buffers must be f32 on {device}, found {:?} on {}",
+                t.dtype(),
+                t.device()
+            )));
+        }
+        let layout = cfg.dataset.layout().clone();
+        let host = HostBatch::new(&layout, device);
+        let batch = device_batch(&layout, cfg.batch_size, &stream)?;
+        let perms = Permutations { len: cfg.dataset.len(), seed: cfg.seed, cache: VecDeque::new() };
+        Ok(Worker {
+            rank,
+            cfg,
+            stream,
+            replica,
+            host,
+            batch,
+            eval_batches: Vec::new(),
+            perms,
+            comm,
+            cancel,
+        })
+    }
+
+    /// Shapes of the parameters then the buffers.
+    pub(crate) fn shapes(&self) -> Vec<Vec<usize>> {
+        self.replica
+            .parameters()
+            .iter()
+            .chain(self.replica.buffers())
+            .map(|t| t.shape().to_vec())
+            .collect()
+    }
+
+    /// Trains one batch: the picks at `offset..offset + batch_size` of `epoch`'s permutation.
+    /// Returns the loss and the step's time in ms (emulated slowdown included).
+    pub(crate) fn train_batch(&mut self, epoch: usize, offset: usize) -> Result<(f32, f64)> {
+        let bs = self.cfg.batch_size;
+        let perm = self.perms.get(epoch);
+        let picks = perm.get(offset..offset + bs).ok_or_else(|| {
+            Error::Config(format!("batch at {offset} runs past an epoch of {}", perm.len()))
+        })?;
+        if let Some(audit) = &self.cfg.audit {
+            audit(self.rank, epoch, picks);
+        }
+        self.cfg.dataset.fetch(picks, &mut self.host)?;
+        upload(&self.host, &mut self.batch, &self.stream)?;
+        let t0 = Instant::now();
+        let loss = self.replica.train_step(&self.batch)?;
+        self.replica.step(self.cfg.lr)?;
+        self.stream.synchronize()?;
+        let factor = self.cfg.slowdown(self.rank);
+        if factor > 1.0 {
+            emulate_slower_device(t0.elapsed().mul_f64(factor - 1.0));
+        }
+        Ok((loss, t0.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    /// The parameters and buffers, copied to the host.
+    pub(crate) fn snapshot(&self) -> Result<HostState> {
+        let read = |ts: &[Tensor]| -> Result<Vec<Vec<f32>>> {
+            ts.iter().map(|t| Ok(t.to_vec::<f32>(&self.stream)?)).collect()
+        };
+        Ok(HostState {
+            params: read(self.replica.parameters())?,
+            buffers: read(self.replica.buffers())?,
+        })
+    }
+
+    /// Overwrites the parameters and buffers with `state`.
+    pub(crate) fn load(&mut self, state: &HostState) -> Result<()> {
+        let stream = self.stream.clone();
+        let write = |ts: &mut [Tensor], vs: &[Vec<f32>]| -> Result<()> {
+            if ts.len() != vs.len() {
+                return Err(Error::ReplicaMismatch(format!(
+                    "state holds {} tensors, replica {}",
+                    vs.len(),
+                    ts.len()
+                )));
+            }
+            for (t, v) in ts.iter_mut().zip(vs) {
+                t.copy_from_host(v, &stream)?;
+            }
+            Ok(())
+        };
+        write(self.replica.parameters_mut(), &state.params)?;
+        write(self.replica.buffers_mut(), &state.buffers)
+    }
+
+    /// Averages with the other ranks through the collective; returns the time it took in ms.
+    pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<f64> {
+        let t0 = Instant::now();
+        let Some(comm) = self.comm.as_mut() else {
+            return Err(Error::Config("the collective backend has no communicator".into()));
+        };
+        self.stream.synchronize()?;
+        if let Some((wp, wb)) = comm.weights(steps)? {
+            comm.reduce(self.replica.parameters_mut(), wp, &self.stream)?;
+            if !self.replica.buffers().is_empty() {
+                comm.reduce(self.replica.buffers_mut(), wb, &self.stream)?;
+            }
+        }
+        Ok(t0.elapsed().as_secs_f64() * 1000.0)
+    }
+
+    /// Evaluates the test dataset, when there is one and the replica supports it.
+    pub(crate) fn evaluate(&mut self) -> Result<Option<EvalMetrics>> {
+        let Some(test) = self.cfg.test.clone() else { return Ok(None) };
+        let bs = self.cfg.batch_size;
+        let layout = test.layout().clone();
+        let mut host = HostBatch::new(&layout, self.stream.device());
+        let (mut loss_sum, mut correct, mut samples) = (0.0, 0, 0);
+        let mut indices = Vec::with_capacity(bs);
+        let mut start = 0;
+        while start < test.len() {
+            let end = (start + bs).min(test.len());
+            let n = end - start;
+            indices.clear();
+            indices.extend(start..end);
+            test.fetch(&indices, &mut host)?;
+            let slot = match self.eval_batches.iter().position(|b| b.len() == n) {
+                Some(i) => i,
+                None => {
+                    self.eval_batches.push(device_batch(&layout, n, &self.stream)?);
+                    self.eval_batches.len() - 1
+                }
+            };
+            let batch = &mut self.eval_batches[slot];
+            upload(&host, batch, &self.stream)?;
+            match self.replica.evaluate_batch(batch)? {
+                Some(e) => {
+                    loss_sum += e.loss_sum;
+                    correct += e.correct;
+                    samples += e.samples;
+                }
+                None => return Ok(None),
+            }
+            start = end;
+        }
+        let div = samples.max(1) as f64;
+        Ok(Some(EvalMetrics { loss: loss_sum / div, accuracy: correct as f64 / div, samples }))
+    }
+}
+
+/// What a rank's loop does after handling a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Exit,
+}
+
+/// The chunk a rank is working through.
+#[derive(Debug)]
+struct Current {
+    chunk: Chunk,
+    done: usize,
+    work: WorkTally,
+}
+
+/// A rank's position in its reduce window.
+#[derive(Debug)]
+struct WindowState {
+    window: Window,
+    steps: usize,
+    wall_ms: f64,
+    reported: Option<Readiness>,
+    /// Host backend: steps and ms the last snapshot carried.
+    snapshot: Option<(usize, f64)>,
+}
+
+/// A rank's side of the run: trains the chunks it is given and takes part in reduces.
+pub(crate) struct RankLoop {
+    worker: Worker,
+    rx: flume::Receiver<ToWorker>,
+    tx: flume::Sender<ToCoordinator>,
+    queue: VecDeque<Chunk>,
+    current: Option<Current>,
+    win: WindowState,
+    ready: bool,
+    works: u64,
+}
+
+impl RankLoop {
+    /// A loop for `worker`, starting in the window `first`.
+    pub(crate) fn new(
+        worker: Worker,
+        rx: flume::Receiver<ToWorker>,
+        tx: flume::Sender<ToCoordinator>,
+        first: Window,
+    ) -> Self {
+        let ready = worker.rank == 0;
+        let win =
+            WindowState { window: first, steps: 0, wall_ms: 0.0, reported: None, snapshot: None };
+        RankLoop { worker, rx, tx, queue: VecDeque::new(), current: None, win, ready, works: 0 }
+    }
+
+    fn send(&self, msg: ToCoordinator) -> Result<()> {
+        self.tx
+            .send_timeout(msg, self.worker.cfg.stall_timeout)
+            .map_err(|_| Error::Disconnected("coordinator"))
+    }
+
+    /// Runs until the coordinator says finish or stop.
+    pub(crate) fn run(&mut self) -> Result<()> {
+        let rank = self.worker.rank;
+        let initial = if rank == 0 { Some(self.worker.snapshot()?) } else { None };
+        self.send(ToCoordinator::Ready { rank, shapes: self.worker.shapes(), initial })?;
+        loop {
+            loop {
+                match self.rx.try_recv() {
+                    Ok(msg) => {
+                        if self.handle(msg)? == Flow::Exit {
+                            return Ok(());
+                        }
+                    }
+                    Err(flume::TryRecvError::Empty) => break,
+                    Err(flume::TryRecvError::Disconnected) => {
+                        return Err(Error::Disconnected("coordinator"));
+                    }
+                }
+            }
+            if self.worker.cfg_cancelled() {
+                return Ok(());
+            }
+            if self.ready && self.win.steps < self.win.window.limit && self.has_work() {
+                self.train_one()?;
+                continue;
+            }
+            if self.ready && !self.has_work() && self.win.reported.is_none() {
+                self.report(Readiness::Idle)?;
+            }
+            let msg = self.wait()?;
+            if self.handle(msg)? == Flow::Exit {
+                return Ok(());
+            }
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        self.current.is_some() || !self.queue.is_empty()
+    }
+
+    /// Waits for the next message, up to the stall timeout.
+    fn wait(&self) -> Result<ToWorker> {
+        let deadline = Instant::now() + self.worker.cfg.stall_timeout;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: "a message from the coordinator",
+                    after: self.worker.cfg.stall_timeout,
+                });
+            }
+            match self.rx.recv_timeout(CANCEL_POLL.min(deadline - now)) {
+                Ok(msg) => return Ok(msg),
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    if self.worker.cfg_cancelled() {
+                        return Ok(ToWorker::Stop);
+                    }
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Disconnected("coordinator"));
+                }
+            }
+        }
+    }
+
+    fn report(&mut self, why: Readiness) -> Result<()> {
+        self.win.reported = Some(why);
+        self.send(ToCoordinator::Progress {
+            rank: self.worker.rank,
+            round: self.win.window.round,
+            steps: self.win.steps,
+            wall_ms: self.win.wall_ms,
+            why,
+            works: self.works,
+        })
+    }
+
+    fn train_one(&mut self) -> Result<()> {
+        if self.current.is_none() {
+            let Some(chunk) = self.queue.pop_front() else { return Ok(()) };
+            self.current = Some(Current { chunk, done: 0, work: WorkTally::default() });
+        }
+        let Some(cur) = self.current.as_mut() else { return Ok(()) };
+        let bs = self.worker.cfg.batch_size;
+        let offset = cur.chunk.offset + cur.done * bs;
+        let (loss, ms) = self.worker.train_batch(cur.chunk.epoch, offset)?;
+        cur.done += 1;
+        cur.work.batches += 1;
+        cur.work.samples += bs;
+        cur.work.loss_sum += f64::from(loss);
+        cur.work.compute_ms += ms;
+        if cur.done * bs >= cur.chunk.len
+            && let Some(mut cur) = self.current.take()
+        {
+            {
+                cur.work.scalars = drain_scalars();
+                self.send(ToCoordinator::ChunkDone {
+                    rank: self.worker.rank,
+                    chunk: cur.chunk,
+                    work: cur.work,
+                })?;
+            }
+        }
+        self.win.steps += 1;
+        self.win.wall_ms += ms;
+        if self.win.reported.is_none() && self.win.steps >= self.win.window.target {
+            self.report(Readiness::Reached)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the window `next` after a reduce; `carried` steps and ms stay in it.
+    fn start_window(&mut self, next: Window, carried: (usize, f64)) -> Result<()> {
+        self.win = WindowState {
+            window: next,
+            steps: carried.0,
+            wall_ms: carried.1,
+            reported: None,
+            snapshot: None,
+        };
+        if self.win.steps >= next.target {
+            self.report(Readiness::Reached)?;
+        }
+        Ok(())
+    }
+
+    fn evaluate_for(&mut self, epoch: Option<usize>) -> Result<()> {
+        if let Some(epoch) = epoch {
+            let eval = self.worker.evaluate()?;
+            self.send(ToCoordinator::Evaluated { epoch, eval })?;
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
+        let rank = self.worker.rank;
+        match msg {
+            ToWorker::Init(state) => {
+                self.worker.load(&state)?;
+                self.ready = true;
+            }
+            ToWorker::Work(chunk) => {
+                self.queue.push_back(chunk);
+                self.works += 1;
+                if self.win.reported == Some(Readiness::Idle) {
+                    self.win.reported = None;
+                }
+            }
+            ToWorker::Reduce { next, eval } => {
+                let steps = self.win.steps;
+                let sync_ms = self.worker.all_reduce(steps)?;
+                let round = self.win.window.round;
+                self.send(ToCoordinator::Reduced { rank, round, steps, sync_ms })?;
+                self.start_window(next, (0, 0.0))?;
+                self.evaluate_for(eval)?;
+            }
+            ToWorker::Snapshot { round, attempt } => {
+                let state = self.worker.snapshot()?;
+                self.win.snapshot = Some((self.win.steps, self.win.wall_ms));
+                self.send(ToCoordinator::Snapshot {
+                    rank,
+                    round,
+                    attempt,
+                    state,
+                    steps: self.win.steps,
+                })?;
+            }
+            ToWorker::Update { state, next, eval } => {
+                self.worker.load(&state)?;
+                let (s, w) = self.win.snapshot.unwrap_or((self.win.steps, self.win.wall_ms));
+                let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
+                self.start_window(next, carried)?;
+                self.evaluate_for(eval)?;
+            }
+            ToWorker::Evaluate { epoch } => self.evaluate_for(Some(epoch))?,
+            ToWorker::Finish => {
+                let state = self.worker.snapshot()?;
+                self.send(ToCoordinator::Final { rank, state })?;
+                return Ok(Flow::Exit);
+            }
+            ToWorker::Stop => return Ok(Flow::Exit),
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+impl Worker {
+    /// Whether the run was cancelled through its handle.
+    fn cfg_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,313 @@
+//! End-to-end runs on CPU ranks: every policy × backend trains, coverage, determinism, failures.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
+use flodl_ddp::{
+    Backend, Batch, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, Replica, Result, Trainer,
+};
+use flodl_tensor::{Stream, Tensor};
+
+type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+fn mnist(split: Split) -> Arc<Mnist> {
+    static TRAIN: OnceLock<Arc<Mnist>> = OnceLock::new();
+    static TEST: OnceLock<Arc<Mnist>> = OnceLock::new();
+    let cell = if split == Split::Train { &TRAIN } else { &TEST };
+    cell.get_or_init(|| {
+        Arc::new(
+            Mnist::load(flodl_data::mnist::vendored_dir(), split, Verify::Skip)
+                .expect("vendored MNIST loads"),
+        )
+    })
+    .clone()
+}
+
+/// The first `n` training samples.
+fn train_subset(n: usize) -> Arc<dyn Dataset> {
+    Arc::new(Subset::first(mnist(Split::Train), n))
+}
+
+fn small_mlp(opt: Optimizer) -> MlpConfig {
+    MlpConfig::new(&[784, 64, 10], opt)
+}
+
+fn trainer(ranks: usize, policy: Policy, backend: Backend, data: Arc<dyn Dataset>) -> Trainer {
+    Trainer::new(Mlp::factory(small_mlp(Optimizer::sgd(0.9))))
+        .dataset(data)
+        .batch_size(32)
+        .epochs(2)
+        .devices(Devices::Cpu(ranks))
+        .policy(policy)
+        .backend(backend)
+        .learning_rate(0.05)
+        .stall_timeout(Duration::from_secs(60))
+}
+
+const POLICIES: [Policy; 3] = [Policy::Sync, Policy::Cadence, Policy::Async];
+const BACKENDS: [Backend; 2] = [Backend::Collective, Backend::Host];
+
+/// Every policy × backend on 2 and 3 ranks, with and without a 3× skew, trains below a loss
+/// threshold and keeps its epoch metrics consistent.
+#[test]
+fn every_mode_trains() -> TestResult {
+    let data = train_subset(3072);
+    for ranks in [2, 3] {
+        for policy in POLICIES {
+            for backend in BACKENDS {
+                for skew in [1.0, 3.0] {
+                    let mut slow = vec![1.0; ranks];
+                    slow[ranks - 1] = skew;
+                    let handle =
+                        trainer(ranks, policy, backend, data.clone()).slowdown(slow).run()?;
+                    let state = handle.join()?;
+                    let last = state.epochs.last().ok_or("no epoch metrics")?;
+                    let what = format!("{ranks} ranks {policy:?} {backend:?} skew {skew}");
+                    assert_eq!(state.epochs.len(), 2, "{what}");
+                    assert!(last.avg_loss < 0.6, "{what}: loss {}", last.avg_loss);
+                    assert_eq!(last.samples, 3072 / 32 * 32, "{what}");
+                    assert!(state.reduces > 0, "{what}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One rank under Sync is the plain single-device loop, bitwise.
+#[test]
+fn world_of_one_equals_plain_loop() -> TestResult {
+    let data = train_subset(1024);
+    let cfg = small_mlp(Optimizer::sgd(0.9));
+    let state =
+        trainer(1, Policy::Sync, Backend::Collective, data.clone()).seed(5).run()?.join()?;
+    let stream = Stream::cpu_with_threads(1);
+    let mut mlp = Mlp::new(&cfg, 32, 5, &stream)?;
+    let mut host = flodl_data::HostBatch::new(data.layout(), flodl_tensor::Device::Cpu);
+    for epoch in 0..2u64 {
+        let perm = flodl_data::epoch_permutation(data.len(), 5, epoch);
+        for picks in perm.chunks_exact(32) {
+            data.fetch(picks, &mut host)?;
+            let x = Tensor::from_slice(host.f32(0)?, &[32, 784], &stream)?;
+            let y = Tensor::from_slice(host.i32(1)?, &[32], &stream)?;
+            let batch = Batch::new(vec![x, y])?;
+            mlp.train_step(&batch)?;
+            mlp.step(0.05)?;
+        }
+    }
+    for (p, want) in mlp.parameters().iter().zip(&state.params) {
+        let got = p.to_vec::<f32>(&stream)?;
+        assert!(got.iter().zip(&want.data).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+    Ok(())
+}
+
+/// Sync on CPU ranks gives bitwise the same model on every run, on both backends.
+#[test]
+fn sync_is_deterministic() -> TestResult {
+    let data = train_subset(2048);
+    for backend in BACKENDS {
+        let a = trainer(3, Policy::Sync, backend, data.clone())
+            .slowdown(vec![1.0, 2.0])
+            .run()?
+            .join()?;
+        let b = trainer(3, Policy::Sync, backend, data.clone()).run()?.join()?;
+        assert_eq!(a.params, b.params, "{backend:?}");
+    }
+    Ok(())
+}
+
+/// Every sample is trained exactly once per epoch, whatever the skew and the mode.
+#[test]
+fn every_sample_once_per_epoch_under_skew() -> TestResult {
+    let n = 2048 + 17;
+    let data = train_subset(n);
+    for policy in POLICIES {
+        for backend in BACKENDS {
+            let seen: Arc<Mutex<Vec<Vec<u32>>>> = Arc::new(Mutex::new(vec![vec![0; n]; 3]));
+            let log = seen.clone();
+            let audit: flodl_ddp::SampleAudit = Arc::new(move |_rank, epoch, picks: &[usize]| {
+                let mut s = log.lock().unwrap_or_else(|e| e.into_inner());
+                for &p in picks {
+                    s[epoch][p] += 1;
+                }
+            });
+            trainer(3, policy, backend, data.clone())
+                .epochs(3)
+                .slowdown(vec![1.0, 2.5, 4.0])
+                .sample_audit(audit)
+                .run()?
+                .join()?;
+            let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            for (e, counts) in seen.iter().enumerate() {
+                let once = counts.iter().filter(|&&c| c == 1).count();
+                assert!(
+                    counts.iter().all(|&c| c <= 1),
+                    "{policy:?} {backend:?} epoch {e}: a sample twice"
+                );
+                assert_eq!(once, n / 32 * 32, "{policy:?} {backend:?} epoch {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A replica that fails at a given step.
+struct Failing {
+    inner: Mlp,
+    steps: usize,
+    fail_at: Option<usize>,
+}
+
+impl Replica for Failing {
+    fn train_step(&mut self, batch: &Batch) -> Result<f32> {
+        self.steps += 1;
+        if Some(self.steps) == self.fail_at {
+            return Err(Error::replica("injected fault"));
+        }
+        self.inner.train_step(batch)
+    }
+    fn step(&mut self, lr: f32) -> Result<()> {
+        self.inner.step(lr)
+    }
+    fn parameters(&self) -> &[Tensor] {
+        self.inner.parameters()
+    }
+    fn parameters_mut(&mut self) -> &mut [Tensor] {
+        self.inner.parameters_mut()
+    }
+    fn gradients(&self) -> &[Tensor] {
+        self.inner.gradients()
+    }
+}
+
+/// A worker error ends the run (no hang) and `join` reports that rank's error.
+#[test]
+fn worker_error_is_reported() -> TestResult {
+    let data = train_subset(2048);
+    for policy in POLICIES {
+        for backend in BACKENDS {
+            let cfg = small_mlp(Optimizer::sgd(0.9));
+            let factory = move |ctx: &flodl_ddp::ReplicaContext| -> Result<Failing> {
+                let fail_at = (ctx.rank == 1).then_some(7);
+                Ok(Failing {
+                    inner: Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?,
+                    steps: 0,
+                    fail_at,
+                })
+            };
+            let err = Trainer::new(factory)
+                .dataset(data.clone())
+                .batch_size(32)
+                .devices(Devices::Cpu(3))
+                .policy(policy)
+                .backend(backend)
+                .run()?
+                .join()
+                .err()
+                .ok_or("a failing rank must fail the run")?;
+            match &err {
+                Error::Rank { rank: 1, source } => {
+                    assert!(matches!(**source, Error::Replica(_)), "{policy:?} {backend:?}: {err}")
+                }
+                other => panic!("{policy:?} {backend:?}: unexpected error {other}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs of 1 to 8 ranks finish in every mode (no hang).
+#[test]
+fn no_hang_for_one_to_eight_ranks() -> TestResult {
+    let data = train_subset(1024);
+    for ranks in 1..=8 {
+        for policy in POLICIES {
+            for backend in BACKENDS {
+                let state = trainer(ranks, policy, backend, data.clone())
+                    .epochs(1)
+                    .batch_size(16)
+                    .stall_timeout(Duration::from_secs(30))
+                    .run()?
+                    .join()?;
+                assert_eq!(state.epochs.len(), 1);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A replica on an emulated fixed-speed device: every training step takes at least `step`
+/// (the device's compute time), so speeds do not depend on how busy the host's cores are.
+struct FixedSpeed {
+    inner: Mlp,
+    step: Duration,
+}
+
+impl Replica for FixedSpeed {
+    fn train_step(&mut self, batch: &Batch) -> Result<f32> {
+        let t0 = std::time::Instant::now();
+        let loss = self.inner.train_step(batch)?;
+        if let Some(rest) = self.step.checked_sub(t0.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        Ok(loss)
+    }
+    fn step(&mut self, lr: f32) -> Result<()> {
+        self.inner.step(lr)
+    }
+    fn parameters(&self) -> &[Tensor] {
+        self.inner.parameters()
+    }
+    fn parameters_mut(&mut self) -> &mut [Tensor] {
+        self.inner.parameters_mut()
+    }
+    fn gradients(&self) -> &[Tensor] {
+        self.inner.gradients()
+    }
+}
+
+/// ElChe's counts converge to within 10% of the true speed ratio under a 2.5× skew.
+#[test]
+fn elche_counts_follow_the_speed_ratio() -> TestResult {
+    let data = train_subset(8192);
+    let cfg = small_mlp(Optimizer::sgd(0.9));
+    let factory = move |ctx: &flodl_ddp::ReplicaContext| -> Result<FixedSpeed> {
+        let inner = Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?;
+        Ok(FixedSpeed { inner, step: Duration::from_millis(2) })
+    };
+    let mut h = Trainer::new(factory)
+        .dataset(data)
+        .batch_size(32)
+        .epochs(1)
+        .devices(Devices::Cpu(2))
+        .policy(Policy::Cadence)
+        .learning_rate(0.05)
+        .slowdown(vec![1.0, 2.5])
+        .run()?;
+    let mut epochs = Vec::new();
+    // Blocks until every epoch is reported; the events of the run are then all queued.
+    while let Some(m) = h.next_metrics(Duration::from_secs(60)) {
+        epochs.push(m);
+    }
+    let events = h.poll_reduce_events();
+    h.join()?;
+    let last = epochs.last().ok_or("no epoch")?;
+    let measured = last.ranks[0].throughput / last.ranks[1].throughput;
+    assert!((measured / 2.5 - 1.0).abs() < 0.2, "emulated skew {measured} is far from 2.5");
+    // The last three full windows (the run's very last ones are cut short by the data).
+    let full: Vec<f64> = events
+        .iter()
+        .filter(|e| e.steps == e.counts)
+        .map(|e| e.counts[0] as f64 / e.counts[1] as f64)
+        .collect();
+    assert!(full.len() >= 6, "too few full windows: {events:?}");
+    let tail = &full[full.len() - 3..];
+    let mean = tail.iter().sum::<f64>() / tail.len() as f64;
+    assert!(
+        (mean / measured - 1.0).abs() < 0.10,
+        "count ratio {mean} vs measured speed ratio {measured}: {events:?}"
+    );
+    Ok(())
+}
