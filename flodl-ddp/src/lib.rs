@@ -47,3 +47,5 @@ pub use metrics::{
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
 pub use trainer::{Devices, ElCheKnobs, SampleAudit, Trainer};
+
+pub mod guard;
