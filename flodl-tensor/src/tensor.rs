@@ -11,14 +11,23 @@ use crate::{DType, Device, Element, Error, PinnedBuffer, Result, Stream, cuda};
 /// A dense, contiguous, row-major array of one [`DType`] on one [`Device`].
 ///
 /// Not `Clone`: copying may allocate device memory and fail, so it is [`Tensor::try_clone`].
-#[derive(Debug)]
+/// `Debug` shows the shape, dtype and device, never the elements.
 pub struct Tensor {
     shape: Vec<usize>,
     storage: Storage,
 }
 
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype())
+            .field("device", &self.device())
+            .finish()
+    }
+}
+
 /// Where the elements live.
-#[derive(Debug)]
 pub(crate) enum Storage {
     Cpu(CpuStorage),
     Cuda(cuda::CudaStorage),

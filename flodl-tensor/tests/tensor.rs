@@ -161,3 +161,22 @@ fn devices_parse_and_print() -> TestResult {
     assert_eq!(Stream::cpu_with_threads(0).threads(), 1);
     Ok(())
 }
+
+#[test]
+fn handles_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Stream>();
+    send_sync::<Tensor>();
+    send_sync::<Event>();
+    send_sync::<PinnedBuffer<f32>>();
+    send_sync::<flodl_tensor::Error>();
+}
+
+#[test]
+fn debug_shows_metadata_not_elements() -> TestResult {
+    let s = Stream::cpu_with_threads(1);
+    let t = put(&[123.25; 4], &[2, 2], &s)?;
+    let text = format!("{t:?}");
+    assert!(text.contains("[2, 2]") && text.contains("F32") && !text.contains("123.25"), "{text}");
+    Ok(())
+}
