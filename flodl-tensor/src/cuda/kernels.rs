@@ -226,3 +226,26 @@ impl Kernels {
             .ok_or(Error::InvalidArgument { op: "cuda kernel", what: "unknown kernel" })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{NAMES, SOURCE};
+
+    /// NVRTC needs no GPU: wherever the library is installed, the kernel source must compile and
+    /// define every kernel the backend loads.
+    #[test]
+    fn source_compiles_and_defines_every_kernel() {
+        // SAFETY: only tries to load the library; it neither panics nor touches CUDA state.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            crate::skip_or_fail("libnvrtc is not installed");
+            return;
+        }
+        let ptx = match cudarc::nvrtc::compile_ptx(SOURCE) {
+            Ok(p) => p.to_src(),
+            Err(e) => panic!("kernel source does not compile: {e}"),
+        };
+        for name in NAMES {
+            assert!(ptx.contains(&format!(".entry {name}(")), "kernel {name} missing from the PTX");
+        }
+    }
+}
