@@ -164,6 +164,9 @@ struct Coordinator {
     emitted: Vec<EpochMetrics>,
     stalled: usize,
     last_heard: Instant,
+    /// When the first chunk was handed out, and when the last epoch completed.
+    train_start: Option<Instant>,
+    train_end: Option<Instant>,
 }
 
 impl Coordinator {
@@ -225,6 +228,8 @@ impl Coordinator {
             emitted: Vec::new(),
             stalled: 0,
             last_heard: Instant::now(),
+            train_start: None,
+            train_end: None,
         };
         coord.windows = coord.make_windows(1);
         Ok(coord)
@@ -362,6 +367,7 @@ impl Coordinator {
             self.send(rank, ToWorker::Init(initial.clone()))?;
         }
         self.last_heard = Instant::now();
+        self.train_start = Some(Instant::now());
         Ok(())
     }
 
@@ -481,6 +487,9 @@ impl Coordinator {
         while let Some((epoch, tally, ms)) = self.dispatch.pop_complete() {
             let metrics = tally.finish(epoch, ms, &self.devices);
             let awaiting_eval = self.cfg.evaluates(epoch);
+            if self.dispatch.all_done() {
+                self.train_end = Some(Instant::now());
+            }
             self.held.push_back(Held { metrics, awaiting_eval });
         }
         self.emit_ready();
@@ -646,7 +655,12 @@ impl Coordinator {
         }
         let state = finals.into_iter().next().flatten().ok_or(Error::Disconnected("rank 0"))?;
         let wall_ms = self.start.elapsed().as_secs_f64() * 1000.0;
-        trained_state(&self.shapes, state, std::mem::take(&mut self.emitted), self.reduces, wall_ms)
+        let train_ms = match (self.train_start, self.train_end) {
+            (Some(s), Some(e)) => e.saturating_duration_since(s).as_secs_f64() * 1000.0,
+            _ => wall_ms,
+        };
+        let epochs = std::mem::take(&mut self.emitted);
+        trained_state(&self.shapes, state, epochs, self.reduces, wall_ms, train_ms)
     }
 }
 

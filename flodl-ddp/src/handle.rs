@@ -36,6 +36,23 @@ pub struct TrainedState {
     pub reduces: u64,
     /// Wall time of the run in milliseconds (replica construction included).
     pub wall_ms: f64,
+    /// Training wall time in milliseconds: the first batch handed out to the last epoch done
+    /// (replica construction and the final evaluation excluded).
+    pub train_ms: f64,
+    /// Samples trained, all ranks and epochs together.
+    pub samples: usize,
+}
+
+impl TrainedState {
+    /// Training throughput in samples per second (`samples / train_ms`).
+    pub fn throughput(&self) -> f64 {
+        if self.train_ms > 0.0 { self.samples as f64 * 1000.0 / self.train_ms } else { 0.0 }
+    }
+
+    /// The last evaluation of the run, if any.
+    pub fn final_eval(&self) -> Option<crate::EvalMetrics> {
+        self.epochs.iter().rev().find_map(|e| e.eval)
+    }
 }
 
 impl TrainedState {
@@ -199,6 +216,7 @@ pub(crate) fn trained_state(
     epochs: Vec<EpochMetrics>,
     reduces: u64,
     wall_ms: f64,
+    train_ms: f64,
 ) -> Result<TrainedState> {
     let n = state.params.len();
     if shapes.len() != n + state.buffers.len() {
@@ -212,11 +230,14 @@ pub(crate) fn trained_state(
     let pair = |shapes: &[Vec<usize>], values: Vec<Vec<f32>>| -> Vec<HostTensor> {
         shapes.iter().zip(values).map(|(s, data)| HostTensor { shape: s.clone(), data }).collect()
     };
+    let samples = epochs.iter().map(|e| e.samples).sum();
     Ok(TrainedState {
         params: pair(&shapes[..n], state.params),
         buffers: pair(&shapes[n..], state.buffers),
         epochs,
         reduces,
         wall_ms,
+        train_ms,
+        samples,
     })
 }

@@ -33,6 +33,8 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     let devices = [cfg.devices[0].to_string()];
     let bs = cfg.batch_size;
     let mut epochs = Vec::with_capacity(cfg.epochs);
+    let train_start = Instant::now();
+    let mut train_ms = 0.0;
     for epoch in 0..cfg.epochs {
         let t0 = Instant::now();
         let mut work = WorkTally::default();
@@ -50,6 +52,7 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
         let mut tally = EpochTally::new(1);
         tally.add(0, &work);
         let mut metrics = tally.finish(epoch, t0.elapsed().as_secs_f64() * 1000.0, &devices);
+        train_ms = train_start.elapsed().as_secs_f64() * 1000.0;
         if cfg.evaluates(epoch) {
             metrics.eval = worker.evaluate()?;
         }
@@ -58,5 +61,6 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
         epochs.push(metrics);
     }
     let state = worker.snapshot()?;
-    trained_state(&worker.shapes(), state, epochs, 0, start.elapsed().as_secs_f64() * 1000.0)
+    let wall_ms = start.elapsed().as_secs_f64() * 1000.0;
+    trained_state(&worker.shapes(), state, epochs, 0, wall_ms, train_ms)
 }

@@ -1,0 +1,171 @@
+//! Throughput and accuracy of the DDP modes on MNIST with the reference MLP, on CPU ranks.
+//!
+//! ```text
+//! cargo run --release -p flodl-ddp --example throughput -- [--epochs 5] [--slow 2.5]
+//!     [--runs solo,equal,skew] [--modes cadence-collective,...] [--json]
+//! ```
+//!
+//! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10, batch 64 per rank, SGD lr 0.05
+//! momentum 0.9, one thread per rank. `solo` runs rank 0 alone (factor 1) and rank 1 alone
+//! (factor `--slow`); `equal` runs two equal ranks; `skew` runs two ranks with rank 1 slowed by
+//! `--slow`, and compares the aggregate with 0.9 × (solo 0 + solo 1) of the same invocation.
+//! Each line reports samples/s over the training wall time and the test accuracy after the
+//! last epoch; `--json` prints one JSON object per run instead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flodl_data::{Dataset, Mnist, Split, Verify};
+use flodl_ddp::{Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, TrainedState, Trainer};
+
+struct Args {
+    epochs: usize,
+    slow: f64,
+    runs: Vec<String>,
+    modes: Vec<(Policy, Backend)>,
+    json: bool,
+}
+
+fn parse_mode(s: &str) -> Option<(Policy, Backend)> {
+    let (p, b) = s.split_once('-')?;
+    Some((p.parse().ok()?, b.parse().ok()?))
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        epochs: 5,
+        slow: 2.5,
+        runs: vec!["solo".into(), "equal".into(), "skew".into()],
+        modes: vec![
+            (Policy::Cadence, Backend::Collective),
+            (Policy::Cadence, Backend::Host),
+            (Policy::Async, Backend::Collective),
+            (Policy::Async, Backend::Host),
+        ],
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--epochs" => args.epochs = value()?.parse().map_err(|e| format!("--epochs: {e}"))?,
+            "--slow" => args.slow = value()?.parse().map_err(|e| format!("--slow: {e}"))?,
+            "--runs" => args.runs = value()?.split(',').map(str::to_owned).collect(),
+            "--modes" => {
+                args.modes = value()?
+                    .split(',')
+                    .map(|m| parse_mode(m).ok_or(format!("unknown mode {m}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--json" => args.json = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+/// One measured run.
+struct Run {
+    name: String,
+    state: TrainedState,
+}
+
+fn train(
+    name: &str,
+    devices: usize,
+    policy: Policy,
+    backend: Backend,
+    slowdown: Vec<f64>,
+    args: &Args,
+    data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
+) -> Result<Run, Box<dyn std::error::Error>> {
+    let mlp = MlpConfig::new(&[784, 256, 128, 10], Optimizer::sgd(0.9));
+    let state = Trainer::new(Mlp::factory(mlp))
+        .dataset(data.0.clone())
+        .test_dataset(data.1.clone(), args.epochs)
+        .batch_size(64)
+        .epochs(args.epochs)
+        .devices(Devices::Cpu(devices))
+        .policy(policy)
+        .backend(backend)
+        .learning_rate(0.05)
+        .slowdown(slowdown)
+        .stall_timeout(Duration::from_secs(300))
+        .run()?
+        .join()?;
+    Ok(Run { name: name.to_owned(), state })
+}
+
+fn report(run: &Run, json: bool, target: Option<f64>) {
+    let s = &run.state;
+    let acc = s.final_eval().map_or(f64::NAN, |e| e.accuracy);
+    let shares: Vec<f64> = s.epochs.last().map_or_else(Vec::new, |e| {
+        e.ranks.iter().map(|r| (r.batch_share * 1000.0).round() / 1000.0).collect()
+    });
+    if json {
+        println!(
+            "{{\"run\":\"{}\",\"samples_per_s\":{:.1},\"train_ms\":{:.1},\"test_accuracy\":{:.5},\"reduces\":{},\"shares\":{:?},\"target_samples_per_s\":{}}}",
+            run.name,
+            s.throughput(),
+            s.train_ms,
+            acc,
+            s.reduces,
+            shares,
+            target.map_or("null".to_owned(), |t| format!("{t:.1}"))
+        );
+    } else {
+        let verdict = target.map_or(String::new(), |t| {
+            let ok = if s.throughput() >= t { "ok" } else { "BELOW" };
+            format!("  target {t:>8.0} {ok}")
+        });
+        println!(
+            "{:<28} {:>9.0} samples/s  acc {:>6.2}%  reduces {:>5}  shares {:?}{}",
+            run.name,
+            s.throughput(),
+            acc * 100.0,
+            s.reduces,
+            shares,
+            verdict
+        );
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    let dir = flodl_data::mnist::vendored_dir();
+    let train_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Train, Verify::Skip)?);
+    let test_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Test, Verify::Skip)?);
+    let data = (&train_set, &test_set);
+    let has = |r: &str| args.runs.iter().any(|x| x == r);
+    let mut solo = [None, None];
+    if has("solo") || has("skew") {
+        let fast =
+            train("solo rank0", 1, Policy::Sync, Backend::Collective, vec![1.0], &args, data)?;
+        report(&fast, args.json, Some(34_000.0));
+        let name = format!("solo rank1 (x{})", args.slow);
+        let slow =
+            train(&name, 1, Policy::Sync, Backend::Collective, vec![args.slow], &args, data)?;
+        report(&slow, args.json, None);
+        solo = [Some(fast.state.throughput()), Some(slow.state.throughput())];
+    }
+    if has("equal") {
+        for &(p, b) in &args.modes {
+            let name = format!("equal {}-{}", p.name(), b.name());
+            let run = train(&name, 2, p, b, vec![1.0, 1.0], &args, data)?;
+            let target = (p == Policy::Cadence).then_some(60_000.0);
+            report(&run, args.json, target);
+        }
+    }
+    if has("skew") {
+        let target = match solo {
+            [Some(a), Some(b)] => Some(0.9 * (a + b)),
+            _ => None,
+        };
+        for &(p, b) in &args.modes {
+            let name = format!("skew x{} {}-{}", args.slow, p.name(), b.name());
+            let run = train(&name, 2, p, b, vec![1.0, args.slow], &args, data)?;
+            report(&run, args.json, target);
+        }
+    }
+    Ok(())
+}
