@@ -1,12 +1,15 @@
 //! `fdl`: the flodl command line — devices, train, bench, report.
 
 mod args;
+mod bench;
 mod chart;
 mod config;
 mod devices;
+mod progress;
 mod record;
 mod report;
 mod run_dir;
+mod train;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -39,10 +42,27 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, like `{:#}`, skipping a cause whose text an outer
+/// message already quotes (library errors often print their source themselves).
+fn one_line(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn run(command: Command) -> Result<()> {
@@ -52,26 +72,8 @@ fn run(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Report(args) => regenerate_report(&args.run_dir),
-        Command::Train(args) => {
-            let run = config::RunFlags {
-                eval_every: args.eval_every,
-                checkpoint_dir: args.checkpoint_dir.clone(),
-                checkpoint_every: args.checkpoint_every,
-                resume: args.resume.clone(),
-                out: args.out.clone(),
-                name: args.name.clone(),
-            };
-            let (cfg, opts) = config::resolve(&args.flags, &run)?;
-            if args.dry_run {
-                let both = serde_json::json!({ "config": cfg, "options": opts });
-                println!("{}", serde_json::to_string_pretty(&both)?);
-                return Ok(());
-            }
-            anyhow::bail!("training needs the flodl-ddp trainer, which is not built yet")
-        }
-        Command::Bench(_) => {
-            anyhow::bail!("bench needs the flodl-ddp trainer, which is not built yet")
-        }
+        Command::Train(args) => train::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }
 
@@ -83,4 +85,16 @@ fn regenerate_report(dir: &Path) -> Result<()> {
     let path = run_dir::write_report(dir, &report::render(&summary, &records))?;
     println!("report: {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_drops_repeated_causes_and_newlines() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = anyhow::Error::new(io).context("f.gz: gone").context("cannot load\nMNIST");
+        assert_eq!(one_line(&e), "cannot load MNIST: f.gz: gone");
+    }
 }

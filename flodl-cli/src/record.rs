@@ -2,70 +2,31 @@
 
 use serde::{Deserialize, Serialize};
 
+use flodl_ddp::{EvalMetrics, Report};
+
 use crate::config::{RunOptions, TrainConfig};
 
-/// One line of `metrics.jsonl`, tagged by `kind`.
+/// One line of `metrics.jsonl`: a run report of flodl-ddp (tagged by `kind`: `epoch` or
+/// `reduce`, with the library's field names), plus, on epoch lines, when fdl received it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum Record {
-    /// An epoch was aggregated (and maybe evaluated).
-    Epoch(EpochRecord),
-    /// The replicas were averaged.
-    Reduce(ReduceRecord),
+pub(crate) struct Line {
+    /// The report as flodl-ddp emitted it.
+    #[serde(flatten)]
+    pub(crate) report: Report,
+    /// Seconds since training started when fdl received the report (epoch lines; reduce lines
+    /// carry the library's own `at_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) t_s: Option<f64>,
 }
 
-/// One aggregated epoch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct EpochRecord {
-    /// Epoch number, 1-based.
-    pub(crate) epoch: usize,
-    /// Seconds since training started.
-    pub(crate) t_s: f64,
-    /// Wall time of the epoch in milliseconds.
-    pub(crate) epoch_ms: f64,
-    /// Mean training loss over the epoch's batches.
-    pub(crate) train_loss: f64,
-    /// Test-set evaluation, when this epoch was evaluated.
-    pub(crate) eval: Option<EvalRecord>,
-    /// Per-rank work in this epoch.
-    pub(crate) ranks: Vec<RankEpoch>,
-}
-
-/// A test-set evaluation.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub(crate) struct EvalRecord {
-    /// Mean loss on the test set.
-    pub(crate) loss: f64,
-    /// Fraction of correct predictions, in [0, 1].
-    pub(crate) accuracy: f64,
-}
-
-/// One rank's share of an epoch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RankEpoch {
-    /// Rank index.
-    pub(crate) rank: usize,
-    /// Samples this rank trained on.
-    pub(crate) samples: u64,
-    /// Samples per second.
-    pub(crate) samples_per_s: f64,
-    /// Fraction of the epoch's samples done by this rank.
-    pub(crate) share: f64,
-}
-
-/// One averaging event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct ReduceRecord {
-    /// 1-based count of reduces so far.
-    pub(crate) index: u64,
-    /// Seconds since training started.
-    pub(crate) t_s: f64,
-    /// Time the reduce took, in milliseconds.
-    pub(crate) sync_ms: f64,
-    /// ElChe anchor (batches of the slowest rank per window) after this reduce.
-    pub(crate) anchor: Option<u64>,
-    /// Batches each rank did since the previous reduce.
-    pub(crate) batches: Vec<u64>,
+impl Line {
+    /// Seconds since training started at which this happened.
+    pub(crate) fn time_s(&self) -> Option<f64> {
+        match &self.report {
+            Report::Reduce(r) => Some(r.at_ms / 1000.0),
+            Report::Epoch(_) => self.t_s,
+        }
+    }
 }
 
 /// `summary.json`: what ran and how it ended.
@@ -90,7 +51,7 @@ pub(crate) struct Summary {
     /// Mean training loss of the last epoch.
     pub(crate) final_train_loss: Option<f64>,
     /// Final test-set evaluation.
-    pub(crate) test: Option<EvalRecord>,
+    pub(crate) test: Option<EvalMetrics>,
     /// Number of reduces.
     pub(crate) syncs: u64,
     /// Mean reduce time in milliseconds.

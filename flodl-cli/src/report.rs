@@ -2,25 +2,28 @@
 
 use std::fmt::Write as _;
 
+use flodl_ddp::{EpochMetrics, ReduceEvent, Report};
+
 use crate::chart::{LineChart, Series, Style, escape};
-use crate::record::{EpochRecord, Record, ReduceRecord, Summary};
+use crate::record::{Line, Summary};
+
+/// An epoch with the time it ended, in seconds since training started.
+type TimedEpoch<'a> = (f64, &'a EpochMetrics);
 
 /// Renders the report of one run.
-pub(crate) fn render(summary: &Summary, records: &[Record]) -> String {
-    let epochs: Vec<&EpochRecord> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Epoch(e) => Some(e),
-            Record::Reduce(_) => None,
-        })
-        .collect();
-    let reduces: Vec<&ReduceRecord> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Reduce(r) => Some(r),
-            Record::Epoch(_) => None,
-        })
-        .collect();
+pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
+    let mut epochs: Vec<TimedEpoch<'_>> = Vec::new();
+    let mut reduces: Vec<&ReduceEvent> = Vec::new();
+    let mut cumulative_s = 0.0;
+    for line in lines {
+        match &line.report {
+            Report::Epoch(e) => {
+                cumulative_s += e.epoch_ms / 1000.0;
+                epochs.push((line.time_s().unwrap_or(cumulative_s), e));
+            }
+            Report::Reduce(r) => reduces.push(r),
+        }
+    }
 
     let mut html = String::new();
     let title = format!("fdl run {}", summary.name);
@@ -109,16 +112,21 @@ fn rank_table(html: &mut String, s: &Summary) {
     html.push_str("</table>");
 }
 
-fn epoch_table(html: &mut String, epochs: &[&EpochRecord]) {
+fn epoch_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
     html.push_str("<h2>Epochs</h2><table><tr><th>epoch</th><th>t (s)</th><th>epoch (ms)</th><th>train loss</th><th>test loss</th><th>test accuracy</th></tr>");
-    for e in epochs {
+    for (t, e) in epochs {
         let (tl, ta) = e.eval.map_or(("–".to_owned(), "–".to_owned()), |v| {
             (format!("{:.4}", v.loss), format!("{:.2}%", v.accuracy * 100.0))
         });
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{:.2}</td><td>{:.0}</td><td>{:.4}</td><td>{}</td><td>{}</td></tr>",
-            e.epoch, e.t_s, e.epoch_ms, e.train_loss, tl, ta
+            e.epoch + 1,
+            t,
+            e.epoch_ms,
+            e.avg_loss,
+            tl,
+            ta
         );
     }
     html.push_str("</table>");
@@ -150,20 +158,20 @@ fn config_table(html: &mut String, s: &Summary) {
 }
 
 /// The report's charts, in display order.
-fn charts(s: &Summary, epochs: &[&EpochRecord], reduces: &[&ReduceRecord]) -> Vec<LineChart> {
-    let world = s.devices.len().max(epochs.iter().map(|e| e.ranks.len()).max().unwrap_or(0));
+fn charts(s: &Summary, epochs: &[TimedEpoch<'_>], reduces: &[&ReduceEvent]) -> Vec<LineChart> {
+    let world = s.devices.len().max(epochs.iter().map(|(_, e)| e.ranks.len()).max().unwrap_or(0));
     let rank_name = |r: usize| match s.devices.get(r) {
         Some(d) => format!("rank {r} ({d})"),
         None => format!("rank {r}"),
     };
 
-    let train_loss = epochs.iter().map(|e| (e.t_s, e.train_loss)).collect();
-    let test_loss = epochs.iter().filter_map(|e| e.eval.map(|v| (e.t_s, v.loss))).collect();
+    let train_loss = epochs.iter().map(|(t, e)| (*t, e.avg_loss)).collect();
+    let test_loss = epochs.iter().filter_map(|(t, e)| e.eval.map(|v| (*t, v.loss))).collect();
     let loss = LineChart::new("Loss", "wall time (s)", "loss")
         .series(Series::new("train loss", train_loss, Style::Line))
         .series(Series::new("test loss", test_loss, Style::Line));
 
-    let acc_points = epochs.iter().filter_map(|e| e.eval.map(|v| (e.t_s, v.accuracy * 100.0)));
+    let acc_points = epochs.iter().filter_map(|(t, e)| e.eval.map(|v| (*t, v.accuracy * 100.0)));
     let accuracy = LineChart::new("Test accuracy", "wall time (s)", "accuracy (%)")
         .series(Series::new("test accuracy", acc_points.collect(), Style::Line));
 
@@ -172,7 +180,7 @@ fn charts(s: &Summary, epochs: &[&EpochRecord], reduces: &[&ReduceRecord]) -> Ve
     for r in 0..world {
         let pts = epochs
             .iter()
-            .filter_map(|e| e.ranks.iter().find(|x| x.rank == r).map(|x| (e.t_s, x.samples_per_s)))
+            .filter_map(|(t, e)| e.ranks.iter().find(|x| x.rank == r).map(|x| (*t, x.throughput)))
             .collect();
         throughput = throughput.series(Series::new(rank_name(r), pts, Style::Line));
     }
@@ -184,27 +192,29 @@ fn charts(s: &Summary, epochs: &[&EpochRecord], reduces: &[&ReduceRecord]) -> Ve
         let pts: Vec<(f64, f64)> = if reduces.is_empty() {
             epochs
                 .iter()
-                .filter_map(|e| e.ranks.iter().find(|x| x.rank == r).map(|x| (e.t_s, x.share)))
+                .filter_map(|(t, e)| {
+                    e.ranks.iter().find(|x| x.rank == r).map(|x| (*t, x.batch_share))
+                })
                 .collect()
         } else {
             reduces
                 .iter()
                 .filter_map(|red| {
-                    let total: u64 = red.batches.iter().sum();
-                    let mine = *red.batches.get(r)?;
-                    (total > 0).then(|| (red.t_s, mine as f64 / total as f64))
+                    let total: usize = red.steps.iter().sum();
+                    let mine = *red.steps.get(r)?;
+                    (total > 0).then(|| (red.at_ms / 1000.0, mine as f64 / total as f64))
                 })
                 .collect()
         };
         share = share.series(Series::new(rank_name(r), pts, Style::Step));
     }
 
-    let anchor_pts = reduces.iter().filter_map(|r| r.anchor.map(|a| (r.t_s, a as f64))).collect();
+    let anchor_pts = reduces.iter().map(|r| (r.at_ms / 1000.0, r.anchor as f64)).collect();
     let anchor = LineChart::new("ElChe anchor", "wall time (s)", "anchor (batches)")
         .y_from_zero()
         .series(Series::new("anchor", anchor_pts, Style::Step));
 
-    let sync_pts = reduces.iter().map(|r| (r.t_s, r.sync_ms)).collect();
+    let sync_pts = reduces.iter().map(|r| (r.at_ms / 1000.0, r.sync_ms)).collect();
     let syncs = LineChart::new("Sync events", "wall time (s)", "sync time (ms)")
         .y_from_zero()
         .series(Series::new("reduce", sync_pts, Style::Dots));
@@ -216,32 +226,52 @@ fn charts(s: &Summary, epochs: &[&EpochRecord], reduces: &[&ReduceRecord]) -> Ve
 mod tests {
     use super::*;
     use crate::config::{RunOptions, TrainConfig};
-    use crate::record::{EvalRecord, RankEpoch, RankSummary};
+    use crate::record::RankSummary;
+    use flodl_ddp::{EvalMetrics, RankEpochMetrics};
 
-    fn sample(epochs: usize, reduces_per_epoch: u64) -> (Summary, Vec<Record>) {
-        let mut records = Vec::new();
-        let mut index = 0;
+    fn sample(epochs: usize, reduces_per_epoch: usize) -> (Summary, Vec<Line>) {
+        let mut lines = Vec::new();
+        let mut round = 0;
+        let eval = |e: usize| EvalMetrics { loss: 0.5 / e as f64, accuracy: 0.9, samples: 10 };
         for e in 1..=epochs {
             for k in 0..reduces_per_epoch {
-                index += 1;
-                records.push(Record::Reduce(ReduceRecord {
-                    index,
-                    t_s: e as f64 - 1.0 + k as f64 / reduces_per_epoch as f64,
+                round += 1;
+                let report = Report::Reduce(ReduceEvent {
+                    round,
+                    epoch: e - 1,
+                    at_ms: 1000.0 * (e as f64 - 1.0 + k as f64 / reduces_per_epoch as f64),
+                    anchor: 10 + k,
+                    counts: vec![10, 25],
+                    steps: vec![10, 26],
                     sync_ms: 1.0 + k as f64,
-                    anchor: Some(10 + k),
-                    batches: vec![10, 25],
-                }));
+                });
+                lines.push(Line { report, t_s: None });
             }
-            records.push(Record::Epoch(EpochRecord {
-                epoch: e,
-                t_s: e as f64,
+            let ranks = (0..2)
+                .map(|r| RankEpochMetrics {
+                    rank: r,
+                    device: "cpu".into(),
+                    batches: 10,
+                    samples: 100,
+                    avg_loss: 1.0,
+                    compute_ms: 900.0,
+                    throughput: 111.0,
+                    batch_share: 0.5,
+                })
+                .collect();
+            let report = Report::Epoch(EpochMetrics {
+                epoch: e - 1,
+                avg_loss: 1.0 / e as f64,
                 epoch_ms: 1000.0,
-                train_loss: 1.0 / e as f64,
-                eval: Some(EvalRecord { loss: 0.5 / e as f64, accuracy: 0.9 + 0.01 * e as f64 }),
-                ranks: (0..2)
-                    .map(|r| RankEpoch { rank: r, samples: 100, samples_per_s: 50.0, share: 0.5 })
-                    .collect(),
-            }));
+                samples: 200,
+                throughput: 200.0,
+                ranks,
+                scalars: Default::default(),
+                reduces: reduces_per_epoch,
+                sync_ms: 3.0,
+                eval: Some(eval(e)),
+            });
+            lines.push(Line { report, t_s: Some(e as f64) });
         }
         let summary = Summary {
             name: "t<1>".into(),
@@ -260,8 +290,8 @@ mod tests {
             epochs_completed: epochs,
             train_wall_s: epochs as f64,
             final_train_loss: Some(0.1),
-            test: Some(EvalRecord { loss: 0.1, accuracy: 0.98 }),
-            syncs: index,
+            test: Some(eval(1)),
+            syncs: round,
             avg_sync_ms: Some(1.5),
             ranks: (0..2)
                 .map(|r| RankSummary {
@@ -274,14 +304,14 @@ mod tests {
                 })
                 .collect(),
         };
-        (summary, records)
+        (summary, lines)
     }
 
     #[test]
     fn report_has_six_charts_with_lines_and_escaped_name() {
         for (epochs, reduces) in [(3, 4), (1, 0), (0, 0)] {
-            let (summary, records) = sample(epochs, reduces);
-            let html = render(&summary, &records);
+            let (summary, lines) = sample(epochs, reduces);
+            let html = render(&summary, &lines);
             assert_eq!(html.matches("<svg").count(), 6, "{epochs}/{reduces}");
             assert_eq!(html.matches("</svg>").count(), 6);
             assert!(html.contains("t&lt;1&gt;") && !html.contains("t<1>"));
@@ -291,5 +321,19 @@ mod tests {
                 assert_eq!(html.matches("<polyline").count(), 8);
             }
         }
+    }
+
+    #[test]
+    fn metrics_lines_round_trip_with_the_kind_tag() -> Result<(), serde_json::Error> {
+        let (_, lines) = sample(2, 2);
+        for line in &lines {
+            let text = serde_json::to_string(line)?;
+            let value: serde_json::Value = serde_json::from_str(&text)?;
+            let kind = value["kind"].as_str().unwrap_or_default();
+            assert!(kind == "epoch" || kind == "reduce", "{text}");
+            assert_eq!(value.get("t_s").is_some(), kind == "epoch", "{text}");
+            assert_eq!(&serde_json::from_str::<Line>(&text)?, line);
+        }
+        Ok(())
     }
 }

@@ -1,5 +1,4 @@
 //! A run directory: `metrics.jsonl` written as training goes, `summary.json` and `report.html` at the end.
-#![allow(dead_code)] // The writer half is used by `fdl train`, wired once flodl-ddp lands.
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -8,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 
-use crate::record::{Record, Summary};
+use crate::record::{Line, Summary};
 
 /// File names inside a run directory.
 pub(crate) const METRICS: &str = "metrics.jsonl";
@@ -50,8 +49,8 @@ impl RunDir {
     ///
     /// # Errors
     /// Writing fails.
-    pub(crate) fn append(&mut self, record: &Record) -> Result<()> {
-        serde_json::to_writer(&mut self.metrics, record)?;
+    pub(crate) fn append(&mut self, line: &Line) -> Result<()> {
+        serde_json::to_writer(&mut self.metrics, line)?;
         self.metrics.write_all(b"\n")?;
         self.metrics
             .flush()
@@ -73,7 +72,7 @@ impl RunDir {
 ///
 /// # Errors
 /// The file is missing or a line is not a valid record (the line number is named).
-pub(crate) fn read_metrics(dir: &Path) -> Result<Vec<Record>> {
+pub(crate) fn read_metrics(dir: &Path) -> Result<Vec<Line>> {
     let path = dir.join(METRICS);
     let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut records = Vec::new();
@@ -157,10 +156,8 @@ mod tests {
     #[test]
     fn corrupt_metrics_name_the_line() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        fs::write(
-            dir.path().join(METRICS),
-            "{\"kind\":\"reduce\",\"index\":1,\"t_s\":0.5,\"sync_ms\":1.0,\"anchor\":null,\"batches\":[1,2]}\nnot json\n",
-        )?;
+        let good = r#"{"kind":"reduce","round":1,"epoch":0,"at_ms":5.0,"anchor":10,"counts":[10,20],"steps":[10,21],"sync_ms":1.5}"#;
+        fs::write(dir.path().join(METRICS), format!("{good}\nnot json\n"))?;
         let err = read_metrics(dir.path()).err().map(|e| format!("{e:#}"));
         assert!(err.as_deref().is_some_and(|e| e.contains("line 2")), "{err:?}");
         Ok(())

@@ -1,0 +1,243 @@
+//! `fdl bench`: the A/B matrix — solo per device, then every policy × backend — on one seed.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use flodl_ddp::{Backend, Policy, Report};
+use serde::{Deserialize, Serialize};
+
+use crate::args::BenchArgs;
+use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
+use crate::progress::Display;
+use crate::report;
+use crate::run_dir::{self, RunDir};
+use crate::train::{self, Data, Outcome, Plan};
+
+/// One row of the bench table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Row {
+    /// `solo-<rank> (<device>)` or `<backend>-<policy>`.
+    pub(crate) mode: String,
+    /// Device of each rank.
+    pub(crate) devices: Vec<String>,
+    /// Mean training loss of the last epoch.
+    pub(crate) loss: Option<f64>,
+    /// Test accuracy after the last epoch, in [0, 1].
+    pub(crate) eval_accuracy: Option<f64>,
+    /// Training wall time in seconds.
+    pub(crate) wall_s: f64,
+    /// Reduces performed.
+    pub(crate) syncs: u64,
+    /// Mean reduce time in milliseconds.
+    pub(crate) avg_sync_ms: Option<f64>,
+    /// Per rank: fraction of the wall time not spent in training steps.
+    pub(crate) idle: Vec<f64>,
+}
+
+/// `bench.json`: the configuration and the rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BenchReport {
+    /// Start time, UTC, RFC 3339.
+    pub(crate) started_at: String,
+    /// The shared configuration of every row.
+    pub(crate) config: TrainConfig,
+    /// The rows, solo runs first.
+    pub(crate) rows: Vec<Row>,
+}
+
+/// `fdl bench`.
+///
+/// # Errors
+/// Bad configuration, missing data, an unwritable output directory, a failed run.
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    let (cfg, _) = config::resolve(&args.flags, &RunFlags::default())?;
+    let base = Plan::new(&cfg)?;
+    let data = Data::load(&cfg)?;
+    let (started_at, stamp) = run_dir::utc_now();
+    let out =
+        args.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("bench-{stamp}")));
+    fs::create_dir_all(&out)
+        .with_context(|| format!("cannot create output directory {}", out.display()))?;
+    let display = Display::detect(args.quiet);
+
+    let mut modes: Vec<(String, Plan, TrainConfig)> = Vec::new();
+    if !args.no_solo {
+        for (rank, device) in base.devices.iter().enumerate() {
+            let mut solo = cfg.clone();
+            solo.slowdown = cfg.slowdown.get(rank).map(|f| vec![*f]).unwrap_or_default();
+            solo.ranks = RankSpec::Devices(vec![device.to_string()]);
+            let plan = base.with(vec![*device], base.policy, base.backend);
+            modes.push((format!("solo-{rank} ({device})"), plan, solo));
+        }
+    }
+    for policy in Policy::ALL {
+        for backend in Backend::ALL {
+            let plan = base.with(base.devices.clone(), policy, backend);
+            let mode_cfg = TrainConfig {
+                policy: policy.to_string(),
+                backend: backend.to_string(),
+                ..cfg.clone()
+            };
+            modes.push((format!("{backend}-{policy}"), plan, mode_cfg));
+        }
+    }
+
+    let mut rows = Vec::new();
+    let count = modes.len();
+    for (i, (mode, plan, mode_cfg)) in modes.into_iter().enumerate() {
+        if display != Display::Silent {
+            println!("[{}/{count}] {mode} ...", i + 1);
+        }
+        // Each mode gets a run directory of its own (metrics, summary, report).
+        let slug: String = mode
+            .chars()
+            .filter_map(|c| match c {
+                'a'..='z' | '0'..='9' | '-' => Some(c),
+                ' ' | ':' => Some('-'),
+                _ => None,
+            })
+            .collect();
+        let mut dir = RunDir::create(&out.join(&slug))?;
+        // Only the last epoch is evaluated: the table compares end states.
+        let opts = RunOptions {
+            eval_every: mode_cfg.epochs,
+            checkpoint_dir: None,
+            checkpoint_every: 1,
+            resume: None,
+            out: Some(dir.path().to_owned()),
+            name: None,
+        };
+        let outcome =
+            train::execute(&mode_cfg, &plan, &data, opts.eval_every, Display::Silent, |l| {
+                dir.append(l)
+            })
+            .with_context(|| format!("bench mode {mode}"))?;
+        let summary = train::summarise(slug, started_at.clone(), &mode_cfg, &opts, &plan, &outcome);
+        dir.write_summary(&summary)?;
+        run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
+        let row = row(mode, &plan, &outcome);
+        if display != Display::Silent {
+            println!("      {}", row_summary(&row));
+        }
+        rows.push(row);
+    }
+
+    let report = BenchReport { started_at, config: cfg, rows };
+    let table = markdown(&report);
+    let md = out.join("bench.md");
+    fs::write(&md, &table).with_context(|| format!("cannot write {}", md.display()))?;
+    let json = out.join("bench.json");
+    fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    println!("{table}");
+    println!("bench: {} and {}", md.display(), json.display());
+    Ok(())
+}
+
+fn row(mode: String, plan: &Plan, outcome: &Outcome) -> Row {
+    let state = &outcome.state;
+    let sync: Vec<f64> = outcome
+        .lines
+        .iter()
+        .filter_map(|l| match &l.report {
+            Report::Reduce(r) => Some(r.sync_ms),
+            Report::Epoch(_) => None,
+        })
+        .collect();
+    let idle = (0..plan.devices.len())
+        .map(|rank| {
+            let compute: f64 =
+                state.epochs.iter().filter_map(|e| e.ranks.get(rank)).map(|r| r.compute_ms).sum();
+            if state.wall_ms > 0.0 { (1.0 - compute / state.wall_ms).clamp(0.0, 1.0) } else { 0.0 }
+        })
+        .collect();
+    Row {
+        mode,
+        devices: plan.device_names(),
+        loss: state.epochs.last().map(|e| e.avg_loss),
+        eval_accuracy: state.epochs.iter().rev().find_map(|e| e.eval.map(|v| v.accuracy)),
+        wall_s: state.wall_ms / 1000.0,
+        syncs: state.reduces,
+        avg_sync_ms: (!sync.is_empty()).then(|| sync.iter().sum::<f64>() / sync.len() as f64),
+        idle,
+    }
+}
+
+fn row_summary(row: &Row) -> String {
+    format!(
+        "loss {}  eval {}  wall {:.1} s  syncs {}",
+        opt(row.loss, |l| format!("{l:.4}")),
+        opt(row.eval_accuracy, |a| format!("{:.2}%", a * 100.0)),
+        row.wall_s,
+        row.syncs
+    )
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or_else(|| "–".to_owned(), f)
+}
+
+/// The bench table in Markdown, with a line saying what was run.
+pub(crate) fn markdown(report: &BenchReport) -> String {
+    let c = &report.config;
+    let mut out = String::new();
+    let slowdown = if c.slowdown.is_empty() {
+        "none".to_owned()
+    } else {
+        c.slowdown.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "fdl bench, {}: {} epochs, batch {}, lr {}, seed {}, slowdown {slowdown}\n",
+        report.started_at, c.epochs, c.batch_size, c.lr, c.seed
+    );
+    out.push_str("| mode | loss | eval | wall (s) | syncs | avg sync (ms) | idle per rank |\n");
+    out.push_str("|---|---|---|---|---|---|---|\n");
+    for r in &report.rows {
+        let idle: Vec<String> = r.idle.iter().map(|i| format!("{:.0}%", i * 100.0)).collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.1} | {} | {} | {} |",
+            r.mode,
+            opt(r.loss, |l| format!("{l:.4}")),
+            opt(r.eval_accuracy, |a| format!("{:.2}%", a * 100.0)),
+            r.wall_s,
+            r.syncs,
+            opt(r.avg_sync_ms, |m| format!("{m:.2}")),
+            idle.join(" / ")
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_has_a_header_and_one_line_per_row() {
+        let row = |mode: &str, syncs| Row {
+            mode: mode.into(),
+            devices: vec!["cpu".into(); 2],
+            loss: Some(0.25),
+            eval_accuracy: Some(0.975),
+            wall_s: 12.345,
+            syncs,
+            avg_sync_ms: (syncs > 0).then_some(1.5),
+            idle: vec![0.1, 0.25],
+        };
+        let report = BenchReport {
+            started_at: "2026-01-01T00:00:00Z".into(),
+            config: TrainConfig::defaults(),
+            rows: vec![row("solo-0 (cpu)", 0), row("collective-sync", 100)],
+        };
+        let md = markdown(&report);
+        let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(table.len(), 4);
+        assert!(table.iter().all(|l| l.matches('|').count() == 8));
+        assert!(table[2].contains("97.50%") && table[2].contains("| – |"));
+        assert!(table[3].contains("| 100 | 1.50 | 10% / 25% |"));
+    }
+}

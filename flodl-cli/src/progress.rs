@@ -1,0 +1,168 @@
+//! Live progress of a run: one bar per rank and an epoch line on a terminal, plain lines otherwise.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use flodl_ddp::{EpochMetrics, ReduceEvent};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Display {
+    /// Bars redrawn in place (stdout is a terminal).
+    Bars,
+    /// One plain line per epoch (stdout is a file or a pipe).
+    Lines,
+    /// Nothing.
+    Silent,
+}
+
+impl Display {
+    /// Bars on a terminal, lines otherwise, nothing when `quiet`.
+    pub(crate) fn detect(quiet: bool) -> Self {
+        if quiet {
+            Display::Silent
+        } else if std::io::stdout().is_terminal() {
+            Display::Bars
+        } else {
+            Display::Lines
+        }
+    }
+}
+
+/// The bars of a running training.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    display: Display,
+    bars: Option<Bars>,
+    epochs: usize,
+    batch_size: u64,
+    /// Samples per rank counted from reduce events since the last epoch report.
+    from_reduces: Vec<u64>,
+    /// Samples per rank from finished epochs.
+    from_epochs: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Bars {
+    _multi: MultiProgress,
+    ranks: Vec<ProgressBar>,
+    epoch: ProgressBar,
+}
+
+impl Progress {
+    /// Progress for `devices.len()` ranks over `epochs` epochs of `samples_per_epoch` samples.
+    pub(crate) fn new(
+        display: Display,
+        devices: &[String],
+        samples_per_epoch: u64,
+        epochs: usize,
+        batch_size: usize,
+    ) -> Self {
+        let bars = (display == Display::Bars).then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
+            let total = samples_per_epoch * epochs as u64;
+            let rank_style = ProgressStyle::with_template(
+                "{prefix:>16} [{bar:30.cyan/blue}] {pos:>9} samples  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            let ranks = devices
+                .iter()
+                .enumerate()
+                .map(|(r, d)| {
+                    multi.add(
+                        ProgressBar::new(total)
+                            .with_style(rank_style.clone())
+                            .with_prefix(format!("rank {r} {d}")),
+                    )
+                })
+                .collect();
+            let epoch_style =
+                ProgressStyle::with_template("{prefix:>16} [{bar:30.green/white}] {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> ");
+            let epoch = multi.add(
+                ProgressBar::new(epochs as u64)
+                    .with_style(epoch_style)
+                    .with_prefix("epochs")
+                    .with_message(format!("epoch 0/{epochs}")),
+            );
+            Bars { _multi: multi, ranks, epoch }
+        });
+        Self {
+            display,
+            bars,
+            epochs,
+            batch_size: batch_size as u64,
+            from_reduces: vec![0; devices.len()],
+            from_epochs: vec![0; devices.len()],
+        }
+    }
+
+    /// Counts a reduce's steps into the rank bars.
+    pub(crate) fn reduce(&mut self, event: &ReduceEvent, elapsed: Duration) {
+        for (r, steps) in event.steps.iter().enumerate() {
+            if let Some(s) = self.from_reduces.get_mut(r) {
+                *s += *steps as u64 * self.batch_size;
+            }
+        }
+        self.redraw_ranks(elapsed);
+    }
+
+    /// Shows a finished epoch.
+    pub(crate) fn epoch(&mut self, m: &EpochMetrics, elapsed: Duration) {
+        for r in &m.ranks {
+            if let Some(s) = self.from_epochs.get_mut(r.rank) {
+                *s += r.samples as u64;
+            }
+        }
+        // Reduce events may straddle epochs; the epoch totals are exact, so restart from them.
+        self.from_reduces.clone_from(&self.from_epochs);
+        self.redraw_ranks(elapsed);
+        let done = m.epoch + 1;
+        let eta = elapsed.as_secs_f64() / done as f64 * self.epochs.saturating_sub(done) as f64;
+        let acc = m.eval.map_or(String::new(), |e| {
+            format!("  test loss {:.4}  accuracy {:.2}%", e.loss, e.accuracy * 100.0)
+        });
+        let line = format!(
+            "epoch {done}/{}  loss {:.4}{acc}  {:.1}s  ETA {:.0}s",
+            self.epochs,
+            m.avg_loss,
+            elapsed.as_secs_f64(),
+            eta
+        );
+        match (&self.bars, self.display) {
+            (Some(b), _) => {
+                b.epoch.set_position(done as u64);
+                b.epoch.set_message(line);
+            }
+            (None, Display::Lines) => println!("{line}"),
+            _ => {}
+        }
+    }
+
+    fn redraw_ranks(&self, elapsed: Duration) {
+        let Some(b) = &self.bars else { return };
+        let counts: Vec<u64> =
+            self.from_reduces.iter().zip(&self.from_epochs).map(|(a, b)| *a.max(b)).collect();
+        let total: u64 = counts.iter().sum();
+        let secs = elapsed.as_secs_f64().max(1e-3);
+        for (bar, &n) in b.ranks.iter().zip(&counts) {
+            bar.set_position(n);
+            let share = if total > 0 { n as f64 / total as f64 * 100.0 } else { 0.0 };
+            bar.set_message(format!("{:>7.0}/s  share {share:>5.1}%", n as f64 / secs));
+        }
+    }
+
+    /// Removes the bars (the final figures are printed by the caller).
+    pub(crate) fn finish(self) {
+        if let Some(b) = self.bars {
+            for bar in &b.ranks {
+                // `finish` would fill the bar; a rank's bar stops at its share of the work.
+                bar.abandon();
+            }
+            b.epoch.finish();
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! `fdl train`: one training run from a resolved configuration, written to a run directory.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use flodl_data::mnist::{self, Mnist, Split, Verify};
+use flodl_data::{Dataset, Subset};
+use flodl_ddp::{
+    Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, Report, TrainedState, Trainer,
+};
+use flodl_tensor::Device;
+
+use crate::args::TrainArgs;
+use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
+use crate::progress::{Display, Progress};
+use crate::record::{Line, RankSummary, Summary};
+use crate::report;
+use crate::run_dir::{self, RunDir};
+
+/// `fdl train`.
+///
+/// # Errors
+/// Bad configuration, missing or corrupt data, an unwritable run directory, a failed run.
+pub(crate) fn run(args: &TrainArgs) -> Result<()> {
+    let run_flags = RunFlags {
+        eval_every: args.eval_every,
+        checkpoint_dir: args.checkpoint_dir.clone(),
+        checkpoint_every: args.checkpoint_every,
+        resume: args.resume.clone(),
+        out: args.out.clone(),
+        name: args.name.clone(),
+    };
+    let (cfg, opts) = config::resolve(&args.flags, &run_flags)?;
+    if args.dry_run {
+        let both = serde_json::json!({ "config": cfg, "options": opts });
+        println!("{}", serde_json::to_string_pretty(&both)?);
+        return Ok(());
+    }
+    if opts.checkpoint_dir.is_some() || opts.resume.is_some() {
+        // Never ignore a request to save or restore state silently.
+        bail!(
+            "--checkpoint-dir and --resume: flodl-ddp's Trainer does not save or resume runs yet"
+        );
+    }
+    let plan = Plan::new(&cfg)?;
+    let data = Data::load(&cfg)?;
+    let (started_at, stamp) = run_dir::utc_now();
+    let path = run_path(&opts, &stamp);
+    let mut dir = RunDir::create(&path)?;
+    let display = Display::detect(args.quiet);
+    if display != Display::Silent {
+        println!(
+            "training {} on {} rank(s) [{}], {} / {}, {} epochs; run directory {}",
+            describe_model(&cfg),
+            plan.devices.len(),
+            plan.device_names().join(", "),
+            cfg.policy,
+            cfg.backend,
+            cfg.epochs,
+            path.display()
+        );
+    }
+    let outcome = execute(&cfg, &plan, &data, opts.eval_every, display, |line| dir.append(line))?;
+    let name = path.file_name().map_or_else(|| "run".to_owned(), |n| n.to_string_lossy().into());
+    let summary = summarise(name, started_at, &cfg, &opts, &plan, &outcome);
+    dir.write_summary(&summary)?;
+    let report_path = run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
+    match summary.test {
+        Some(t) => println!(
+            "test accuracy {:.2}% (loss {:.4}) after {} epochs, {:.1} s of training, {} syncs",
+            t.accuracy * 100.0,
+            t.loss,
+            summary.epochs_completed,
+            summary.train_wall_s,
+            summary.syncs
+        ),
+        None => println!(
+            "trained {} epochs in {:.1} s, {} syncs",
+            summary.epochs_completed, summary.train_wall_s, summary.syncs
+        ),
+    }
+    println!("report: {}", report_path.display());
+    Ok(())
+}
+
+/// The devices, policy and backend of a run, parsed and resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// One device per rank.
+    pub(crate) devices: Vec<Device>,
+    /// When to average.
+    pub(crate) policy: Policy,
+    /// How to average.
+    pub(crate) backend: Backend,
+}
+
+impl Plan {
+    /// Parses and checks the rank devices, policy and backend of `cfg`.
+    ///
+    /// # Errors
+    /// An unknown device, policy or backend name; more slowdown factors than ranks.
+    pub(crate) fn new(cfg: &TrainConfig) -> Result<Self> {
+        let devices = match &cfg.ranks {
+            RankSpec::Auto if flodl_tensor::cuda_device_count() > 0 => Devices::AllGpus,
+            RankSpec::Auto => Devices::Cpu(2),
+            RankSpec::CpuRanks(n) => Devices::Cpu(*n),
+            RankSpec::Devices(list) => Devices::List(
+                list.iter()
+                    .map(|d| {
+                        d.parse::<Device>().map_err(|_| {
+                            anyhow::anyhow!(
+                                "devices: unknown device '{d}' (use cpu, cuda or cuda:N)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+        };
+        let devices = devices.resolve()?;
+        let gpus = flodl_tensor::cuda_device_count();
+        if let Some(missing) = devices.iter().find(|d| matches!(d, Device::Cuda(i) if *i >= gpus)) {
+            let why = flodl_tensor::gpu_skip_reason()
+                .unwrap_or_else(|| format!("{gpus} CUDA device(s) visible"));
+            bail!("devices: {missing} is not available ({why})");
+        }
+        if cfg.slowdown.len() > devices.len() {
+            bail!("slowdown: {} factors given for {} rank(s)", cfg.slowdown.len(), devices.len());
+        }
+        if cfg.schedule != "constant" {
+            // flodl-ddp's Trainer takes one learning rate; schedules are not in the library yet.
+            bail!("schedule '{}': only 'constant' is available", cfg.schedule);
+        }
+        let policy = cfg.policy.parse::<Policy>()?;
+        let backend = cfg.backend.parse::<Backend>()?;
+        Ok(Self { devices, policy, backend })
+    }
+
+    /// A plan with other devices, policy and backend (for `fdl bench`).
+    pub(crate) fn with(&self, devices: Vec<Device>, policy: Policy, backend: Backend) -> Self {
+        Self { devices, policy, backend }
+    }
+
+    /// Device names in rank order.
+    pub(crate) fn device_names(&self) -> Vec<String> {
+        self.devices.iter().map(Device::to_string).collect()
+    }
+}
+
+/// The training and test sets.
+#[derive(Clone)]
+pub(crate) struct Data {
+    /// Training samples.
+    pub(crate) train: Arc<dyn Dataset>,
+    /// Test samples.
+    pub(crate) test: Arc<dyn Dataset>,
+    /// Where they were read from.
+    pub(crate) dir: PathBuf,
+}
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Data")
+            .field("train", &self.train.len())
+            .field("test", &self.test.len())
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl Data {
+    /// Loads MNIST (checking sha256 when the directory lists them) and applies the subsets.
+    ///
+    /// # Errors
+    /// A missing or corrupt file (named in the message).
+    pub(crate) fn load(cfg: &TrainConfig) -> Result<Self> {
+        let dir = cfg.data.clone().unwrap_or_else(mnist::vendored_dir);
+        if !dir.is_dir() {
+            bail!("MNIST directory {} does not exist", dir.display());
+        }
+        let verify = if dir.join("SHA256SUMS").is_file() { Verify::Sha256 } else { Verify::Skip };
+        let load = |split: Split| {
+            Mnist::load(&dir, split, verify)
+                .with_context(|| format!("cannot load MNIST from {}", dir.display()))
+        };
+        let train = load(Split::Train)?;
+        let test = load(Split::Test)?;
+        let train: Arc<dyn Dataset> = match cfg.train_subset {
+            Some(n) => Arc::new(Subset::first(train, n)),
+            None => Arc::new(train),
+        };
+        let test: Arc<dyn Dataset> = match cfg.test_subset {
+            Some(n) => Arc::new(Subset::first(test, n)),
+            None => Arc::new(test),
+        };
+        Ok(Self { train, test, dir })
+    }
+}
+
+/// What a finished run produced.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The trained state (model and metrics) from the library.
+    pub(crate) state: TrainedState,
+    /// Every report, as written to `metrics.jsonl`.
+    pub(crate) lines: Vec<Line>,
+}
+
+/// Trains with `cfg` on `plan`'s ranks, showing progress and handing every report to `sink`.
+///
+/// # Errors
+/// The library rejects the configuration or the run fails; `sink` fails.
+pub(crate) fn execute(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    data: &Data,
+    eval_every: usize,
+    display: Display,
+    mut sink: impl FnMut(&Line) -> Result<()>,
+) -> Result<Outcome> {
+    let widths = widths(cfg);
+    let mlp = MlpConfig::new(&widths, Optimizer::sgd(cfg.momentum as f32));
+    let trainer = Trainer::new(Mlp::factory(mlp))
+        .dataset(data.train.clone())
+        .test_dataset(data.test.clone(), eval_every)
+        .devices(Devices::List(plan.devices.clone()))
+        .policy(plan.policy)
+        .backend(plan.backend)
+        .epochs(cfg.epochs)
+        .batch_size(cfg.batch_size)
+        .learning_rate(cfg.lr as f32)
+        .seed(cfg.seed)
+        .slowdown(cfg.slowdown.clone());
+    let names = plan.device_names();
+    let per_epoch = (data.train.len() / cfg.batch_size * cfg.batch_size) as u64;
+    let mut progress = Progress::new(display, &names, per_epoch, cfg.epochs, cfg.batch_size);
+    let start = Instant::now();
+    let mut handle = trainer.run().context("cannot start training")?;
+    let mut lines = Vec::new();
+    let mut emit = |line: Line, lines: &mut Vec<Line>| -> Result<()> {
+        sink(&line)?;
+        lines.push(line);
+        Ok(())
+    };
+    loop {
+        let finished = handle.is_finished();
+        for event in handle.poll_reduce_events() {
+            progress.reduce(&event, start.elapsed());
+            emit(Line { report: Report::Reduce(event), t_s: None }, &mut lines)?;
+        }
+        let mut epochs = handle.poll_metrics();
+        if epochs.is_empty() && !finished {
+            epochs.extend(handle.next_metrics(Duration::from_millis(100)));
+        }
+        for m in epochs {
+            let elapsed = start.elapsed();
+            progress.epoch(&m, elapsed);
+            emit(Line { report: Report::Epoch(m), t_s: Some(elapsed.as_secs_f64()) }, &mut lines)?;
+        }
+        if finished {
+            break;
+        }
+    }
+    progress.finish();
+    let state = handle.join().context("training failed")?;
+    Ok(Outcome { state, lines })
+}
+
+/// Layer widths: 784 inputs, the hidden widths, 10 classes.
+fn widths(cfg: &TrainConfig) -> Vec<usize> {
+    let mut w = vec![mnist::PIXELS];
+    w.extend(&cfg.hidden);
+    w.push(mnist::CLASSES);
+    w
+}
+
+fn describe_model(cfg: &TrainConfig) -> String {
+    let w: Vec<String> = widths(cfg).iter().map(ToString::to_string).collect();
+    format!("MLP {}", w.join("-"))
+}
+
+/// `--out`, else `runs/<name>`, else `runs/<UTC timestamp>`.
+fn run_path(opts: &RunOptions, stamp: &str) -> PathBuf {
+    match (&opts.out, &opts.name) {
+        (Some(out), _) => out.clone(),
+        (None, Some(name)) => PathBuf::from("runs").join(name),
+        (None, None) => PathBuf::from("runs").join(stamp),
+    }
+}
+
+/// The run's summary from its outcome.
+pub(crate) fn summarise(
+    name: String,
+    started_at: String,
+    cfg: &TrainConfig,
+    opts: &RunOptions,
+    plan: &Plan,
+    outcome: &Outcome,
+) -> Summary {
+    let state = &outcome.state;
+    let names = plan.device_names();
+    let wall_s = state.wall_ms / 1000.0;
+    let total: usize = state.epochs.iter().map(|e| e.samples).sum();
+    let ranks = names
+        .iter()
+        .enumerate()
+        .map(|(rank, device)| {
+            let of_rank = state.epochs.iter().filter_map(|e| e.ranks.get(rank));
+            let (samples, compute_ms) =
+                of_rank.fold((0, 0.0), |(s, c), r| (s + r.samples, c + r.compute_ms));
+            RankSummary {
+                rank,
+                device: device.clone(),
+                samples: samples as u64,
+                samples_per_s: if compute_ms > 0.0 {
+                    samples as f64 * 1000.0 / compute_ms
+                } else {
+                    0.0
+                },
+                share: if total > 0 { samples as f64 / total as f64 } else { 0.0 },
+                idle: (state.wall_ms > 0.0)
+                    .then(|| (1.0 - compute_ms / state.wall_ms).clamp(0.0, 1.0)),
+            }
+        })
+        .collect();
+    let sync_ms: f64 = outcome
+        .lines
+        .iter()
+        .filter_map(|l| match &l.report {
+            Report::Reduce(r) => Some(r.sync_ms),
+            Report::Epoch(_) => None,
+        })
+        .sum();
+    let reduce_lines =
+        outcome.lines.iter().filter(|l| matches!(l.report, Report::Reduce(_))).count();
+    Summary {
+        name,
+        fdl_version: env!("CARGO_PKG_VERSION").to_owned(),
+        started_at,
+        config: cfg.clone(),
+        options: opts.clone(),
+        devices: names,
+        epochs_completed: state.epochs.len(),
+        train_wall_s: wall_s,
+        final_train_loss: state.epochs.last().map(|e| e.avg_loss),
+        test: state.epochs.iter().rev().find_map(|e| e.eval),
+        syncs: state.reduces,
+        avg_sync_ms: (reduce_lines > 0).then(|| sync_ms / reduce_lines as f64),
+        ranks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_path_prefers_out_then_name_then_stamp() {
+        let mut opts = RunOptions {
+            eval_every: 1,
+            checkpoint_dir: None,
+            checkpoint_every: 1,
+            resume: None,
+            out: None,
+            name: None,
+        };
+        assert_eq!(run_path(&opts, "20260101-000000"), PathBuf::from("runs/20260101-000000"));
+        opts.name = Some("a".into());
+        assert_eq!(run_path(&opts, "x"), PathBuf::from("runs/a"));
+        opts.out = Some("/tmp/o".into());
+        assert_eq!(run_path(&opts, "x"), PathBuf::from("/tmp/o"));
+    }
+
+    #[test]
+    fn plan_rejects_unknown_names_and_extra_slowdowns() {
+        let base = TrainConfig { ranks: RankSpec::CpuRanks(2), ..TrainConfig::defaults() };
+        let cases = [
+            (TrainConfig { policy: "often".into(), ..base.clone() }, "policy"),
+            (TrainConfig { backend: "pigeon".into(), ..base.clone() }, "backend"),
+            (TrainConfig { ranks: RankSpec::Devices(vec!["tpu".into()]), ..base.clone() }, "tpu"),
+            (TrainConfig { slowdown: vec![1.0, 2.0, 3.0], ..base.clone() }, "slowdown"),
+            (TrainConfig { schedule: "zigzag".into(), ..base.clone() }, "schedule"),
+            (
+                TrainConfig { ranks: RankSpec::Devices(vec!["cuda:99".into()]), ..base.clone() },
+                "cuda:99",
+            ),
+        ];
+        for (cfg, key) in cases {
+            let err = Plan::new(&cfg).err().map(|e| format!("{e:#}"));
+            assert!(err.as_deref().is_some_and(|e| e.contains(key)), "{key}: {err:?}");
+        }
+        assert!(Plan::new(&base).is_ok());
+    }
+}

@@ -1,0 +1,386 @@
+//! End-to-end tests of the `fdl` binary on a small MNIST subset.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const FDL: &str = env!("CARGO_BIN_EXE_fdl");
+
+/// The vendored MNIST directory.
+fn mnist_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist")
+}
+
+/// Runs `fdl args...` with backtraces requested (none may appear anyway).
+fn fdl(args: &[&str]) -> Result<Output> {
+    Ok(Command::new(FDL).args(args).env("RUST_BACKTRACE", "1").output()?)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A quick training run's flags: 2 CPU ranks, 1,536 training and 300 test images.
+const SMALL: [&str; 10] = [
+    "--ranks",
+    "2",
+    "--train-subset",
+    "1536",
+    "--test-subset",
+    "300",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "2",
+];
+
+fn train_small(out: &Path, extra: &[&str]) -> Result<Output> {
+    let out = out.to_str().ok_or("non-UTF-8 temp path")?;
+    let mut args = vec!["train", "--out", out];
+    args.extend(SMALL);
+    args.extend(extra);
+    let output = fdl(&args)?;
+    if !output.status.success() {
+        return Err(format!("fdl train failed: {}", text(&output.stderr)).into());
+    }
+    Ok(output)
+}
+
+/// Asserts the command failed with exactly one `error:` line that mentions each of `needles`.
+fn assert_one_line_error(output: &Output, needles: &[&str], case: &str) {
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "{case}: succeeded; stderr {stderr}");
+    assert!(output.status.code().is_some_and(|c| c != 0), "{case}: killed? {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{case}: not one line: {stderr:?}");
+    assert!(lines[0].starts_with("error: "), "{case}: {stderr:?}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{case}: {stderr:?}");
+    for needle in needles {
+        assert!(lines[0].contains(needle), "{case}: {needle:?} missing from {stderr:?}");
+    }
+}
+
+fn finite(v: &Value) -> bool {
+    v.as_f64().is_some_and(f64::is_finite)
+}
+
+/// Every `attr="..."` value in `svg`.
+fn attr_values<'a>(svg: &'a str, attr: &str) -> Vec<&'a str> {
+    let key = format!(" {attr}=\"");
+    svg.match_indices(&key)
+        .filter_map(|(i, _)| {
+            let rest = &svg[i + key.len()..];
+            rest.find('"').map(|end| &rest[..end])
+        })
+        .collect()
+}
+
+/// Checks the report's structure: six well-formed SVG charts with finite coordinates, no
+/// scripts and nothing loaded from the network.
+fn check_report(html: &str) -> Result {
+    assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
+    assert!(!html.contains("<script") && !html.contains("<link") && !html.contains("src="));
+    assert_eq!(
+        html.matches("http").count(),
+        html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count()
+    );
+    let opens = html.matches("<svg").count();
+    assert_eq!(opens, 6, "charts");
+    assert_eq!(html.matches("</svg>").count(), opens);
+    let mut polylines = 0;
+    for chunk in html.split("<svg").skip(1) {
+        let svg = chunk.split("</svg>").next().ok_or("unterminated svg")?;
+        assert!(svg.contains("<title>"), "chart without a title");
+        for points in attr_values(svg, "points") {
+            polylines += 1;
+            let pairs: Vec<&str> = points.split(' ').collect();
+            assert!(pairs.len() >= 2, "polyline with {} points", pairs.len());
+            for pair in pairs {
+                let (x, y) = pair.split_once(',').ok_or("point without a comma")?;
+                for c in [x, y] {
+                    let v: f64 = c.parse()?;
+                    assert!(v.is_finite() && (-1.0..=1000.0).contains(&v), "coordinate {v}");
+                }
+            }
+        }
+        for attr in ["cx", "cy", "x1", "y1", "x2", "y2"] {
+            for v in attr_values(svg, attr) {
+                assert!(v.parse::<f64>()?.is_finite(), "{attr}={v}");
+            }
+        }
+    }
+    // Two epochs: train and test loss, accuracy, two throughput lines at least.
+    assert!(polylines >= 5, "only {polylines} polylines");
+    Ok(())
+}
+
+#[test]
+fn devices_lists_the_cpu() -> Result {
+    let out = fdl(&["devices"])?;
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    let mut lines = stdout.lines();
+    assert!(lines.next().is_some_and(|h| h.starts_with("DEVICE") && h.contains("FREE")));
+    assert!(lines.next().is_some_and(|l| l.starts_with("cpu ") && l.contains("GiB")));
+    Ok(())
+}
+
+#[test]
+fn train_writes_a_run_directory_and_report_regenerates_it() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let out = train_small(&run, &["--policy", "cadence", "--backend", "host"])?;
+    let stdout = text(&out.stdout);
+    // Not a terminal: one plain line per epoch, then the result.
+    assert!(stdout.contains("epoch 1/2") && stdout.contains("epoch 2/2"), "{stdout}");
+    assert!(stdout.contains("test accuracy") && stdout.contains("report.html"), "{stdout}");
+
+    let metrics = fs::read_to_string(run.join("metrics.jsonl"))?;
+    let mut epochs = 0;
+    let mut reduces = 0;
+    for line in metrics.lines() {
+        let v: Value = serde_json::from_str(line)?;
+        match v["kind"].as_str() {
+            Some("epoch") => {
+                assert_eq!(v["epoch"].as_u64(), Some(epochs));
+                epochs += 1;
+                for key in ["avg_loss", "epoch_ms", "t_s", "throughput", "sync_ms"] {
+                    assert!(finite(&v[key]), "epoch {key}: {line}");
+                }
+                let ranks = v["ranks"].as_array().ok_or("ranks")?;
+                assert_eq!(ranks.len(), 2);
+                let share: f64 = ranks.iter().filter_map(|r| r["batch_share"].as_f64()).sum();
+                assert!((share - 1.0).abs() < 1e-6, "shares sum to {share}");
+                let acc = v["eval"]["accuracy"].as_f64().ok_or("eval.accuracy")?;
+                assert!((0.0..=1.0).contains(&acc));
+            }
+            Some("reduce") => {
+                reduces += 1;
+                assert_eq!(v["round"].as_u64(), Some(reduces));
+                for key in ["at_ms", "sync_ms"] {
+                    assert!(finite(&v[key]), "reduce {key}: {line}");
+                }
+                assert!(v["anchor"].as_u64().is_some_and(|a| a >= 1));
+                assert_eq!(v["steps"].as_array().map(Vec::len), Some(2));
+            }
+            other => panic!("unknown kind {other:?} in {line}"),
+        }
+    }
+    assert_eq!(epochs, 2);
+    assert!(reduces >= 1, "no reduce recorded");
+
+    let summary: Value = serde_json::from_str(&fs::read_to_string(run.join("summary.json"))?)?;
+    assert_eq!(summary["epochs_completed"].as_u64(), Some(2));
+    assert_eq!(summary["syncs"].as_u64(), Some(reduces));
+    assert_eq!(summary["devices"], serde_json::json!(["cpu", "cpu"]));
+    assert_eq!(summary["config"]["backend"], "host");
+    assert!(finite(&summary["train_wall_s"]) && finite(&summary["avg_sync_ms"]));
+    let acc = summary["test"]["accuracy"].as_f64().ok_or("test.accuracy")?;
+    // 2 epochs on 1,536 images: far better than chance (10%).
+    assert!(acc > 0.5, "accuracy {acc}");
+    for r in summary["ranks"].as_array().ok_or("ranks")? {
+        assert!(r["idle"].as_f64().is_some_and(|i| (0.0..=1.0).contains(&i)));
+        assert!(r["samples"].as_u64().is_some_and(|s| s > 0));
+    }
+
+    let html = fs::read_to_string(run.join("report.html"))?;
+    check_report(&html)?;
+    fs::remove_file(run.join("report.html"))?;
+    let again = fdl(&["report", run.to_str().ok_or("path")?])?;
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(fs::read_to_string(run.join("report.html"))?, html);
+
+    // A damaged metrics file: the report names the file and the line.
+    let mut lines: Vec<String> = metrics.lines().map(str::to_owned).collect();
+    lines[1] = "{\"kind\":\"epoch\",\"epoch\":".to_owned();
+    fs::write(run.join("metrics.jsonl"), lines.join("\n"))?;
+    let o = fdl(&["report", run.to_str().ok_or("path")?])?;
+    assert_one_line_error(&o, &["metrics.jsonl line 2"], "corrupt metrics");
+    Ok(())
+}
+
+#[test]
+fn config_file_keys_apply_and_flags_override_them() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let config = tmp.path().join("fdl.toml");
+    fs::write(&config, "epochs = 5\nbatch-size = 32\npolicy = \"sync\"\nslowdown = [1.0, 1.5]\n")?;
+    let run = tmp.path().join("run");
+    let cfg = config.to_str().ok_or("path")?;
+    // --epochs 2 (in SMALL) overrides the file's 5; policy and slowdown come from the file.
+    train_small(&run, &["--config", cfg, "--eval-every", "2"])?;
+    let summary: Value = serde_json::from_str(&fs::read_to_string(run.join("summary.json"))?)?;
+    assert_eq!(summary["config"]["epochs"], 2);
+    assert_eq!(summary["config"]["policy"], "sync");
+    assert_eq!(summary["config"]["slowdown"], serde_json::json!([1.0, 1.5]));
+    let metrics = fs::read_to_string(run.join("metrics.jsonl"))?;
+    let evals: Vec<bool> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "epoch")
+        .map(|v| !v["eval"].is_null())
+        .collect();
+    // eval every 2 epochs: epoch 1 is not evaluated, epoch 2 is.
+    assert_eq!(evals, vec![false, true]);
+    Ok(())
+}
+
+#[test]
+fn bench_writes_the_six_mode_table_after_the_solo_runs() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("bench");
+    let args = [
+        "bench",
+        "--out",
+        out.to_str().ok_or("path")?,
+        "--ranks",
+        "2",
+        "--train-subset",
+        "768",
+        "--test-subset",
+        "200",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--slowdown",
+        "1,2",
+    ];
+    let output = fdl(&args)?;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let md = fs::read_to_string(out.join("bench.md"))?;
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).skip(1).collect();
+    let modes: Vec<&str> = rows.iter().filter_map(|r| r.split('|').nth(1)).map(str::trim).collect();
+    let want = [
+        "solo-0 (cpu)",
+        "solo-1 (cpu)",
+        "collective-sync",
+        "host-sync",
+        "collective-cadence",
+        "host-cadence",
+        "collective-async",
+        "host-async",
+    ];
+    assert_eq!(modes, want);
+    let json: Value = serde_json::from_str(&fs::read_to_string(out.join("bench.json"))?)?;
+    let rows = json["rows"].as_array().ok_or("rows")?;
+    assert_eq!(rows.len(), want.len());
+    for row in rows {
+        let solo = row["mode"].as_str().is_some_and(|m| m.starts_with("solo"));
+        assert_eq!(row["devices"].as_array().map(Vec::len), Some(if solo { 1 } else { 2 }));
+        assert!(finite(&row["wall_s"]) && finite(&row["loss"]) && finite(&row["eval_accuracy"]));
+        assert_eq!(row["syncs"].as_u64().is_some_and(|s| s > 0), !solo, "{row}");
+    }
+    // Every mode also has a run directory with its own report.
+    for slug in ["solo-0-cpu", "solo-1-cpu", "collective-sync", "host-async"] {
+        let html = fs::read_to_string(out.join(slug).join("report.html"))?;
+        assert_eq!(html.matches("<svg").count(), 6, "{slug}");
+        let summary: Value =
+            serde_json::from_str(&fs::read_to_string(out.join(slug).join("summary.json"))?)?;
+        assert_eq!(summary["name"], slug);
+    }
+    Ok(())
+}
+
+#[test]
+fn bad_flags_and_configs_fail_with_one_line() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let bad_toml = tmp.path().join("bad.toml");
+    fs::write(&bad_toml, "epochs = [\n")?;
+    let unknown_key = tmp.path().join("unknown.toml");
+    fs::write(&unknown_key, "epochz = 3\n")?;
+    let missing = tmp.path().join("missing.toml");
+    let p = |p: &Path| p.to_str().map(str::to_owned).ok_or("path");
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (vec!["train".into(), "--bogus".into()], vec!["--bogus"]),
+        (vec!["train".into(), "--epochs".into(), "x".into()], vec!["--epochs"]),
+        (vec!["frobnicate".into()], vec!["frobnicate"]),
+        (
+            vec!["train".into(), "--ranks".into(), "2".into(), "--devices".into(), "cpu".into()],
+            vec!["--ranks"],
+        ),
+        (vec!["train".into(), "--policy".into(), "often".into()], vec!["policy", "often"]),
+        (vec!["train".into(), "--backend".into(), "pigeon".into()], vec!["backend", "pigeon"]),
+        (vec!["train".into(), "--devices".into(), "cpu,tpu".into()], vec!["tpu"]),
+        (vec!["train".into(), "--slowdown".into(), "1,0.5".into()], vec!["slowdown"]),
+        (
+            vec!["train".into(), "--ranks".into(), "2".into(), "--slowdown".into(), "1,2,3".into()],
+            vec!["slowdown", "3"],
+        ),
+        (vec!["train".into(), "--ranks".into(), "0".into()], vec!["ranks"]),
+        (vec!["train".into(), "--lr".into(), "-1".into()], vec!["lr"]),
+        (vec!["train".into(), "--schedule".into(), "zigzag".into()], vec!["schedule"]),
+        (vec!["train".into(), "--config".into(), p(&missing)?], vec!["missing.toml"]),
+        (vec!["train".into(), "--config".into(), p(&bad_toml)?], vec!["bad.toml", "line"]),
+        (vec!["train".into(), "--config".into(), p(&unknown_key)?], vec!["unknown.toml", "epochz"]),
+        (vec!["bench".into(), "--epochs".into(), "0".into()], vec!["epochs"]),
+        (
+            vec!["train".into(), "--devices".into(), "cuda:64".into()],
+            vec!["cuda:64", "not available"],
+        ),
+        (vec!["train".into(), "--resume".into(), "nowhere.fdlck".into()], vec!["--resume"]),
+    ];
+    for (args, needles) in cases {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = fdl(&refs)?;
+        let case = args.join(" ");
+        // clap reports flag errors itself (exit 2) with the same one-line shape.
+        assert_one_line_error(&out, &needles, &case);
+    }
+    Ok(())
+}
+
+#[test]
+fn missing_or_corrupt_data_fails_with_the_file_named() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("run");
+    let out = out.to_str().ok_or("path")?;
+    let nowhere = tmp.path().join("nowhere");
+    let o = fdl(&["train", "--out", out, "--data", nowhere.to_str().ok_or("path")?])?;
+    assert_one_line_error(&o, &["nowhere", "does not exist"], "missing dir");
+
+    // A directory with the label files but no training images.
+    let partial = tmp.path().join("partial");
+    fs::create_dir(&partial)?;
+    for f in
+        ["train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+    {
+        fs::copy(mnist_dir().join(f), partial.join(f))?;
+    }
+    let o = fdl(&["train", "--out", out, "--data", partial.to_str().ok_or("path")?])?;
+    assert_one_line_error(&o, &["train-images-idx3-ubyte"], "missing file");
+
+    // Garbage in place of the gzip stream, with and without the checksum list.
+    fs::write(partial.join("train-images-idx3-ubyte.gz"), b"this is not gzip")?;
+    let o = fdl(&["train", "--out", out, "--data", partial.to_str().ok_or("path")?])?;
+    assert_one_line_error(&o, &["train-images-idx3-ubyte.gz"], "corrupt file");
+    fs::copy(mnist_dir().join("SHA256SUMS"), partial.join("SHA256SUMS"))?;
+    let o = fdl(&["train", "--out", out, "--data", partial.to_str().ok_or("path")?])?;
+    assert_one_line_error(&o, &["train-images-idx3-ubyte.gz", "sha256"], "checksum");
+    Ok(())
+}
+
+#[test]
+fn unwritable_output_and_bad_run_directories_fail_with_one_line() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let file = tmp.path().join("plain-file");
+    fs::write(&file, "x")?;
+    let under_file = file.join("run");
+    let mut args = vec!["train", "--out", under_file.to_str().ok_or("path")?];
+    args.extend(SMALL);
+    let o = fdl(&args)?;
+    assert_one_line_error(&o, &["output directory", "plain-file"], "out under a file");
+
+    let nowhere = tmp.path().join("no-run");
+    let o = fdl(&["report", nowhere.to_str().ok_or("path")?])?;
+    assert_one_line_error(&o, &["no-run", "does not exist"], "report of nothing");
+
+    let broken = tmp.path().join("broken");
+    fs::create_dir(&broken)?;
+    let o = fdl(&["report", broken.to_str().ok_or("path")?])?;
+    assert_one_line_error(&o, &["summary.json"], "report without summary");
+    Ok(())
+}
