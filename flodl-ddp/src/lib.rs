@@ -49,3 +49,6 @@ pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
 pub use trainer::{Devices, ElCheKnobs, SampleAudit, Trainer};
 
 pub mod guard;
+
+pub mod outer;
+pub mod weighting;
