@@ -176,8 +176,9 @@ impl NcclComm {
         self.slot.lib.version
     }
 
-    /// Whether weighted all-reduce runs as one NCCL PreMulSum (NCCL 2.11+); otherwise the
-    /// tensor-level API scales first and sums.
+    /// Whether the library has `ncclRedOpCreatePreMulSum` (NCCL 2.11+), which
+    /// [`Reduction::WeightedSum`] needs; without it a caller scales its buffers on the same
+    /// stream and sums.
     pub fn has_pre_mul_sum(&self) -> bool {
         self.slot.lib.pre_mul_sum.is_some()
     }
