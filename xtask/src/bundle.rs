@@ -44,11 +44,11 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Resul
     }
     let bin = dir.join("bin");
     fs::create_dir_all(&bin).with_context(|| format!("cannot create {}", bin.display()))?;
-    let mut strip = Strip::Untried;
+    let mut packer = Packer::new();
     let mut bundled = Vec::new();
     for binary in binaries {
         let name = format!("{}.{}.{}", binary.package, binary.kind, binary.target);
-        strip.copy(&binary.exe, &bin.join(&name))?;
+        packer.pack(&binary.exe, &bin.join(&name))?;
         let package_dir = binary
             .manifest_dir
             .file_name()
@@ -62,7 +62,7 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Resul
         });
     }
     let xtask = env::current_exe().context("cannot find the running xtask")?;
-    strip.copy(&xtask, &bin.join("xtask"))?;
+    packer.pack(&xtask, &bin.join("xtask"))?;
     let mnist = dir.join("data").join("mnist");
     fs::create_dir_all(&mnist)?;
     for entry in fs::read_dir(workspace::mnist_dir()).context("cannot read data/mnist")? {
@@ -82,7 +82,7 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Resul
         manifest.binaries.len(),
         size as f64 / (1024.0 * 1024.0),
         dir.display(),
-        strip.describe()
+        packer.describe()
     );
     if !complete {
         eprintln!("bundle: warning: some tests did not compile and are not in the bundle");
@@ -114,39 +114,67 @@ pub(crate) fn load(dir: &Path) -> Result<Vec<TestBinary>> {
         .collect())
 }
 
-/// Whether the `strip` tool works here (tried on the first copy).
+/// Whether an external tool works here (tried on first use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Strip {
+enum Tool {
     Untried,
     Works,
     Unavailable,
 }
 
-impl Strip {
-    /// Copies `from` to `to` and strips the copy's symbols when `strip` works.
-    fn copy(&mut self, from: &Path, to: &Path) -> Result<()> {
-        fs::copy(from, to).with_context(|| format!("cannot copy {}", from.display()))?;
-        if *self == Strip::Unavailable {
-            return Ok(());
+impl Tool {
+    /// Runs `program args path` unless it already failed once; records whether it worked.
+    fn apply(&mut self, program: &str, args: &[&str], path: &Path) -> bool {
+        if *self == Tool::Unavailable {
+            return false;
         }
-        let stripped = Command::new("strip")
-            .arg("--strip-all")
-            .arg(to)
+        let worked = Command::new(program)
+            .args(args)
+            .arg(path)
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
-        *self = if stripped { Strip::Works } else { Strip::Unavailable };
-        if !stripped {
-            eprintln!("bundle: warning: `strip` failed; binaries keep their symbols");
+        if !worked {
+            eprintln!(
+                "bundle: warning: `{program}` failed on {}; going on without it",
+                path.display()
+            );
         }
+        *self = if worked { Tool::Works } else { Tool::Unavailable };
+        worked
+    }
+}
+
+/// Copies binaries into the bundle, stripped (`strip --strip-all`) and gzipped (`gzip -9`) when
+/// those tools work; run.sh unpacks them.
+#[derive(Debug, Clone, Copy)]
+struct Packer {
+    strip: Tool,
+    gzip: Tool,
+}
+
+impl Packer {
+    fn new() -> Packer {
+        Packer { strip: Tool::Untried, gzip: Tool::Untried }
+    }
+
+    /// Copies `from` to `to` (or `to.gz`).
+    fn pack(&mut self, from: &Path, to: &Path) -> Result<()> {
+        fs::copy(from, to).with_context(|| format!("cannot copy {}", from.display()))?;
+        self.strip.apply("strip", &["--strip-all"], to);
+        self.gzip.apply("gzip", &["-9", "-n", "-f"], to);
         Ok(())
     }
 
-    fn describe(self) -> &'static str {
-        match self {
-            Strip::Works => "stripped",
-            Strip::Untried | Strip::Unavailable => "not stripped",
-        }
+    fn describe(self) -> String {
+        let said = |tool: Tool, yes: &str, no: &str| {
+            if tool == Tool::Works { yes } else { no }.to_string()
+        };
+        format!(
+            "{}, {}",
+            said(self.strip, "stripped", "not stripped"),
+            said(self.gzip, "gzipped", "not compressed")
+        )
     }
 }
 
@@ -198,6 +226,15 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/out}"
 mkdir -p "$out"
+
+# The binaries travel gzipped; unpack them once, in place.
+for packed in "$here"/bin/*.gz; do
+    [ -e "$packed" ] || continue
+    gzip -dc "$packed" >"${packed%.gz}" && chmod +x "${packed%.gz}" && rm -f "$packed" || {
+        echo "run.sh: cannot unpack $packed (is the bundle folder writable?)" >&2
+        exit 1
+    }
+done
 
 # cudarc loads the CUDA libraries at run time: the driver (libcuda), NCCL, NVRTC and cuBLAS, from
 # a driver, a toolkit or Python wheels (site-packages/nvidia/*/lib). One search, without stubs or
@@ -254,6 +291,7 @@ mod tests {
         let script = run_script();
         assert!(script.starts_with("#!/usr/bin/env bash\n"));
         for want in [
+            "gzip -dc",
             "-name 'libnccl.so*'",
             "-name 'libnvrtc.so*'",
             "-name 'libcublas.so*'",
