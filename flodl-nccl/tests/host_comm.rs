@@ -337,28 +337,48 @@ fn survivors_shrink_into_a_working_group() -> TestResult {
 }
 
 #[test]
-fn thousands_of_small_all_reduces_with_random_delays_never_hang() -> TestResult {
+fn thousands_of_mixed_operations_with_random_delays_never_hang() -> TestResult {
     let world = 4;
     let rounds = 4000;
     let results = on_ranks(world, |mut comm| {
-        let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x5eed_1000 + comm.rank() as u64);
+        // The schedule (operation, length, root) is shared; the delays differ per rank.
+        let mut schedule = Xoshiro256PlusPlus::seed_from_u64(0x5eed_1000);
+        let mut delays = Xoshiro256PlusPlus::seed_from_u64(0x5eed_2000 + comm.rank() as u64);
         for round in 0..rounds {
-            // Same length on every rank (derived from the round), a different delay per rank.
-            let len = (round * 7919) % 97;
-            for _ in 0..rng.random_range(0..2000) {
+            let kind = schedule.random_range(0..10);
+            // Mostly small; now and then several chunks, so ranks take over each other's work.
+            let len = if schedule.random_range(0..40) == 0 {
+                schedule.random_range(100_000..300_000)
+            } else {
+                schedule.random_range(0..97)
+            };
+            let root = schedule.random_range(0..world);
+            for _ in 0..delays.random_range(0..2000) {
                 std::hint::spin_loop();
             }
-            if rng.random_range(0..50) == 0 {
+            if delays.random_range(0..50) == 0 {
                 thread::yield_now();
             }
-            let mut buf: Vec<f32> = (0..len).map(|i| (comm.rank() * 1000 + i) as f32).collect();
-            comm.all_reduce_weighted_f32(&mut [&mut buf], 0.5)?;
-            for (i, &x) in buf.iter().enumerate() {
-                let expected: f32 =
-                    (0..world).fold(0.0, |acc, r| acc + 0.5 * (r * 1000 + i) as f32);
-                if x.to_bits() != expected.to_bits() {
-                    return Err(Error::InvalidArgument(format!("round {round} element {i}: {x}")));
+            let value = |rank: usize, i: usize| ((rank * 1000 + i) % 4096) as f32;
+            let mut buf: Vec<f32> = (0..len).map(|i| value(comm.rank(), i)).collect();
+            let expected = |i: usize| match kind {
+                0 => value(root, i),
+                _ => (0..world).fold(0.0f32, |acc, r| acc + 0.5 * value(r, i)),
+            };
+            match kind {
+                0 => comm.broadcast_f32(&mut [&mut buf], root)?,
+                1 => {
+                    comm.barrier()?;
+                    continue;
                 }
+                _ => comm.all_reduce_weighted_f32(&mut [&mut buf], 0.5)?,
+            }
+            if let Some(i) = (0..len).find(|&i| buf[i].to_bits() != expected(i).to_bits()) {
+                return Err(Error::InvalidArgument(format!(
+                    "round {round} (kind {kind}) element {i}: {} instead of {}",
+                    buf[i],
+                    expected(i)
+                )));
             }
         }
         Ok(())
