@@ -26,7 +26,7 @@ pub(crate) struct Row {
     pub(crate) loss: Option<f64>,
     /// Test accuracy after the last epoch, in [0, 1].
     pub(crate) eval_accuracy: Option<f64>,
-    /// Training wall time in seconds.
+    /// Training wall time in seconds (first batch to last epoch done).
     pub(crate) wall_s: f64,
     /// Reduces performed.
     pub(crate) syncs: u64,
@@ -150,15 +150,19 @@ fn row(mode: String, plan: &Plan, outcome: &Outcome) -> Row {
         .map(|rank| {
             let compute: f64 =
                 state.epochs.iter().filter_map(|e| e.ranks.get(rank)).map(|r| r.compute_ms).sum();
-            if state.wall_ms > 0.0 { (1.0 - compute / state.wall_ms).clamp(0.0, 1.0) } else { 0.0 }
+            if state.train_ms > 0.0 {
+                (1.0 - compute / state.train_ms).clamp(0.0, 1.0)
+            } else {
+                0.0
+            }
         })
         .collect();
     Row {
         mode,
         devices: plan.device_names(),
         loss: state.epochs.last().map(|e| e.avg_loss),
-        eval_accuracy: state.epochs.iter().rev().find_map(|e| e.eval.map(|v| v.accuracy)),
-        wall_s: state.wall_ms / 1000.0,
+        eval_accuracy: state.final_eval().map(|v| v.accuracy),
+        wall_s: state.train_ms / 1000.0,
         syncs: state.reduces,
         avg_sync_ms: (!sync.is_empty()).then(|| sync.iter().sum::<f64>() / sync.len() as f64),
         idle,

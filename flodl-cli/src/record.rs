@@ -46,8 +46,10 @@ pub(crate) struct Summary {
     pub(crate) devices: Vec<String>,
     /// Epochs finished.
     pub(crate) epochs_completed: usize,
-    /// Wall time of training in seconds (without data loading and the final evaluation).
+    /// Training wall time in seconds: first batch to last epoch done (the library's `train_ms`).
     pub(crate) train_wall_s: f64,
+    /// Wall time of the whole run in seconds (replica construction and final evaluation too).
+    pub(crate) run_wall_s: f64,
     /// Mean training loss of the last epoch.
     pub(crate) final_train_loss: Option<f64>,
     /// Final test-set evaluation.
@@ -73,6 +75,7 @@ pub(crate) struct RankSummary {
     pub(crate) samples_per_s: f64,
     /// Fraction of all samples done by this rank.
     pub(crate) share: f64,
-    /// Fraction of the training wall time the rank spent waiting, when known.
+    /// Fraction of the training wall time the rank spent outside training steps (waiting for
+    /// data, a reduce or the cohort), when known.
     pub(crate) idle: Option<f64>,
 }

@@ -289,6 +289,7 @@ mod tests {
             devices: vec!["cpu".into(), "cpu".into()],
             epochs_completed: epochs,
             train_wall_s: epochs as f64,
+            run_wall_s: epochs as f64 + 0.5,
             final_train_loss: Some(0.1),
             test: Some(eval(1)),
             syncs: round,

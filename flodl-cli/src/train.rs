@@ -300,8 +300,8 @@ pub(crate) fn summarise(
 ) -> Summary {
     let state = &outcome.state;
     let names = plan.device_names();
-    let wall_s = state.wall_ms / 1000.0;
-    let total: usize = state.epochs.iter().map(|e| e.samples).sum();
+    let train_ms = state.train_ms;
+    let total = state.samples;
     let ranks = names
         .iter()
         .enumerate()
@@ -319,8 +319,7 @@ pub(crate) fn summarise(
                     0.0
                 },
                 share: if total > 0 { samples as f64 / total as f64 } else { 0.0 },
-                idle: (state.wall_ms > 0.0)
-                    .then(|| (1.0 - compute_ms / state.wall_ms).clamp(0.0, 1.0)),
+                idle: (train_ms > 0.0).then(|| (1.0 - compute_ms / train_ms).clamp(0.0, 1.0)),
             }
         })
         .collect();
@@ -342,9 +341,10 @@ pub(crate) fn summarise(
         options: opts.clone(),
         devices: names,
         epochs_completed: state.epochs.len(),
-        train_wall_s: wall_s,
+        train_wall_s: train_ms / 1000.0,
+        run_wall_s: state.wall_ms / 1000.0,
         final_train_loss: state.epochs.last().map(|e| e.avg_loss),
-        test: state.epochs.iter().rev().find_map(|e| e.eval),
+        test: state.final_eval(),
         syncs: state.reduces,
         avg_sync_ms: (reduce_lines > 0).then(|| sync_ms / reduce_lines as f64),
         ranks,
