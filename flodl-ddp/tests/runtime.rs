@@ -311,3 +311,74 @@ fn elche_counts_follow_the_speed_ratio() -> TestResult {
     );
     Ok(())
 }
+
+/// The evaluation reported with the last epoch is the test accuracy of the returned model, and
+/// every evaluated epoch carries one.
+#[test]
+fn eval_reports_the_accuracy_of_the_returned_model() -> TestResult {
+    let data = train_subset(4096);
+    let test: Arc<dyn Dataset> = Arc::new(Subset::first(mnist(Split::Test), 1000));
+    for backend in BACKENDS {
+        for policy in POLICIES {
+            let state = trainer(2, policy, backend, data.clone())
+                .epochs(3)
+                .test_dataset(test.clone(), 2)
+                .run()?
+                .join()?;
+            let evals: Vec<bool> = state.epochs.iter().map(|e| e.eval.is_some()).collect();
+            assert_eq!(evals, [false, true, true], "{policy:?} {backend:?}: evaluated epochs");
+            let reported = state.final_eval().ok_or("no final evaluation")?;
+            let stream = Stream::cpu_with_threads(1);
+            let mut mlp = Mlp::new(&small_mlp(Optimizer::sgd(0.9)), 32, 0, &stream)?;
+            state.load_into(&mut mlp, &stream)?;
+            let direct = mlp.evaluate(test.as_ref(), 32)?;
+            assert_eq!(reported.samples, 1000);
+            assert!(
+                reported.accuracy > 0.85,
+                "{policy:?} {backend:?}: accuracy {}",
+                reported.accuracy
+            );
+            assert!(
+                (reported.accuracy - direct.accuracy).abs() < 1e-9
+                    && (reported.loss - direct.loss).abs() < 1e-4,
+                "{policy:?} {backend:?}: reported {reported:?}, model gives {direct:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Adam trains too, and a configuration error is reported by `run`, not by a hang or a panic.
+#[test]
+fn adam_trains_and_bad_configs_are_errors() -> TestResult {
+    let data = train_subset(2048);
+    let state = Trainer::new(Mlp::factory(small_mlp(Optimizer::adam())))
+        .dataset(data.clone())
+        .batch_size(32)
+        .epochs(2)
+        .devices(Devices::Cpu(2))
+        .learning_rate(0.002)
+        .run()?
+        .join()?;
+    let last = state.epochs.last().ok_or("no epoch")?;
+    assert!(last.avg_loss < 0.6, "adam loss {}", last.avg_loss);
+    let bad = [
+        trainer(2, Policy::Sync, Backend::Host, data.clone()).batch_size(0).run().err(),
+        trainer(2, Policy::Sync, Backend::Host, data.clone()).slowdown(vec![0.5]).run().err(),
+        trainer(0, Policy::Sync, Backend::Host, data.clone()).run().err(),
+        trainer(2, Policy::Sync, Backend::Host, data.clone()).batch_size(4096).run().err(),
+        Trainer::new(Mlp::factory(small_mlp(Optimizer::adam()))).run().err(),
+    ];
+    for (i, e) in bad.iter().enumerate() {
+        assert!(matches!(e, Some(Error::Config(_))), "case {i}: {e:?}");
+    }
+    // A replica that does not fit the data fails the run with a typed error.
+    let wrong = Trainer::new(Mlp::factory(MlpConfig::new(&[100, 10], Optimizer::sgd(0.0))))
+        .dataset(data)
+        .devices(Devices::Cpu(2))
+        .run()?
+        .join()
+        .err();
+    assert!(matches!(wrong, Some(Error::Rank { .. })), "{wrong:?}");
+    Ok(())
+}
