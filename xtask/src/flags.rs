@@ -44,7 +44,7 @@ pub(crate) struct MatrixArgs {
     #[arg(long)]
     pub(crate) gpus: Option<usize>,
     /// Kill a case that runs longer than this many seconds.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 300)]
     pub(crate) timeout: u64,
     /// Run only the matrix cases, not every test binary in full afterwards.
     #[arg(long)]

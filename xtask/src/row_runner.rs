@@ -174,8 +174,11 @@ impl RunContext {
             .current_dir(&binary.manifest_dir)
             .env("CARGO_MANIFEST_DIR", &binary.manifest_dir)
             .env("FLODL_MNIST_DIR", &self.mnist_dir)
-            .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null());
+        if std::env::var_os("RUST_BACKTRACE").is_none() {
+            // A failure on a remote GPU machine should say where it happened.
+            command.env("RUST_BACKTRACE", "1");
+        }
         if self.require_gpu {
             command.env("FLODL_REQUIRE_GPU", "1");
         } else {
