@@ -1,6 +1,7 @@
 //! The coordinator: one thread that hands out work, decides when to average, runs the host
 //! averaging rounds and aggregates metrics.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use crate::dispatch::{Cutting, Dispatcher};
 use crate::elche::ElChe;
 use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::host_round::{HostRound, average};
-use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window};
+use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EpochMetrics, ReduceEvent};
 use crate::policy::{Backend, Policy};
 use crate::trainer::RunConfig;
@@ -163,7 +164,9 @@ struct Coordinator {
     eval_requested: bool,
     emitted: Vec<EpochMetrics>,
     stalled: usize,
-    last_heard: Instant,
+    /// When each rank was last heard from, and last sent anything.
+    heard: Vec<Instant>,
+    sent: Vec<Cell<Instant>>,
     /// When the first chunk was handed out, and when the last epoch completed.
     train_start: Option<Instant>,
     train_end: Option<Instant>,
@@ -227,7 +230,8 @@ impl Coordinator {
             eval_requested: false,
             emitted: Vec::new(),
             stalled: 0,
-            last_heard: Instant::now(),
+            heard: vec![Instant::now(); world],
+            sent: (0..world).map(|_| Cell::new(Instant::now())).collect(),
             train_start: None,
             train_end: None,
         };
@@ -269,6 +273,9 @@ impl Coordinator {
     }
 
     fn send(&self, rank: usize, msg: ToWorker) -> Result<()> {
+        if let Some(t) = self.sent.get(rank) {
+            t.set(Instant::now());
+        }
         match self.to_workers.get(rank) {
             Some(tx) => tx
                 .send_timeout(msg, self.cfg.stall_timeout)
@@ -290,20 +297,12 @@ impl Coordinator {
             };
             match self.rx.recv_timeout(timeout) {
                 Ok(msg) => {
-                    self.last_heard = Instant::now();
                     self.handle(msg)?;
                     while let Ok(msg) = self.rx.try_recv() {
                         self.handle(msg)?;
                     }
                 }
-                Err(flume::RecvTimeoutError::Timeout) => {
-                    if self.last_heard.elapsed() > self.cfg.stall_timeout {
-                        return Err(Error::Timeout {
-                            what: "any rank's report",
-                            after: self.cfg.stall_timeout,
-                        });
-                    }
-                }
+                Err(flume::RecvTimeoutError::Timeout) => {}
                 Err(flume::RecvTimeoutError::Disconnected) => {
                     return Err(Error::Disconnected("every rank thread"));
                 }
@@ -313,7 +312,26 @@ impl Coordinator {
             }
             self.check_host_deadline()?;
             self.aggregate();
+            self.check_liveness()?;
         }
+    }
+
+    /// Fails the run when a rank has been silent past the stall timeout; pings quiet ranks.
+    fn check_liveness(&self) -> Result<()> {
+        let after = self.cfg.stall_timeout;
+        if let Some(rank) = self.heard.iter().position(|h| h.elapsed() > after) {
+            let source = Box::new(Error::Timeout { what: "the rank's reports", after });
+            return Err(Error::Rank { rank, source });
+        }
+        for (rank, (tx, sent)) in self.to_workers.iter().zip(&self.sent).enumerate() {
+            if sent.get().elapsed() >= heartbeat(after) {
+                sent.set(Instant::now());
+                // A full queue holds messages already: the rank hears from us anyway.
+                let _ = tx.try_send(ToWorker::Ping);
+                tracing::trace!(rank, "ping");
+            }
+        }
+        Ok(())
     }
 
     /// Waits for every rank's replica, checks they agree, and sends rank 0's weights to all.
@@ -366,7 +384,7 @@ impl Coordinator {
         for rank in 1..world {
             self.send(rank, ToWorker::Init(initial.clone()))?;
         }
-        self.last_heard = Instant::now();
+        self.heard.iter_mut().for_each(|h| *h = Instant::now());
         self.train_start = Some(Instant::now());
         Ok(())
     }
@@ -397,8 +415,13 @@ impl Coordinator {
     }
 
     fn handle(&mut self, msg: ToCoordinator) -> Result<()> {
+        if let Some(heard) = msg.rank().and_then(|r| self.heard.get_mut(r)) {
+            *heard = Instant::now();
+        }
         match msg {
-            ToCoordinator::Ready { .. } | ToCoordinator::Final { .. } => {}
+            ToCoordinator::Ready { .. }
+            | ToCoordinator::Final { .. }
+            | ToCoordinator::Alive { .. } => {}
             ToCoordinator::ChunkDone { rank, chunk, work } => {
                 self.dispatch.complete(rank, &chunk, &work);
                 if let Some(b) = self.ranks.get_mut(rank) {

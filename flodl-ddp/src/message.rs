@@ -58,6 +58,8 @@ pub(crate) enum ToWorker {
     Finish,
     /// The run is over (another rank failed or the handle aborted): exit now.
     Stop,
+    /// Nothing to do; the coordinator is alive (sent when it has been quiet for a while).
+    Ping,
 }
 
 /// Why a rank says it is ready for the reduce.
@@ -67,6 +69,12 @@ pub(crate) enum Readiness {
     Reached,
     /// It ran out of work before its target.
     Idle,
+}
+
+/// How long a side of a channel stays quiet before it says it is alive: a quarter of the stall
+/// timeout, at most a second.
+pub(crate) fn heartbeat(stall_timeout: std::time::Duration) -> std::time::Duration {
+    (stall_timeout / 4).min(std::time::Duration::from_secs(1))
 }
 
 /// Worker → coordinator.
@@ -90,6 +98,25 @@ pub(crate) enum ToCoordinator {
     Final { rank: usize, state: HostState },
     /// Host backend: the helper thread's average for `round`.
     Averaged { round: u64, state: crate::Result<HostState> },
+    /// The rank is alive (sent when it has been quiet for a while).
+    Alive { rank: usize },
     /// The rank failed and is exiting.
     Failed { rank: usize, error: Error },
+}
+
+impl ToCoordinator {
+    /// The rank that sent the message, if a rank did.
+    pub(crate) fn rank(&self) -> Option<usize> {
+        match self {
+            ToCoordinator::Ready { rank, .. }
+            | ToCoordinator::ChunkDone { rank, .. }
+            | ToCoordinator::Progress { rank, .. }
+            | ToCoordinator::Reduced { rank, .. }
+            | ToCoordinator::Snapshot { rank, .. }
+            | ToCoordinator::Final { rank, .. }
+            | ToCoordinator::Alive { rank }
+            | ToCoordinator::Failed { rank, .. } => Some(*rank),
+            ToCoordinator::Evaluated { .. } | ToCoordinator::Averaged { .. } => None,
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! A rank: its replica, stream, batch buffers and communicator, and the loop that drives them.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,7 +10,7 @@ use flodl_data::HostBatch;
 use flodl_tensor::{DType, Device, Stream, Tensor};
 
 use crate::comm::RankComm;
-use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window};
+use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::replica::{Batch, Replica, ReplicaContext};
 use crate::staging::{device_batch, upload};
@@ -290,6 +291,7 @@ pub(crate) struct RankLoop {
     win: WindowState,
     ready: bool,
     works: u64,
+    last_sent: Cell<Instant>,
 }
 
 impl RankLoop {
@@ -303,10 +305,21 @@ impl RankLoop {
         let ready = worker.rank == 0;
         let win =
             WindowState { window: first, steps: 0, wall_ms: 0.0, reported: None, snapshot: None };
-        RankLoop { worker, rx, tx, queue: VecDeque::new(), current: None, win, ready, works: 0 }
+        RankLoop {
+            worker,
+            rx,
+            tx,
+            queue: VecDeque::new(),
+            current: None,
+            win,
+            ready,
+            works: 0,
+            last_sent: Cell::new(Instant::now()),
+        }
     }
 
     fn send(&self, msg: ToCoordinator) -> Result<()> {
+        self.last_sent.set(Instant::now());
         self.tx
             .send_timeout(msg, self.worker.cfg.stall_timeout)
             .map_err(|_| Error::Disconnected("coordinator"))
@@ -369,12 +382,21 @@ impl RankLoop {
                     if self.worker.cfg_cancelled() {
                         return Ok(ToWorker::Stop);
                     }
+                    self.heartbeat()?;
                 }
                 Err(flume::RecvTimeoutError::Disconnected) => {
                     return Err(Error::Disconnected("coordinator"));
                 }
             }
         }
+    }
+
+    /// Tells the coordinator this rank is alive when it has been quiet for a while.
+    fn heartbeat(&self) -> Result<()> {
+        if self.last_sent.get().elapsed() >= heartbeat(self.worker.cfg.stall_timeout) {
+            self.send(ToCoordinator::Alive { rank: self.worker.rank })?;
+        }
+        Ok(())
     }
 
     fn report(&mut self, why: Readiness) -> Result<()> {
@@ -420,7 +442,7 @@ impl RankLoop {
         if self.win.reported.is_none() && self.win.steps >= self.win.window.target {
             self.report(Readiness::Reached)?;
         }
-        Ok(())
+        self.heartbeat()
     }
 
     /// Starts the window `next` after a reduce; `carried` steps and ms stay in it.
@@ -493,6 +515,7 @@ impl RankLoop {
                 return Ok(Flow::Exit);
             }
             ToWorker::Stop => return Ok(Flow::Exit),
+            ToWorker::Ping => {}
         }
         Ok(Flow::Continue)
     }

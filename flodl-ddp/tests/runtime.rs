@@ -382,3 +382,38 @@ fn adam_trains_and_bad_configs_are_errors() -> TestResult {
     assert!(matches!(wrong, Some(Error::Rank { .. })), "{wrong:?}");
     Ok(())
 }
+
+/// A rank that stops answering (a hung step) ends the run with a timeout naming it.
+#[test]
+fn hung_rank_times_out() -> TestResult {
+    let data = train_subset(2048);
+    for backend in BACKENDS {
+        let cfg = small_mlp(Optimizer::sgd(0.9));
+        let factory = move |ctx: &flodl_ddp::ReplicaContext| -> Result<FixedSpeed> {
+            let inner = Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?;
+            // Rank 2's device takes 3 s per step: far past the 500 ms stall timeout.
+            let step = Duration::from_millis(if ctx.rank == 2 { 3000 } else { 0 });
+            Ok(FixedSpeed { inner, step })
+        };
+        let t0 = std::time::Instant::now();
+        let err = Trainer::new(factory)
+            .dataset(data.clone())
+            .batch_size(32)
+            .devices(Devices::Cpu(3))
+            .policy(Policy::Cadence)
+            .backend(backend)
+            .stall_timeout(Duration::from_millis(500))
+            .run()?
+            .join()
+            .err()
+            .ok_or("a hung rank must fail the run")?;
+        assert!(t0.elapsed() < Duration::from_secs(20), "{backend:?}: took {:?}", t0.elapsed());
+        match &err {
+            Error::Rank { rank: 2, source } => {
+                assert!(matches!(**source, Error::Timeout { .. }), "{backend:?}: {err}")
+            }
+            other => panic!("{backend:?}: unexpected error {other}"),
+        }
+    }
+    Ok(())
+}
