@@ -240,8 +240,10 @@ fn state_round_trips_through_serde() -> TestResult {
     for ms in [[4.0, 10.0, 6.0], [4.4, 10.2, 6.1], [3.9, 9.8, 6.3]] {
         report(&mut el, &ms, 10, 3.0)?;
     }
-    let json = serde_json::to_string(&el.state())?;
-    let state = serde_json::from_str(&json)?;
+    // bincode keeps every f64 bit (serde_json's default float parsing may not).
+    let bytes = bincode::serde::encode_to_vec(el.state(), bincode::config::standard())?;
+    let (state, _): (flodl_ddp::ElCheState, usize) =
+        bincode::serde::decode_from_slice(&bytes, bincode::config::standard())?;
     let mut back = ElChe::new(3, 10)?;
     back.restore(&state)?;
     assert_eq!(back.state(), el.state());
