@@ -41,34 +41,34 @@ pub(crate) struct TrainFlags {
     /// Explicit rank devices, comma separated, e.g. `cpu,cpu,cuda:0`.
     #[arg(long, value_name = "LIST")]
     pub(crate) devices: Option<String>,
-    /// When to average: sync, cadence or async.
+    /// When to average: sync, cadence or async (default cadence).
     #[arg(long, value_name = "POLICY")]
     pub(crate) policy: Option<String>,
-    /// How to average: collective or host.
+    /// How to average: collective or host (default collective).
     #[arg(long, value_name = "BACKEND")]
     pub(crate) backend: Option<String>,
-    /// Number of epochs.
+    /// Number of epochs (default 15).
     #[arg(long, value_name = "N")]
     pub(crate) epochs: Option<usize>,
-    /// Per-rank batch size.
+    /// Per-rank batch size (default 64).
     #[arg(long, value_name = "N")]
     pub(crate) batch_size: Option<usize>,
-    /// Base learning rate (SGD with momentum).
+    /// Learning rate of SGD with momentum (default 0.02).
     #[arg(long, value_name = "LR", allow_negative_numbers = true)]
     pub(crate) lr: Option<f64>,
-    /// SGD momentum.
+    /// SGD momentum (default 0.9).
     #[arg(long, value_name = "M", allow_negative_numbers = true)]
     pub(crate) momentum: Option<f64>,
     /// LR schedule (constant: the runtime does not offer others yet).
     #[arg(long, value_name = "SCHEDULE")]
     pub(crate) schedule: Option<String>,
-    /// Seed of the initial weights and of the data permutation.
+    /// Seed of the initial weights and of the data permutation (default 42).
     #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,
     /// Per-rank slowdown factors to emulate unequal devices, e.g. `1,2.5`.
     #[arg(long, value_name = "LIST")]
     pub(crate) slowdown: Option<String>,
-    /// Hidden layer widths of the MLP, e.g. `256,128`.
+    /// Hidden layer widths of the MLP (default 256,128: a 784-256-128-10 MLP).
     #[arg(long, value_name = "LIST")]
     pub(crate) hidden: Option<String>,
     /// Directory with the MNIST idx files (default: data/mnist of this repository).
@@ -88,16 +88,18 @@ pub(crate) struct TrainArgs {
     /// What to train and how.
     #[command(flatten)]
     pub(crate) flags: TrainFlags,
-    /// Evaluate on the test set every N epochs (the last epoch is always evaluated).
+    /// Evaluate on the test set every N epochs (default 1; the last epoch is always evaluated).
     #[arg(long, value_name = "N")]
     pub(crate) eval_every: Option<usize>,
-    /// Write checkpoints into this directory.
+    /// Write checkpoints into this directory (not available yet: flodl-ddp's Trainer cannot save
+    /// a run, so the flag is refused).
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs (needs a checkpoint directory; default 1 when one is given).
+    /// Checkpoint every N epochs (default 1; with --checkpoint-dir).
     #[arg(long, value_name = "N")]
     pub(crate) checkpoint_every: Option<usize>,
-    /// Resume from this checkpoint.
+    /// Resume from this checkpoint (not available yet: flodl-ddp's Trainer cannot resume a run,
+    /// so the flag is refused).
     #[arg(long, value_name = "PATH")]
     pub(crate) resume: Option<PathBuf>,
     /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).

@@ -119,15 +119,16 @@ pub(crate) struct RunFlags {
 }
 
 impl TrainConfig {
-    /// The built-in defaults (tuned so the default run reaches ≥ 97.5% on 2 CPU cores).
+    /// The built-in defaults, tuned on 2 CPU cores: without an LR schedule, lr 0.05 ends on a
+    /// noisy epoch too often (97.3-98.0%); lr 0.02 for 15 epochs ends at 97.9-98.1% in ~30 s.
     pub(crate) fn defaults() -> Self {
         Self {
             ranks: RankSpec::Auto,
             policy: "cadence".to_owned(),
             backend: "collective".to_owned(),
-            epochs: 8,
+            epochs: 15,
             batch_size: 64,
-            lr: 0.05,
+            lr: 0.02,
             momentum: 0.9,
             schedule: "constant".to_owned(),
             seed: 42,

@@ -90,6 +90,30 @@ fn regenerate_report(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TrainConfig;
+
+    #[test]
+    fn train_help_states_the_real_defaults() {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let help = cmd
+            .find_subcommand_mut("train")
+            .map(|c| c.render_long_help().to_string())
+            .unwrap_or_default();
+        let d = TrainConfig::defaults();
+        let hidden: Vec<String> = d.hidden.iter().map(ToString::to_string).collect();
+        for want in [
+            format!("(default {})", d.policy),
+            format!("(default {})", d.backend),
+            format!("(default {})", d.epochs),
+            format!("(default {})", d.batch_size),
+            format!("(default {})", d.lr),
+            format!("(default {})", d.momentum),
+            format!("(default {})", d.seed),
+            format!("(default {}:", hidden.join(",")),
+        ] {
+            assert!(help.contains(&want), "help lacks {want:?}");
+        }
+    }
 
     #[test]
     fn one_line_drops_repeated_causes_and_newlines() {
