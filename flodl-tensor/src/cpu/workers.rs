@@ -8,6 +8,9 @@ use rayon::prelude::*;
 /// Inputs shorter than this run on the calling thread: splitting costs more than it gains.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 18;
 
+/// Smallest piece of work handed to one task when splitting.
+const MIN_TASK: usize = 1 << 15;
+
 /// The thread budget of a CPU stream, with its thread pool built on first large kernel.
 #[derive(Debug)]
 pub(crate) struct CpuWorkers {
@@ -48,12 +51,15 @@ impl CpuWorkers {
             .as_ref()
     }
 
-    /// Elements per task when splitting `len` elements: one task per thread, 64-aligned.
+    /// Elements per task when splitting `len` elements: about eight tasks per thread (so a
+    /// thread that loses its core to another process is helped by the others) but no fewer than
+    /// [`MIN_TASK`] elements, 64-aligned. Depends only on `len` and the thread count, so results
+    /// are reproducible for a given stream.
     fn chunk(&self, len: usize) -> usize {
-        len.div_ceil(self.threads).next_multiple_of(64).max(64)
+        len.div_ceil(8 * self.threads).max(MIN_TASK).next_multiple_of(64)
     }
 
-    /// Runs `f(offset, chunk)` over `out` split into per-thread chunks.
+    /// Runs `f(offset, chunk)` over `a` split into chunks run by the stream's threads.
     pub(crate) fn split1<A: Send>(&self, a: &mut [A], f: impl Fn(usize, &mut [A]) + Sync) {
         match self.pool_for(a.len()) {
             None => f(0, a),
@@ -110,8 +116,8 @@ impl CpuWorkers {
         }
     }
 
-    /// Sums `f(range)` over `0..len` split into per-thread ranges, adding partials in range order
-    /// (so a given thread count always gives the same result).
+    /// Sums `f(range)` over `0..len` split into ranges run by the stream's threads, adding the
+    /// partials in range order (so a given thread count always gives the same result).
     pub(crate) fn sum(&self, len: usize, f: impl Fn(Range<usize>) -> f64 + Sync) -> f64 {
         match self.pool_for(len) {
             None => f(0..len),
