@@ -260,7 +260,10 @@ impl Coordinator {
     }
 
     fn run(mut self) -> Result<TrainedState> {
-        let result = self.drive();
+        let result = match self.drive() {
+            Err(Error::Disconnected(what)) => Err(self.failure_behind(what)),
+            other => other,
+        };
         if result.is_err() {
             for tx in &self.to_workers {
                 let _ = tx.try_send(ToWorker::Stop);
@@ -270,6 +273,20 @@ impl Coordinator {
             }
         }
         result
+    }
+
+    /// A rank thread went away: the failure it reported on its way out, if it arrives soon.
+    fn failure_behind(&self, what: &'static str) -> Error {
+        let deadline =
+            Instant::now() + heartbeat(self.cfg.stall_timeout).max(Duration::from_millis(250));
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.rx.recv_timeout(left) {
+                Ok(ToCoordinator::Failed { rank, error }) => return rank_error(rank, error),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        Error::Disconnected(what)
     }
 
     fn send(&self, rank: usize, msg: ToWorker) -> Result<()> {

