@@ -227,7 +227,11 @@ impl CudaStorage {
         }
     }
 
-    /// Device to device (same device or peer) on `s`.
+    /// Device to device (same device or peer), ordered on `s`.
+    ///
+    /// The copy itself is issued on a stream of the destination's device (cudarc records the
+    /// destination's write event on the issuing stream, which must belong to its context): `s`
+    /// when it is there, otherwise the destination's own stream, joined to `s` both ways.
     pub(crate) fn copy_from_device(&mut self, src: &CudaStorage, s: &CudaStream) -> Result<()> {
         if src.len() != self.len() {
             return Err(Error::LengthMismatch {
@@ -239,15 +243,26 @@ impl CudaStorage {
         if self.len() == 0 {
             return Ok(());
         }
-        let raw = s.raw();
         let e = cuda_err("copy device to device");
-        let dtype = self.dtype();
-        match (self, src) {
-            (CudaStorage::F32(d), CudaStorage::F32(x)) => raw.memcpy_dtod(x, d).map_err(e),
-            (CudaStorage::Bf16(d), CudaStorage::Bf16(x)) => raw.memcpy_dtod(x, d).map_err(e),
-            (CudaStorage::I32(d), CudaStorage::I32(x)) => raw.memcpy_dtod(x, d).map_err(e),
-            _ => Err(Error::DTypeMismatch { op: "copy_from", expected: dtype, got: src.dtype() }),
+        let cross = s.ordinal() != self.ordinal();
+        let raw = if cross { self.home().clone() } else { s.raw().clone() };
+        if cross {
+            raw.join(s.raw()).map_err(&e)?;
         }
+        let dtype = self.dtype();
+        match (&mut *self, src) {
+            (CudaStorage::F32(d), CudaStorage::F32(x)) => raw.memcpy_dtod(x, d).map_err(&e)?,
+            (CudaStorage::Bf16(d), CudaStorage::Bf16(x)) => raw.memcpy_dtod(x, d).map_err(&e)?,
+            (CudaStorage::I32(d), CudaStorage::I32(x)) => raw.memcpy_dtod(x, d).map_err(&e)?,
+            _ => {
+                let got = src.dtype();
+                return Err(Error::DTypeMismatch { op: "copy_from", expected: dtype, got });
+            }
+        }
+        if cross {
+            s.raw().join(&raw).map_err(&e)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn try_clone(&self, s: &CudaStream) -> Result<CudaStorage> {
