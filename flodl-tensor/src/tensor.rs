@@ -286,7 +286,7 @@ impl Tensor {
     }
 
     /// Starts overwriting the elements from a pinned host buffer on `stream` (host to device);
-    /// the buffer must not be written until the stream has passed this point.
+    /// [`PinnedBuffer::as_mut_slice`] waits for this copy before handing the buffer out again.
     ///
     /// # Errors
     /// [`Error::DTypeMismatch`], [`Error::LengthMismatch`], [`Error::DeviceMismatch`], CUDA errors.
