@@ -1,4 +1,52 @@
-//! flodl-ddp (being built; see ARCHITECTURE.md).
+//! Local-SGD data parallelism across unequal devices: one model, several ranks (GPUs or
+//! single-thread CPU "devices"), none idle.
+//!
+//! Every rank owns a full replica and its own optimizer ([`Replica`]; the reference replica is
+//! [`Mlp`]) and trains the chunks of each epoch's permutation that the coordinator hands it;
+//! now and then the replicas' parameters are replaced by their work-weighted average. Two knobs:
+//!
+//! - [`Policy`], when to average: `Sync` (after every step, static equal shares, bitwise
+//!   deterministic on CPU ranks), `Cadence` (ElChe sizes each rank's window so all ranks reach
+//!   the reduce together; progressive dispatch), `Async` (ElChe windows plus a bounded overshoot).
+//! - [`Backend`], how: `Collective` (in-place weighted all-reduce through flodl-nccl) or `Host`
+//!   (snapshots averaged on a coordinator helper thread under a deadline, soft-aborted and
+//!   retried when late).
+//!
+//! [`Trainer`] configures a run and [`Trainer::run`] starts it at once; the [`DdpHandle`] streams
+//! [`EpochMetrics`] and [`ReduceEvent`]s while it trains, and [`DdpHandle::join`] returns the
+//! averaged model as a [`TrainedState`]. A world of one rank runs the same API with no
+//! coordinator. Threads: one per rank, one coordinator; messages are closed enums on bounded
+//! channels; every wait has a deadline; a failing rank ends the run with its error.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use flodl_data::{Dataset, Mnist, Split, Verify};
+//! use flodl_ddp::{Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, Trainer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = flodl_data::mnist::vendored_dir();
+//! let train: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Train, Verify::Skip)?);
+//! let test: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Test, Verify::Skip)?);
+//! let mlp = MlpConfig::new(&[784, 256, 128, 10], Optimizer::sgd(0.9));
+//! let mut run = Trainer::new(Mlp::factory(mlp))
+//!     .dataset(train)
+//!     .test_dataset(test, 1)
+//!     .batch_size(64)
+//!     .epochs(5)
+//!     .devices(Devices::Cpu(2))
+//!     .policy(Policy::Cadence)
+//!     .backend(Backend::Collective)
+//!     .learning_rate(0.05)
+//!     .slowdown(vec![1.0, 2.5]) // rank 1 emulates a device 2.5x slower
+//!     .run()?;
+//! while let Some(epoch) = run.next_metrics(std::time::Duration::from_secs(600)) {
+//!     println!("epoch {} loss {:.4} eval {:?}", epoch.epoch, epoch.avg_loss, epoch.eval);
+//! }
+//! let state = run.join()?;
+//! println!("{:.0} samples/s", state.throughput());
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod checkpoint;
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
