@@ -1,10 +1,11 @@
 //! Data-plane benchmarks: MNIST batch fetch, prefetcher starve time, staging cache hit ratios.
 //!
-//! Criterion times the MNIST fetch (samples/s), a staging-cache hit fetch and the prefetcher's
-//! production rate. Two figures are not timings and are printed instead (they are skipped under
-//! `--test`):
-//! - prefetcher starve time: the share of wall time a consumer of fixed per-batch cost spends
-//!   waiting for the next batch, after the first batch;
+//! Criterion times the MNIST load and fetch (samples/s), a staging-cache hit fetch, the
+//! prefetcher's production rate and a fixed-cost consumer fed by it. Two figures are not
+//! timings and are printed instead (they are skipped under `--test`):
+//! - prefetcher starve time: the share of wall time a consumer of fixed per-batch cost (a fixed
+//!   amount of CPU work, calibrated to N ms uncontended) spends waiting for the next batch,
+//!   after the first batch;
 //! - staging cache hit ratio, next use (Belady) versus LRU, at budgets of 10/25/50% of MNIST.
 
 use std::num::NonZeroUsize;
@@ -65,6 +66,17 @@ fn data(c: &mut Criterion) {
         });
     }
 
+    // MNIST load (the CLI does it on every run): read, decompress and convert the train split.
+    g.sample_size(10);
+    g.throughput(Unit::Samples.throughput(ds.len() as u64));
+    for (verify, tag) in [(Verify::Skip, "train"), (Verify::Sha256, "train_sha256")] {
+        let id = BenchmarkId::new(bench_name("cpu", "mnist_load", Unit::Samples), tag);
+        g.bench_function(id, |b| {
+            b.iter(|| Mnist::load(vendored_dir(), Split::Train, verify).expect("load"))
+        });
+    }
+    g.sample_size(20);
+
     // Staging cache, all hits: the read-through fast path.
     let cache = StagingCache::new(
         Arc::clone(&ds) as Arc<dyn Dataset>,
@@ -111,12 +123,30 @@ fn data(c: &mut Criterion) {
     hit_ratio_figures(&ds);
 }
 
-/// Busy-waits `d`: the consumer's fixed per-batch cost (a stand-in for a training step).
-fn spin(d: Duration) {
-    let t = Instant::now();
-    while t.elapsed() < d {
-        std::hint::spin_loop();
+/// A fixed amount of CPU work, `units` rounds of a xorshift (a stand-in for a training step:
+/// like one, it takes longer in wall time when the cores are contended).
+fn work(units: u64) -> u64 {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..units {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
     }
+    std::hint::black_box(x)
+}
+
+/// Work units per millisecond of uncontended CPU time (the fastest of several runs).
+fn units_per_ms() -> u64 {
+    let units = 2_000_000;
+    let best = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            work(units);
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or(Duration::from_millis(1));
+    (units as f64 / (best.as_secs_f64() * 1e3)).max(1.0) as u64
 }
 
 /// A consumer's endless stream of batches: MNIST train epochs of batch size `bs`, each next
@@ -167,8 +197,12 @@ impl Consumer {
             let t = Instant::now();
             match feed.next() {
                 Some(batch) => {
-                    batch.expect("batch").wait(&self.stream).expect("wait");
-                    return t.elapsed();
+                    let batch = batch.expect("batch");
+                    batch.wait(&self.stream).expect("wait");
+                    let waited = t.elapsed();
+                    // Freeing the batch is the consumer's business, not waiting.
+                    drop(batch);
+                    return waited;
                 }
                 None => {
                     self.feeds.pop_front();
@@ -178,11 +212,12 @@ impl Consumer {
     }
 }
 
-/// Consumes `batches` batches at `cost` each after one warm-up batch; returns (starve, wall).
+/// Consumes `batches` batches at `cost` work units each after one warm-up batch; returns
+/// (starve, wall).
 fn starve_run(
     ds: &Arc<Mnist>,
     bs: usize,
-    cost: Duration,
+    cost: u64,
     depth: Depth,
     batches: usize,
 ) -> (Duration, Duration) {
@@ -192,7 +227,7 @@ fn starve_run(
     let mut starve = Duration::ZERO;
     for _ in 0..batches {
         starve += s.take();
-        spin(cost);
+        work(cost);
     }
     (starve, start.elapsed())
 }
@@ -202,8 +237,9 @@ fn starve_run(
 fn starve_bench(c: &mut Criterion, ds: &Arc<Mnist>) {
     let mut g = c.benchmark_group("data");
     let bs = 256;
-    for cost_ms in [2u64, 5] {
-        let cost = Duration::from_millis(cost_ms);
+    let per_ms = units_per_ms();
+    for cost_ms in [1u64, 2] {
+        let cost = cost_ms * per_ms;
         let mut s = Consumer::new(ds, bs, Depth::default());
         s.take();
         let mut starve = Duration::ZERO;
@@ -218,48 +254,75 @@ fn starve_bench(c: &mut Criterion, ds: &Arc<Mnist>) {
                 let t = Instant::now();
                 for _ in 0..iters {
                     starve += s.take();
-                    spin(cost);
+                    work(cost);
                 }
                 let e = t.elapsed();
                 wall += e;
                 e
             })
         });
+        if wall.is_zero() {
+            // Filtered out on the command line.
+            continue;
+        }
         println!(
-            "data/prefetch: starve {:.3}% of wall ({:.1} ms of {:.0} ms) consumer {cost_ms} ms/batch, bs {bs}, gauge depth (cpu: {})",
+            "data/prefetch: starve {:.3}% of wall ({:.1} ms of {:.0} ms) consumer {cost_ms} ms of work/batch, bs {bs}, gauge depth (cpu: {}), load {}",
             100.0 * starve.as_secs_f64() / wall.as_secs_f64().max(1e-9),
             starve.as_secs_f64() * 1e3,
             wall.as_secs_f64() * 1e3,
             flodl_data::CPU_DEPTH,
+            load_average()
         );
     }
     g.finish();
 }
 
+/// The machine's 1-minute load average (the cores are shared; figures depend on it).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
 fn starve_figures(ds: &Arc<Mnist>) {
     let bs = 256;
-    // Production time per batch with an idle consumer, for scale.
-    let n = 200;
-    let (_, wall) = starve_run(ds, bs, Duration::ZERO, Depth::Fixed(2), n);
-    println!(
-        "data/prefetch: production {:.1} us per batch of {bs} (idle consumer, {n} batches)",
-        wall.as_secs_f64() * 1e6 / n as f64
-    );
-    for (cost_ms, depth) in
-        [(1u64, Depth::Fixed(2)), (2, Depth::Fixed(2)), (2, Depth::Fixed(8)), (5, Depth::Fixed(2))]
-    {
-        let (starve, wall) = starve_run(ds, bs, Duration::from_millis(cost_ms), depth, 300);
+    let n = 300;
+    let per_ms = units_per_ms();
+    for round in 1..=3 {
+        // Production time per batch with an idle consumer, for scale.
+        let (_, wall) = starve_run(ds, bs, 0, Depth::Fixed(2), n);
         println!(
-            "data/prefetch: starve {:.3}% of wall ({:.2} ms of {:.0} ms) consumer {cost_ms} ms/batch, bs {bs}, 300 batches, {depth:?}",
-            100.0 * starve.as_secs_f64() / wall.as_secs_f64(),
-            starve.as_secs_f64() * 1e3,
-            wall.as_secs_f64() * 1e3,
+            "data/prefetch round {round}: production {:.1} us per batch of {bs} (idle consumer, {n} batches), load {}",
+            wall.as_secs_f64() * 1e6 / n as f64,
+            load_average()
         );
+        for (cost_ms, depth) in [
+            (1u64, Depth::Fixed(2)),
+            (1, Depth::Fixed(8)),
+            (2, Depth::Fixed(2)),
+            (5, Depth::Fixed(2)),
+        ] {
+            let (starve, wall) = starve_run(ds, bs, cost_ms * per_ms, depth, n);
+            println!(
+                "data/prefetch round {round}: starve {:.3}% of wall ({:.2} ms of {:.0} ms) consumer {cost_ms} ms of work/batch, bs {bs}, {n} batches, {depth:?}, load {}",
+                100.0 * starve.as_secs_f64() / wall.as_secs_f64(),
+                starve.as_secs_f64() * 1e3,
+                wall.as_secs_f64() * 1e3,
+                load_average()
+            );
+        }
     }
 }
 
 /// Hit ratio of a read-through cache over the advised stream of rank 0 of 2, 3 epochs, bs 256.
-fn hit_ratio(ds: &Arc<Mnist>, budget_samples: usize, eviction: Eviction, fill: Fill) -> f64 {
+fn hit_ratio(
+    ds: &Arc<Mnist>,
+    budget_samples: usize,
+    eviction: Eviction,
+    fill: Fill,
+    per_ms: u64,
+) -> f64 {
     let sample_bytes = ds.layout().sample_bytes();
     let cache = StagingCache::new(
         Arc::clone(ds) as Arc<dyn Dataset>,
@@ -278,8 +341,8 @@ fn hit_ratio(ds: &Arc<Mnist>, budget_samples: usize, eviction: Eviction, fill: F
     let mut total = CacheReport::default();
     for b in &batches {
         if fill == Fill::Background {
-            // A consumer with a 1 ms step: the read-ahead runs during it.
-            spin(Duration::from_millis(1));
+            // A consumer with a 1 ms step of work: the read-ahead runs during it.
+            work(per_ms);
         }
         let r = cache.fetch_reported(b, &mut out).expect("fetch");
         total.hits += r.hits;
@@ -289,14 +352,15 @@ fn hit_ratio(ds: &Arc<Mnist>, budget_samples: usize, eviction: Eviction, fill: F
 }
 
 fn hit_ratio_figures(ds: &Arc<Mnist>) {
+    let per_ms = units_per_ms();
     println!("data/staging: hit ratio, MNIST train, rank 0 of 2, 3 epochs of advisories, bs 256");
     for pct in [10usize, 25, 50] {
         let budget = ds.len() * pct / 100;
-        let min = hit_ratio(ds, budget, Eviction::NextUse, Fill::Off);
-        let lru = hit_ratio(ds, budget, Eviction::Lru, Fill::Off);
-        let filled = hit_ratio(ds, budget, Eviction::NextUse, Fill::Background);
+        let min = hit_ratio(ds, budget, Eviction::NextUse, Fill::Off, per_ms);
+        let lru = hit_ratio(ds, budget, Eviction::Lru, Fill::Off, per_ms);
+        let filled = hit_ratio(ds, budget, Eviction::NextUse, Fill::Background, per_ms);
         println!(
-            "data/staging: budget {pct:>2}% ({budget} samples): next-use {:.1}%  lru {:.1}%  next-use + read-ahead (1 ms consumer) {:.1}%",
+            "data/staging: budget {pct:>2}% ({budget} samples): next-use {:.1}%  lru {:.1}%  next-use + read-ahead (1 ms-of-work consumer) {:.1}%",
             100.0 * min,
             100.0 * lru,
             100.0 * filled

@@ -27,6 +27,7 @@
 //! # }
 //! ```
 
+mod background;
 mod batch;
 mod checksum;
 mod dataset;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use flodl_tensor::{Device, Event, Stream, Tensor};
 
+use crate::background;
 use crate::batch::{Column, HostBatch};
 use crate::dataset::Dataset;
 use crate::depth::{CPU_DEPTH, Depth, vram_depth};
@@ -197,10 +198,7 @@ impl Prefetcher {
             recycle,
             recycled,
         };
-        let handle = std::thread::Builder::new()
-            .name("flodl-prefetch".into())
-            .spawn(move || worker.run(&job_rx, &stop_rx))
-            .map_err(|source| Error::Spawn { role: "prefetch", source })?;
+        let handle = background::spawn("prefetch", move || worker.run(&job_rx, &stop_rx))?;
         Ok(Self {
             dataset,
             device,

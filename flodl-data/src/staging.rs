@@ -6,6 +6,7 @@ use std::thread::JoinHandle;
 
 use flodl_tensor::Device;
 
+use crate::background;
 use crate::batch::{HostBatch, View, ViewMut, copy_row_view};
 use crate::dataset::{Dataset, check_indices};
 use crate::error::{Error, Result};
@@ -138,10 +139,7 @@ impl StagingCache {
                 let (tx, rx) = flume::bounded(1);
                 shared.lock().filler = FillerState::Running;
                 let worker = Arc::clone(&shared);
-                let handle = std::thread::Builder::new()
-                    .name("flodl-staging".into())
-                    .spawn(move || fill_loop(&worker, &rx))
-                    .map_err(|source| Error::Spawn { role: "staging", source })?;
+                let handle = background::spawn("staging", move || fill_loop(&worker, &rx))?;
                 (Some(tx), Some(handle))
             }
         };
