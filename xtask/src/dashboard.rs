@@ -173,7 +173,7 @@ impl Dashboard {
         let mut html = String::from(concat!(
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>flodl benchmarks</title>\n<style>\n",
             "body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0 2em}\n",
-            "th,td{border:1px solid #ccc;padding:3px 8px;font-size:14px}td.n{text-align:right;font-variant-numeric:tabular-nums}\n",
+            "th,td{border:1px solid #ccc;padding:3px 8px;font-size:14px;white-space:nowrap}td.n{text-align:right;font-variant-numeric:tabular-nums}\n",
             "tr.regressed td{background:#fde0dc}tr.improved td{background:#e0f5e0}svg{display:block;margin:.5em 0}\n",
             "svg text{font-size:12px;font-family:system-ui,sans-serif}svg text.title{font-size:14px;font-weight:600}\n",
             ".bar{fill:#4c78a8}.bar.flagged{fill:#d62728}.reference{stroke:#111;stroke-width:2}\n",
@@ -225,7 +225,7 @@ fn cells(entry: &Entry) -> [String; 7] {
     let r = &entry.result;
     let c = &entry.comparison;
     [
-        r.function.clone(),
+        shown_name(&r.function).to_string(),
         r.parameter.clone().unwrap_or_default(),
         format!(
             "{} [{} – {}]",
@@ -246,11 +246,16 @@ fn cells(entry: &Entry) -> [String; 7] {
     ]
 }
 
+/// A function id without its `@unit` suffix (the throughput column names the unit).
+fn shown_name(function: &str) -> &str {
+    function.split_once('@').map_or(function, |(name, _)| name)
+}
+
 /// The charts of one group: one per throughput unit, and one of times for entries without one.
 fn charts(group: &str, entries: &[&Entry]) -> Vec<String> {
     let label = |e: &Entry| match &e.result.parameter {
-        Some(p) => format!("{} / {p}", e.result.function),
-        None => e.result.function.clone(),
+        Some(p) => format!("{} / {p}", shown_name(&e.result.function)),
+        None => shown_name(&e.result.function).to_string(),
     };
     let mut units: Vec<RateUnit> =
         entries.iter().filter_map(|e| e.rate.as_ref().map(|r| r.unit)).collect();
@@ -373,6 +378,18 @@ mod tests {
         assert_eq!(benchmarks[3]["status"], "new");
         assert_eq!(benchmarks[3]["rate"]["display"], "500 steps/s");
         Ok(())
+    }
+
+    #[test]
+    fn unit_suffixes_are_hidden_in_names() {
+        let cases = [
+            ("cuda0_gemm@flop", "cuda0_gemm"),
+            ("cpu_axpy", "cpu_axpy"),
+            ("cpu_x@sample", "cpu_x"),
+        ];
+        for (function, want) in cases {
+            assert_eq!(shown_name(function), want);
+        }
     }
 
     #[test]
