@@ -212,12 +212,20 @@ impl Consumer {
     }
 }
 
-/// Consumes `batches` batches at `cost` work units each after one warm-up batch; returns
-/// (starve, wall).
+/// A consumer's per-batch cost.
+#[derive(Debug, Clone, Copy)]
+enum Cost {
+    /// This many work units on the consumer's own thread (a CPU rank's training step).
+    Work(u64),
+    /// Off the CPU for this long (a GPU rank's thread waiting for its step to finish).
+    OffCpu(Duration),
+}
+
+/// Consumes `batches` batches at `cost` each after one warm-up batch; returns (starve, wall).
 fn starve_run(
     ds: &Arc<Mnist>,
     bs: usize,
-    cost: u64,
+    cost: Cost,
     depth: Depth,
     batches: usize,
 ) -> (Duration, Duration) {
@@ -227,7 +235,12 @@ fn starve_run(
     let mut starve = Duration::ZERO;
     for _ in 0..batches {
         starve += s.take();
-        work(cost);
+        match cost {
+            Cost::Work(units) => {
+                work(units);
+            }
+            Cost::OffCpu(d) => std::thread::sleep(d),
+        }
     }
     (starve, start.elapsed())
 }
@@ -291,21 +304,29 @@ fn starve_figures(ds: &Arc<Mnist>) {
     let per_ms = units_per_ms();
     for round in 1..=3 {
         // Production time per batch with an idle consumer, for scale.
-        let (_, wall) = starve_run(ds, bs, 0, Depth::Fixed(2), n);
+        let (_, wall) = starve_run(ds, bs, Cost::Work(0), Depth::Fixed(2), n);
         println!(
             "data/prefetch round {round}: production {:.1} us per batch of {bs} (idle consumer, {n} batches), load {}",
             wall.as_secs_f64() * 1e6 / n as f64,
             load_average()
         );
-        for (cost_ms, depth) in [
-            (1u64, Depth::Fixed(2)),
-            (1, Depth::Fixed(8)),
-            (2, Depth::Fixed(2)),
-            (5, Depth::Fixed(2)),
+        for (cost_ms, off_cpu, depth) in [
+            (1u64, false, Depth::Fixed(2)),
+            (1, false, Depth::Fixed(8)),
+            (2, false, Depth::Fixed(2)),
+            (5, false, Depth::Fixed(2)),
+            (1, true, Depth::Fixed(2)),
+            (2, true, Depth::Fixed(2)),
         ] {
-            let (starve, wall) = starve_run(ds, bs, cost_ms * per_ms, depth, n);
+            let cost = if off_cpu {
+                Cost::OffCpu(Duration::from_millis(cost_ms))
+            } else {
+                Cost::Work(cost_ms * per_ms)
+            };
+            let (starve, wall) = starve_run(ds, bs, cost, depth, n);
+            let kind = if off_cpu { "off-cpu wait" } else { "of cpu work" };
             println!(
-                "data/prefetch round {round}: starve {:.3}% of wall ({:.2} ms of {:.0} ms) consumer {cost_ms} ms of work/batch, bs {bs}, {n} batches, {depth:?}, load {}",
+                "data/prefetch round {round}: starve {:.3}% of wall ({:.2} ms of {:.0} ms) consumer {cost_ms} ms {kind}/batch, bs {bs}, {n} batches, {depth:?}, load {}",
                 100.0 * starve.as_secs_f64() / wall.as_secs_f64(),
                 starve.as_secs_f64() * 1e3,
                 wall.as_secs_f64() * 1e3,
