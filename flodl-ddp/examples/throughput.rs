@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo run --release -p flodl-ddp --example throughput -- [--epochs 5] [--slow 2.5]
-//!     [--runs solo,equal,skew] [--modes cadence-collective,...] [--json]
+//!     [--runs solo,equal,skew] [--modes cadence-collective,...] [--lr 0.05]
+//!     [--lr-scale-ratio 0] [--json]
 //! ```
 //!
 //! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10, batch 64 per rank, SGD lr 0.05
@@ -24,6 +25,8 @@ struct Args {
     runs: Vec<String>,
     modes: Vec<(Policy, Backend)>,
     json: bool,
+    lr: f32,
+    lr_scale_ratio: f64,
 }
 
 fn parse_mode(s: &str) -> Option<(Policy, Backend)> {
@@ -43,6 +46,8 @@ fn parse() -> Result<Args, String> {
             (Policy::Async, Backend::Host),
         ],
         json: false,
+        lr: 0.05,
+        lr_scale_ratio: 0.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -58,6 +63,11 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--json" => args.json = true,
+            "--lr" => args.lr = value()?.parse().map_err(|e| format!("--lr: {e}"))?,
+            "--lr-scale-ratio" => {
+                args.lr_scale_ratio =
+                    value()?.parse().map_err(|e| format!("--lr-scale-ratio: {e}"))?
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -88,7 +98,8 @@ fn train(
         .devices(Devices::Cpu(devices))
         .policy(policy)
         .backend(backend)
-        .learning_rate(0.05)
+        .learning_rate(args.lr)
+        .lr_scale_ratio(args.lr_scale_ratio)
         .slowdown(slowdown)
         .stall_timeout(Duration::from_secs(300))
         .run()?
@@ -102,15 +113,21 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
     let shares: Vec<f64> = s.epochs.last().map_or_else(Vec::new, |e| {
         e.ranks.iter().map(|r| (r.batch_share * 1000.0).round() / 1000.0).collect()
     });
+    // Each rank's compute throughput (samples per second of its own steps) in the last epoch:
+    // the aggregate over their sum is the share of the ranks' time spent training.
+    let compute: Vec<f64> = s.epochs.last().map_or_else(Vec::new, |e| {
+        e.ranks.iter().map(|r| (r.throughput / 100.0).round() / 10.0).collect()
+    });
     if json {
         println!(
-            "{{\"run\":\"{}\",\"samples_per_s\":{:.1},\"train_ms\":{:.1},\"test_accuracy\":{:.5},\"reduces\":{},\"shares\":{:?},\"target_samples_per_s\":{}}}",
+            "{{\"run\":\"{}\",\"samples_per_s\":{:.1},\"train_ms\":{:.1},\"test_accuracy\":{:.5},\"reduces\":{},\"shares\":{:?},\"rank_compute_ksps\":{:?},\"target_samples_per_s\":{}}}",
             run.name,
             s.throughput(),
             s.train_ms,
             acc,
             s.reduces,
             shares,
+            compute,
             target.map_or("null".to_owned(), |t| format!("{t:.1}"))
         );
     } else {
@@ -119,12 +136,13 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
             format!("  target {t:>8.0} {ok}")
         });
         println!(
-            "{:<28} {:>9.0} samples/s  acc {:>6.2}%  reduces {:>5}  shares {:?}{}",
+            "{:<28} {:>9.0} samples/s  acc {:>6.2}%  reduces {:>5}  shares {:?}  rank compute k/s {:?}{}",
             run.name,
             s.throughput(),
             acc * 100.0,
             s.reduces,
             shares,
+            compute,
             verdict
         );
     }

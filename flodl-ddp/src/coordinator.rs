@@ -160,6 +160,8 @@ struct Coordinator {
     reduce: Reduce,
     last_sync_ms: f64,
     reduces: u64,
+    /// Batches of all ranks up to the last reduce.
+    global_step: u64,
     held: VecDeque<Held>,
     eval_requested: bool,
     emitted: Vec<EpochMetrics>,
@@ -226,6 +228,7 @@ impl Coordinator {
             reduce: Reduce::Idle,
             last_sync_ms: 0.0,
             reduces: 0,
+            global_step: 0,
             held: VecDeque::new(),
             eval_requested: false,
             emitted: Vec::new(),
@@ -501,7 +504,11 @@ impl Coordinator {
                     for rank in 0..self.cfg.world() {
                         let eval = if rank == 0 { done.eval } else { None };
                         let next = done.next[rank];
-                        self.send(rank, ToWorker::Update { state: state.clone(), next, eval })?;
+                        let global_step = self.global_step;
+                        self.send(
+                            rank,
+                            ToWorker::Update { state: state.clone(), next, eval, global_step },
+                        )?;
                     }
                     let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
                     self.complete_reduce(done.round, done.counts, done.steps, sync_ms);
@@ -590,6 +597,8 @@ impl Coordinator {
             e.apply_verdict(Verdict::Stable);
         }
         let counts: Vec<usize> = self.windows.iter().map(|w| w.target).collect();
+        self.global_step += steps.iter().sum::<usize>() as u64;
+        let global_step = self.global_step;
         let ending = self.round;
         self.round += 1;
         let next = self.make_windows(self.round);
@@ -602,7 +611,7 @@ impl Coordinator {
             Backend::Collective => {
                 for (rank, &window) in next.iter().enumerate() {
                     let eval = if rank == 0 { eval } else { None };
-                    self.send(rank, ToWorker::Reduce { next: window, eval })?;
+                    self.send(rank, ToWorker::Reduce { next: window, eval, global_step })?;
                 }
                 let acks = vec![None; self.cfg.world()];
                 self.reduce = Reduce::Collective { round: ending, acks, counts };

@@ -44,14 +44,14 @@ pub(crate) enum ToWorker {
     Init(Arc<HostState>),
     /// Train this chunk after the ones already queued.
     Work(Chunk),
-    /// Collective backend: average now (all ranks do), then start `next` window; evaluate
-    /// `eval` epoch afterwards when set.
-    Reduce { next: Window, eval: Option<usize> },
+    /// Collective backend: average now (all ranks do), then start `next` window at cohort step
+    /// `global_step`; evaluate `eval` epoch afterwards when set.
+    Reduce { next: Window, eval: Option<usize>, global_step: u64 },
     /// Host backend: send a snapshot of the parameters for this round and attempt.
     Snapshot { round: u64, attempt: u32 },
-    /// Host backend: load the averaged state, then start `next` window; evaluate afterwards
-    /// when set.
-    Update { state: Arc<HostState>, next: Window, eval: Option<usize> },
+    /// Host backend: load the averaged state, then start `next` window at cohort step
+    /// `global_step`; evaluate afterwards when set.
+    Update { state: Arc<HostState>, next: Window, eval: Option<usize>, global_step: u64 },
     /// Evaluate now (no reduce pending) and report it for `epoch`.
     Evaluate { epoch: usize },
     /// No more work: send the final state and exit.

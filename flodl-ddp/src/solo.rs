@@ -35,6 +35,7 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     let mut epochs = Vec::with_capacity(cfg.epochs);
     let train_start = Instant::now();
     let mut train_ms = 0.0;
+    let mut step = 0u64;
     for epoch in 0..cfg.epochs {
         let t0 = Instant::now();
         let mut work = WorkTally::default();
@@ -42,7 +43,8 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
             if outlets.cancel.load(Ordering::Acquire) {
                 return Err(Error::Aborted);
             }
-            let (loss, ms) = worker.train_batch(epoch, b * bs)?;
+            let (loss, ms) = worker.train_batch(epoch, b * bs, step)?;
+            step += 1;
             work.batches += 1;
             work.samples += bs;
             work.loss_sum += f64::from(loss);

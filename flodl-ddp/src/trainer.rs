@@ -9,6 +9,7 @@ use flodl_tensor::Device;
 use crate::handle::DdpHandle;
 use crate::policy::{Backend, Policy};
 use crate::replica::{Replica, ReplicaContext};
+use crate::schedule::Schedule;
 use crate::{Error, Result};
 
 /// Builds a rank's replica inside the rank's thread.
@@ -98,7 +99,8 @@ pub(crate) struct RunConfig {
     pub(crate) policy: Policy,
     pub(crate) backend: Backend,
     pub(crate) seed: u64,
-    pub(crate) lr: f32,
+    pub(crate) schedule: Schedule,
+    pub(crate) lr_scale: f64,
     pub(crate) elche: ElCheKnobs,
     pub(crate) slowdown: Vec<f64>,
     pub(crate) stall_timeout: Duration,
@@ -116,6 +118,11 @@ impl RunConfig {
     /// Full batches per epoch (the tail smaller than a batch is dropped).
     pub(crate) fn batches_per_epoch(&self) -> usize {
         self.dataset.len() / self.batch_size
+    }
+
+    /// The learning rate of a step taken at cohort step `step` (schedule × linear scaling).
+    pub(crate) fn lr(&self, step: u64) -> f32 {
+        (self.schedule.lr(step) * self.lr_scale) as f32
     }
 
     /// The slowdown factor of `rank` (1 when none is configured).
@@ -139,7 +146,7 @@ impl std::fmt::Debug for RunConfig {
             .field("policy", &self.policy)
             .field("backend", &self.backend)
             .field("seed", &self.seed)
-            .field("lr", &self.lr)
+            .field("schedule", &self.schedule)
             .finish_non_exhaustive()
     }
 }
@@ -173,6 +180,8 @@ pub struct Trainer {
     backend: Backend,
     seed: u64,
     lr: f32,
+    schedule: Option<Schedule>,
+    lr_scale_ratio: f64,
     elche: ElCheKnobs,
     slowdown: Vec<f64>,
     stall_timeout: Duration,
@@ -219,6 +228,8 @@ impl Trainer {
             backend: Backend::Collective,
             seed: 42,
             lr: 0.01,
+            schedule: None,
+            lr_scale_ratio: 0.0,
             elche: ElCheKnobs::default(),
             slowdown: Vec::new(),
             stall_timeout: Duration::from_secs(120),
@@ -278,9 +289,24 @@ impl Trainer {
         self
     }
 
-    /// The learning rate every rank's optimizer steps with.
+    /// The learning rate every rank's optimizer steps with (a constant schedule).
     pub fn learning_rate(mut self, lr: f32) -> Trainer {
         self.lr = lr;
+        self.schedule = None;
+        self
+    }
+
+    /// A learning-rate schedule indexed in cohort steps (the batches of all ranks up to the
+    /// last reduce, plus the rank's own since); replaces [`learning_rate`](Self::learning_rate).
+    pub fn schedule(mut self, schedule: Schedule) -> Trainer {
+        self.schedule = Some(schedule);
+        self
+    }
+
+    /// The linear scaling rule: every rate is multiplied by `1 + (ranks − 1)·ratio` (default 0,
+    /// no scaling; 1 scales by the number of ranks).
+    pub fn lr_scale_ratio(mut self, ratio: f64) -> Trainer {
+        self.lr_scale_ratio = ratio;
         self
     }
 
@@ -343,12 +369,18 @@ impl Trainer {
         if !self.lr.is_finite() || self.lr < 0.0 {
             return Err(Error::Config(format!("invalid learning rate {}", self.lr)));
         }
+        let schedule = self.schedule.unwrap_or(Schedule::Constant { lr: f64::from(self.lr) });
+        schedule.validate().map_err(|e| Error::Config(e.to_string()))?;
+        if !self.lr_scale_ratio.is_finite() || self.lr_scale_ratio < 0.0 {
+            return Err(Error::Config(format!("invalid lr scale ratio {}", self.lr_scale_ratio)));
+        }
         if self.elche.anchor == 0 || self.elche.min_chunk == 0 {
             return Err(Error::Config("ElChe anchor and min chunk must be at least 1".into()));
         }
         if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
         }
+        let lr_scale = crate::schedule::lr_scale(devices.len(), self.lr_scale_ratio);
         let config = RunConfig {
             factory: self.factory,
             dataset,
@@ -360,7 +392,8 @@ impl Trainer {
             policy: self.policy,
             backend: self.backend,
             seed: self.seed,
-            lr: self.lr,
+            schedule,
+            lr_scale,
             elche: self.elche,
             slowdown: self.slowdown,
             stall_timeout: self.stall_timeout,

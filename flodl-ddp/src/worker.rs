@@ -147,7 +147,12 @@ impl Worker {
 
     /// Trains one batch: the picks at `offset..offset + batch_size` of `epoch`'s permutation.
     /// Returns the loss and the step's time in ms (emulated slowdown included).
-    pub(crate) fn train_batch(&mut self, epoch: usize, offset: usize) -> Result<(f32, f64)> {
+    pub(crate) fn train_batch(
+        &mut self,
+        epoch: usize,
+        offset: usize,
+        step: u64,
+    ) -> Result<(f32, f64)> {
         let bs = self.cfg.batch_size;
         let perm = self.perms.get(epoch);
         let picks = perm.get(offset..offset + bs).ok_or_else(|| {
@@ -160,7 +165,7 @@ impl Worker {
         upload(&self.host, &mut self.batch, &self.stream)?;
         let t0 = Instant::now();
         let loss = self.replica.train_step(&self.batch)?;
-        self.replica.step(self.cfg.lr)?;
+        self.replica.step(self.cfg.lr(step))?;
         self.stream.synchronize()?;
         let factor = self.cfg.slowdown(self.rank);
         if factor > 1.0 {
@@ -292,6 +297,8 @@ pub(crate) struct RankLoop {
     ready: bool,
     works: u64,
     last_sent: Cell<Instant>,
+    /// Batches of all ranks up to the last reduce (what the schedule is indexed by).
+    global_step: u64,
 }
 
 impl RankLoop {
@@ -315,6 +322,7 @@ impl RankLoop {
             ready,
             works: 0,
             last_sent: Cell::new(Instant::now()),
+            global_step: 0,
         }
     }
 
@@ -419,7 +427,8 @@ impl RankLoop {
         let Some(cur) = self.current.as_mut() else { return Ok(()) };
         let bs = self.worker.cfg.batch_size;
         let offset = cur.chunk.offset + cur.done * bs;
-        let (loss, ms) = self.worker.train_batch(cur.chunk.epoch, offset)?;
+        let step = self.global_step + self.win.steps as u64;
+        let (loss, ms) = self.worker.train_batch(cur.chunk.epoch, offset, step)?;
         cur.done += 1;
         cur.work.batches += 1;
         cur.work.samples += bs;
@@ -482,7 +491,8 @@ impl RankLoop {
                     self.win.reported = None;
                 }
             }
-            ToWorker::Reduce { next, eval } => {
+            ToWorker::Reduce { next, eval, global_step } => {
+                self.global_step = global_step;
                 let steps = self.win.steps;
                 let sync_ms = self.worker.all_reduce(steps)?;
                 let round = self.win.window.round;
@@ -501,7 +511,8 @@ impl RankLoop {
                     steps: self.win.steps,
                 })?;
             }
-            ToWorker::Update { state, next, eval } => {
+            ToWorker::Update { state, next, eval, global_step } => {
+                self.global_step = global_step;
                 self.worker.load(&state)?;
                 let (s, w) = self.win.snapshot.unwrap_or((self.win.steps, self.win.wall_ms));
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));

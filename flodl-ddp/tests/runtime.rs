@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
+use flodl_ddp::schedule::Schedule;
 use flodl_ddp::{
     Backend, Batch, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, Replica, Result, Trainer,
 };
@@ -75,30 +76,43 @@ fn every_mode_trains() -> TestResult {
     Ok(())
 }
 
-/// One rank under Sync is the plain single-device loop, bitwise.
+/// One rank under Sync is the plain single-device loop, bitwise, with a constant rate and with
+/// a schedule (indexed by the step).
 #[test]
 fn world_of_one_equals_plain_loop() -> TestResult {
     let data = train_subset(1024);
     let cfg = small_mlp(Optimizer::sgd(0.9));
-    let state =
-        trainer(1, Policy::Sync, Backend::Collective, data.clone()).seed(5).run()?.join()?;
-    let stream = Stream::cpu_with_threads(1);
-    let mut mlp = Mlp::new(&cfg, 32, 5, &stream)?;
-    let mut host = flodl_data::HostBatch::new(data.layout(), flodl_tensor::Device::Cpu);
-    for epoch in 0..2u64 {
-        let perm = flodl_data::epoch_permutation(data.len(), 5, epoch);
-        for picks in perm.chunks_exact(32) {
-            data.fetch(picks, &mut host)?;
-            let x = Tensor::from_slice(host.f32(0)?, &[32, 784], &stream)?;
-            let y = Tensor::from_slice(host.i32(1)?, &[32], &stream)?;
-            let batch = Batch::new(vec![x, y])?;
-            mlp.train_step(&batch)?;
-            mlp.step(0.05)?;
+    let decay = Schedule::Exponential { lr: 0.08, gamma: 0.99 };
+    for schedule in [None, Some(decay)] {
+        let mut t = trainer(1, Policy::Sync, Backend::Collective, data.clone()).seed(5);
+        if let Some(s) = schedule.clone() {
+            t = t.schedule(s);
         }
-    }
-    for (p, want) in mlp.parameters().iter().zip(&state.params) {
-        let got = p.to_vec::<f32>(&stream)?;
-        assert!(got.iter().zip(&want.data).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let state = t.run()?.join()?;
+        let stream = Stream::cpu_with_threads(1);
+        let mut mlp = Mlp::new(&cfg, 32, 5, &stream)?;
+        let mut host = flodl_data::HostBatch::new(data.layout(), flodl_tensor::Device::Cpu);
+        let mut step = 0u64;
+        for epoch in 0..2u64 {
+            let perm = flodl_data::epoch_permutation(data.len(), 5, epoch);
+            for picks in perm.chunks_exact(32) {
+                data.fetch(picks, &mut host)?;
+                let x = Tensor::from_slice(host.f32(0)?, &[32, 784], &stream)?;
+                let y = Tensor::from_slice(host.i32(1)?, &[32], &stream)?;
+                let batch = Batch::new(vec![x, y])?;
+                mlp.train_step(&batch)?;
+                let lr = schedule.as_ref().map_or(0.05, |s| s.lr(step) as f32);
+                mlp.step(lr)?;
+                step += 1;
+            }
+        }
+        for (p, want) in mlp.parameters().iter().zip(&state.params) {
+            let got = p.to_vec::<f32>(&stream)?;
+            assert!(
+                got.iter().zip(&want.data).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{schedule:?}"
+            );
+        }
     }
     Ok(())
 }
