@@ -26,9 +26,15 @@ pub(crate) fn device_infos() -> Vec<DeviceInfo> {
 #[derive(Debug, Clone)]
 pub(crate) enum CudaStream {}
 
+/// Stands in for the record a CUDA device address drops; never built.
+pub(crate) type WriteRecord<'a> = PhantomData<&'a ()>;
+
 impl CudaStream {
     pub(crate) fn new(_ordinal: usize) -> Result<CudaStream> {
         Err(Error::CudaNotCompiled)
+    }
+    pub(crate) fn handle(&self) -> *mut std::ffi::c_void {
+        match *self {}
     }
     pub(crate) fn ordinal(&self) -> usize {
         match *self {}
@@ -133,6 +139,9 @@ impl CudaStorage {
         match *self {}
     }
     pub(crate) fn try_clone(&self, _s: &CudaStream) -> Result<CudaStorage> {
+        match *self {}
+    }
+    pub(crate) fn device_address<'a>(&'a mut self, _s: &'a CudaStream) -> crate::DeviceAddress<'a> {
         match *self {}
     }
 }

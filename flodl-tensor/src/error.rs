@@ -83,6 +83,14 @@ pub enum Error {
         /// Where the tensor lives.
         device: Device,
     },
+    /// A device address was asked of a tensor that is not in CUDA memory.
+    #[error("{op}: needs a cuda tensor, got one on {device}")]
+    NotOnCuda {
+        /// The operation that checked.
+        op: &'static str,
+        /// Where the tensor lives.
+        device: Device,
+    },
     /// A device string did not parse (`cpu`, `cuda`, `cuda:N`).
     #[error("cannot parse {0:?} as a device (expected cpu, cuda or cuda:N)")]
     ParseDevice(String),

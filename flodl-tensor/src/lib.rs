@@ -35,6 +35,7 @@
 //! toolkit, and without a driver every CUDA call returns [`Error::CudaUnavailable`].
 //! [`gpu_skip_reason`] and [`skip_or_fail`] gate GPU tests.
 
+mod address;
 mod cpu;
 mod device;
 mod dtype;
@@ -53,6 +54,7 @@ mod cuda;
 
 pub mod ops;
 
+pub use address::DeviceAddress;
 pub use device::{Device, DeviceDetails, DeviceInfo, cuda_device_count, devices, gpu_skip_reason};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -96,6 +96,22 @@ impl Stream {
         }
     }
 
+    /// The raw `CUstream` handle of a CUDA stream (`None` for a CPU stream), for enqueueing work
+    /// flodl does not issue itself, such as an NCCL collective.
+    ///
+    /// Taking the handle is harmless; using it is the caller's `unsafe` business. It is valid
+    /// while this stream or a clone of it lives, and belongs to the primary context of
+    /// [`device`](Self::device), which must be current on the thread that uses it. flodl does not
+    /// see work enqueued through the handle: for every tensor that work touches, hold a
+    /// [`DeviceAddress`](crate::DeviceAddress) taken for this stream
+    /// ([`Tensor::cuda_device_ptr`](crate::Tensor::cuda_device_ptr)) until the work is enqueued.
+    pub fn raw_cuda_stream(&self) -> Option<*mut std::ffi::c_void> {
+        match &self.inner {
+            StreamInner::Cpu(_) => None,
+            StreamInner::Cuda(s) => Some(s.handle()),
+        }
+    }
+
     pub(crate) fn inner(&self) -> &StreamInner {
         &self.inner
     }

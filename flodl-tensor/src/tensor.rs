@@ -6,7 +6,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use crate::cpu::{CpuStorage, elementwise};
 use crate::pinned::PinnedInner;
 use crate::stream::StreamInner;
-use crate::{DType, Device, Element, Error, PinnedBuffer, Result, Stream, cuda};
+use crate::{DType, Device, DeviceAddress, Element, Error, PinnedBuffer, Result, Stream, cuda};
 
 /// A dense, contiguous, row-major array of one [`DType`] on one [`Device`].
 ///
@@ -396,6 +396,33 @@ impl Tensor {
             }
         };
         Ok(Tensor { shape: self.shape.clone(), storage })
+    }
+
+    /// The device address of this CUDA tensor's first element, lent for work issued on `stream`
+    /// outside flodl (an NCCL collective, a foreign kernel) that may read and write the tensor.
+    ///
+    /// `stream` is first made to wait for every earlier read and write of the tensor made through
+    /// flodl on other streams; dropping the returned [`DeviceAddress`] records `stream`'s queued
+    /// work as the tensor's latest write. So: take the address, enqueue the work on
+    /// [`Stream::raw_cuda_stream`] of this same `stream`, then drop the address. The tensor stays
+    /// borrowed, hence alive and untouched by flodl, while the address lives; once it is dropped
+    /// the raw value must not be used again.
+    ///
+    /// # Errors
+    /// [`Error::NotOnCuda`] for a CPU tensor; [`Error::DeviceMismatch`] when `stream` is not a
+    /// CUDA stream of the tensor's device.
+    pub fn cuda_device_ptr<'a>(&'a mut self, stream: &'a Stream) -> Result<DeviceAddress<'a>> {
+        const OP: &str = "cuda_device_ptr";
+        let device = self.device();
+        match (&mut self.storage, stream.inner()) {
+            (Storage::Cpu(_), _) => Err(Error::NotOnCuda { op: OP, device }),
+            (Storage::Cuda(c), StreamInner::Cuda(s)) if s.ordinal() == c.ordinal() => {
+                Ok(c.device_address(s))
+            }
+            (Storage::Cuda(_), _) => {
+                Err(Error::DeviceMismatch { op: OP, expected: stream.device(), got: device })
+            }
+        }
     }
 
     pub(crate) fn storage(&self) -> &Storage {

@@ -19,6 +19,9 @@ pub(crate) use pinned::PinnedHost;
 pub(crate) use storage::CudaStorage;
 pub(crate) use stream::CudaStream;
 
+/// Records a stream's queued work as a tensor's latest write when dropped.
+pub(crate) type WriteRecord<'a> = cudarc::driver::SyncOnDrop<'a>;
+
 use crate::Error;
 
 /// Wraps a cudarc error as [`Error::Cuda`] for operation `op`.

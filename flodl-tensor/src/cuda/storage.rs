@@ -2,12 +2,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream as RawStream, DeviceRepr, DriverError, sys};
+use cudarc::driver::{
+    CudaSlice, CudaStream as RawStream, DevicePtrMut, DeviceRepr, DriverError, sys,
+};
 
 use super::pinned::PinnedRaw;
 use super::{CudaStream, PinnedHost, cuda_err};
 use crate::cpu::CpuStorage;
-use crate::{DType, Device, Element, Error, Result};
+use crate::{DType, Device, DeviceAddress, Element, Error, Result};
 
 /// Contiguous device memory holding the elements of one tensor.
 #[derive(Debug)]
@@ -89,6 +91,19 @@ impl CudaStorage {
             CudaStorage::Bf16(d) => d.ordinal(),
             CudaStorage::I32(d) => d.ordinal(),
         }
+    }
+
+    /// The address of the first element for writes on `s` (same device, checked by the
+    /// caller): `s` waits for every earlier tracked read and write, and dropping the address
+    /// records `s`'s queued work as the latest write.
+    pub(crate) fn device_address<'a>(&'a mut self, s: &'a CudaStream) -> DeviceAddress<'a> {
+        let raw: &'a RawStream = s.raw();
+        let (addr, record) = match self {
+            CudaStorage::F32(d) => d.device_ptr_mut(raw),
+            CudaStorage::Bf16(d) => d.device_ptr_mut(raw),
+            CudaStorage::I32(d) => d.device_ptr_mut(raw),
+        };
+        DeviceAddress::new(addr, record)
     }
 
     /// The stream this memory was allocated on.

@@ -41,6 +41,11 @@ impl CudaStream {
         &self.0.raw
     }
 
+    /// The `CUstream` handle, for work issued outside cudarc (NCCL).
+    pub(crate) fn handle(&self) -> *mut std::ffi::c_void {
+        self.0.raw.cu_stream().cast()
+    }
+
     pub(crate) fn device(&self) -> &DeviceState {
         &self.0.dev
     }
