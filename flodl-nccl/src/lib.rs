@@ -6,7 +6,8 @@
 //!   deterministically; implements [`Collective`] for CPU tensors and offers slice-level entry
 //!   points for host buffers. Survivors of a failed group continue with [`HostComm::shrink`].
 //! - `NcclComm` (feature `cuda`): one rank of an NCCL communicator, loaded at run time, created
-//!   non-blocking, watched by a watchdog thread and abortable from any thread.
+//!   non-blocking, watched by a watchdog thread and abortable from any thread; implements
+//!   [`Collective`] for CUDA tensors on its GPU, and offers raw device-pointer entry points.
 //! - [`AbortHandle`]: a cloneable, idempotent way to kill a group and wake every waiting rank.
 //!
 //! ```

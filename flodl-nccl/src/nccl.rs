@@ -1,5 +1,6 @@
 //! The NCCL binding: a thin FFI loaded at run time, the unique id, and the abortable communicator.
 
+mod collective;
 mod comm;
 mod library;
 mod slot;

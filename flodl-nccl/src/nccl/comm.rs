@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 
+use super::collective::BarrierBuffer;
 use super::library::{
     BFLOAT16, FLOAT32, IN_PROGRESS, INT32, Library, NcclVersion, RawComm, RawConfig, RawStream,
     SCALAR_HOST_IMMEDIATE, SUCCESS, SUM,
@@ -78,6 +79,8 @@ pub struct NcclComm {
     world: usize,
     device: usize,
     timeout: Duration,
+    /// The buffer [`Collective::barrier`](crate::Collective::barrier) reduces, made on first use.
+    pub(super) barrier: Option<BarrierBuffer>,
 }
 
 impl NcclComm {
@@ -140,6 +143,7 @@ impl NcclComm {
             world: world_size,
             device,
             timeout,
+            barrier: None,
         })
     }
 
