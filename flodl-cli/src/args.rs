@@ -47,19 +47,20 @@ pub(crate) struct TrainFlags {
     /// How to average: collective or host (default collective).
     #[arg(long, value_name = "BACKEND")]
     pub(crate) backend: Option<String>,
-    /// Number of epochs (default 15).
+    /// Number of epochs (default 10).
     #[arg(long, value_name = "N")]
     pub(crate) epochs: Option<usize>,
     /// Per-rank batch size (default 64).
     #[arg(long, value_name = "N")]
     pub(crate) batch_size: Option<usize>,
-    /// Learning rate of SGD with momentum (default 0.02).
+    /// Learning rate of SGD with momentum (default 0.05).
     #[arg(long, value_name = "LR", allow_negative_numbers = true)]
     pub(crate) lr: Option<f64>,
     /// SGD momentum (default 0.9).
     #[arg(long, value_name = "M", allow_negative_numbers = true)]
     pub(crate) momentum: Option<f64>,
-    /// LR schedule (constant: the runtime does not offer others yet).
+    /// LR schedule over the run: constant, cosine (down to 0), one-cycle, or step (/10 at 50% and
+    /// 75%) (default cosine).
     #[arg(long, value_name = "SCHEDULE")]
     pub(crate) schedule: Option<String>,
     /// Seed of the initial weights and of the data permutation (default 42).

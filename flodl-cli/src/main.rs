@@ -109,6 +109,7 @@ mod tests {
             format!("(default {})", d.lr),
             format!("(default {})", d.momentum),
             format!("(default {})", d.seed),
+            format!("(default {})", d.schedule),
             format!("(default {}:", hidden.join(",")),
         ] {
             assert!(help.contains(&want), "help lacks {want:?}");

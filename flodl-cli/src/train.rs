@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use flodl_data::mnist::{self, Mnist, Split, Verify};
 use flodl_data::{Dataset, Subset};
+use flodl_ddp::schedule::Schedule;
 use flodl_ddp::{
     Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, Report, TrainedState, Trainer,
 };
@@ -128,10 +129,8 @@ impl Plan {
         if cfg.slowdown.len() > devices.len() {
             bail!("slowdown: {} factors given for {} rank(s)", cfg.slowdown.len(), devices.len());
         }
-        if cfg.schedule != "constant" {
-            // flodl-ddp's Trainer takes one learning rate; schedules are not in the library yet.
-            bail!("schedule '{}': only 'constant' is available", cfg.schedule);
-        }
+        // Checked now, built once the dataset size is known.
+        schedule(&cfg.schedule, cfg.lr, 1)?;
         let policy = cfg.policy.parse::<Policy>()?;
         let backend = cfg.backend.parse::<Backend>()?;
         Ok(Self { devices, policy, backend })
@@ -221,7 +220,9 @@ pub(crate) fn execute(
 ) -> Result<Outcome> {
     let widths = widths(cfg);
     let mlp = MlpConfig::new(&widths, Optimizer::sgd(cfg.momentum as f32));
-    let trainer = Trainer::new(Mlp::factory(mlp))
+    // The runtime indexes schedules in cohort steps: every rank's batches together.
+    let total_steps = (cfg.epochs * (data.train.len() / cfg.batch_size)) as u64;
+    let mut trainer = Trainer::new(Mlp::factory(mlp))
         .dataset(data.train.clone())
         .test_dataset(data.test.clone(), eval_every)
         .devices(Devices::List(plan.devices.clone()))
@@ -232,6 +233,9 @@ pub(crate) fn execute(
         .learning_rate(cfg.lr as f32)
         .seed(cfg.seed)
         .slowdown(cfg.slowdown.clone());
+    if let Some(schedule) = schedule(&cfg.schedule, cfg.lr, total_steps)? {
+        trainer = trainer.schedule(schedule);
+    }
     let names = plan.device_names();
     let per_epoch = (data.train.len() / cfg.batch_size * cfg.batch_size) as u64;
     let mut progress = Progress::new(display, &names, per_epoch, cfg.epochs, cfg.batch_size);
@@ -265,6 +269,25 @@ pub(crate) fn execute(
     progress.finish();
     let state = handle.join().context("training failed")?;
     Ok(Outcome { state, lines })
+}
+
+/// The LR schedule named `name` over `total` cohort steps, peaking at `lr`; `None` = constant.
+///
+/// `cosine`: from `lr` down to 0 at the end; `one-cycle`: warm up to `lr`, then anneal; `step`:
+/// `lr` divided by 10 at half and at three quarters of the run.
+fn schedule(name: &str, lr: f64, total: u64) -> Result<Option<Schedule>> {
+    let total = total.max(1);
+    let schedule = match name {
+        "constant" => return Ok(None),
+        "cosine" => Schedule::Cosine { lr, min_lr: 0.0, total },
+        "one-cycle" => Schedule::one_cycle(lr, total),
+        "step" => {
+            Schedule::MultiStep { lr, milestones: vec![total / 2, total * 3 / 4], gamma: 0.1 }
+        }
+        other => bail!("schedule '{other}': expected constant, cosine, one-cycle or step"),
+    };
+    schedule.validate()?;
+    Ok(Some(schedule))
 }
 
 /// Layer widths: 784 inputs, the hidden widths, 10 classes.
@@ -370,6 +393,23 @@ mod tests {
         assert_eq!(run_path(&opts, "x"), PathBuf::from("runs/a"));
         opts.out = Some("/tmp/o".into());
         assert_eq!(run_path(&opts, "x"), PathBuf::from("/tmp/o"));
+    }
+
+    #[test]
+    fn schedules_peak_at_lr_and_end_where_named() -> Result<()> {
+        let total = 1000;
+        assert!(schedule("constant", 0.05, total)?.is_none());
+        let cases =
+            [("cosine", 0.05, 0.0), ("step", 0.05, 0.0005), ("one-cycle", 0.05 / 25.0, 0.0)];
+        for (name, first, last) in cases {
+            let s = schedule(name, 0.05, total)?.ok_or_else(|| anyhow::anyhow!("{name}: none"))?;
+            let peak = (0..=total).map(|t| s.lr(t)).fold(0.0, f64::max);
+            assert!((peak - 0.05).abs() < 1e-9, "{name}: peak {peak}");
+            assert!((s.lr(0) - first).abs() < 1e-9, "{name}: first {}", s.lr(0));
+            assert!((s.lr(total) - last).abs() < 1e-6, "{name}: last {}", s.lr(total));
+        }
+        assert!(schedule("zigzag", 0.05, total).is_err());
+        Ok(())
     }
 
     #[test]

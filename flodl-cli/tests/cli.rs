@@ -207,7 +207,8 @@ fn train_writes_a_run_directory_and_report_regenerates_it() -> Result {
 fn config_file_keys_apply_and_flags_override_them() -> Result {
     let tmp = tempfile::tempdir()?;
     let config = tmp.path().join("fdl.toml");
-    fs::write(&config, "epochs = 5\nbatch-size = 32\npolicy = \"sync\"\nslowdown = [1.0, 1.5]\n")?;
+    let toml = "epochs = 5\nbatch-size = 32\npolicy = \"sync\"\nslowdown = [1.0, 1.5]\nschedule = \"step\"\n";
+    fs::write(&config, toml)?;
     let run = tmp.path().join("run");
     let cfg = config.to_str().ok_or("path")?;
     // --epochs 2 (in SMALL) overrides the file's 5; policy and slowdown come from the file.
@@ -216,6 +217,7 @@ fn config_file_keys_apply_and_flags_override_them() -> Result {
     assert_eq!(summary["config"]["epochs"], 2);
     assert_eq!(summary["config"]["policy"], "sync");
     assert_eq!(summary["config"]["slowdown"], serde_json::json!([1.0, 1.5]));
+    assert_eq!(summary["config"]["schedule"], "step");
     let metrics = fs::read_to_string(run.join("metrics.jsonl"))?;
     let evals: Vec<bool> = metrics
         .lines()
