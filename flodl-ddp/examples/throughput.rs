@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release -p flodl-ddp --example throughput -- [--epochs 5] [--slow 2.5]
 //!     [--runs solo,equal,skew] [--modes cadence-collective,...] [--lr 0.05]
-//!     [--lr-scale-ratio 0] [--json]
+//!     [--lr-scale-ratio 0] [--max-anchor N] [--json]
 //! ```
 //!
 //! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10, batch 64 per rank, SGD lr 0.05
@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flodl_data::{Dataset, Mnist, Split, Verify};
-use flodl_ddp::{Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, TrainedState, Trainer};
+use flodl_ddp::{
+    Backend, Devices, ElCheKnobs, Mlp, MlpConfig, Optimizer, Policy, TrainedState, Trainer,
+};
 
 struct Args {
     epochs: usize,
@@ -27,6 +29,7 @@ struct Args {
     json: bool,
     lr: f32,
     lr_scale_ratio: f64,
+    max_anchor: Option<usize>,
 }
 
 fn parse_mode(s: &str) -> Option<(Policy, Backend)> {
@@ -48,6 +51,7 @@ fn parse() -> Result<Args, String> {
         json: false,
         lr: 0.05,
         lr_scale_ratio: 0.0,
+        max_anchor: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -63,6 +67,9 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--json" => args.json = true,
+            "--max-anchor" => {
+                args.max_anchor = Some(value()?.parse().map_err(|e| format!("--max-anchor: {e}"))?)
+            }
             "--lr" => args.lr = value()?.parse().map_err(|e| format!("--lr: {e}"))?,
             "--lr-scale-ratio" => {
                 args.lr_scale_ratio =
@@ -90,7 +97,12 @@ fn train(
     data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let mlp = MlpConfig::new(&[784, 256, 128, 10], Optimizer::sgd(0.9));
+    let mut knobs = ElCheKnobs::default();
+    if let Some(m) = args.max_anchor {
+        knobs.max_anchor = m;
+    }
     let state = Trainer::new(Mlp::factory(mlp))
+        .elche(knobs)
         .dataset(data.0.clone())
         .test_dataset(data.1.clone(), args.epochs)
         .batch_size(64)

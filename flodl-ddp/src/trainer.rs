@@ -58,7 +58,8 @@ impl Devices {
 pub struct ElCheKnobs {
     /// Batches of the slowest rank per window at the start (default 10).
     pub anchor: usize,
-    /// Largest anchor the overhead auto-tune may reach (default 1000).
+    /// Largest anchor the overhead auto-tune may reach (default 100: longer windows cost
+    /// accuracy on short runs, and the auto-tune only grows the anchor).
     pub max_anchor: usize,
     /// Fraction of window time a reduce may cost before the anchor grows (default 0.05).
     pub overhead_target: f64,
@@ -77,7 +78,7 @@ impl Default for ElCheKnobs {
     fn default() -> Self {
         Self {
             anchor: 10,
-            max_anchor: 1000,
+            max_anchor: 100,
             overhead_target: 0.05,
             max_batch_diff: None,
             max_overshoot: None,

@@ -205,6 +205,34 @@ impl Worker {
         write(self.replica.buffers_mut(), &state.buffers)
     }
 
+    /// Loads the average while keeping what the rank trained since its snapshot: parameters
+    /// become `average + (current − sent)`, buffers the average.
+    pub(crate) fn load_shifted(&mut self, avg: &HostState, sent: &[Vec<f32>]) -> Result<()> {
+        let stream = self.stream.clone();
+        let params = self.replica.parameters_mut();
+        if params.len() != avg.params.len() || params.len() != sent.len() {
+            return Err(Error::ReplicaMismatch("averaged state does not match the replica".into()));
+        }
+        for ((t, a), s) in params.iter_mut().zip(&avg.params).zip(sent) {
+            let mut now = t.to_vec::<f32>(&stream)?;
+            if now.len() != a.len() || now.len() != s.len() {
+                return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
+            }
+            for ((x, a), s) in now.iter_mut().zip(a).zip(s) {
+                *x = a + (*x - s);
+            }
+            t.copy_from_host(&now, &stream)?;
+        }
+        let buffers = self.replica.buffers_mut();
+        if buffers.len() != avg.buffers.len() {
+            return Err(Error::ReplicaMismatch("averaged buffers do not match the replica".into()));
+        }
+        for (t, a) in buffers.iter_mut().zip(&avg.buffers) {
+            t.copy_from_host(a, &stream)?;
+        }
+        Ok(())
+    }
+
     /// Averages with the other ranks through the collective; returns the time it took in ms.
     pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<f64> {
         let t0 = Instant::now();
@@ -299,6 +327,8 @@ pub(crate) struct RankLoop {
     last_sent: Cell<Instant>,
     /// Batches of all ranks up to the last reduce (what the schedule is indexed by).
     global_step: u64,
+    /// Host backend: the parameters of the last snapshot, while the rank may train on.
+    sent_params: Option<Vec<Vec<f32>>>,
 }
 
 impl RankLoop {
@@ -323,6 +353,7 @@ impl RankLoop {
             works: 0,
             last_sent: Cell::new(Instant::now()),
             global_step: 0,
+            sent_params: None,
         }
     }
 
@@ -503,6 +534,10 @@ impl RankLoop {
             ToWorker::Snapshot { round, attempt } => {
                 let state = self.worker.snapshot()?;
                 self.win.snapshot = Some((self.win.steps, self.win.wall_ms));
+                // Kept to carry over what the rank trains while the round runs (`Async` only:
+                // under `Sync` and `Cadence` the rank waits at its window's end).
+                self.sent_params =
+                    (self.win.steps < self.win.window.limit).then(|| state.params.clone());
                 self.send(ToCoordinator::Snapshot {
                     rank,
                     round,
@@ -513,9 +548,13 @@ impl RankLoop {
             }
             ToWorker::Update { state, next, eval, global_step } => {
                 self.global_step = global_step;
-                self.worker.load(&state)?;
                 let (s, w) = self.win.snapshot.unwrap_or((self.win.steps, self.win.wall_ms));
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
+                match self.sent_params.take() {
+                    // Steps trained since the snapshot stay: average + (now − snapshot).
+                    Some(sent) if carried.0 > 0 => self.worker.load_shifted(&state, &sent)?,
+                    _ => self.worker.load(&state)?,
+                }
                 self.start_window(next, carried)?;
                 self.evaluate_for(eval)?;
             }
