@@ -125,14 +125,23 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
     let shares: Vec<f64> = s.epochs.last().map_or_else(Vec::new, |e| {
         e.ranks.iter().map(|r| (r.batch_share * 1000.0).round() / 1000.0).collect()
     });
-    // Each rank's compute throughput (samples per second of its own steps) in the last epoch:
-    // the aggregate over their sum is the share of the ranks' time spent training.
-    let compute: Vec<f64> = s.epochs.last().map_or_else(Vec::new, |e| {
-        e.ranks.iter().map(|r| (r.throughput / 100.0).round() / 10.0).collect()
-    });
+    // Each rank's compute throughput over the run (samples per second of its own steps, as if
+    // it ran alone at the speed it had): the aggregate over their sum is the fraction of the
+    // ranks' speed the run delivered, a figure that does not move with the machine's load.
+    let ranks = s.epochs.first().map_or(0, |e| e.ranks.len());
+    let compute: Vec<f64> = (0..ranks)
+        .map(|r| {
+            let (n, ms) = s.epochs.iter().fold((0.0, 0.0), |(n, ms), e| {
+                (n + e.ranks[r].samples as f64, ms + e.ranks[r].compute_ms)
+            });
+            if ms > 0.0 { n / ms } else { 0.0 }
+        })
+        .collect();
+    let efficiency = s.throughput() / 1000.0 / compute.iter().sum::<f64>().max(1e-9);
+    let compute: Vec<f64> = compute.iter().map(|k| (k * 10.0).round() / 10.0).collect();
     if json {
         println!(
-            "{{\"run\":\"{}\",\"samples_per_s\":{:.1},\"train_ms\":{:.1},\"test_accuracy\":{:.5},\"reduces\":{},\"shares\":{:?},\"rank_compute_ksps\":{:?},\"target_samples_per_s\":{}}}",
+            "{{\"run\":\"{}\",\"samples_per_s\":{:.1},\"train_ms\":{:.1},\"test_accuracy\":{:.5},\"reduces\":{},\"shares\":{:?},\"rank_compute_ksps\":{:?},\"efficiency\":{:.3},\"target_samples_per_s\":{}}}",
             run.name,
             s.throughput(),
             s.train_ms,
@@ -140,6 +149,7 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
             s.reduces,
             shares,
             compute,
+            efficiency,
             target.map_or("null".to_owned(), |t| format!("{t:.1}"))
         );
     } else {
@@ -148,13 +158,14 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
             format!("  target {t:>8.0} {ok}")
         });
         println!(
-            "{:<28} {:>9.0} samples/s  acc {:>6.2}%  reduces {:>5}  shares {:?}  rank compute k/s {:?}{}",
+            "{:<28} {:>7.0} samples/s  acc {:>6.2}%  reduces {:>4}  shares {:?}  rank compute k/s {:?}  eff {:.2}{}",
             run.name,
             s.throughput(),
             acc * 100.0,
             s.reduces,
             shares,
             compute,
+            efficiency,
             verdict
         );
     }

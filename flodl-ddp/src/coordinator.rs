@@ -417,8 +417,11 @@ impl Coordinator {
         };
         let calibrated =
             self.elche.as_ref().is_some_and(|e| e.is_calibrated() || e.has_speed_hint());
+        // In the last epoch a queued chunk could leave a peer idle at the end of the run: each
+        // rank then holds one chunk at a time (chunks are sized to its share of what is left).
+        let ahead = if self.dispatch.in_last_epoch() { 1 } else { CHUNKS_AHEAD };
         for rank in 0..self.cfg.world() {
-            while self.ranks[rank].in_flight < CHUNKS_AHEAD {
+            while self.ranks[rank].in_flight < ahead {
                 let Some(chunk) = self.dispatch.next_chunk(rank, &counts, calibrated) else {
                     break;
                 };

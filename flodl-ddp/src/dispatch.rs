@@ -74,6 +74,11 @@ impl Dispatcher {
         self.oldest
     }
 
+    /// Whether the oldest incomplete epoch is the last one (nothing to stream into after it).
+    pub(crate) fn in_last_epoch(&self) -> bool {
+        self.oldest + 1 >= self.epochs
+    }
+
     /// Whether every epoch is complete.
     pub(crate) fn all_done(&self) -> bool {
         self.oldest >= self.epochs
