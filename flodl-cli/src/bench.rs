@@ -194,8 +194,8 @@ pub(crate) fn markdown(report: &BenchReport) -> String {
     };
     let _ = writeln!(
         out,
-        "fdl bench, {}: {} epochs, batch {}, lr {}, seed {}, slowdown {slowdown}\n",
-        report.started_at, c.epochs, c.batch_size, c.lr, c.seed
+        "fdl bench, {}: {} epochs, batch {}, lr {} ({}), seed {}, slowdown {slowdown}\n",
+        report.started_at, c.epochs, c.batch_size, c.lr, c.schedule, c.seed
     );
     out.push_str("| mode | loss | eval | wall (s) | syncs | avg sync (ms) | idle per rank |\n");
     out.push_str("|---|---|---|---|---|---|---|\n");

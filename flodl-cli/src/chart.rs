@@ -254,7 +254,8 @@ impl Axis {
         let (min, max) = if max - min > f64::EPSILON * max.abs().max(1.0) {
             (min, max)
         } else {
-            let pad = if min == 0.0 { 1.0 } else { min.abs() * 0.1 };
+            // A single value: a narrow window around it (98.3% must not reach 110%).
+            let pad = if min == 0.0 { 1.0 } else { min.abs() * 0.02 };
             (min - pad, max + pad)
         };
         let raw = (max - min) / 5.0;
@@ -319,7 +320,15 @@ mod tests {
 
     #[test]
     fn axis_ticks_cover_the_range_on_round_steps() {
-        let cases = [(0.0, 1.0), (0.13, 0.98), (-3.2, 17.9), (5.0, 5.0), (0.0, 0.0), (1e3, 6.5e4)];
+        let cases = [
+            (0.0, 1.0),
+            (0.13, 0.98),
+            (-3.2, 17.9),
+            (5.0, 5.0),
+            (0.0, 0.0),
+            (1e3, 6.5e4),
+            (98.3, 98.3),
+        ];
         for (min, max) in cases {
             let axis = Axis::new(min, max);
             assert!(axis.lo <= min && axis.hi >= max, "{min}..{max} -> {axis:?}");
@@ -331,6 +340,12 @@ mod tests {
                 axis.step
             );
         }
+    }
+
+    #[test]
+    fn a_single_value_gets_a_narrow_axis() {
+        let axis = Axis::new(98.3, 98.3);
+        assert!(axis.lo >= 95.0 && axis.hi <= 101.0, "{axis:?}");
     }
 
     #[test]

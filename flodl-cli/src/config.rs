@@ -120,7 +120,7 @@ pub(crate) struct RunFlags {
 
 impl TrainConfig {
     /// The built-in defaults, tuned on 2 CPU cores: a cosine decay from lr 0.05 over 10 epochs
-    /// ends at 98.2% in ~22 s of training (a constant lr 0.05 ends on a noisy epoch too often).
+    /// ends at ~98.2% in 5-25 s of training (a constant lr 0.05 ends on a noisy epoch too often).
     pub(crate) fn defaults() -> Self {
         Self {
             ranks: RankSpec::Auto,
