@@ -72,6 +72,30 @@ pub(crate) const CASES: &[Case] = &[
         serial: true,
     },
     Case {
+        name: "nccl Collective on tensors, world 1",
+        binary: "flodl-nccl/nccl_collective",
+        filters: &[
+            "a_world_of_one_reduces_tensors_in_place",
+            "bad_tensors_are_rejected_before_nccl",
+        ],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
+        name: "nccl Collective on tensors, multi-GPU",
+        binary: "flodl-nccl/nccl_collective",
+        filters: &["one_rank_per_gpu"],
+        gpus: 2,
+        serial: true,
+    },
+    Case {
+        name: "tensor device addresses for NCCL",
+        binary: "flodl-tensor/device_address",
+        filters: &["foreign_work_through_an_address"],
+        gpus: 1,
+        serial: false,
+    },
+    Case {
         name: "pinned prefetch",
         binary: "flodl-data/prefetch",
         filters: &["cuda_"],
