@@ -21,7 +21,10 @@ const BENCH_PACKAGE: &str = "flodl-benches";
 /// When the benches fail, no results exist, a file cannot be written, or (with
 /// `--fail-on-regression`) a benchmark regressed.
 pub(crate) fn run(args: &BenchReportArgs) -> Result<()> {
-    let criterion_dir = workspace::target_dir().join("criterion");
+    // Where criterion writes: `$CRITERION_HOME` when set, else `<target dir>/criterion`.
+    let criterion_dir = std::env::var_os("CRITERION_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace::target_dir().join("criterion"));
     let since = if args.no_run {
         None
     } else {
