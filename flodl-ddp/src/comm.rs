@@ -5,8 +5,49 @@ use flodl_tensor::{Device, Stream, Tensor};
 
 use crate::Result;
 
-/// The communicator a rank averages through.
+/// How a rank joins the collective backend, decided before the ranks start.
 #[derive(Debug)]
+pub(crate) enum CommPlan {
+    /// A ready host communicator (CPU ranks, and mixed CPU/GPU worlds).
+    Host(RankComm),
+    /// NCCL: every rank is a GPU and joins the group named by this id inside its own thread.
+    #[cfg(feature = "cuda")]
+    Nccl { id: flodl_nccl::UniqueId, world: usize },
+}
+
+impl CommPlan {
+    /// Joins the group as `rank` on `device` (NCCL: blocks until every rank joined, at most
+    /// `timeout`).
+    ///
+    /// # Errors
+    /// NCCL errors (library missing, timeout, no GPU) and tensor errors.
+    pub(crate) fn join(
+        self,
+        rank: usize,
+        device: Device,
+        timeout: std::time::Duration,
+    ) -> Result<RankComm> {
+        match self {
+            CommPlan::Host(comm) => {
+                let _ = (rank, device, timeout);
+                Ok(comm)
+            }
+            #[cfg(feature = "cuda")]
+            CommPlan::Nccl { id, world } => {
+                let Device::Cuda(ordinal) = device else {
+                    return Err(crate::Error::Config("an NCCL rank must be a GPU".into()));
+                };
+                let comm = flodl_nccl::NcclComm::new(&id, rank, world, ordinal, timeout)?;
+                let stream = Stream::new(device)?;
+                let meta = Tensor::zeros(&[2], flodl_tensor::DType::F32, &stream)?;
+                let fence = flodl_tensor::Event::new(device)?;
+                Ok(RankComm::Device { comm: Box::new(comm), stream, meta, fence })
+            }
+        }
+    }
+}
+
+/// The communicator a rank averages through.
 pub(crate) enum RankComm {
     /// The in-process host collective: CPU tensors are reduced in place, device tensors
     /// through host mirrors.
@@ -16,6 +57,30 @@ pub(crate) enum RankComm {
         /// Host copies of device tensors (empty for CPU ranks).
         mirrors: Vec<Vec<f32>>,
     },
+    /// A device collective (NCCL) reducing the tensors in place on a comm stream that is
+    /// fenced after the compute stream's work.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device {
+        /// The communicator.
+        comm: Box<dyn flodl_nccl::Collective>,
+        /// The comm stream.
+        stream: Stream,
+        /// `[mass, mover]` on the device.
+        meta: Tensor,
+        /// Recorded on the compute stream; the comm stream waits for it.
+        fence: flodl_tensor::Event,
+    },
+}
+
+impl std::fmt::Debug for RankComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RankComm::Host { comm, .. } => f.debug_tuple("Host").field(comm).finish(),
+            RankComm::Device { comm, .. } => {
+                f.debug_struct("Device").field("rank", &comm.rank()).finish_non_exhaustive()
+            }
+        }
+    }
 }
 
 impl RankComm {
@@ -34,6 +99,7 @@ impl RankComm {
     pub(crate) fn abort_handle(&self) -> AbortHandle {
         match self {
             RankComm::Host { comm, .. } => comm.abort_handle(),
+            RankComm::Device { comm, .. } => comm.abort_handle(),
         }
     }
 
@@ -45,19 +111,22 @@ impl RankComm {
     /// # Errors
     /// Collective errors (abort, timeout, peer lost, mismatch).
     pub(crate) fn weights(&mut self, steps: usize) -> Result<Option<(f32, f32)>> {
+        let mass = steps as f32;
+        let mover = if steps > 0 { 1.0 } else { 0.0 };
+        let mut host = [mass, mover];
         match self {
-            RankComm::Host { comm, .. } => {
-                let mass = steps as f32;
-                let mover = if steps > 0 { 1.0 } else { 0.0 };
-                let mut meta = [mass, mover];
-                comm.all_reduce_sum_f32(&mut [&mut meta[..]])?;
-                let [total, movers] = meta;
-                if total <= 0.0 || movers <= 0.0 {
-                    return Ok(None);
-                }
-                Ok(Some((mass / total, mover / movers)))
+            RankComm::Host { comm, .. } => comm.all_reduce_sum_f32(&mut [&mut host[..]])?,
+            RankComm::Device { comm, stream, meta, .. } => {
+                meta.copy_from_host(&host, stream)?;
+                comm.all_reduce_sum(&mut [meta], stream)?;
+                meta.copy_to_host(&mut host, stream)?;
             }
         }
+        let [total, movers] = host;
+        if total <= 0.0 || movers <= 0.0 {
+            return Ok(None);
+        }
+        Ok(Some((mass / total, mover / movers)))
     }
 
     /// Replaces `tensors` on every rank by `Σ_r weight_r · tensors_r`, in place.
@@ -73,6 +142,15 @@ impl RankComm {
         match self {
             RankComm::Host { comm, mirrors } => {
                 host_weighted(comm, mirrors, tensors, weight, stream)
+            }
+            RankComm::Device { comm, stream: comm_stream, fence, .. } => {
+                // The comm stream starts after the compute stream's last write; the collective
+                // returns once it has finished on the comm stream, so compute may go on after.
+                fence.record(stream)?;
+                comm_stream.wait_event(fence)?;
+                let mut refs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+                comm.all_reduce_weighted(&mut refs, weight, comm_stream)?;
+                Ok(())
             }
         }
     }

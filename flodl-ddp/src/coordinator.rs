@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use flodl_nccl::AbortHandle;
 
-use crate::comm::RankComm;
+use crate::comm::{CommPlan, RankComm};
 use crate::dispatch::{Cutting, Dispatcher};
 use crate::elche::ElChe;
 use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
@@ -40,13 +40,14 @@ pub(crate) type Spawned = (JoinHandle<Result<TrainedState>>, Vec<JoinHandle<()>>
 /// Starts one thread per rank and the coordinator's thread.
 pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
     let world = cfg.world();
-    let comms: Vec<Option<RankComm>> = match cfg.backend {
-        Backend::Collective => {
-            RankComm::host_group(world, cfg.stall_timeout).into_iter().map(Some).collect()
-        }
-        Backend::Host => (0..world).map(|_| None).collect(),
-    };
-    let aborts: Vec<AbortHandle> = comms.iter().flatten().map(RankComm::abort_handle).collect();
+    let comms = comm_plans(&cfg)?;
+    let aborts: Vec<AbortHandle> = comms
+        .iter()
+        .filter_map(|c| match c {
+            Some(CommPlan::Host(comm)) => Some(comm.abort_handle()),
+            _ => None,
+        })
+        .collect();
     let (to_coord, from_workers) = flume::bounded(TO_COORDINATOR);
     let mut coord = Coordinator::new(
         cfg.clone(),
@@ -78,12 +79,33 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
     Ok((main, workers, aborts))
 }
 
+/// How each rank joins the collective backend: NCCL when every rank is a distinct GPU (and the
+/// `cuda` feature is on), the host collective otherwise (device tensors then go through host
+/// copies).
+fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
+    let world = cfg.world();
+    if cfg.backend == Backend::Host {
+        return Ok((0..world).map(|_| None).collect());
+    }
+    #[cfg(feature = "cuda")]
+    if cfg.devices.iter().all(|d| matches!(d, flodl_tensor::Device::Cuda(_)))
+        && cfg.devices.iter().collect::<std::collections::HashSet<_>>().len() == world
+    {
+        let id = flodl_nccl::UniqueId::new()?;
+        return Ok((0..world).map(|_| Some(CommPlan::Nccl { id: id.clone(), world })).collect());
+    }
+    Ok(RankComm::host_group(world, cfg.stall_timeout)
+        .into_iter()
+        .map(|c| Some(CommPlan::Host(c)))
+        .collect())
+}
+
 /// A rank's thread: build the worker, run its loop, report a failure before letting go of the
 /// communicator (so peers see the cause before they see the rank leave).
 fn rank_thread(
     rank: usize,
     cfg: Arc<RunConfig>,
-    comm: Option<RankComm>,
+    comm: Option<CommPlan>,
     cancel: Arc<std::sync::atomic::AtomicBool>,
     rx: flume::Receiver<ToWorker>,
     tx: flume::Sender<ToCoordinator>,

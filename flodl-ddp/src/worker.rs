@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use flodl_data::HostBatch;
 use flodl_tensor::{DType, Device, Stream, Tensor};
 
-use crate::comm::RankComm;
+use crate::comm::{CommPlan, RankComm};
 use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::replica::{Batch, Replica, ReplicaContext};
@@ -91,7 +91,7 @@ impl Worker {
     pub(crate) fn build(
         rank: usize,
         cfg: Arc<RunConfig>,
-        comm: Option<RankComm>,
+        comm: Option<CommPlan>,
         cancel: Arc<AtomicBool>,
     ) -> Result<Self> {
         let device = cfg.devices[rank];
@@ -120,6 +120,10 @@ impl Worker {
         let layout = cfg.dataset.layout().clone();
         let host = HostBatch::new(&layout, device);
         let batch = device_batch(&layout, cfg.batch_size, &stream)?;
+        let comm = match comm {
+            Some(plan) => Some(plan.join(rank, device, cfg.stall_timeout)?),
+            None => None,
+        };
         let perms = Permutations { len: cfg.dataset.len(), seed: cfg.seed, cache: VecDeque::new() };
         Ok(Worker {
             rank,
