@@ -162,7 +162,7 @@ impl RunContext {
             Some(status) => Outcome::Failed { code: status.code() },
         };
         if result.outcome.is_failure() {
-            result.log_tail = tail(&output, TAIL_LINES);
+            result.log_tail = failure_excerpt(&output, TAIL_LINES);
         }
         self.append_log(row, binary, &output)?;
         Ok(result)
@@ -252,6 +252,16 @@ pub(crate) fn count_skips(output: &str) -> usize {
     output.lines().filter(|l| l.contains("skipped:")).count()
 }
 
+/// What explains a failure: libtest's `failures:` section (the panics) when there is one, else
+/// the end of the output; at most `n` lines either way.
+fn failure_excerpt(output: &str, n: usize) -> Vec<String> {
+    let lines: Vec<&str> = output.lines().collect();
+    match lines.iter().position(|l| *l == "failures:") {
+        Some(start) => lines[start..].iter().take(n).map(|l| l.to_string()).collect(),
+        None => tail(output, n),
+    }
+}
+
 /// The last `n` lines of `text`.
 fn tail(text: &str, n: usize) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
@@ -300,6 +310,17 @@ mod tests {
         assert_eq!(tail(output, 2), ["ok", "skipped: 1 GPU visible, 2 needed"]);
         assert_eq!(tail("a\nb", 10), ["a", "b"]);
         assert!(tail("", 3).is_empty());
+    }
+
+    #[test]
+    fn failure_excerpts_start_at_the_failures_section() {
+        let output = "running 2 tests\ntest a ... ok\ntest b ... FAILED\n\nfailures:\n\n---- b stdout ----\npanicked at x\n\nsuccesses:\n    a\n";
+        assert_eq!(
+            failure_excerpt(output, 4),
+            ["failures:", "", "---- b stdout ----", "panicked at x"]
+        );
+        let hung = "running 1 test\ntest c has been running for over 60 seconds\n";
+        assert_eq!(failure_excerpt(hung, 1), ["test c has been running for over 60 seconds"]);
     }
 
     #[test]
