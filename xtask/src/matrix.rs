@@ -1,4 +1,4 @@
-//! The GPU test matrix: a table of cases, each a test binary plus test-name filters.
+//! The GPU test matrix: a table of cases, each a test binary plus the exact names of its tests.
 //!
 //! Keep the table in step with the crates: `cargo xtask gpu-test --list` shows every test binary,
 //! its tests, and which case each test falls under.
@@ -7,14 +7,14 @@ use serde::Serialize;
 
 use crate::cargo_artifact::TestBinary;
 
-/// One cell of the matrix: the tests of one binary whose names contain one of the filters.
+/// One cell of the matrix: named tests of one binary (all of its tests when none are named).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Case {
     /// What the case covers (`nccl world 1`).
     pub(crate) name: &'static str,
     /// The test binary, as [`TestBinary::id`] names it (`flodl-nccl/nccl_comm`).
     pub(crate) binary: &'static str,
-    /// Substrings of test names, as libtest filters them; empty means every test.
+    /// Full test names, run with libtest's `--exact`; empty means every test of the binary.
     pub(crate) filters: &'static [&'static str],
     /// How many GPUs the case needs; 0 for a CPU case.
     pub(crate) gpus: usize,
@@ -26,7 +26,7 @@ pub(crate) struct Case {
 ///
 /// The DDP rows name `flodl-ddp/tests/gpu.rs`, whose tests train on the visible GPUs: one per
 /// policy × backend (`sync_collective` … `async_host`) and `mixed_gpu_cpu_host` (GPU ranks plus
-/// CPU ranks on the host backend). Until that file exists those rows report NOT BUILT.
+/// CPU ranks on the host backend). A renamed test makes its row MISSING, which fails the run.
 pub(crate) const CASES: &[Case] = &[
     Case {
         name: "tensor kernels",
@@ -41,7 +41,7 @@ pub(crate) const CASES: &[Case] = &[
         filters: &[
             "copies_between_tensors_devices_and_pinned_buffers",
             "events_order_and_time_work",
-            "device_discovery",
+            "device_discovery_lists_the_cpu_first",
         ],
         gpus: 1,
         serial: false,
@@ -59,7 +59,7 @@ pub(crate) const CASES: &[Case] = &[
         filters: &[
             "one_rank_reduces_broadcasts_and_aborts",
             "init_times_out_when_a_rank_never_joins",
-            "unique_ids_round_trip",
+            "unique_ids_round_trip_as_bytes",
         ],
         gpus: 1,
         serial: true,
@@ -67,7 +67,7 @@ pub(crate) const CASES: &[Case] = &[
     Case {
         name: "nccl multi-GPU",
         binary: "flodl-nccl/nccl",
-        filters: &["ranks_on_several_gpus"],
+        filters: &["ranks_on_several_gpus_reduce_and_abort_unblocks_a_waiting_rank"],
         gpus: 2,
         serial: true,
     },
@@ -76,7 +76,7 @@ pub(crate) const CASES: &[Case] = &[
         binary: "flodl-nccl/nccl_collective",
         filters: &[
             "a_world_of_one_reduces_tensors_in_place",
-            "bad_tensors_are_rejected_before_nccl",
+            "bad_tensors_are_rejected_before_nccl_and_abort_ends_the_group",
         ],
         gpus: 1,
         serial: true,
@@ -84,28 +84,28 @@ pub(crate) const CASES: &[Case] = &[
     Case {
         name: "nccl Collective on tensors, multi-GPU",
         binary: "flodl-nccl/nccl_collective",
-        filters: &["one_rank_per_gpu"],
+        filters: &["one_rank_per_gpu_averages_sums_and_broadcasts"],
         gpus: 2,
         serial: true,
     },
     Case {
         name: "tensor device addresses for NCCL",
         binary: "flodl-tensor/device_address",
-        filters: &["foreign_work_through_an_address"],
+        filters: &["foreign_work_through_an_address_is_ordered_with_flodl_work"],
         gpus: 1,
         serial: false,
     },
     Case {
         name: "pinned prefetch",
         binary: "flodl-data/prefetch",
-        filters: &["cuda_"],
+        filters: &["cuda_batches_match_a_synchronous_fetch_in_order"],
         gpus: 1,
         serial: false,
     },
     Case {
         name: "checkpoint on CUDA",
         binary: "flodl-ddp/checkpoint",
-        filters: &["on_cuda"],
+        filters: &["capture_and_restore_are_bitwise_on_cuda"],
         gpus: 1,
         serial: false,
     },
@@ -213,9 +213,14 @@ pub(crate) fn plan(cases: &[Case], binaries: &[TestBinary], cases_only: bool) ->
     rows
 }
 
-/// Whether libtest would run `test` under these filters (any substring; none means all).
+/// Whether libtest with `--exact` would run `test` under these filters (none means all).
 pub(crate) fn selects(filters: &[String], test: &str) -> bool {
-    filters.is_empty() || filters.iter().any(|f| test.contains(f.as_str()))
+    filters.is_empty() || filters.iter().any(|f| f == test)
+}
+
+/// The filters that name no test in `tests` (a stale matrix).
+pub(crate) fn unmatched<'a>(filters: &'a [String], tests: &[String]) -> Vec<&'a str> {
+    filters.iter().filter(|f| !tests.contains(f)).map(String::as_str).collect()
 }
 
 /// Test names from `<binary> --list --format terse` (`name: test` lines; benches are skipped).
@@ -273,17 +278,21 @@ mod tests {
     }
 
     #[test]
-    fn filters_select_like_libtest() {
-        let filters = ["world_1".to_string(), "cuda".to_string()];
+    fn filters_select_exact_names_like_libtest() {
+        let filters = ["sync_collective".to_string(), "prefetch::cuda_pinned".to_string()];
         let cases = [
-            (&filters[..], "comm::nccl_world_1_all_reduce", true),
+            (&filters[..], "sync_collective", true),
+            (&filters[..], "async_collective", false),
             (&filters[..], "prefetch::cuda_pinned", true),
-            (&filters[..], "host::world_2", false),
+            (&filters[..], "prefetch::cuda_pinned_twice", false),
             (&[][..], "anything", true),
         ];
         for (filters, test, want) in cases {
             assert_eq!(selects(filters, test), want, "{test}");
         }
+        let tests = ["sync_collective".to_string(), "async_host".to_string()];
+        assert_eq!(unmatched(&filters, &tests), ["prefetch::cuda_pinned"]);
+        assert!(unmatched(&[], &tests).is_empty());
     }
 
     #[test]

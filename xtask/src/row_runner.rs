@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::cargo_artifact::TestBinary;
-use crate::matrix::{Row, parse_test_list, selects};
+use crate::matrix::{Row, parse_test_list, selects, unmatched};
 
 /// How many lines of a failed row's output go into the report.
 const TAIL_LINES: usize = 40;
@@ -132,18 +132,24 @@ impl RunContext {
         };
         let listed = self.command(binary).args(["--list", "--format", "terse"]).output();
         let listed = listed.with_context(|| format!("cannot start {}", binary.exe.display()))?;
-        let selected = parse_test_list(&String::from_utf8_lossy(&listed.stdout))
-            .iter()
-            .filter(|t| selects(&row.filters, t))
-            .count();
-        if selected == 0 {
+        let tests = parse_test_list(&String::from_utf8_lossy(&listed.stdout));
+        let missing = unmatched(&row.filters, &tests);
+        if !missing.is_empty() {
+            result.outcome = Outcome::Missing;
+            result.log_tail = missing.iter().map(|name| format!("no test named {name}")).collect();
+            return Ok(result);
+        }
+        if !tests.iter().any(|t| selects(&row.filters, t)) {
             result.outcome = if row.is_case { Outcome::Missing } else { Outcome::NoTests };
             return Ok(result);
         }
         let scratch = File::create(&self.scratch_path)
             .with_context(|| format!("cannot write {}", self.scratch_path.display()))?;
         let mut command = self.command(binary);
-        command.args(&row.filters).arg("--show-output");
+        command.arg("--show-output");
+        if !row.filters.is_empty() {
+            command.arg("--exact").args(&row.filters);
+        }
         if row.serial {
             command.arg("--test-threads=1");
         }
