@@ -88,7 +88,7 @@ impl MatrixReport {
         text.push_str(&format!("\nmatrix: {verdict}\n"));
         for result in self.rows.iter().filter(|r| !r.log_tail.is_empty()) {
             text.push_str(&format!(
-                "\n--- {} ({}): last lines\n",
+                "\n--- {} ({}): why it failed\n",
                 result.row.label, result.row.binary
             ));
             for line in &result.log_tail {
