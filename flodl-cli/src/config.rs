@@ -157,17 +157,12 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
         None => file.devices.map(|l| l.into_vec("devices")).transpose()?,
     };
     cfg.ranks = match (ranks, devices) {
-        (Some(_), Some(_)) if flags.ranks.is_some() && flags.devices.is_some() => {
-            bail!("--ranks and --devices cannot be used together")
-        }
-        // A flag beats a file key of the other kind.
-        (Some(n), Some(d)) => {
-            if flags.ranks.is_some() {
-                RankSpec::CpuRanks(n)
-            } else {
-                RankSpec::Devices(d)
-            }
-        }
+        // A flag beats a file key of the other kind; both from one source is ambiguous.
+        (Some(n), Some(d)) => match (flags.ranks.is_some(), flags.devices.is_some()) {
+            (true, false) => RankSpec::CpuRanks(n),
+            (false, true) => RankSpec::Devices(d),
+            _ => bail!("ranks and devices cannot be used together"),
+        },
         (Some(n), None) => RankSpec::CpuRanks(n),
         (None, Some(d)) => RankSpec::Devices(d),
         (None, None) => RankSpec::Auto,
@@ -320,6 +315,10 @@ mod tests {
         };
         let (cfg, _) = resolve(&flags, &RunFlags::default())?;
         assert_eq!(cfg.ranks, RankSpec::CpuRanks(3));
+        let both = write("ranks = 2\ndevices = \"cpu,cpu\"\n")?;
+        let flags = TrainFlags { config: Some(both.path().to_owned()), ..TrainFlags::default() };
+        let err = resolve(&flags, &RunFlags::default()).err().map(|e| format!("{e:#}"));
+        assert!(err.as_deref().is_some_and(|e| e.contains("together")), "{err:?}");
         Ok(())
     }
 
