@@ -3,7 +3,8 @@
 use flodl_nccl::{AbortHandle, HostComm};
 use flodl_tensor::{Device, Stream, Tensor};
 
-use crate::Result;
+use crate::weighting::average_weights;
+use crate::{Error, Result};
 
 /// How a rank joins the collective backend, decided before the ranks start.
 #[derive(Debug)]
@@ -39,7 +40,7 @@ impl CommPlan {
                 };
                 let comm = flodl_nccl::NcclComm::new(&id, rank, world, ordinal, timeout)?;
                 let stream = Stream::new(device)?;
-                let meta = Tensor::zeros(&[2], flodl_tensor::DType::F32, &stream)?;
+                let meta = Tensor::zeros(&[world], flodl_tensor::DType::F32, &stream)?;
                 let fence = flodl_tensor::Event::new(device)?;
                 Ok(RankComm::Device { comm: Box::new(comm), stream, meta, fence })
             }
@@ -65,7 +66,7 @@ pub(crate) enum RankComm {
         comm: Box<dyn flodl_nccl::Collective>,
         /// The comm stream.
         stream: Stream,
-        /// `[mass, mover]` on the device.
+        /// Every rank's step count on the device (one slot per rank).
         meta: Tensor,
         /// Recorded on the compute stream; the comm stream waits for it.
         fence: flodl_tensor::Event,
@@ -104,16 +105,24 @@ impl RankComm {
     }
 
     /// Agrees with every rank on the averaging weights of a reduce in which this rank trained
-    /// `steps` batches: `None` when no rank stepped, else this rank's parameter weight
-    /// `steps / Σ steps` and buffer weight `1 / ranks that stepped` (0 when it did not step).
+    /// `steps` batches: every rank's count is gathered (one sum over a slot per rank), then
+    /// [`average_weights`] with exponent `gamma` gives `None` when no rank stepped, else this
+    /// rank's parameter weight `steps^γ / Σ steps^γ` and buffer weight `1 / ranks that stepped`
+    /// (both 0 when it did not step). Every rank computes the same weights from the same counts.
     /// Every rank must call this, then [`reduce`](Self::reduce) identically, for each reduce.
     ///
     /// # Errors
-    /// Collective errors (abort, timeout, peer lost, mismatch).
-    pub(crate) fn weights(&mut self, steps: usize) -> Result<Option<(f32, f32)>> {
-        let mass = steps as f32;
-        let mover = if steps > 0 { 1.0 } else { 0.0 };
-        let mut host = [mass, mover];
+    /// Collective errors (abort, timeout, peer lost, mismatch); [`Error::Config`] for a bad γ.
+    pub(crate) fn weights(&mut self, steps: usize, gamma: f64) -> Result<Option<(f32, f32)>> {
+        let (rank, world) = match self {
+            RankComm::Host { comm, .. } => (comm.rank(), comm.world_size()),
+            RankComm::Device { comm, .. } => (comm.rank(), comm.world_size()),
+        };
+        let mut host = vec![0.0f32; world];
+        if let Some(slot) = host.get_mut(rank) {
+            // Exact: step counts stay far below 2^24.
+            *slot = steps as f32;
+        }
         match self {
             RankComm::Host { comm, .. } => comm.all_reduce_sum_f32(&mut [&mut host[..]])?,
             RankComm::Device { comm, stream, meta, .. } => {
@@ -122,11 +131,14 @@ impl RankComm {
                 meta.copy_to_host(&mut host, stream)?;
             }
         }
-        let [total, movers] = host;
-        if total <= 0.0 || movers <= 0.0 {
-            return Ok(None);
-        }
-        Ok(Some((mass / total, mover / movers)))
+        let all: Vec<u64> = host.iter().map(|&s| s.max(0.0).round() as u64).collect();
+        let weights = average_weights(&all, gamma).map_err(|e| Error::Config(e.to_string()))?;
+        Ok(weights.map(|w| {
+            (
+                w.params.get(rank).copied().unwrap_or(0.0),
+                w.buffers.get(rank).copied().unwrap_or(0.0),
+            )
+        }))
     }
 
     /// Replaces `tensors` on every rank by `Σ_r weight_r · tensors_r`, in place.

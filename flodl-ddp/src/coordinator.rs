@@ -506,10 +506,11 @@ impl Coordinator {
                 {
                     {
                         let tx = self.tx.clone();
+                        let gamma = self.cfg.gamma;
                         std::thread::Builder::new()
                             .name("flodl-host-average".into())
                             .spawn(move || {
-                                let state = average(&job.states, &job.steps);
+                                let state = average(&job.states, &job.steps, gamma);
                                 let _ =
                                     tx.send(ToCoordinator::Averaged { round: job.round, state });
                             })

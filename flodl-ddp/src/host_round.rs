@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::message::{HostState, Window};
+use crate::weighting::average_weights;
 use crate::{Error, Result};
 
 /// A host averaging round (`Idle` is the coordinator's `Reduce::Idle`).
@@ -150,28 +151,30 @@ impl HostRound {
     }
 }
 
-/// The work-weighted average of `states`: parameters weighted by `steps` (ranks with no step
-/// excluded), buffers averaged equally over the ranks that stepped, accumulated in rank order.
+/// The work-weighted average of `states` ([`average_weights`] with exponent `gamma`):
+/// parameters weighted by `steps^γ` (ranks with no step excluded), buffers averaged equally over
+/// the ranks that stepped, accumulated in rank order.
 ///
 /// # Errors
-/// [`Error::ReplicaMismatch`] when no rank stepped or the states disagree in layout.
-pub(crate) fn average(states: &[HostState], steps: &[usize]) -> Result<HostState> {
-    let total: usize = steps.iter().sum();
-    let movers = steps.iter().filter(|&&s| s > 0).count();
+/// [`Error::ReplicaMismatch`] when no rank stepped or the states disagree in layout;
+/// [`Error::Config`] for a bad γ.
+pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Result<HostState> {
     let first =
         states.first().ok_or_else(|| Error::ReplicaMismatch("no snapshot to average".into()))?;
-    if total == 0 || states.len() != steps.len() {
+    let counts: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
+    let weights = average_weights(&counts, gamma).map_err(|e| Error::Config(e.to_string()))?;
+    let Some(weights) = weights.filter(|_| states.len() == steps.len()) else {
         return Err(Error::ReplicaMismatch(
             "a host average needs at least one rank that stepped".into(),
         ));
-    }
-    let weights: Vec<f32> = steps.iter().map(|&s| s as f32 / total as f32).collect();
-    let equal: Vec<f32> =
-        steps.iter().map(|&s| if s > 0 { 1.0 / movers as f32 } else { 0.0 }).collect();
+    };
     let params =
-        weighted(states.iter().map(|s| &s.params).collect(), &weights, first.params.len())?;
-    let buffers =
-        weighted(states.iter().map(|s| &s.buffers).collect(), &equal, first.buffers.len())?;
+        weighted(states.iter().map(|s| &s.params).collect(), &weights.params, first.params.len())?;
+    let buffers = weighted(
+        states.iter().map(|s| &s.buffers).collect(),
+        &weights.buffers,
+        first.buffers.len(),
+    )?;
     Ok(HostState { params, buffers })
 }
 
@@ -205,11 +208,14 @@ mod tests {
     use rand::{RngExt, SeedableRng};
     use rand_xoshiro::Xoshiro256PlusPlus;
 
-    /// The host average against an f64 reference on random states and step counts.
+    /// The host average against its closed form in f64 (`Σ n_r^γ·W_r / Σ n_r^γ` for
+    /// parameters, the plain mean over ranks that stepped for buffers) on random states, step
+    /// counts (some zero) and exponents γ.
     #[test]
     fn average_matches_f64_reference() -> Result<()> {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
-        for _ in 0..50 {
+        for case in 0..60 {
+            let gamma = [0.0, 0.5, 1.0, 2.0][case % 4];
             let world = rng.random_range(1..6);
             let sizes: Vec<usize> =
                 (0..rng.random_range(1..4)).map(|_| rng.random_range(1..50)).collect();
@@ -224,17 +230,21 @@ mod tests {
                     buffers: vec![(0..3).map(|_| rng.random_range(-1.0..1.0)).collect()],
                 })
                 .collect();
-            let avg = average(&states, &steps)?;
-            let total: f64 = steps.iter().map(|&s| s as f64).sum();
+            let avg = average(&states, &steps, gamma)?;
+            let mass = |k: usize| if k == 0 { 0.0 } else { (k as f64).powf(gamma) };
+            let total: f64 = steps.iter().map(|&s| mass(s)).sum();
             let movers = steps.iter().filter(|&&s| s > 0).count() as f64;
             for (i, &n) in sizes.iter().enumerate() {
                 for j in 0..n {
                     let want: f64 = states
                         .iter()
                         .zip(&steps)
-                        .map(|(s, &k)| k as f64 / total * f64::from(s.params[i][j]))
+                        .map(|(s, &k)| mass(k) / total * f64::from(s.params[i][j]))
                         .sum();
-                    assert!((f64::from(avg.params[i][j]) - want).abs() < 1e-5, "param {i}[{j}]");
+                    assert!(
+                        (f64::from(avg.params[i][j]) - want).abs() < 1e-5,
+                        "γ {gamma}: param {i}[{j}]"
+                    );
                 }
             }
             for j in 0..3 {

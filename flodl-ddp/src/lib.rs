@@ -70,7 +70,10 @@ pub use overshoot::{Overshoot, OvershootMode};
 pub mod policy;
 pub use policy::{Backend, Policy};
 
+pub mod guard;
+pub mod outer;
 pub mod schedule;
+pub mod weighting;
 
 // The runtime: replicas, trainer, workers, coordinator, averaging backends, metrics.
 mod comm;
@@ -95,8 +98,3 @@ pub use metrics::{
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
 pub use trainer::{Devices, ElCheKnobs, SampleAudit, Trainer};
-
-pub mod guard;
-
-pub mod outer;
-pub mod weighting;

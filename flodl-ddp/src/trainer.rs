@@ -108,6 +108,8 @@ pub(crate) struct RunConfig {
     pub(crate) snapshot_timeout: Duration,
     pub(crate) max_stalled_rounds: usize,
     pub(crate) audit: Option<SampleAudit>,
+    /// Work-weighting exponent γ of the average (mass = steps^γ).
+    pub(crate) gamma: f64,
 }
 
 impl RunConfig {
@@ -189,6 +191,7 @@ pub struct Trainer {
     snapshot_timeout: Duration,
     max_stalled_rounds: usize,
     audit: Option<SampleAudit>,
+    gamma: f64,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -237,6 +240,7 @@ impl Trainer {
             snapshot_timeout: Duration::from_secs(5),
             max_stalled_rounds: 3,
             audit: None,
+            gamma: crate::weighting::DEFAULT_GAMMA,
         }
     }
 
@@ -344,11 +348,21 @@ impl Trainer {
         self
     }
 
+    /// The work-weighting exponent γ of the average (default 1): a rank that trained `n`
+    /// batches since the last reduce counts with mass `n^γ` (γ = 0: every rank that stepped
+    /// counts equally); a rank with no batch takes no part, and buffers are averaged equally
+    /// over the ranks that stepped. Both backends use the same weights.
+    pub fn gamma(mut self, gamma: f64) -> Trainer {
+        self.gamma = gamma;
+        self
+    }
+
     /// Checks the configuration and starts the run; returns at once.
     ///
     /// # Errors
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
-    /// smaller than one batch per rank, a bad slowdown factor, or no device.
+    /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, or
+    /// no device.
     pub fn run(self) -> Result<DdpHandle> {
         let dataset =
             self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
@@ -381,6 +395,8 @@ impl Trainer {
         if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
         }
+        crate::weighting::work_masses(&[1], self.gamma)
+            .map_err(|e| Error::Config(e.to_string()))?;
         let lr_scale = crate::schedule::lr_scale(devices.len(), self.lr_scale_ratio);
         let config = RunConfig {
             factory: self.factory,
@@ -401,6 +417,7 @@ impl Trainer {
             snapshot_timeout: self.snapshot_timeout,
             max_stalled_rounds: self.max_stalled_rounds,
             audit: self.audit,
+            gamma: self.gamma,
         };
         DdpHandle::start(Arc::new(config))
     }

@@ -244,7 +244,7 @@ impl Worker {
             return Err(Error::Config("the collective backend has no communicator".into()));
         };
         self.stream.synchronize()?;
-        if let Some((wp, wb)) = comm.weights(steps)? {
+        if let Some((wp, wb)) = comm.weights(steps, self.cfg.gamma)? {
             comm.reduce(self.replica.parameters_mut(), wp, &self.stream)?;
             if !self.replica.buffers().is_empty() {
                 comm.reduce(self.replica.buffers_mut(), wb, &self.stream)?;

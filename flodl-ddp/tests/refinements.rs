@@ -1,0 +1,174 @@
+//! Averaging refinements on CPU ranks: work weighting γ, the divergence guard, outer
+//! optimizers, EASGD and gradient clipping, wired through the runtime.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
+use flodl_ddp::weighting::average_weights;
+use flodl_ddp::{
+    Backend, Batch, Devices, ElCheKnobs, Error, Mlp, MlpConfig, Optimizer, Policy, ReduceEvent,
+    Replica, ReplicaContext, Result, Trainer,
+};
+use flodl_tensor::{DType, Tensor};
+
+type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+fn mnist() -> Arc<Mnist> {
+    static TRAIN: OnceLock<Arc<Mnist>> = OnceLock::new();
+    TRAIN
+        .get_or_init(|| {
+            Arc::new(
+                Mnist::load(flodl_data::mnist::vendored_dir(), Split::Train, Verify::Skip)
+                    .expect("vendored MNIST loads"),
+            )
+        })
+        .clone()
+}
+
+/// The first `n` training samples.
+fn train_subset(n: usize) -> Arc<dyn Dataset> {
+    Arc::new(Subset::first(mnist(), n))
+}
+
+fn trainer(ranks: usize, policy: Policy, backend: Backend, data: Arc<dyn Dataset>) -> Trainer {
+    Trainer::new(Mlp::factory(MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9))))
+        .dataset(data)
+        .batch_size(32)
+        .epochs(2)
+        .devices(Devices::Cpu(ranks))
+        .policy(policy)
+        .backend(backend)
+        .learning_rate(0.05)
+        .stall_timeout(Duration::from_secs(60))
+}
+
+const BACKENDS: [Backend; 2] = [Backend::Collective, Backend::Host];
+
+/// A replica whose single parameter counts its optimizer steps (`p += 1` per step), so the
+/// consensus after a run is a closed form of the step counts each reduce saw.
+struct Counter {
+    p: Vec<Tensor>,
+    g: Vec<Tensor>,
+}
+
+impl Counter {
+    fn factory(ctx: &ReplicaContext) -> Result<Counter> {
+        let p = vec![Tensor::zeros(&[1], DType::F32, &ctx.stream)?];
+        let g = vec![Tensor::zeros(&[1], DType::F32, &ctx.stream)?];
+        Ok(Counter { p, g })
+    }
+}
+
+impl Replica for Counter {
+    fn train_step(&mut self, _batch: &Batch) -> Result<f32> {
+        Ok(1.0)
+    }
+    fn step(&mut self, _lr: f32) -> Result<()> {
+        for x in self.p[0].as_mut_slice::<f32>()? {
+            *x += 1.0;
+        }
+        Ok(())
+    }
+    fn parameters(&self) -> &[Tensor] {
+        &self.p
+    }
+    fn parameters_mut(&mut self) -> &mut [Tensor] {
+        &mut self.p
+    }
+    fn gradients(&self) -> &[Tensor] {
+        &self.g
+    }
+}
+
+/// Runs `trainer` to the end and returns its final state and every reduce event.
+fn run_with_events(
+    trainer: Trainer,
+) -> std::result::Result<(flodl_ddp::TrainedState, Vec<ReduceEvent>), Box<dyn std::error::Error>> {
+    let mut h = trainer.run()?;
+    // Blocks until every epoch is reported; the run's events are then all queued.
+    while h.next_metrics(Duration::from_secs(60)).is_some() {}
+    let events = h.poll_reduce_events();
+    let state = h.join()?;
+    Ok((state, events))
+}
+
+/// On both backends, with unequal step counts (a 3× skewed rank under `Cadence`), the
+/// consensus is weighted by `steps^γ`: a step-counting parameter ends at
+/// `Σ_reduces Σ_r w_r(γ)·n_r`, with the weights in closed form from each reduce's counts.
+#[test]
+fn work_weighting_follows_gamma_on_both_backends() -> TestResult {
+    let data = train_subset(2048);
+    for backend in BACKENDS {
+        for gamma in [0.0, 0.5, 1.0, 2.0] {
+            let t = Trainer::new(Counter::factory)
+                .dataset(data.clone())
+                .batch_size(16)
+                .epochs(2)
+                .devices(Devices::Cpu(2))
+                .policy(Policy::Cadence)
+                .backend(backend)
+                .gamma(gamma)
+                .slowdown(vec![1.0, 3.0])
+                .elche(ElCheKnobs { anchor: 4, speed_hint: Some((1, 3.0)), ..Default::default() })
+                .stall_timeout(Duration::from_secs(60));
+            let (state, events) = run_with_events(t)?;
+            assert_eq!(events.len() as u64, state.reduces, "{backend:?} γ {gamma}");
+            let mut want = 0.0f64;
+            let mut unequal = false;
+            for e in &events {
+                let steps: Vec<u64> = e.steps.iter().map(|&s| s as u64).collect();
+                unequal |= steps[0] != steps[1];
+                let w = average_weights(&steps, gamma)?.ok_or("a reduce with no step")?;
+                want += w
+                    .params
+                    .iter()
+                    .zip(&steps)
+                    .map(|(&w, &n)| f64::from(w) * n as f64)
+                    .sum::<f64>();
+            }
+            assert!(unequal, "{backend:?} γ {gamma}: the skew gave equal counts {events:?}");
+            let got = f64::from(state.params[0].data[0]);
+            assert!(
+                (got - want).abs() <= 1e-4 * want.max(1.0),
+                "{backend:?} γ {gamma}: consensus {got} vs closed form {want}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// γ = 0 and γ = 1 both train an MLP to finite parameters on both backends, and the weighting
+/// changes the result.
+#[test]
+fn gamma_zero_and_one_train_to_different_finite_models() -> TestResult {
+    let data = train_subset(3072);
+    for backend in BACKENDS {
+        let mut finals = Vec::new();
+        for gamma in [0.0, 1.0] {
+            let state = trainer(2, Policy::Cadence, backend, data.clone())
+                .gamma(gamma)
+                .slowdown(vec![1.0, 3.0])
+                .elche(ElCheKnobs { speed_hint: Some((1, 3.0)), ..Default::default() })
+                .run()?
+                .join()?;
+            let last = state.epochs.last().ok_or("no epoch")?;
+            assert!(last.avg_loss < 0.8, "{backend:?} γ {gamma}: loss {}", last.avg_loss);
+            let flat: Vec<f32> = state.params.iter().flat_map(|t| t.data.iter().copied()).collect();
+            assert!(flat.iter().all(|x| x.is_finite()), "{backend:?} γ {gamma}");
+            finals.push(flat);
+        }
+        assert_ne!(finals[0], finals[1], "{backend:?}: γ made no difference");
+    }
+    Ok(())
+}
+
+/// A negative or non-finite γ is a configuration error.
+#[test]
+fn bad_gamma_is_rejected() -> TestResult {
+    for gamma in [-1.0, f64::NAN, f64::INFINITY] {
+        let r = trainer(2, Policy::Cadence, Backend::Host, train_subset(256)).gamma(gamma).run();
+        assert!(matches!(r, Err(Error::Config(_))), "γ {gamma}");
+    }
+    Ok(())
+}
