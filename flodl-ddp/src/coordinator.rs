@@ -14,10 +14,11 @@ use flodl_nccl::AbortHandle;
 use crate::comm::{CommPlan, RankComm};
 use crate::dispatch::{Cutting, Dispatcher};
 use crate::elche::ElChe;
+use crate::guard::{Guard, ReduceReport};
 use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
-use crate::host_round::{HostRound, average};
+use crate::host_round::{HostRound, average, divergence};
 use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
-use crate::metrics::{EpochMetrics, ReduceEvent};
+use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::policy::{Backend, Policy};
 use crate::trainer::RunConfig;
 use crate::verdict::Verdict;
@@ -149,7 +150,8 @@ enum Reduce {
     /// None.
     Idle,
     /// Collective backend: waiting for every rank's acknowledgement.
-    Collective { round: u64, acks: Vec<Option<(usize, f64)>>, counts: Vec<usize> },
+    /// Each ack: (steps, sync ms, divergence).
+    Collective { round: u64, acks: Vec<Option<(usize, f64, Option<f64>)>>, counts: Vec<usize> },
     /// Host backend: the averaging state machine.
     Host(HostRound),
 }
@@ -174,6 +176,9 @@ struct Coordinator {
     shapes: Vec<Vec<usize>>,
     dispatch: Dispatcher,
     elche: Option<ElChe>,
+    /// The divergence guard, and its verdict on the last reduce (obeyed at the next trigger).
+    guard: Guard,
+    verdict: Verdict,
     max_overshoot: usize,
     ranks: Vec<RankBook>,
     /// The current window's number.
@@ -231,6 +236,7 @@ impl Coordinator {
             _ => Cutting::Progressive { min_chunk: knobs.min_chunk },
         };
         let max_overshoot = knobs.max_overshoot.unwrap_or((batches / 100).clamp(2, 5));
+        let guard = cfg.guard.clone();
         let mut coord = Coordinator {
             devices: cfg.devices.iter().map(ToString::to_string).collect(),
             dispatch: Dispatcher::new(world, cfg.batch_size, batches, cfg.epochs, cutting),
@@ -243,6 +249,8 @@ impl Coordinator {
             start: Instant::now(),
             shapes: Vec::new(),
             elche,
+            guard,
+            verdict: Verdict::Stable,
             max_overshoot,
             ranks: vec![RankBook::default(); world],
             round: 1,
@@ -482,22 +490,23 @@ impl Coordinator {
                     }
                 }
             }
-            ToCoordinator::Reduced { rank, round, steps, sync_ms } => {
+            ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence } => {
                 let mut done = None;
                 if let Reduce::Collective { round: r, acks, counts } = &mut self.reduce
                     && *r == round
                 {
                     if let Some(slot) = acks.get_mut(rank) {
-                        *slot = Some((steps, sync_ms));
+                        *slot = Some((steps, sync_ms, divergence));
                     }
                     if acks.iter().all(Option::is_some) {
                         let steps = acks.iter().flatten().map(|a| a.0).collect::<Vec<_>>();
                         let sync = acks.iter().flatten().map(|a| a.1).fold(0.0, f64::max);
-                        done = Some((round, std::mem::take(counts), steps, sync));
+                        let div = acks.iter().flatten().filter_map(|a| a.2).reduce(f64::max);
+                        done = Some((round, std::mem::take(counts), steps, sync, div));
                     }
                 }
-                if let Some((round, counts, steps, sync)) = done {
-                    self.complete_reduce(round, counts, steps, sync);
+                if let Some((round, counts, steps, sync, div)) = done {
+                    self.complete_reduce(round, counts, steps, sync, div);
                 }
             }
             ToCoordinator::Snapshot { rank, round, attempt, state, steps } => {
@@ -507,12 +516,20 @@ impl Coordinator {
                     {
                         let tx = self.tx.clone();
                         let gamma = self.cfg.gamma;
+                        let measure = self.cfg.measures_divergence();
                         std::thread::Builder::new()
                             .name("flodl-host-average".into())
                             .spawn(move || {
                                 let state = average(&job.states, &job.steps, gamma);
+                                let divergence = match &state {
+                                    Ok(avg) if measure => {
+                                        Some(divergence(&job.states, &job.steps, avg))
+                                    }
+                                    _ => None,
+                                };
+                                let round = job.round;
                                 let _ =
-                                    tx.send(ToCoordinator::Averaged { round: job.round, state });
+                                    tx.send(ToCoordinator::Averaged { round, state, divergence });
                             })
                             .map_err(|e| {
                                 Error::Config(format!("cannot spawn the averaging thread: {e}"))
@@ -520,7 +537,7 @@ impl Coordinator {
                     }
                 }
             }
-            ToCoordinator::Averaged { round, state } => {
+            ToCoordinator::Averaged { round, state, divergence } => {
                 let finished = match &mut self.reduce {
                     Reduce::Host(hr) => hr.averaged(round),
                     _ => None,
@@ -537,7 +554,7 @@ impl Coordinator {
                         )?;
                     }
                     let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
-                    self.complete_reduce(done.round, done.counts, done.steps, sync_ms);
+                    self.complete_reduce(done.round, done.counts, done.steps, sync_ms, divergence);
                 }
             }
             ToCoordinator::Evaluated { epoch, eval } => {
@@ -620,7 +637,8 @@ impl Coordinator {
         if let Some(e) = self.elche.as_mut() {
             e.report_timing(&walls, &steps64, self.last_sync_ms)
                 .map_err(|e| Error::Config(e.to_string()))?;
-            e.apply_verdict(Verdict::Stable);
+            // The guard's verdict on the last completed reduce.
+            e.apply_verdict(std::mem::replace(&mut self.verdict, Verdict::Stable));
         }
         let counts: Vec<usize> = self.windows.iter().map(|w| w.target).collect();
         self.global_step += steps.iter().sum::<usize>() as u64;
@@ -682,8 +700,22 @@ impl Coordinator {
         Ok(())
     }
 
-    fn complete_reduce(&mut self, round: u64, counts: Vec<usize>, steps: Vec<usize>, sync_ms: f64) {
+    fn complete_reduce(
+        &mut self,
+        round: u64,
+        counts: Vec<usize>,
+        steps: Vec<usize>,
+        sync_ms: f64,
+        divergence: Option<f64>,
+    ) {
         self.reduce = Reduce::Idle;
+        if let Some(divergence) = divergence {
+            let k_max = steps.iter().copied().max().unwrap_or(0) as u64;
+            let verdict = self.guard.report(&ReduceReport { divergence, k_max });
+            self.verdict = verdict;
+            tracing::debug!(round, divergence, ?verdict, "divergence guard");
+            let _ = self.outlets.guards.try_send(GuardEvent { round, divergence, k_max, verdict });
+        }
         self.stalled = 0;
         self.reduces += 1;
         self.last_sync_ms = sync_ms;

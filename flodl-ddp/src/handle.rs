@@ -9,7 +9,7 @@ use flodl_nccl::AbortHandle;
 use flodl_tensor::{Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{EpochMetrics, ReduceEvent};
+use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::replica::Replica;
 use crate::trainer::RunConfig;
 use crate::{Error, Result};
@@ -94,6 +94,8 @@ pub(crate) struct Outlets {
     pub(crate) epochs: flume::Sender<EpochMetrics>,
     /// Reduce events (dropped when the handle does not drain them).
     pub(crate) reduces: flume::Sender<ReduceEvent>,
+    /// Divergence-guard events (dropped when the handle does not drain them).
+    pub(crate) guards: flume::Sender<GuardEvent>,
     /// Set to stop the run.
     pub(crate) cancel: Arc<AtomicBool>,
 }
@@ -108,6 +110,7 @@ const REDUCE_QUEUE: usize = 1 << 16;
 pub struct DdpHandle {
     epochs: flume::Receiver<EpochMetrics>,
     reduces: flume::Receiver<ReduceEvent>,
+    guards: flume::Receiver<GuardEvent>,
     cancel: Arc<AtomicBool>,
     aborts: Vec<AbortHandle>,
     main: Option<JoinHandle<Result<TrainedState>>>,
@@ -119,15 +122,21 @@ impl DdpHandle {
     pub(crate) fn start(config: Arc<RunConfig>) -> Result<DdpHandle> {
         let (epochs_tx, epochs) = flume::bounded(config.epochs + 1);
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
+        let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
         let cancel = Arc::new(AtomicBool::new(false));
-        let outlets = Outlets { epochs: epochs_tx, reduces: reduces_tx, cancel: cancel.clone() };
+        let outlets = Outlets {
+            epochs: epochs_tx,
+            reduces: reduces_tx,
+            guards: guards_tx,
+            cancel: cancel.clone(),
+        };
         let (main, workers, aborts) = if config.world() == 1 {
             let main = crate::solo::spawn(config, outlets)?;
             (main, Vec::new(), Vec::new())
         } else {
             crate::coordinator::spawn(config, outlets)?
         };
-        Ok(DdpHandle { epochs, reduces, cancel, aborts, main: Some(main), workers })
+        Ok(DdpHandle { epochs, reduces, guards, cancel, aborts, main: Some(main), workers })
     }
 
     /// The epoch metrics emitted since the last call, without waiting.
@@ -145,6 +154,13 @@ impl DdpHandle {
     /// when more than 65536 wait unread).
     pub fn poll_reduce_events(&mut self) -> Vec<ReduceEvent> {
         self.reduces.try_iter().collect()
+    }
+
+    /// The divergence guard's readings since the last call, without waiting (one per reduce
+    /// when the guard is on and the policy is not `Sync`; dropped when more than 65536 wait
+    /// unread).
+    pub fn poll_guard_events(&mut self) -> Vec<GuardEvent> {
+        self.guards.try_iter().collect()
     }
 
     /// Whether the run has ended (successfully or not); `join` then returns at once.

@@ -178,6 +178,28 @@ pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Resu
     Ok(HostState { params, buffers })
 }
 
+/// `max_r ‖W_r − W_avg‖ / ‖W_avg‖` over the parameters of the ranks that stepped (f64
+/// accumulation; 0 when the average is all but zero).
+pub(crate) fn divergence(states: &[HostState], steps: &[usize], avg: &HostState) -> f64 {
+    let post: f64 = avg.params.iter().flatten().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let post = post.sqrt();
+    states
+        .iter()
+        .zip(steps)
+        .filter(|(_, s)| **s > 0)
+        .map(|(state, _)| {
+            let diff: f64 = state
+                .params
+                .iter()
+                .zip(&avg.params)
+                .flat_map(|(a, b)| a.iter().zip(b))
+                .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+                .sum();
+            crate::guard::divergence(diff.sqrt(), post)
+        })
+        .fold(0.0, f64::max)
+}
+
 fn weighted(sets: Vec<&Vec<Vec<f32>>>, weights: &[f32], n: usize) -> Result<Vec<Vec<f32>>> {
     if sets.iter().any(|s| s.len() != n) {
         return Err(Error::ReplicaMismatch("snapshots hold different numbers of tensors".into()));

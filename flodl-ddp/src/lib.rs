@@ -93,7 +93,7 @@ mod worker;
 pub use error::{Error, Result};
 pub use handle::{DdpHandle, HostTensor, TrainedState};
 pub use metrics::{
-    EpochMetrics, EvalMetrics, RankEpochMetrics, ReduceEvent, Report, record_scalar,
+    EpochMetrics, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report, record_scalar,
 };
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use replica::{Batch, BatchEval, Replica, ReplicaContext};

@@ -88,16 +88,18 @@ pub(crate) enum ToCoordinator {
     /// `works` counts the chunks the rank has received so far (an `Idle` report is stale when
     /// more were sent).
     Progress { rank: usize, round: u64, steps: usize, wall_ms: f64, why: Readiness, works: u64 },
-    /// Collective backend: the rank finished the reduce of `round`.
-    Reduced { rank: usize, round: u64, steps: usize, sync_ms: f64 },
+    /// Collective backend: the rank finished the reduce of `round`; `divergence` is its
+    /// `‖W_pre − W_post‖ / ‖W_post‖` when measured (guard on, not `Sync`, the rank stepped).
+    Reduced { rank: usize, round: u64, steps: usize, sync_ms: f64, divergence: Option<f64> },
     /// Host backend: the rank's snapshot for `round`.
     Snapshot { rank: usize, round: u64, attempt: u32, state: HostState, steps: usize },
     /// The evaluation of `epoch`.
     Evaluated { epoch: usize, eval: Option<EvalMetrics> },
     /// The final state after [`ToWorker::Finish`].
     Final { rank: usize, state: HostState },
-    /// Host backend: the helper thread's average for `round`.
-    Averaged { round: u64, state: crate::Result<HostState> },
+    /// Host backend: the helper thread's average for `round`, and the largest divergence of
+    /// a snapshot from it when measured.
+    Averaged { round: u64, state: crate::Result<HostState>, divergence: Option<f64> },
     /// The rank is alive (sent when it has been quiet for a while).
     Alive { rank: usize },
     /// The rank failed and is exiting.

@@ -86,6 +86,22 @@ pub struct ReduceEvent {
     pub sync_ms: f64,
 }
 
+/// The divergence guard's reading of one reduce (policies other than `Sync`, with a guard on).
+///
+/// The verdict is obeyed by ElChe when the next window is sized (the guard sees a reduce once
+/// it has completed, after the next window's counts were proposed).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GuardEvent {
+    /// The reduce's sequence number (as in [`ReduceEvent::round`]).
+    pub round: u64,
+    /// `max_r ‖W_pre − W_post‖ / ‖W_post‖` over the ranks that took part (parameters only).
+    pub divergence: f64,
+    /// The largest number of batches a rank trained in the window.
+    pub k_max: u64,
+    /// The guard's verdict.
+    pub verdict: crate::verdict::Verdict,
+}
+
 /// Everything a run reports, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

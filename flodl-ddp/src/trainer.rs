@@ -6,6 +6,7 @@ use std::time::Duration;
 use flodl_data::Dataset;
 use flodl_tensor::Device;
 
+use crate::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
 use crate::handle::DdpHandle;
 use crate::policy::{Backend, Policy};
 use crate::replica::{Replica, ReplicaContext};
@@ -110,9 +111,17 @@ pub(crate) struct RunConfig {
     pub(crate) audit: Option<SampleAudit>,
     /// Work-weighting exponent γ of the average (mass = steps^γ).
     pub(crate) gamma: f64,
+    /// The divergence guard (resolved: the default when none was given).
+    pub(crate) guard: Guard,
 }
 
 impl RunConfig {
+    /// Whether reduces measure the replicas' divergence: a guard is on and the policy has
+    /// windows to shrink (not `Sync`).
+    pub(crate) fn measures_divergence(&self) -> bool {
+        self.policy != Policy::Sync && !matches!(self.guard, Guard::Off)
+    }
+
     /// Ranks in the run.
     pub(crate) fn world(&self) -> usize {
         self.devices.len()
@@ -154,6 +163,12 @@ impl std::fmt::Debug for RunConfig {
     }
 }
 
+/// The default divergence guard: the trend rule at 0.05, or 0.3 under EASGD blending.
+fn default_guard(easgd: bool) -> Guard {
+    let threshold = if easgd { TREND_THRESHOLD_EASGD } else { TREND_THRESHOLD };
+    Guard::Trend(TrendGuard::new(threshold))
+}
+
 /// Configures and starts a data-parallel training run.
 ///
 /// ```no_run
@@ -192,6 +207,7 @@ pub struct Trainer {
     max_stalled_rounds: usize,
     audit: Option<SampleAudit>,
     gamma: f64,
+    guard: Option<Guard>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -241,6 +257,7 @@ impl Trainer {
             max_stalled_rounds: 3,
             audit: None,
             gamma: crate::weighting::DEFAULT_GAMMA,
+            guard: None,
         }
     }
 
@@ -357,6 +374,14 @@ impl Trainer {
         self
     }
 
+    /// The divergence guard whose verdicts ElChe obeys (`Cadence` and `Async`; never consulted
+    /// under `Sync`). Default: the trend guard with threshold 0.05 (0.3 with EASGD blending).
+    /// [`Guard::Off`] turns the measurement off.
+    pub fn guard(mut self, guard: Guard) -> Trainer {
+        self.guard = Some(guard);
+        self
+    }
+
     /// Checks the configuration and starts the run; returns at once.
     ///
     /// # Errors
@@ -418,6 +443,7 @@ impl Trainer {
             max_stalled_rounds: self.max_stalled_rounds,
             audit: self.audit,
             gamma: self.gamma,
+            guard: self.guard.unwrap_or_else(|| default_guard(false)),
         };
         DdpHandle::start(Arc::new(config))
     }

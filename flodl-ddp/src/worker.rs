@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flodl_data::HostBatch;
-use flodl_tensor::{DType, Device, Stream, Tensor};
+use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
 use crate::comm::{CommPlan, RankComm};
 use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
@@ -70,6 +70,9 @@ pub(crate) struct Worker {
     perms: Permutations,
     comm: Option<RankComm>,
     cancel: Arc<AtomicBool>,
+    /// Collective backend: the parameters before the reduce, kept to measure the divergence
+    /// (allocated at the first measured reduce).
+    pre_reduce: Vec<Tensor>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -136,6 +139,7 @@ impl Worker {
             perms,
             comm,
             cancel,
+            pre_reduce: Vec::new(),
         })
     }
 
@@ -237,20 +241,41 @@ impl Worker {
         Ok(())
     }
 
-    /// Averages with the other ranks through the collective; returns the time it took in ms.
-    pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<f64> {
+    /// Averages with the other ranks through the collective; returns the time it took in ms
+    /// and, when the run measures it and this rank stepped, its divergence
+    /// `‖W_pre − W_post‖ / ‖W_post‖` (from a pre-reduce copy of the parameters).
+    pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<(f64, Option<f64>)> {
         let t0 = Instant::now();
         let Some(comm) = self.comm.as_mut() else {
             return Err(Error::Config("the collective backend has no communicator".into()));
         };
         self.stream.synchronize()?;
+        let mut divergence = None;
         if let Some((wp, wb)) = comm.weights(steps, self.cfg.gamma)? {
+            let measure = self.cfg.measures_divergence() && wp > 0.0;
+            if measure {
+                let params = self.replica.parameters();
+                if self.pre_reduce.len() != params.len() {
+                    self.pre_reduce = params
+                        .iter()
+                        .map(|t| t.try_clone(&self.stream))
+                        .collect::<flodl_tensor::Result<_>>()?;
+                } else {
+                    for (pre, t) in self.pre_reduce.iter_mut().zip(params) {
+                        pre.copy_from(t, &self.stream)?;
+                    }
+                }
+            }
             comm.reduce(self.replica.parameters_mut(), wp, &self.stream)?;
             if !self.replica.buffers().is_empty() {
                 comm.reduce(self.replica.buffers_mut(), wb, &self.stream)?;
             }
+            if measure {
+                divergence =
+                    Some(divergence_of(&self.pre_reduce, self.replica.parameters(), &self.stream)?);
+            }
         }
-        Ok(t0.elapsed().as_secs_f64() * 1000.0)
+        Ok((t0.elapsed().as_secs_f64() * 1000.0, divergence))
     }
 
     /// Evaluates the test dataset, when there is one and the replica supports it.
@@ -290,6 +315,18 @@ impl Worker {
         let div = samples.max(1) as f64;
         Ok(Some(EvalMetrics { loss: loss_sum / div, accuracy: correct as f64 / div, samples }))
     }
+}
+
+/// `‖pre − post‖ / ‖post‖` over a list of tensors.
+fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<f64> {
+    let mut diff_sq = 0.0;
+    for (a, b) in pre.iter().zip(post) {
+        let d = ops::l2_norm_diff(a, b, stream)?;
+        diff_sq += d * d;
+    }
+    let refs: Vec<&Tensor> = post.iter().collect();
+    let post_norm = ops::global_l2_norm(&refs, stream)?;
+    Ok(crate::guard::divergence(diff_sq.sqrt(), post_norm))
 }
 
 /// What a rank's loop does after handling a message.
@@ -529,9 +566,9 @@ impl RankLoop {
             ToWorker::Reduce { next, eval, global_step } => {
                 self.global_step = global_step;
                 let steps = self.win.steps;
-                let sync_ms = self.worker.all_reduce(steps)?;
+                let (sync_ms, divergence) = self.worker.all_reduce(steps)?;
                 let round = self.win.window.round;
-                self.send(ToCoordinator::Reduced { rank, round, steps, sync_ms })?;
+                self.send(ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence })?;
                 self.start_window(next, (0, 0.0))?;
                 self.evaluate_for(eval)?;
             }

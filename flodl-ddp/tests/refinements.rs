@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
+use flodl_ddp::guard::{GrowthGuard, Guard, ReduceReport, TrendGuard};
 use flodl_ddp::weighting::average_weights;
 use flodl_ddp::{
     Backend, Batch, Devices, ElCheKnobs, Error, Mlp, MlpConfig, Optimizer, Policy, ReduceEvent,
@@ -169,6 +170,99 @@ fn bad_gamma_is_rejected() -> TestResult {
     for gamma in [-1.0, f64::NAN, f64::INFINITY] {
         let r = trainer(2, Policy::Cadence, Backend::Host, train_subset(256)).gamma(gamma).run();
         assert!(matches!(r, Err(Error::Config(_))), "γ {gamma}");
+    }
+    Ok(())
+}
+
+/// The guard sees each reduce's divergence `max_r ‖W_pre − W_post‖ / ‖W_post‖` on both
+/// backends: with a step-counting parameter it is `max_r |P + n_r − P'| / |P'|` in closed form
+/// (`P`, `P'` the consensus before and after), one reading per reduce, and the verdicts are
+/// those of a fresh guard replaying the readings.
+#[test]
+fn guard_reads_the_divergence_of_every_reduce() -> TestResult {
+    let data = train_subset(2048);
+    for backend in BACKENDS {
+        let guard = Guard::Both(TrendGuard::new(0.0), GrowthGuard::new());
+        let t = Trainer::new(Counter::factory)
+            .dataset(data.clone())
+            .batch_size(16)
+            .epochs(2)
+            .devices(Devices::Cpu(2))
+            .policy(Policy::Cadence)
+            .backend(backend)
+            .guard(guard.clone())
+            .slowdown(vec![1.0, 3.0])
+            .elche(ElCheKnobs { anchor: 4, speed_hint: Some((1, 3.0)), ..Default::default() })
+            .stall_timeout(Duration::from_secs(60));
+        let mut h = t.run()?;
+        while h.next_metrics(Duration::from_secs(60)).is_some() {}
+        let events = h.poll_reduce_events();
+        let guards = h.poll_guard_events();
+        let state = h.join()?;
+        assert_eq!(guards.len() as u64, state.reduces, "{backend:?}: one reading per reduce");
+        let mut replay = guard;
+        let mut p = 0.0f64;
+        for (e, g) in events.iter().zip(&guards) {
+            assert_eq!(e.round, g.round, "{backend:?}");
+            let steps: Vec<u64> = e.steps.iter().map(|&s| s as u64).collect();
+            let w = average_weights(&steps, 1.0)?.ok_or("a reduce with no step")?;
+            let next = p + w
+                .params
+                .iter()
+                .zip(&steps)
+                .map(|(&w, &n)| f64::from(w) * n as f64)
+                .sum::<f64>();
+            let want = steps
+                .iter()
+                .filter(|&&n| n > 0)
+                .map(|&n| (p + n as f64 - next).abs() / next.abs())
+                .fold(0.0, f64::max);
+            assert!(
+                (g.divergence - want).abs() <= 1e-4 * want.max(1e-3),
+                "{backend:?} round {}: divergence {} vs {want}",
+                g.round,
+                g.divergence
+            );
+            assert_eq!(g.k_max, steps.iter().copied().max().unwrap_or(0), "{backend:?}");
+            let verdict = replay.report(&ReduceReport { divergence: g.divergence, k_max: g.k_max });
+            assert_eq!(g.verdict, verdict, "{backend:?} round {}", g.round);
+            p = next;
+        }
+    }
+    Ok(())
+}
+
+/// With the default guard an MLP run on every non-`Sync` mode records a finite divergence per
+/// reduce and finishes; under `Sync` or with the guard off nothing is measured.
+#[test]
+fn default_guard_records_divergences_and_finishes() -> TestResult {
+    let data = train_subset(3072);
+    for backend in BACKENDS {
+        for policy in [Policy::Cadence, Policy::Async, Policy::Sync] {
+            for off in [false, true] {
+                let mut t = trainer(2, policy, backend, data.clone()).slowdown(vec![1.0, 2.0]);
+                if off {
+                    t = t.guard(Guard::Off);
+                }
+                let mut h = t.run()?;
+                while h.next_metrics(Duration::from_secs(60)).is_some() {}
+                let guards = h.poll_guard_events();
+                let state = h.join()?;
+                let what = format!("{policy:?} {backend:?} off {off}");
+                let last = state.epochs.last().ok_or("no epoch")?;
+                assert!(last.avg_loss < 0.6, "{what}: loss {}", last.avg_loss);
+                if off || policy == Policy::Sync {
+                    assert!(guards.is_empty(), "{what}: {guards:?}");
+                } else {
+                    assert_eq!(guards.len() as u64, state.reduces, "{what}");
+                    assert!(
+                        guards.iter().all(|g| g.divergence.is_finite() && g.divergence >= 0.0),
+                        "{what}: {guards:?}"
+                    );
+                    assert!(guards.iter().any(|g| g.divergence > 0.0), "{what}: {guards:?}");
+                }
+            }
+        }
     }
     Ok(())
 }
