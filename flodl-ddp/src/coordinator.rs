@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flodl_nccl::AbortHandle;
+use flodl_tensor::{Stream, Tensor};
 
 use crate::comm::{CommPlan, RankComm};
 use crate::dispatch::{Cutting, Dispatcher};
@@ -19,6 +20,7 @@ use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::host_round::{HostRound, average, divergence};
 use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
+use crate::outer::{OuterKind, OuterOptimizer};
 use crate::policy::{Backend, Policy};
 use crate::trainer::RunConfig;
 use crate::verdict::Verdict;
@@ -179,6 +181,9 @@ struct Coordinator {
     /// The divergence guard, and its verdict on the last reduce (obeyed at the next trigger).
     guard: Guard,
     verdict: Verdict,
+    /// Host backend: the outer optimizer, stepped once per round on the average, on `cpu`.
+    outer: OuterOptimizer,
+    cpu: Stream,
     max_overshoot: usize,
     ranks: Vec<RankBook>,
     /// The current window's number.
@@ -237,6 +242,7 @@ impl Coordinator {
         };
         let max_overshoot = knobs.max_overshoot.unwrap_or((batches / 100).clamp(2, 5));
         let guard = cfg.guard.clone();
+        let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
         let mut coord = Coordinator {
             devices: cfg.devices.iter().map(ToString::to_string).collect(),
             dispatch: Dispatcher::new(world, cfg.batch_size, batches, cfg.epochs, cutting),
@@ -251,6 +257,8 @@ impl Coordinator {
             elche,
             guard,
             verdict: Verdict::Stable,
+            outer,
+            cpu: Stream::cpu_with_threads(1),
             max_overshoot,
             ranks: vec![RankBook::default(); world],
             round: 1,
@@ -543,7 +551,9 @@ impl Coordinator {
                     _ => None,
                 };
                 if let Some(done) = finished {
-                    let state = Arc::new(state?);
+                    let mut state = state?;
+                    self.outer_step(&mut state)?;
+                    let state = Arc::new(state);
                     for rank in 0..self.cfg.world() {
                         let eval = if rank == 0 { done.eval } else { None };
                         let next = done.next[rank];
@@ -676,6 +686,24 @@ impl Coordinator {
             }
         }
         self.windows = next;
+        Ok(())
+    }
+
+    /// Host backend: replaces the average's parameters by the outer optimizer's step on them
+    /// (a no-op for plain averaging).
+    fn outer_step(&mut self, state: &mut HostState) -> Result<()> {
+        if matches!(self.outer.kind(), OuterKind::Average) {
+            return Ok(());
+        }
+        let mut tensors = state
+            .params
+            .iter()
+            .map(|v| Tensor::from_slice(v, &[v.len()], &self.cpu))
+            .collect::<flodl_tensor::Result<Vec<_>>>()?;
+        self.outer.step(&mut tensors, &self.cpu)?;
+        for (v, t) in state.params.iter_mut().zip(&tensors) {
+            t.copy_to_host(v, &self.cpu)?;
+        }
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use flodl_tensor::Device;
 
 use crate::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
 use crate::handle::DdpHandle;
+use crate::outer::{OuterKind, OuterOptimizer};
 use crate::policy::{Backend, Policy};
 use crate::replica::{Replica, ReplicaContext};
 use crate::schedule::Schedule;
@@ -113,6 +114,8 @@ pub(crate) struct RunConfig {
     pub(crate) gamma: f64,
     /// The divergence guard (resolved: the default when none was given).
     pub(crate) guard: Guard,
+    /// The outer optimizer applied to each round's consensus.
+    pub(crate) outer: OuterKind,
 }
 
 impl RunConfig {
@@ -208,6 +211,7 @@ pub struct Trainer {
     audit: Option<SampleAudit>,
     gamma: f64,
     guard: Option<Guard>,
+    outer: OuterKind,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -258,6 +262,7 @@ impl Trainer {
             audit: None,
             gamma: crate::weighting::DEFAULT_GAMMA,
             guard: None,
+            outer: OuterKind::Average,
         }
     }
 
@@ -382,12 +387,23 @@ impl Trainer {
         self
     }
 
+    /// The outer optimizer applied to each round's consensus (default
+    /// [`OuterKind::Average`]): on the collective backend every rank steps its own copy after
+    /// the all-reduce (deterministic, so all stay identical with no extra collective); on the
+    /// host backend the coordinator steps it once before the average is sent back. It is never
+    /// stepped on a round where no rank trained. Under [`OuterKind::Nesterov`] (DiLoCo) every
+    /// rank resets its inner optimizer state after each round.
+    pub fn outer(mut self, outer: OuterKind) -> Trainer {
+        self.outer = outer;
+        self
+    }
+
     /// Checks the configuration and starts the run; returns at once.
     ///
     /// # Errors
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
-    /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, or
-    /// no device.
+    /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
+    /// bad outer learning rate or momentum, or no device.
     pub fn run(self) -> Result<DdpHandle> {
         let dataset =
             self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
@@ -420,6 +436,7 @@ impl Trainer {
         if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
         }
+        OuterOptimizer::new(self.outer).map_err(|e| Error::Config(e.to_string()))?;
         crate::weighting::work_masses(&[1], self.gamma)
             .map_err(|e| Error::Config(e.to_string()))?;
         let lr_scale = crate::schedule::lr_scale(devices.len(), self.lr_scale_ratio);
@@ -444,6 +461,7 @@ impl Trainer {
             audit: self.audit,
             gamma: self.gamma,
             guard: self.guard.unwrap_or_else(|| default_guard(false)),
+            outer: self.outer,
         };
         DdpHandle::start(Arc::new(config))
     }

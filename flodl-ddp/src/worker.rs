@@ -12,6 +12,7 @@ use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 use crate::comm::{CommPlan, RankComm};
 use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
+use crate::outer::OuterOptimizer;
 use crate::replica::{Batch, Replica, ReplicaContext};
 use crate::staging::{device_batch, upload};
 use crate::trainer::RunConfig;
@@ -73,6 +74,8 @@ pub(crate) struct Worker {
     /// Collective backend: the parameters before the reduce, kept to measure the divergence
     /// (allocated at the first measured reduce).
     pre_reduce: Vec<Tensor>,
+    /// Collective backend: this rank's copy of the outer optimizer.
+    outer: OuterOptimizer,
 }
 
 impl std::fmt::Debug for Worker {
@@ -127,6 +130,7 @@ impl Worker {
             Some(plan) => Some(plan.join(rank, device, cfg.stall_timeout)?),
             None => None,
         };
+        let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
         let perms = Permutations { len: cfg.dataset.len(), seed: cfg.seed, cache: VecDeque::new() };
         Ok(Worker {
             rank,
@@ -140,6 +144,7 @@ impl Worker {
             comm,
             cancel,
             pre_reduce: Vec::new(),
+            outer,
         })
     }
 
@@ -273,6 +278,11 @@ impl Worker {
             if measure {
                 divergence =
                     Some(divergence_of(&self.pre_reduce, self.replica.parameters(), &self.stream)?);
+            }
+            // A round with movers: the outer step, identical on every rank.
+            self.outer.step(self.replica.parameters_mut(), &self.stream)?;
+            if self.outer.resets_inner_state() {
+                self.replica.reset_optimizer(&self.stream)?;
             }
         }
         Ok((t0.elapsed().as_secs_f64() * 1000.0, divergence))
@@ -595,6 +605,10 @@ impl RankLoop {
                     // Steps trained since the snapshot stay: average + (now − snapshot).
                     Some(sent) if carried.0 > 0 => self.worker.load_shifted(&state, &sent)?,
                     _ => self.worker.load(&state)?,
+                }
+                if self.worker.outer.resets_inner_state() {
+                    let stream = self.worker.stream.clone();
+                    self.worker.replica.reset_optimizer(&stream)?;
                 }
                 self.start_window(next, carried)?;
                 self.evaluate_for(eval)?;
