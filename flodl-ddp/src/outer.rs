@@ -219,7 +219,12 @@ pub fn easgd_blend(
         });
     }
     for (l, a) in local.iter_mut().zip(average) {
-        ops::lerp(l, a, alpha, stream)?;
+        if alpha == 1.0 {
+            // Exactly the average (a lerp would round `l + (a − l)`).
+            l.copy_from(a, stream)?;
+        } else {
+            ops::lerp(l, a, alpha, stream)?;
+        }
     }
     Ok(())
 }

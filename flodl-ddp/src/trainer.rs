@@ -8,7 +8,7 @@ use flodl_tensor::Device;
 
 use crate::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
 use crate::handle::DdpHandle;
-use crate::outer::{OuterKind, OuterOptimizer};
+use crate::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::policy::{Backend, Policy};
 use crate::replica::{Replica, ReplicaContext};
 use crate::schedule::Schedule;
@@ -116,6 +116,8 @@ pub(crate) struct RunConfig {
     pub(crate) guard: Guard,
     /// The outer optimizer applied to each round's consensus.
     pub(crate) outer: OuterKind,
+    /// Host backend: the EASGD blend factor α applied on each update, when set.
+    pub(crate) easgd: Option<f32>,
 }
 
 impl RunConfig {
@@ -212,6 +214,7 @@ pub struct Trainer {
     gamma: f64,
     guard: Option<Guard>,
     outer: OuterKind,
+    easgd: Option<f32>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -263,6 +266,7 @@ impl Trainer {
             gamma: crate::weighting::DEFAULT_GAMMA,
             guard: None,
             outer: OuterKind::Average,
+            easgd: None,
         }
     }
 
@@ -398,12 +402,23 @@ impl Trainer {
         self
     }
 
+    /// EASGD blending on the host backend (meant for `Async`; BEHAVIOUR's default α is 0.5):
+    /// on each update a rank pulls its replica towards the average instead of taking it,
+    /// `W_local ← (1 − α)·W_local + α·W_avg` (`W_avg` shifted by what the rank trained since
+    /// its snapshot, as the plain update is); buffers are overwritten. α = 1 is exactly the
+    /// plain update. The default guard's trend threshold becomes 0.3.
+    pub fn easgd(mut self, alpha: f32) -> Trainer {
+        self.easgd = Some(alpha);
+        self
+    }
+
     /// Checks the configuration and starts the run; returns at once.
     ///
     /// # Errors
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
     /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
-    /// bad outer learning rate or momentum, or no device.
+    /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
+    /// backend, or no device.
     pub fn run(self) -> Result<DdpHandle> {
         let dataset =
             self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
@@ -437,6 +452,12 @@ impl Trainer {
             return Err(Error::Config("timeouts must be positive".into()));
         }
         OuterOptimizer::new(self.outer).map_err(|e| Error::Config(e.to_string()))?;
+        if let Some(alpha) = self.easgd {
+            check_easgd_alpha(alpha).map_err(|e| Error::Config(e.to_string()))?;
+            if self.backend != Backend::Host {
+                return Err(Error::Config("EASGD blending needs the host backend".into()));
+            }
+        }
         crate::weighting::work_masses(&[1], self.gamma)
             .map_err(|e| Error::Config(e.to_string()))?;
         let lr_scale = crate::schedule::lr_scale(devices.len(), self.lr_scale_ratio);
@@ -460,8 +481,9 @@ impl Trainer {
             max_stalled_rounds: self.max_stalled_rounds,
             audit: self.audit,
             gamma: self.gamma,
-            guard: self.guard.unwrap_or_else(|| default_guard(false)),
+            guard: self.guard.unwrap_or_else(|| default_guard(self.easgd.is_some())),
             outer: self.outer,
+            easgd: self.easgd,
         };
         DdpHandle::start(Arc::new(config))
     }

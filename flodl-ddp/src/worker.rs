@@ -12,7 +12,7 @@ use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 use crate::comm::{CommPlan, RankComm};
 use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
-use crate::outer::OuterOptimizer;
+use crate::outer::{OuterOptimizer, easgd_blend};
 use crate::replica::{Batch, Replica, ReplicaContext};
 use crate::staging::{device_batch, upload};
 use crate::trainer::RunConfig;
@@ -235,6 +235,45 @@ impl Worker {
                 *x = a + (*x - s);
             }
             t.copy_from_host(&now, &stream)?;
+        }
+        let buffers = self.replica.buffers_mut();
+        if buffers.len() != avg.buffers.len() {
+            return Err(Error::ReplicaMismatch("averaged buffers do not match the replica".into()));
+        }
+        for (t, a) in buffers.iter_mut().zip(&avg.buffers) {
+            t.copy_from_host(a, &stream)?;
+        }
+        Ok(())
+    }
+
+    /// EASGD update: pulls each parameter towards the average by `alpha` (the average shifted
+    /// by `now − sent` when `sent` is given, exactly as [`load_shifted`](Self::load_shifted)
+    /// computes it), and overwrites the buffers.
+    pub(crate) fn load_blended(
+        &mut self,
+        avg: &HostState,
+        sent: Option<&[Vec<f32>]>,
+        alpha: f32,
+    ) -> Result<()> {
+        let stream = self.stream.clone();
+        let params = self.replica.parameters_mut();
+        if params.len() != avg.params.len() || sent.is_some_and(|s| s.len() != params.len()) {
+            return Err(Error::ReplicaMismatch("averaged state does not match the replica".into()));
+        }
+        for (i, t) in params.iter_mut().enumerate() {
+            let a = &avg.params[i];
+            let target = match sent {
+                Some(sent) => {
+                    let now = t.to_vec::<f32>(&stream)?;
+                    if now.len() != a.len() || now.len() != sent[i].len() {
+                        return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
+                    }
+                    now.iter().zip(a).zip(&sent[i]).map(|((x, a), s)| a + (x - s)).collect()
+                }
+                None => a.clone(),
+            };
+            let target = Tensor::from_slice(&target, t.shape(), &stream)?;
+            easgd_blend(std::slice::from_mut(t), std::slice::from_ref(&target), alpha, &stream)?;
         }
         let buffers = self.replica.buffers_mut();
         if buffers.len() != avg.buffers.len() {
@@ -601,10 +640,14 @@ impl RankLoop {
                 self.global_step = global_step;
                 let (s, w) = self.win.snapshot.unwrap_or((self.win.steps, self.win.wall_ms));
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
-                match self.sent_params.take() {
-                    // Steps trained since the snapshot stay: average + (now − snapshot).
-                    Some(sent) if carried.0 > 0 => self.worker.load_shifted(&state, &sent)?,
-                    _ => self.worker.load(&state)?,
+                // Steps trained since the snapshot stay: average + (now − snapshot).
+                let sent = self.sent_params.take().filter(|_| carried.0 > 0);
+                match (self.worker.cfg.easgd, sent) {
+                    (Some(alpha), sent) => {
+                        self.worker.load_blended(&state, sent.as_deref(), alpha)?;
+                    }
+                    (None, Some(sent)) => self.worker.load_shifted(&state, &sent)?,
+                    (None, None) => self.worker.load(&state)?,
                 }
                 if self.worker.outer.resets_inner_state() {
                     let stream = self.worker.stream.clone();

@@ -339,3 +339,56 @@ fn bad_outer_optimizer_is_rejected() -> TestResult {
     }
     Ok(())
 }
+
+/// EASGD blending on `Async` + host trains an MLP below a loss threshold for α = 0.5 and 0.25.
+#[test]
+fn easgd_trains_on_async_host() -> TestResult {
+    let data = train_subset(3072);
+    for alpha in [0.5, 0.25] {
+        let state = trainer(2, Policy::Async, Backend::Host, data.clone())
+            .easgd(alpha)
+            .slowdown(vec![1.0, 2.0])
+            .epochs(3)
+            .run()?
+            .join()?;
+        let last = state.epochs.last().ok_or("no epoch")?;
+        assert!(last.avg_loss < 0.8, "α {alpha}: loss {}", last.avg_loss);
+        assert!(state.params.iter().all(|t| t.data.iter().all(|x| x.is_finite())), "α {alpha}");
+    }
+    Ok(())
+}
+
+/// α = 1 is the plain averaging update, bitwise (a deterministic `Sync` run on the host
+/// backend), while α < 1 changes the result.
+#[test]
+fn easgd_alpha_one_is_the_plain_average_bitwise() -> TestResult {
+    let data = train_subset(1024);
+    let run = |alpha: Option<f32>| -> std::result::Result<Vec<u32>, Box<dyn std::error::Error>> {
+        let mut t = trainer(2, Policy::Sync, Backend::Host, data.clone()).epochs(1);
+        if let Some(a) = alpha {
+            t = t.easgd(a);
+        }
+        let state = t.run()?.join()?;
+        Ok(state.params.iter().flat_map(|t| t.data.iter().map(|x| x.to_bits())).collect())
+    };
+    let plain = run(None)?;
+    assert_eq!(run(Some(1.0))?, plain, "α = 1 differs from the plain update");
+    assert_ne!(run(Some(0.5))?, plain, "α = 0.5 made no difference");
+    Ok(())
+}
+
+/// An EASGD α outside (0, 1], or EASGD on the collective backend, is a configuration error.
+#[test]
+fn bad_easgd_is_rejected() -> TestResult {
+    let data = train_subset(256);
+    for (alpha, backend) in [
+        (0.0, Backend::Host),
+        (1.5, Backend::Host),
+        (f32::NAN, Backend::Host),
+        (0.5, Backend::Collective),
+    ] {
+        let r = trainer(2, Policy::Async, backend, data.clone()).easgd(alpha).run();
+        assert!(matches!(r, Err(Error::Config(_))), "α {alpha} {backend:?}");
+    }
+    Ok(())
+}
