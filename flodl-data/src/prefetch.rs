@@ -147,6 +147,9 @@ pub struct Prefetcher {
     jobs: Option<flume::Sender<Job>>,
     // Never sent on: dropping it tells the thread to abandon a plan in progress.
     stop: Option<flume::Sender<()>>,
+    // Never sent on: disconnects when the thread ends, however it ends (its sender is dropped
+    // while unwinding too).
+    alive: flume::Receiver<()>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -198,13 +201,18 @@ impl Prefetcher {
             recycle,
             recycled,
         };
-        let handle = background::spawn("prefetch", move || worker.run(&job_rx, &stop_rx))?;
+        let (alive_tx, alive) = flume::bounded::<()>(0);
+        let handle = background::spawn("prefetch", move || {
+            let _alive = alive_tx;
+            worker.run(&job_rx, &stop_rx);
+        })?;
         Ok(Self {
             dataset,
             device,
             config,
             jobs: Some(jobs),
             stop: Some(stop),
+            alive,
             worker: Some(handle),
         })
     }
@@ -257,7 +265,7 @@ impl Prefetcher {
         let job = Job { epoch, batches, out };
         let jobs = self.jobs.as_ref().ok_or(Error::WorkerLost { role: "prefetch" })?;
         jobs.send(job).map_err(|_| Error::WorkerLost { role: "prefetch" })?;
-        Ok(Feed { rx, remaining, depth })
+        Ok(Feed { rx, alive: self.alive.clone(), remaining, depth })
     }
 }
 
@@ -289,6 +297,10 @@ pub enum Next {
 #[derive(Debug)]
 pub struct Feed {
     rx: flume::Receiver<Result<DeviceBatch>>,
+    // Disconnects when the thread ends. A job the thread never took (queued while it was
+    // unwinding from a panic) keeps its sender of `rx` alive as long as the prefetcher, so
+    // `rx` alone would never disconnect.
+    alive: flume::Receiver<()>,
     remaining: usize,
     depth: usize,
 }
@@ -318,10 +330,27 @@ impl Feed {
         if self.remaining == 0 {
             return Ok(Next::Done);
         }
-        match self.rx.recv_timeout(timeout) {
-            Ok(item) => self.take(item).map(Next::Batch),
-            Err(flume::RecvTimeoutError::Timeout) => Ok(Next::Pending),
-            Err(flume::RecvTimeoutError::Disconnected) => self.lost(),
+        match self.wait(Some(timeout)) {
+            Arrival::Item(item) => self.take(item).map(Next::Batch),
+            Arrival::Timeout => Ok(Next::Pending),
+            Arrival::Lost => self.lost(),
+        }
+    }
+
+    /// Waits for the next item until the thread ends (or `timeout`, if any, passes).
+    fn wait(&self, timeout: Option<Duration>) -> Arrival {
+        let selector = flume::Selector::new()
+            .recv(&self.rx, |r| r.map_or(Arrival::Lost, Arrival::Item))
+            // Nothing is ever sent on `alive`: this fires once the thread has ended.
+            .recv(&self.alive, |_| Arrival::Lost);
+        let arrival = match timeout {
+            Some(timeout) => selector.wait_timeout(timeout).unwrap_or(Arrival::Timeout),
+            None => selector.wait(),
+        };
+        match arrival {
+            // The thread has ended: what it queued before still comes out, in order.
+            Arrival::Lost => self.rx.try_recv().map_or(Arrival::Lost, Arrival::Item),
+            other => other,
         }
     }
 
@@ -344,6 +373,13 @@ impl Feed {
     }
 }
 
+/// What waiting on a [`Feed`]'s queue found.
+enum Arrival {
+    Item(Result<DeviceBatch>),
+    Timeout,
+    Lost,
+}
+
 impl Iterator for Feed {
     type Item = Result<DeviceBatch>;
 
@@ -352,9 +388,9 @@ impl Iterator for Feed {
         if self.remaining == 0 {
             return None;
         }
-        Some(match self.rx.recv() {
-            Ok(item) => self.take(item),
-            Err(flume::RecvError::Disconnected) => self.lost(),
+        Some(match self.wait(None) {
+            Arrival::Item(item) => self.take(item),
+            Arrival::Timeout | Arrival::Lost => self.lost(),
         })
     }
 }

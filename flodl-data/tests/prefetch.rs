@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flodl_data::{
-    BatchPicks, Dataset, Depth, DeviceBatch, Error, Field, HostBatch, InMemory, PickKey, PickSpace,
-    PrefetchConfig, Prefetcher, Result, SampleLayout, TailPolicy, Transform, Values,
+    BatchPicks, Dataset, Depth, DeviceBatch, Error, Field, HostBatch, InMemory, Next, PickKey,
+    PickSpace, PrefetchConfig, Prefetcher, Result, SampleLayout, TailPolicy, Transform, Values,
     equal_partition, plan_batches,
 };
 use flodl_tensor::{DType, Device, Stream, Tensor};
@@ -253,14 +253,25 @@ fn a_panicking_dataset_gives_a_typed_error_not_a_hang() -> Result<()> {
     let items: Vec<Result<DeviceBatch>> =
         prefetcher.start(0, batches_of(&space, 2, 0, 100, TailPolicy::Drop)?)?.collect();
     assert!(matches!(items.as_slice(), [Err(Error::WorkerLost { .. })]));
-    // Later plans fail too: at once, or (racing the thread's unwinding) on the first batch.
-    match prefetcher.start(1, batches_of(&space, 2, 1, 100, TailPolicy::Drop)?) {
-        Err(e) => assert!(matches!(e, Error::WorkerLost { .. })),
-        Ok(feed) => {
-            let items: Vec<Result<DeviceBatch>> = feed.collect();
-            assert!(matches!(items.as_slice(), [Err(Error::WorkerLost { .. })]));
+    // Later plans fail too: at once, or (racing the thread's unwinding, which may leave the
+    // plan queued but never taken) on the first batch, whether waited for or polled.
+    for epoch in 1..9 {
+        match prefetcher.start(epoch, batches_of(&space, 2, epoch, 100, TailPolicy::Drop)?) {
+            Err(e) => assert!(matches!(e, Error::WorkerLost { .. })),
+            Ok(mut feed) if epoch % 2 == 0 => {
+                // A generous bound standing in for "forever": Pending would be the hang.
+                let first = feed.next_timeout(Duration::from_secs(60));
+                assert!(matches!(first, Err(Error::WorkerLost { .. })), "{first:?}");
+                assert!(matches!(feed.next_timeout(Duration::ZERO), Ok(Next::Done)));
+            }
+            Ok(feed) => {
+                let items: Vec<Result<DeviceBatch>> = feed.collect();
+                assert!(matches!(items.as_slice(), [Err(Error::WorkerLost { .. })]));
+            }
         }
     }
+    // Dropping the prefetcher of a dead thread returns.
+    drop(prefetcher);
     Ok(())
 }
 
