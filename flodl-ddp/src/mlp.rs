@@ -348,6 +348,10 @@ impl Replica for Mlp {
         &self.grads
     }
 
+    fn gradients_mut(&mut self) -> &mut [Tensor] {
+        &mut self.grads
+    }
+
     fn optimizer_state(&self) -> &[Tensor] {
         &self.state
     }

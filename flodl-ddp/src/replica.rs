@@ -128,6 +128,13 @@ pub trait Replica {
     /// The gradients of the last training step, one per parameter, in the same order.
     fn gradients(&self) -> &[Tensor];
 
+    /// The gradients, mutable (gradient clipping scales them in place before the optimizer
+    /// step). The default exposes none: a replica that does not override it cannot be run
+    /// with a maximum gradient norm.
+    fn gradients_mut(&mut self) -> &mut [Tensor] {
+        &mut []
+    }
+
     /// Non-trainable state averaged with equal weight across ranks (running statistics).
     fn buffers(&self) -> &[Tensor] {
         &[]
@@ -185,6 +192,9 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
     }
     fn gradients(&self) -> &[Tensor] {
         (**self).gradients()
+    }
+    fn gradients_mut(&mut self) -> &mut [Tensor] {
+        (**self).gradients_mut()
     }
     fn buffers(&self) -> &[Tensor] {
         (**self).buffers()

@@ -118,6 +118,8 @@ pub(crate) struct RunConfig {
     pub(crate) outer: OuterKind,
     /// Host backend: the EASGD blend factor α applied on each update, when set.
     pub(crate) easgd: Option<f32>,
+    /// Per-rank gradient clipping by global norm before each optimizer step, when set.
+    pub(crate) max_grad_norm: Option<f32>,
 }
 
 impl RunConfig {
@@ -215,6 +217,7 @@ pub struct Trainer {
     guard: Option<Guard>,
     outer: OuterKind,
     easgd: Option<f32>,
+    max_grad_norm: Option<f32>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -267,6 +270,7 @@ impl Trainer {
             guard: None,
             outer: OuterKind::Average,
             easgd: None,
+            max_grad_norm: None,
         }
     }
 
@@ -412,13 +416,20 @@ impl Trainer {
         self
     }
 
+    /// Clips each rank's gradients to this global L2 norm before every optimizer step (the
+    /// replica must expose [`Replica::gradients_mut`]; the run fails otherwise).
+    pub fn max_grad_norm(mut self, max_norm: f32) -> Trainer {
+        self.max_grad_norm = Some(max_norm);
+        self
+    }
+
     /// Checks the configuration and starts the run; returns at once.
     ///
     /// # Errors
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
     /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
     /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
-    /// backend, or no device.
+    /// backend, a non-positive maximum gradient norm, or no device.
     pub fn run(self) -> Result<DdpHandle> {
         let dataset =
             self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
@@ -452,6 +463,9 @@ impl Trainer {
             return Err(Error::Config("timeouts must be positive".into()));
         }
         OuterOptimizer::new(self.outer).map_err(|e| Error::Config(e.to_string()))?;
+        if let Some(bad) = self.max_grad_norm.filter(|m| !(m.is_finite() && *m > 0.0)) {
+            return Err(Error::Config(format!("max gradient norm must be > 0, got {bad}")));
+        }
         if let Some(alpha) = self.easgd {
             check_easgd_alpha(alpha).map_err(|e| Error::Config(e.to_string()))?;
             if self.backend != Backend::Host {
@@ -484,6 +498,7 @@ impl Trainer {
             guard: self.guard.unwrap_or_else(|| default_guard(self.easgd.is_some())),
             outer: self.outer,
             easgd: self.easgd,
+            max_grad_norm: self.max_grad_norm,
         };
         DdpHandle::start(Arc::new(config))
     }

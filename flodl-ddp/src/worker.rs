@@ -178,6 +178,9 @@ impl Worker {
         upload(&self.host, &mut self.batch, &self.stream)?;
         let t0 = Instant::now();
         let loss = self.replica.train_step(&self.batch)?;
+        if let Some(max_norm) = self.cfg.max_grad_norm {
+            self.clip_gradients(max_norm)?;
+        }
         self.replica.step(self.cfg.lr(step))?;
         self.stream.synchronize()?;
         let factor = self.cfg.slowdown(self.rank);
@@ -185,6 +188,22 @@ impl Worker {
             emulate_slower_device(t0.elapsed().mul_f64(factor - 1.0));
         }
         Ok((loss, t0.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    /// Scales the gradients so their global L2 norm is at most `max_norm`.
+    fn clip_gradients(&mut self, max_norm: f32) -> Result<()> {
+        let expected = self.replica.parameters().len();
+        let grads = self.replica.gradients_mut();
+        if grads.len() != expected {
+            return Err(Error::ReplicaMismatch(format!(
+                "gradient clipping needs one mutable gradient per parameter ({expected}), the \
+                 replica exposes {}",
+                grads.len()
+            )));
+        }
+        let mut refs: Vec<&mut Tensor> = grads.iter_mut().collect();
+        ops::clip_global_norm(&mut refs, max_norm, &self.stream)?;
+        Ok(())
     }
 
     /// The parameters and buffers, copied to the host.

@@ -392,3 +392,51 @@ fn bad_easgd_is_rejected() -> TestResult {
     }
     Ok(())
 }
+
+/// Gradient clipping by global norm per rank (deterministic `Sync` runs on both backends): a
+/// huge maximum norm leaves the run bitwise unchanged, a tiny one changes the trajectory.
+#[test]
+fn gradient_clipping_by_global_norm() -> TestResult {
+    let data = train_subset(1024);
+    for backend in BACKENDS {
+        let run = |max: Option<f32>| -> std::result::Result<Vec<u32>, Box<dyn std::error::Error>> {
+            let mut t = trainer(2, Policy::Sync, backend, data.clone()).epochs(1);
+            if let Some(m) = max {
+                t = t.max_grad_norm(m);
+            }
+            let state = t.run()?.join()?;
+            Ok(state.params.iter().flat_map(|t| t.data.iter().map(|x| x.to_bits())).collect())
+        };
+        let plain = run(None)?;
+        assert_eq!(run(Some(1e30))?, plain, "{backend:?}: a huge max norm changed the run");
+        let clipped = run(Some(1e-3))?;
+        assert_ne!(clipped, plain, "{backend:?}: a tiny max norm changed nothing");
+        assert!(clipped.iter().all(|&b| f32::from_bits(b).is_finite()), "{backend:?}");
+    }
+    Ok(())
+}
+
+/// A replica that does not expose mutable gradients cannot be clipped: the run fails with a
+/// typed error instead of silently training unclipped; a non-positive maximum norm is a
+/// configuration error.
+#[test]
+fn clipping_needs_mutable_gradients_and_a_positive_norm() -> TestResult {
+    let data = train_subset(512);
+    let r = Trainer::new(Counter::factory)
+        .dataset(data.clone())
+        .batch_size(16)
+        .devices(Devices::Cpu(2))
+        .max_grad_norm(1.0)
+        .stall_timeout(Duration::from_secs(60))
+        .run()?
+        .join();
+    assert!(
+        matches!(&r, Err(Error::Rank { source, .. }) if matches!(**source, Error::ReplicaMismatch(_))),
+        "a replica without gradients_mut was run with clipping: {r:?}"
+    );
+    for bad in [0.0, -1.0, f32::NAN] {
+        let r = trainer(2, Policy::Sync, Backend::Host, data.clone()).max_grad_norm(bad).run();
+        assert!(matches!(r, Err(Error::Config(_))), "max norm {bad}");
+    }
+    Ok(())
+}
