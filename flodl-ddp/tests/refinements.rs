@@ -10,7 +10,7 @@ use flodl_ddp::outer::OuterKind;
 use flodl_ddp::weighting::average_weights;
 use flodl_ddp::{
     Backend, Batch, Devices, ElCheKnobs, Error, Mlp, MlpConfig, Optimizer, Policy, ReduceEvent,
-    Replica, ReplicaContext, Result, Trainer,
+    Replica, ReplicaContext, Result, Trainer, Verdict,
 };
 use flodl_tensor::{DType, Tensor};
 
@@ -437,6 +437,88 @@ fn clipping_needs_mutable_gradients_and_a_positive_norm() -> TestResult {
     for bad in [0.0, -1.0, f32::NAN] {
         let r = trainer(2, Policy::Sync, Backend::Host, data.clone()).max_grad_norm(bad).run();
         assert!(matches!(r, Err(Error::Config(_))), "max norm {bad}");
+    }
+    Ok(())
+}
+
+/// A replica whose ranks drift apart ever faster: the second parameter moves by `±1e-3·1.05^t`
+/// at its `t`-th step (+ on rank 0, − on the others), the first stays 1, so the replicas'
+/// divergence grows geometrically per step.
+struct Drifter {
+    p: Vec<Tensor>,
+    g: Vec<Tensor>,
+    sign: f32,
+    t: i32,
+}
+
+impl Drifter {
+    fn factory(ctx: &ReplicaContext) -> Result<Drifter> {
+        let p = vec![Tensor::from_slice(&[1.0f32, 0.0], &[2], &ctx.stream)?];
+        let g = vec![Tensor::zeros(&[2], DType::F32, &ctx.stream)?];
+        let sign = if ctx.rank == 0 { 1.0 } else { -1.0 };
+        Ok(Drifter { p, g, sign, t: 0 })
+    }
+}
+
+impl Replica for Drifter {
+    fn train_step(&mut self, _batch: &Batch) -> Result<f32> {
+        Ok(1.0)
+    }
+    fn step(&mut self, _lr: f32) -> Result<()> {
+        let s = self.p[0].as_mut_slice::<f32>()?;
+        s[1] += self.sign * 1e-3 * 1.05f32.powi(self.t);
+        self.t += 1;
+        Ok(())
+    }
+    fn parameters(&self) -> &[Tensor] {
+        &self.p
+    }
+    fn parameters_mut(&mut self) -> &mut [Tensor] {
+        &mut self.p
+    }
+    fn gradients(&self) -> &[Tensor] {
+        &self.g
+    }
+}
+
+/// Growing divergence makes the growth-rate guard answer `NudgeDown`, and ElChe obeys it at
+/// the next reduce: that reduce's anchor is `ceil(anchor / 2)`, on both backends.
+#[test]
+fn elche_obeys_the_guards_nudge() -> TestResult {
+    let data = train_subset(4096);
+    for backend in BACKENDS {
+        let t = Trainer::new(Drifter::factory)
+            .dataset(data.clone())
+            .batch_size(16)
+            .epochs(1)
+            .devices(Devices::Cpu(2))
+            .policy(Policy::Cadence)
+            .backend(backend)
+            .guard(Guard::Growth(GrowthGuard::new()))
+            // A pinned anchor keeps the windows short, so the run has many reduces.
+            .elche(ElCheKnobs { anchor: 8, max_anchor: 8, ..Default::default() })
+            .stall_timeout(Duration::from_secs(60));
+        let mut h = t.run()?;
+        while h.next_metrics(Duration::from_secs(60)).is_some() {}
+        let events = h.poll_reduce_events();
+        let guards = h.poll_guard_events();
+        h.join()?;
+        let mut nudges = 0;
+        for (i, g) in guards.iter().enumerate() {
+            if !matches!(g.verdict, Verdict::NudgeDown { .. }) {
+                continue;
+            }
+            let (Some(now), Some(next)) = (events.get(i), events.get(i + 1)) else { continue };
+            assert_eq!(now.round, g.round, "{backend:?}");
+            assert_eq!(
+                next.anchor,
+                now.anchor.div_ceil(2).max(1),
+                "{backend:?}: after a nudge at round {} {events:?}",
+                g.round
+            );
+            nudges += 1;
+        }
+        assert!(nudges > 0, "{backend:?}: no nudge was obeyed: {guards:?}");
     }
     Ok(())
 }
