@@ -12,6 +12,13 @@
 //!   (snapshots averaged on a coordinator helper thread under a deadline, soft-aborted and
 //!   retried when late).
 //!
+//! Refinements of the average, all on both backends: work weighting with exponent γ
+//! ([`Trainer::gamma`], mass = steps^γ), an outer optimizer on the consensus
+//! ([`Trainer::outer`]: plain average, SlowMo, DiLoCo Nesterov), the divergence guard whose
+//! verdicts ElChe obeys ([`Trainer::guard`], readings in [`DdpHandle::poll_guard_events`]),
+//! EASGD blending on the host backend ([`Trainer::easgd`]) and per-rank gradient clipping
+//! ([`Trainer::max_grad_norm`]).
+//!
 //! [`Trainer`] configures a run and [`Trainer::run`] starts it at once; the [`DdpHandle`] streams
 //! [`EpochMetrics`] and [`ReduceEvent`]s while it trains, and [`DdpHandle::join`] returns the
 //! averaged model as a [`TrainedState`]. A world of one rank runs the same API with no
