@@ -92,6 +92,7 @@ mod host_round;
 mod message;
 mod metrics;
 mod mlp;
+mod prefetch;
 mod replica;
 mod solo;
 mod staging;
@@ -103,5 +104,6 @@ pub use metrics::{
     EpochMetrics, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report, record_scalar,
 };
 pub use mlp::{Mlp, MlpConfig, Optimizer};
+pub use prefetch::Prefetch;
 pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
 pub use trainer::{Devices, ElCheKnobs, SampleAudit, Trainer};

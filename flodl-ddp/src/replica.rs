@@ -65,6 +65,74 @@ impl Batch {
     pub(crate) fn fields_mut(&mut self) -> &mut [Tensor] {
         &mut self.fields
     }
+
+    /// Swaps the fields with `incoming` (a prefetched batch's tensors, `[n, ..sample shape]`),
+    /// without copying or allocating tensors: the batch takes them in its own shapes (`[n]` or
+    /// `[n, features]`), and `incoming` gets the old fields back in the shapes it had, so the
+    /// prefetcher can reuse them.
+    ///
+    /// # Errors
+    /// [`Error::ReplicaMismatch`] when the field counts, element counts or dtypes differ, or the
+    /// incoming fields disagree on the batch size (the batch is then unusable).
+    pub(crate) fn exchange(&mut self, incoming: &mut [Tensor]) -> Result<()> {
+        if incoming.len() != self.fields.len() {
+            return Err(Error::ReplicaMismatch(format!(
+                "a batch of {} fields cannot take {}",
+                self.fields.len(),
+                incoming.len()
+            )));
+        }
+        if let Some((mine, theirs)) = self
+            .fields
+            .iter()
+            .zip(incoming.iter())
+            .find(|(a, b)| a.numel() != b.numel() || a.dtype() != b.dtype())
+        {
+            return Err(Error::ReplicaMismatch(format!(
+                "batch field {:?} {:?} cannot take {:?} {:?}",
+                mine.shape(),
+                mine.dtype(),
+                theirs.shape(),
+                theirs.dtype()
+            )));
+        }
+        let fields = std::mem::take(&mut self.fields);
+        // Same element type in and out: the vector's allocation is reused.
+        self.fields = fields
+            .into_iter()
+            .zip(incoming.iter_mut())
+            .map(|(mine, slot)| {
+                let mine =
+                    if mine.shape() == slot.shape() { mine } else { mine.reshape(slot.shape())? };
+                let theirs = std::mem::replace(slot, mine);
+                match flat_shape(theirs.shape()) {
+                    Some(shape) => Ok(theirs.reshape(&shape)?),
+                    None => Ok(theirs),
+                }
+            })
+            .collect::<Result<Vec<Tensor>>>()?;
+        let len = self.fields.first().and_then(|t| t.shape().first()).copied().unwrap_or(0);
+        if self.fields.iter().any(|t| t.shape().first() != Some(&len)) {
+            return Err(Error::ReplicaMismatch(
+                "prefetched fields disagree on the batch size".into(),
+            ));
+        }
+        self.len = len;
+        Ok(())
+    }
+}
+
+/// The batch shape of a field of shape `shape` (`[n, ..]`): `[n]` for scalar samples, else
+/// `[n, features]`; `None` when `shape` already is.
+fn flat_shape(shape: &[usize]) -> Option<Vec<usize>> {
+    let (&n, rest) = shape.split_first()?;
+    let features: usize = rest.iter().product();
+    match (features, rest.len()) {
+        (1, 0) => None,
+        (_, 1) if features != 1 => None,
+        (1, _) => Some(vec![n]),
+        _ => Some(vec![n, features]),
+    }
 }
 
 /// Where and how a rank's replica is built; handed to the replica factory inside the rank's

@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
+use crate::message::Chunk;
 use crate::metrics::{EpochTally, WorkTally, drain_scalars};
 use crate::trainer::RunConfig;
 use crate::worker::Worker;
@@ -26,7 +27,8 @@ pub(crate) fn spawn(
         .map_err(|e| Error::Config(format!("cannot spawn the rank thread: {e}")))
 }
 
-/// Trains every epoch in permutation order, one batch after the other.
+/// Trains every epoch in permutation order, one batch after the other (an epoch is one chunk
+/// for the prefetcher, the next epoch's prepared while the last batches train).
 fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     let start = Instant::now();
     let mut worker = Worker::build(0, cfg.clone(), None, outlets.cancel.clone())?;
@@ -39,11 +41,18 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     for epoch in 0..cfg.epochs {
         let t0 = Instant::now();
         let mut work = WorkTally::default();
+        let chunk = |epoch| Chunk { epoch, offset: 0, len: cfg.batches_per_epoch() * bs };
+        let next = (epoch + 1 < cfg.epochs).then(|| chunk(epoch + 1));
         for b in 0..cfg.batches_per_epoch() {
-            if outlets.cancel.load(Ordering::Acquire) {
-                return Err(Error::Aborted);
-            }
-            let (loss, ms) = worker.train_batch(epoch, b * bs, step)?;
+            let (loss, ms) = loop {
+                if outlets.cancel.load(Ordering::Acquire) {
+                    return Err(Error::Aborted);
+                }
+                // `None`: a prefetched batch not ready yet (waited for up to a deadline).
+                if let Some(trained) = worker.train_chunk_batch(chunk(epoch), b, next, step)? {
+                    break trained;
+                }
+            };
             step += 1;
             work.batches += 1;
             work.samples += bs;

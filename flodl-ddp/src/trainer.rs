@@ -10,6 +10,7 @@ use crate::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
 use crate::handle::DdpHandle;
 use crate::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::policy::{Backend, Policy};
+use crate::prefetch::Prefetch;
 use crate::replica::{Replica, ReplicaContext};
 use crate::schedule::Schedule;
 use crate::{Error, Result};
@@ -120,6 +121,7 @@ pub(crate) struct RunConfig {
     pub(crate) easgd: Option<f32>,
     /// Per-rank gradient clipping by global norm before each optimizer step, when set.
     pub(crate) max_grad_norm: Option<f32>,
+    pub(crate) prefetch: Prefetch,
 }
 
 impl RunConfig {
@@ -218,6 +220,7 @@ pub struct Trainer {
     outer: OuterKind,
     easgd: Option<f32>,
     max_grad_norm: Option<f32>,
+    prefetch: Prefetch,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -238,7 +241,7 @@ impl Trainer {
     ///
     /// Defaults: batch size 64, 1 epoch, 1 CPU rank, `Cadence` on the `Collective` backend,
     /// seed 42, learning rate 0.01, no test set, no slowdown, stall timeout 120 s, snapshot
-    /// timeout 5 s with 3 retries.
+    /// timeout 5 s with 3 retries, [`Prefetch::Auto`].
     pub fn new<R, F>(factory: F) -> Trainer
     where
         R: Replica + 'static,
@@ -271,6 +274,7 @@ impl Trainer {
             outer: OuterKind::Average,
             easgd: None,
             max_grad_norm: None,
+            prefetch: Prefetch::Auto,
         }
     }
 
@@ -423,6 +427,14 @@ impl Trainer {
         self
     }
 
+    /// Whether ranks prepare their batches ahead on a background thread (default
+    /// [`Prefetch::Auto`]: CUDA ranks do, CPU ranks do not). A rank waits for a prefetched batch
+    /// at most the stall timeout.
+    pub fn prefetch(mut self, prefetch: Prefetch) -> Trainer {
+        self.prefetch = prefetch;
+        self
+    }
+
     /// Checks the configuration and starts the run; returns at once.
     ///
     /// # Errors
@@ -499,6 +511,7 @@ impl Trainer {
             outer: self.outer,
             easgd: self.easgd,
             max_grad_norm: self.max_grad_norm,
+            prefetch: self.prefetch,
         };
         DdpHandle::start(Arc::new(config))
     }

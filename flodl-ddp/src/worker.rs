@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flodl_data::HostBatch;
+use flodl_data::{BatchPicks, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
 use crate::comm::{CommPlan, RankComm};
 use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::outer::{OuterOptimizer, easgd_blend};
+use crate::prefetch::ChunkFeeds;
 use crate::replica::{Batch, Replica, ReplicaContext};
 use crate::staging::{device_batch, upload};
 use crate::trainer::RunConfig;
@@ -69,6 +70,8 @@ pub(crate) struct Worker {
     batch: Batch,
     eval_batches: Vec<Batch>,
     perms: Permutations,
+    /// The prefetcher and its chunk feeds, when the rank prefetches.
+    feeds: Option<ChunkFeeds>,
     comm: Option<RankComm>,
     cancel: Arc<AtomicBool>,
     /// Collective backend: the parameters before the reduce, kept to measure the divergence
@@ -132,6 +135,16 @@ impl Worker {
         };
         let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
         let perms = Permutations { len: cfg.dataset.len(), seed: cfg.seed, cache: VecDeque::new() };
+        let feeds = match cfg.prefetch.depth_on(device) {
+            Some(depth) => Some(ChunkFeeds::new(
+                cfg.dataset.clone(),
+                device,
+                depth,
+                cfg.seed,
+                cfg.stall_timeout,
+            )?),
+            None => None,
+        };
         Ok(Worker {
             rank,
             cfg,
@@ -141,6 +154,7 @@ impl Worker {
             batch,
             eval_batches: Vec::new(),
             perms,
+            feeds,
             comm,
             cancel,
             pre_reduce: Vec::new(),
@@ -176,6 +190,64 @@ impl Worker {
         }
         self.cfg.dataset.fetch(picks, &mut self.host)?;
         upload(&self.host, &mut self.batch, &self.stream)?;
+        self.train_loaded(step)
+    }
+
+    /// Trains batch `index` of `chunk` (`next`: the chunk queued after it, if any), fetched
+    /// now or taken from the prefetcher. Returns the loss and the step's time in ms, or `None`
+    /// when the rank prefetches and the batch was not ready within a short poll (call again
+    /// after servicing the control channel).
+    ///
+    /// # Errors
+    /// As [`train_batch`](Self::train_batch); when prefetching, [`Error::Timeout`] once the
+    /// batch has been waited for longer than the stall timeout, the batch's fetch or upload
+    /// error, [`Error::Prefetch`] when the prefetcher is out of step.
+    pub(crate) fn train_chunk_batch(
+        &mut self,
+        chunk: Chunk,
+        index: usize,
+        next: Option<Chunk>,
+        step: u64,
+    ) -> Result<Option<(f32, f64)>> {
+        let bs = self.cfg.batch_size;
+        let offset = chunk.offset + index * bs;
+        let Some(feeds) = self.feeds.as_mut() else {
+            return self.train_batch(chunk.epoch, offset, step).map(Some);
+        };
+        let perms = &mut self.perms;
+        let plan = |c: Chunk| chunk_picks(perms, c, bs);
+        match next {
+            Some(next) => feeds.ensure(&[chunk, next], plan)?,
+            None => feeds.ensure(&[chunk], plan)?,
+        }
+        let Some(mut ready) = feeds.next(chunk, index, CANCEL_POLL)? else { return Ok(None) };
+        if index * bs + bs >= chunk.len {
+            feeds.finished(chunk);
+        }
+        let perm = self.perms.get(chunk.epoch);
+        let picks = perm.get(offset..offset + bs).ok_or_else(|| {
+            Error::Config(format!("batch at {offset} runs past an epoch of {}", perm.len()))
+        })?;
+        if ready.keys().len() != picks.len()
+            || ready.keys().iter().zip(picks).any(|(k, &p)| k.sample != p)
+        {
+            return Err(Error::Prefetch(format!(
+                "batch {index} of {chunk:?} holds other samples than its picks"
+            )));
+        }
+        if let Some(audit) = &self.cfg.audit {
+            audit(self.rank, chunk.epoch, picks);
+        }
+        ready.wait(&self.stream)?;
+        self.batch.exchange(ready.tensors_mut())?;
+        // Hands the previous batch's tensors (trained and synchronized) back for reuse.
+        drop(ready);
+        self.train_loaded(step).map(Some)
+    }
+
+    /// Trains the batch in `self.batch` at cohort step `step`: forward, backward, optimizer step,
+    /// then the emulated slowdown. Returns the loss and the step's time in ms.
+    fn train_loaded(&mut self, step: u64) -> Result<(f32, f64)> {
         let t0 = Instant::now();
         let loss = self.replica.train_step(&self.batch)?;
         if let Some(max_norm) = self.cfg.max_grad_norm {
@@ -397,6 +469,17 @@ fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<f64
     Ok(crate::guard::divergence(diff_sq.sqrt(), post_norm))
 }
 
+/// The batches of `chunk`: consecutive `batch_size` slices of its epoch's permutation from its
+/// offset, as many as the rank trains for it (the same picks [`Worker::train_batch`] takes).
+fn chunk_picks(perms: &mut Permutations, chunk: Chunk, bs: usize) -> Result<Vec<BatchPicks>> {
+    let perm = perms.get(chunk.epoch);
+    let end = chunk.offset + chunk.len.div_ceil(bs) * bs;
+    let picks = perm
+        .get(chunk.offset..end)
+        .ok_or_else(|| Error::Config(format!("{chunk:?} runs past an epoch of {}", perm.len())))?;
+    Ok(picks.chunks_exact(bs).map(|p| BatchPicks { picks: p.to_vec(), valid: p.len() }).collect())
+}
+
 /// What a rank's loop does after handling a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -566,9 +649,14 @@ impl RankLoop {
         }
         let Some(cur) = self.current.as_mut() else { return Ok(()) };
         let bs = self.worker.cfg.batch_size;
-        let offset = cur.chunk.offset + cur.done * bs;
         let step = self.global_step + self.win.steps as u64;
-        let (loss, ms) = self.worker.train_batch(cur.chunk.epoch, offset, step)?;
+        let next = self.queue.front().copied();
+        let Some((loss, ms)) = self.worker.train_chunk_batch(cur.chunk, cur.done, next, step)?
+        else {
+            // A prefetched batch not ready yet: the run loop services the control channel
+            // and comes back.
+            return self.heartbeat();
+        };
         cur.done += 1;
         cur.work.batches += 1;
         cur.work.samples += bs;
