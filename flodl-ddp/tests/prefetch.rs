@@ -236,3 +236,43 @@ fn starved_rank_times_out() -> TestResult {
     }
     Ok(())
 }
+
+/// On a CUDA rank (`Auto` prefetches there: pinned staging, async upload, ready event), a `Sync`
+/// run trains the same batches as with prefetching off, and its parameters match to f32
+/// rounding. Without a usable GPU it prints `skipped: <reason>` and passes (fails under
+/// `FLODL_REQUIRE_GPU=1`).
+#[test]
+fn cuda_rank_prefetches_the_same_batches() -> TestResult {
+    if let Some(reason) = flodl_tensor::gpu_skip_reason() {
+        flodl_tensor::skip_or_fail(&reason);
+        return Ok(());
+    }
+    let data = train_subset(2048);
+    let devices = vec![flodl_tensor::Device::Cuda(0), flodl_tensor::Device::Cpu];
+    let mut runs = Vec::new();
+    for prefetch in [Prefetch::Off, Prefetch::Auto, Prefetch::Depth(0)] {
+        let (trace, audit) = tracing_audit(devices.len());
+        let state = trainer(2, Policy::Sync, Backend::Host, data.clone())
+            .devices(Devices::List(devices.clone()))
+            .prefetch(prefetch)
+            .sample_audit(audit)
+            .run()?
+            .join()?;
+        let trace = trace.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        runs.push((prefetch, state, trace));
+    }
+    let (_, off, off_trace) = &runs[0];
+    for (prefetch, state, trace) in &runs[1..] {
+        assert_eq!(trace, off_trace, "{prefetch:?}: batches differ");
+        for (a, b) in state.params.iter().zip(&off.params) {
+            let worst = a
+                .data
+                .iter()
+                .zip(&b.data)
+                .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs() / (1.0 + f64::from(*y).abs()))
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-4, "{prefetch:?}: parameters differ by {worst}");
+        }
+    }
+    Ok(())
+}
