@@ -1,4 +1,4 @@
-//! A rank: its replica, stream, batch buffers and communicator, and the loop that drives them.
+//! A rank: its replica, stream, prefetcher, batch buffers and communicator, and its loop.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
