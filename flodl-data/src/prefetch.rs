@@ -339,6 +339,11 @@ impl Feed {
 
     /// Waits for the next item until the thread ends (or `timeout`, if any, passes).
     fn wait(&self, timeout: Option<Duration>) -> Arrival {
+        // Fast path: a batch already queued needs no selector (registering one on both
+        // channels costs more than the hand-over itself).
+        if let Ok(item) = self.rx.try_recv() {
+            return Arrival::Item(item);
+        }
         let selector = flume::Selector::new()
             .recv(&self.rx, |r| r.map_or(Arrival::Lost, Arrival::Item))
             // Nothing is ever sent on `alive`: this fires once the thread has ended.
