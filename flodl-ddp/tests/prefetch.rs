@@ -1,33 +1,18 @@
 //! Prefetching ranks on CPU: same batches and model as the synchronous path, full coverage under
 //! skew, and data failures or starvation ending the run with a typed error.
 
+mod common;
+
+use common::{TestResult, train_subset};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flodl_data::{Dataset, HostBatch, Mnist, SampleLayout, Split, Subset, Verify};
+use flodl_data::{Dataset, HostBatch, SampleLayout};
 use flodl_ddp::{
     Backend, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, Prefetch, SampleAudit, Trainer,
 };
-
-type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
-
-fn mnist() -> Arc<Mnist> {
-    static TRAIN: OnceLock<Arc<Mnist>> = OnceLock::new();
-    TRAIN
-        .get_or_init(|| {
-            Arc::new(
-                Mnist::load(flodl_data::mnist::vendored_dir(), Split::Train, Verify::Skip)
-                    .expect("vendored MNIST loads"),
-            )
-        })
-        .clone()
-}
-
-/// The first `n` training samples.
-fn train_subset(n: usize) -> Arc<dyn Dataset> {
-    Arc::new(Subset::first(mnist(), n))
-}
 
 fn trainer(ranks: usize, policy: Policy, backend: Backend, data: Arc<dyn Dataset>) -> Trainer {
     let mlp = MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9));

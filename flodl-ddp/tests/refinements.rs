@@ -1,10 +1,14 @@
 //! Averaging refinements on CPU ranks: work weighting γ, the divergence guard, outer
 //! optimizers, EASGD and gradient clipping, wired through the runtime.
 
-use std::sync::{Arc, OnceLock};
+mod common;
+
+use common::{TestResult, train_subset};
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
+use flodl_data::Dataset;
 use flodl_ddp::guard::{GrowthGuard, Guard, ReduceReport, TrendGuard};
 use flodl_ddp::outer::OuterKind;
 use flodl_ddp::weighting::average_weights;
@@ -13,25 +17,6 @@ use flodl_ddp::{
     Replica, ReplicaContext, Result, Trainer, Verdict,
 };
 use flodl_tensor::{DType, Tensor};
-
-type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
-
-fn mnist() -> Arc<Mnist> {
-    static TRAIN: OnceLock<Arc<Mnist>> = OnceLock::new();
-    TRAIN
-        .get_or_init(|| {
-            Arc::new(
-                Mnist::load(flodl_data::mnist::vendored_dir(), Split::Train, Verify::Skip)
-                    .expect("vendored MNIST loads"),
-            )
-        })
-        .clone()
-}
-
-/// The first `n` training samples.
-fn train_subset(n: usize) -> Arc<dyn Dataset> {
-    Arc::new(Subset::first(mnist(), n))
-}
 
 fn trainer(ranks: usize, policy: Policy, backend: Backend, data: Arc<dyn Dataset>) -> Trainer {
     Trainer::new(Mlp::factory(MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9))))

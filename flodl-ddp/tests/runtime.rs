@@ -1,34 +1,18 @@
 //! End-to-end runs on CPU ranks: every policy × backend trains, coverage, determinism, failures.
 
-use std::sync::{Arc, Mutex, OnceLock};
+mod common;
+
+use common::{TestResult, mnist, train_subset};
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
+use flodl_data::{Dataset, Split, Subset};
 use flodl_ddp::schedule::Schedule;
 use flodl_ddp::{
     Backend, Batch, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, Replica, Result, Trainer,
 };
 use flodl_tensor::{Stream, Tensor};
-
-type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
-
-fn mnist(split: Split) -> Arc<Mnist> {
-    static TRAIN: OnceLock<Arc<Mnist>> = OnceLock::new();
-    static TEST: OnceLock<Arc<Mnist>> = OnceLock::new();
-    let cell = if split == Split::Train { &TRAIN } else { &TEST };
-    cell.get_or_init(|| {
-        Arc::new(
-            Mnist::load(flodl_data::mnist::vendored_dir(), split, Verify::Skip)
-                .expect("vendored MNIST loads"),
-        )
-    })
-    .clone()
-}
-
-/// The first `n` training samples.
-fn train_subset(n: usize) -> Arc<dyn Dataset> {
-    Arc::new(Subset::first(mnist(Split::Train), n))
-}
 
 fn small_mlp(opt: Optimizer) -> MlpConfig {
     MlpConfig::new(&[784, 64, 10], opt)
