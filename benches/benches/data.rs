@@ -5,7 +5,8 @@
 //! timings and are printed instead (they are skipped under `--test`):
 //! - prefetcher starve time: the share of wall time a consumer of fixed per-batch cost (a fixed
 //!   amount of CPU work, calibrated to N ms uncontended) spends waiting for the next batch,
-//!   after the first batch;
+//!   after the first batch, split into long waits (over 100 us: the thread was behind, or waited
+//!   for a core) and the rest (what each hand-over costs);
 //! - staging cache hit ratio, next use (Belady) versus LRU, at budgets of 10/25/50% of MNIST.
 
 use std::num::NonZeroUsize;
@@ -212,6 +213,40 @@ impl Consumer {
     }
 }
 
+/// Time a consumer spent waiting for batches.
+#[derive(Debug, Default, Clone, Copy)]
+struct Starve {
+    total: Duration,
+    // Waits over `LONG_WAIT`, and their sum.
+    long: usize,
+    long_total: Duration,
+}
+
+/// A wait longer than a hand-over can take: the thread was behind, or waited for a core.
+const LONG_WAIT: Duration = Duration::from_micros(100);
+
+impl Starve {
+    fn add(&mut self, waited: Duration) {
+        self.total += waited;
+        if waited > LONG_WAIT {
+            self.long += 1;
+            self.long_total += waited;
+        }
+    }
+
+    /// `"<share>% of wall (<ms> ms of <ms> ms; <n> waits over 100 us: <ms> ms)"`.
+    fn describe(&self, wall: Duration) -> String {
+        format!(
+            "{:.3}% of wall ({:.2} ms of {:.0} ms; {} waits over 100 us: {:.2} ms)",
+            100.0 * self.total.as_secs_f64() / wall.as_secs_f64().max(1e-9),
+            self.total.as_secs_f64() * 1e3,
+            wall.as_secs_f64() * 1e3,
+            self.long,
+            self.long_total.as_secs_f64() * 1e3
+        )
+    }
+}
+
 /// A consumer's per-batch cost.
 #[derive(Debug, Clone, Copy)]
 enum Cost {
@@ -228,13 +263,13 @@ fn starve_run(
     cost: Cost,
     depth: Depth,
     batches: usize,
-) -> (Duration, Duration) {
+) -> (Starve, Duration) {
     let mut s = Consumer::new(ds, bs, depth);
     s.take();
     let start = Instant::now();
-    let mut starve = Duration::ZERO;
+    let mut starve = Starve::default();
     for _ in 0..batches {
-        starve += s.take();
+        starve.add(s.take());
         match cost {
             Cost::Work(units) => {
                 work(units);
@@ -255,7 +290,7 @@ fn starve_bench(c: &mut Criterion, ds: &Arc<Mnist>) {
         let cost = cost_ms * per_ms;
         let mut s = Consumer::new(ds, bs, Depth::default());
         s.take();
-        let mut starve = Duration::ZERO;
+        let mut starve = Starve::default();
         let mut wall = Duration::ZERO;
         g.throughput(Unit::Samples.throughput(bs as u64));
         let id = BenchmarkId::new(
@@ -266,7 +301,7 @@ fn starve_bench(c: &mut Criterion, ds: &Arc<Mnist>) {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 for _ in 0..iters {
-                    starve += s.take();
+                    starve.add(s.take());
                     work(cost);
                 }
                 let e = t.elapsed();
@@ -279,10 +314,8 @@ fn starve_bench(c: &mut Criterion, ds: &Arc<Mnist>) {
             continue;
         }
         println!(
-            "data/prefetch: starve {:.3}% of wall ({:.1} ms of {:.0} ms) consumer {cost_ms} ms of work/batch, bs {bs}, gauge depth (cpu: {}), load {}",
-            100.0 * starve.as_secs_f64() / wall.as_secs_f64().max(1e-9),
-            starve.as_secs_f64() * 1e3,
-            wall.as_secs_f64() * 1e3,
+            "data/prefetch: starve {} consumer {cost_ms} ms of work/batch, bs {bs}, gauge depth (cpu: {}), load {}",
+            starve.describe(wall),
             flodl_data::CPU_DEPTH,
             load_average()
         );
@@ -326,10 +359,8 @@ fn starve_figures(ds: &Arc<Mnist>) {
             let (starve, wall) = starve_run(ds, bs, cost, depth, n);
             let kind = if off_cpu { "off-cpu wait" } else { "of cpu work" };
             println!(
-                "data/prefetch round {round}: starve {:.3}% of wall ({:.2} ms of {:.0} ms) consumer {cost_ms} ms {kind}/batch, bs {bs}, {n} batches, {depth:?}, load {}",
-                100.0 * starve.as_secs_f64() / wall.as_secs_f64(),
-                starve.as_secs_f64() * 1e3,
-                wall.as_secs_f64() * 1e3,
+                "data/prefetch round {round}: starve {} consumer {cost_ms} ms {kind}/batch, bs {bs}, {n} batches, {depth:?}, load {}",
+                starve.describe(wall),
                 load_average()
             );
         }
