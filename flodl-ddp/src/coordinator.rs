@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 use flodl_nccl::AbortHandle;
 use flodl_tensor::{Stream, Tensor};
 
+use crate::capture::{
+    CaptureRequest, Progress, RankCapture, Resumed, assemble, outer_state, partial_ranges,
+    restore_outer, save, signature,
+};
+use crate::checkpoint::{Checkpoint, SaveReason};
 use crate::comm::{CommPlan, RankComm};
 use crate::dispatch::{Cutting, Dispatcher};
 use crate::elche::ElChe;
@@ -158,6 +163,15 @@ enum Reduce {
     Host(HostRound),
 }
 
+/// A checkpoint being captured at the reduce that ends window `round`.
+#[derive(Debug)]
+struct Capturing {
+    round: u64,
+    reason: SaveReason,
+    global_step: u64,
+    parts: Vec<Option<RankCapture>>,
+}
+
 /// An aggregated epoch waiting for its evaluation before it is emitted.
 #[derive(Debug)]
 struct Held {
@@ -204,6 +218,14 @@ struct Coordinator {
     /// When the first chunk was handed out, and when the last epoch completed.
     train_start: Option<Instant>,
     train_end: Option<Instant>,
+    /// The checkpoint in capture, when a save is under way.
+    capturing: Option<Capturing>,
+    /// Completed epochs at the last epoch-triggered save.
+    epochs_saved: usize,
+    /// The last bundle saved (re-saved with the reason when the run cannot go on).
+    last_bundle: Option<Checkpoint>,
+    /// The checkpoint this run resumes from.
+    resumed: Option<Arc<Resumed>>,
 }
 
 impl Coordinator {
@@ -275,9 +297,51 @@ impl Coordinator {
             sent: (0..world).map(|_| Cell::new(Instant::now())).collect(),
             train_start: None,
             train_end: None,
+            capturing: None,
+            epochs_saved: 0,
+            last_bundle: None,
+            resumed: None,
         };
-        coord.windows = coord.make_windows(1);
+        if let Some(resumed) = coord.cfg.resume.clone() {
+            coord.resume(&resumed)?;
+            coord.resumed = Some(resumed);
+        }
+        coord.windows = coord.make_windows(coord.round);
         Ok(coord)
+    }
+
+    /// Seeds the book, ElChe, the guard, the outer optimizer and the counters from a checkpoint.
+    fn resume(&mut self, resumed: &Resumed) -> Result<()> {
+        let bundle = &resumed.bundle;
+        let epoch = usize::try_from(bundle.epoch).unwrap_or(usize::MAX);
+        let world = self.cfg.world();
+        let batches = self.cfg.batches_per_epoch();
+        let cutting = match self.cfg.policy {
+            Policy::Sync => Cutting::Static,
+            _ => Cutting::Progressive { min_chunk: self.cfg.elche.min_chunk },
+        };
+        self.dispatch =
+            Dispatcher::new(world, self.cfg.batch_size, batches, self.cfg.epochs, cutting)
+                .resume(epoch, &resumed.coverage)
+                .map_err(|e| Error::Config(format!("cannot resume: {e}")))?;
+        if let (Some(e), Some(state)) = (self.elche.as_mut(), &resumed.elche) {
+            e.restore(state).map_err(|e| Error::Config(format!("cannot resume ElChe: {e}")))?;
+        }
+        if let Some(guard) = &resumed.guard {
+            self.guard = guard.clone();
+        }
+        if self.cfg.backend == Backend::Host
+            && let Some(outer) = resumed.ranks.first().and_then(|r| r.outer.as_ref())
+        {
+            restore_outer(&mut self.outer, outer, &self.cpu)?;
+        }
+        self.global_step = bundle.global_step;
+        self.reduces = bundle.reduce_version;
+        self.round = bundle.reduce_version + 1;
+        self.emitted = resumed.epochs.clone();
+        self.epochs_saved = epoch;
+        tracing::info!(epoch, step = bundle.global_step, "resuming from a checkpoint");
+        Ok(())
     }
 
     /// Each rank's window numbered `round`, from the policy and ElChe's counts.
@@ -438,9 +502,28 @@ impl Coordinator {
                 _ => {}
             }
         }
-        let initial = Arc::new(initial.ok_or(Error::Disconnected("rank 0"))?);
-        for rank in 1..world {
-            self.send(rank, ToWorker::Init(initial.clone()))?;
+        let initial = initial.ok_or(Error::Disconnected("rank 0"))?;
+        if let Some(resumed) = self.resumed.clone() {
+            let n = initial.params.len();
+            let found = resumed.bundle.signature();
+            signature(&self.shapes[..n.min(self.shapes.len())]).check(&found)?;
+            if resumed.consensus.buffers.len() != initial.buffers.len() {
+                return Err(Error::ReplicaMismatch(format!(
+                    "the checkpoint holds {} buffers, the replica {}",
+                    resumed.consensus.buffers.len(),
+                    initial.buffers.len()
+                )));
+            }
+            let state = Arc::new(resumed.consensus.clone());
+            for rank in 0..world {
+                let restore = resumed.ranks.get(rank).cloned().map(Box::new);
+                self.send(rank, ToWorker::Init { state: state.clone(), restore })?;
+            }
+        } else {
+            let initial = Arc::new(initial);
+            for rank in 1..world {
+                self.send(rank, ToWorker::Init { state: initial.clone(), restore: None })?;
+            }
         }
         self.heard.iter_mut().for_each(|h| *h = Instant::now());
         self.train_start = Some(Instant::now());
@@ -498,7 +581,8 @@ impl Coordinator {
                     }
                 }
             }
-            ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence } => {
+            ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence, capture } => {
+                self.take_capture(rank, round, capture);
                 let mut done = None;
                 if let Reduce::Collective { round: r, acks, counts } = &mut self.reduce
                     && *r == round
@@ -515,9 +599,16 @@ impl Coordinator {
                 }
                 if let Some((round, counts, steps, sync, div)) = done {
                     self.complete_reduce(round, counts, steps, sync, div);
+                    if self.capturing.as_ref().is_some_and(|c| c.round == round) {
+                        self.finish_capture(None, self.reduces)?;
+                        for rank in 0..self.cfg.world() {
+                            self.send(rank, ToWorker::Resume)?;
+                        }
+                    }
                 }
             }
-            ToCoordinator::Snapshot { rank, round, attempt, state, steps } => {
+            ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture } => {
+                self.take_capture(rank, round, capture);
                 if let Reduce::Host(hr) = &mut self.reduce
                     && let Some(job) = hr.collect(rank, round, attempt, state, steps)
                 {
@@ -553,6 +644,11 @@ impl Coordinator {
                 if let Some(done) = finished {
                     let mut state = state?;
                     self.outer_step(&mut state)?;
+                    // The ranks are paused since their snapshots: the book is at the cut.
+                    if self.capturing.as_ref().is_some_and(|c| c.round == done.round) {
+                        // The reduce is completed below: it counts in the bundle.
+                        self.finish_capture(Some(&state), self.reduces + 1)?;
+                    }
                     let state = Arc::new(state);
                     for rank in 0..self.cfg.world() {
                         let eval = if rank == 0 { done.eval } else { None };
@@ -661,18 +757,30 @@ impl Coordinator {
             b.progress = None;
         }
         let started = Instant::now();
+        let capture = self.save_due();
+        if let Some(reason) = capture.clone() {
+            tracing::debug!(round = ending, ?reason, "checkpoint at this reduce");
+            self.capturing = Some(Capturing {
+                round: ending,
+                reason,
+                global_step,
+                parts: vec![None; self.cfg.world()],
+            });
+        }
         match self.cfg.backend {
             Backend::Collective => {
                 for (rank, &window) in next.iter().enumerate() {
                     let eval = if rank == 0 { eval } else { None };
-                    self.send(rank, ToWorker::Reduce { next: window, eval, global_step })?;
+                    let capture = capture.as_ref().map(|_| CaptureRequest { model: rank == 0 });
+                    self.send(rank, ToWorker::Reduce { next: window, eval, global_step, capture })?;
                 }
                 let acks = vec![None; self.cfg.world()];
                 self.reduce = Reduce::Collective { round: ending, acks, counts };
             }
             Backend::Host => {
+                let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
                 for rank in 0..self.cfg.world() {
-                    self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0 })?;
+                    self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0, capture })?;
                 }
                 let deadline = started + self.cfg.snapshot_timeout;
                 self.reduce = Reduce::Host(HostRound::new(
@@ -722,8 +830,13 @@ impl Coordinator {
         if self.stalled >= self.cfg.max_stalled_rounds {
             return Err(Error::ReduceStalled { attempts: self.stalled });
         }
+        let capture = self
+            .capturing
+            .as_ref()
+            .filter(|c| c.round == round)
+            .map(|_| CaptureRequest { model: false });
         for rank in 0..self.cfg.world() {
-            self.send(rank, ToWorker::Snapshot { round, attempt })?;
+            self.send(rank, ToWorker::Snapshot { round, attempt, capture })?;
         }
         Ok(())
     }
@@ -764,9 +877,11 @@ impl Coordinator {
 
     /// Tells every rank to finish and returns rank 0's final state.
     fn finish(&mut self) -> Result<TrainedState> {
+        let capture = self.cfg.checkpoints.is_some();
         for rank in 0..self.cfg.world() {
-            self.send(rank, ToWorker::Finish)?;
+            self.send(rank, ToWorker::Finish { capture })?;
         }
+        let mut parts: Vec<Option<RankCapture>> = vec![None; self.cfg.world()];
         let deadline = Instant::now() + self.cfg.stall_timeout;
         let mut finals: Vec<Option<HostState>> = vec![None; self.cfg.world()];
         while finals.iter().any(Option::is_none) {
@@ -778,9 +893,12 @@ impl Coordinator {
                 });
             }
             match self.rx.recv_timeout(left) {
-                Ok(ToCoordinator::Final { rank, state }) => {
+                Ok(ToCoordinator::Final { rank, state, capture }) => {
                     if let Some(slot) = finals.get_mut(rank) {
                         *slot = Some(state);
+                    }
+                    if let Some(slot) = parts.get_mut(rank) {
+                        *slot = capture.map(|c| *c);
                     }
                 }
                 Ok(ToCoordinator::Failed { rank, error }) => return Err(rank_error(rank, error)),
@@ -789,6 +907,24 @@ impl Coordinator {
             }
         }
         let state = finals.into_iter().next().flatten().ok_or(Error::Disconnected("rank 0"))?;
+        if let Some(plan) = &self.cfg.checkpoints {
+            let outer = match self.cfg.backend {
+                Backend::Host => outer_state(&self.outer, &self.cpu)?,
+                Backend::Collective => None,
+            };
+            let progress = Progress {
+                reason: SaveReason::GracefulShutdown,
+                global_step: self.global_step,
+                epoch: self.cfg.epochs,
+                reduces: self.reduces,
+                elche: self.elche.as_ref().map(ElChe::state),
+                guard: &self.guard,
+                epochs: &self.emitted,
+                coverage: Vec::new(),
+            };
+            let ckpt = assemble(&self.cfg, &self.shapes, &parts, Some(&state), outer, progress)?;
+            save(plan, &ckpt, None)?;
+        }
         let wall_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let train_ms = match (self.train_start, self.train_end) {
             (Some(s), Some(e)) => e.saturating_duration_since(s).as_secs_f64() * 1000.0,
@@ -796,6 +932,64 @@ impl Coordinator {
         };
         let epochs = std::mem::take(&mut self.emitted);
         trained_state(&self.shapes, state, epochs, self.reduces, wall_ms, train_ms)
+    }
+}
+
+impl Coordinator {
+    /// Why a checkpoint is due at the reduce being started, if one is.
+    fn save_due(&mut self) -> Option<SaveReason> {
+        let plan = self.cfg.checkpoints.as_ref()?;
+        if self.outlets.save_now.swap(false, Ordering::AcqRel) {
+            return Some(SaveReason::OnDemand);
+        }
+        let epochs_done = self.dispatch.oldest();
+        let epoch_due =
+            epochs_done > self.epochs_saved && plan.interval.due_after_epoch(epochs_done as u64);
+        (epoch_due || plan.interval.due_after_reduce(self.reduces + 1))
+            .then_some(SaveReason::Periodic)
+    }
+
+    /// Keeps a rank's checkpoint part for the capture of `round`.
+    fn take_capture(&mut self, rank: usize, round: u64, part: Option<Box<RankCapture>>) {
+        if let (Some(c), Some(part)) = (self.capturing.as_mut(), part)
+            && c.round == round
+            && let Some(slot) = c.parts.get_mut(rank)
+        {
+            *slot = Some(*part);
+        }
+    }
+
+    /// Assembles and saves the checkpoint in capture (the host backend passes the consensus it
+    /// averaged, after the outer step) as of `reduces` completed reduces; the book must be at
+    /// the cut (every rank paused).
+    fn finish_capture(&mut self, consensus: Option<&HostState>, reduces: u64) -> Result<()> {
+        let (Some(c), Some(plan)) = (self.capturing.take(), self.cfg.checkpoints.as_ref()) else {
+            return Ok(());
+        };
+        let partial = partial_ranges(&c.parts, self.cfg.batch_size);
+        let coverage = self.dispatch.coverage(&partial);
+        let outer = match self.cfg.backend {
+            Backend::Host => outer_state(&self.outer, &self.cpu)?,
+            Backend::Collective => None,
+        };
+        let mut epochs = self.emitted.clone();
+        epochs.extend(self.held.iter().map(|h| h.metrics.clone()));
+        let epoch = self.dispatch.oldest();
+        let progress = Progress {
+            reason: c.reason,
+            global_step: c.global_step,
+            epoch,
+            reduces,
+            elche: self.elche.as_ref().map(ElChe::state),
+            guard: &self.guard,
+            epochs: &epochs,
+            coverage,
+        };
+        let ckpt = assemble(&self.cfg, &self.shapes, &c.parts, consensus, outer, progress)?;
+        save(plan, &ckpt, None)?;
+        self.epochs_saved = self.epochs_saved.max(epoch);
+        self.last_bundle = Some(ckpt);
+        Ok(())
     }
 }
 

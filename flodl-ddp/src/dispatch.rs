@@ -103,7 +103,6 @@ impl Dispatcher {
     /// # Errors
     /// A range not aligned to the batch size or past the epoch, or coverage of an epoch before
     /// `oldest` or after the last.
-    #[cfg_attr(not(test), expect(dead_code, reason = "wired into the coordinator next"))]
     pub(crate) fn resume(
         mut self,
         oldest: usize,
@@ -347,7 +346,6 @@ impl Dispatcher {
     /// The completed position ranges of every epoch not yet complete (those opened and those
     /// resumed but not yet opened), plus `partial`: `(epoch, range)`, the leading part of held
     /// chunks that their ranks report trained. Epochs with nothing done are left out.
-    #[cfg_attr(not(test), expect(dead_code, reason = "wired into the coordinator next"))]
     pub(crate) fn coverage(
         &self,
         partial: &[(usize, SampleRange)],

@@ -61,6 +61,9 @@ pub enum Error {
     /// The data plane failed.
     #[error(transparent)]
     Data(#[from] flodl_data::Error),
+    /// Saving, reading or resuming a checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// A rank's prefetcher delivered something other than the batch the rank was to train.
     #[error("prefetch out of step: {0}")]
     Prefetch(String),

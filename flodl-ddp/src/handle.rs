@@ -98,6 +98,8 @@ pub(crate) struct Outlets {
     pub(crate) guards: flume::Sender<GuardEvent>,
     /// Set to stop the run.
     pub(crate) cancel: Arc<AtomicBool>,
+    /// Set to ask for a checkpoint at the next reduce.
+    pub(crate) save_now: Arc<AtomicBool>,
 }
 
 /// Capacity of the reduce-event queue.
@@ -112,6 +114,7 @@ pub struct DdpHandle {
     reduces: flume::Receiver<ReduceEvent>,
     guards: flume::Receiver<GuardEvent>,
     cancel: Arc<AtomicBool>,
+    save_now: Arc<AtomicBool>,
     aborts: Vec<AbortHandle>,
     main: Option<JoinHandle<Result<TrainedState>>>,
     workers: Vec<JoinHandle<()>>,
@@ -124,19 +127,32 @@ impl DdpHandle {
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
         let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
         let cancel = Arc::new(AtomicBool::new(false));
+        let save_now = Arc::new(AtomicBool::new(false));
         let outlets = Outlets {
             epochs: epochs_tx,
             reduces: reduces_tx,
             guards: guards_tx,
             cancel: cancel.clone(),
+            save_now: save_now.clone(),
         };
-        let (main, workers, aborts) = if config.world() == 1 {
+        // A lone rank checkpoints through the coordinator (a world of one).
+        let solo = config.world() == 1 && config.checkpoints.is_none() && config.resume.is_none();
+        let (main, workers, aborts) = if solo {
             let main = crate::solo::spawn(config, outlets)?;
             (main, Vec::new(), Vec::new())
         } else {
             crate::coordinator::spawn(config, outlets)?
         };
-        Ok(DdpHandle { epochs, reduces, guards, cancel, aborts, main: Some(main), workers })
+        Ok(DdpHandle {
+            epochs,
+            reduces,
+            guards,
+            cancel,
+            save_now,
+            aborts,
+            main: Some(main),
+            workers,
+        })
     }
 
     /// The epoch metrics emitted since the last call, without waiting.
@@ -161,6 +177,12 @@ impl DdpHandle {
     /// unread).
     pub fn poll_guard_events(&mut self) -> Vec<GuardEvent> {
         self.guards.try_iter().collect()
+    }
+
+    /// Asks for a checkpoint at the next reduce (when the run has a checkpoint directory;
+    /// ignored otherwise).
+    pub fn checkpoint_now(&self) {
+        self.save_now.store(true, Ordering::Release);
     }
 
     /// Whether the run has ended (successfully or not); `join` then returns at once.

@@ -83,6 +83,7 @@ pub mod schedule;
 pub mod weighting;
 
 // The runtime: replicas, trainer, workers, coordinator, averaging backends, metrics.
+mod capture;
 mod comm;
 mod coordinator;
 mod dispatch;
@@ -106,4 +107,4 @@ pub use metrics::{
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use prefetch::Prefetch;
 pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
-pub use trainer::{Devices, ElCheKnobs, SampleAudit, Trainer};
+pub use trainer::{Devices, ElCheKnobs, ResumeFrom, SampleAudit, Trainer};

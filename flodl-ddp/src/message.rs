@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::Error;
+use crate::capture::{CaptureRequest, RankCapture, RankRestore};
 use crate::metrics::{EvalMetrics, WorkTally};
 
 /// A replica's state on the host: parameters then buffers, each flattened, with shapes.
@@ -40,22 +41,27 @@ pub(crate) struct Window {
 /// Coordinator → worker.
 #[derive(Debug)]
 pub(crate) enum ToWorker {
-    /// Load these initial weights (rank 0's), then start.
-    Init(Arc<HostState>),
+    /// Load these initial weights (rank 0's, or a resumed checkpoint's consensus with the
+    /// rank's own optimizer state), then start.
+    Init { state: Arc<HostState>, restore: Option<Box<RankRestore>> },
     /// Train this chunk after the ones already queued.
     Work(Chunk),
     /// Collective backend: average now (all ranks do), then start `next` window at cohort step
-    /// `global_step`; evaluate `eval` epoch afterwards when set.
-    Reduce { next: Window, eval: Option<usize>, global_step: u64 },
-    /// Host backend: send a snapshot of the parameters for this round and attempt.
-    Snapshot { round: u64, attempt: u32 },
+    /// `global_step`; evaluate `eval` epoch afterwards when set. With `capture`, send a
+    /// checkpoint part with the acknowledgement and train nothing until [`ToWorker::Resume`].
+    Reduce { next: Window, eval: Option<usize>, global_step: u64, capture: Option<CaptureRequest> },
+    /// Host backend: send a snapshot of the parameters for this round and attempt. With
+    /// `capture`, add a checkpoint part and train nothing until the update.
+    Snapshot { round: u64, attempt: u32, capture: Option<CaptureRequest> },
+    /// The checkpoint taken at the last reduce is assembled: train on.
+    Resume,
     /// Host backend: load the averaged state, then start `next` window at cohort step
     /// `global_step`; evaluate afterwards when set.
     Update { state: Arc<HostState>, next: Window, eval: Option<usize>, global_step: u64 },
     /// Evaluate now (no reduce pending) and report it for `epoch`.
     Evaluate { epoch: usize },
-    /// No more work: send the final state and exit.
-    Finish,
+    /// No more work: send the final state (with a checkpoint part when `capture`) and exit.
+    Finish { capture: bool },
     /// The run is over (another rank failed or the handle aborted): exit now.
     Stop,
     /// Nothing to do; the coordinator is alive (sent when it has been quiet for a while).
@@ -90,13 +96,28 @@ pub(crate) enum ToCoordinator {
     Progress { rank: usize, round: u64, steps: usize, wall_ms: f64, why: Readiness, works: u64 },
     /// Collective backend: the rank finished the reduce of `round`; `divergence` is its
     /// `‖W_pre − W_post‖ / ‖W_post‖` when measured (guard on, not `Sync`, the rank stepped).
-    Reduced { rank: usize, round: u64, steps: usize, sync_ms: f64, divergence: Option<f64> },
-    /// Host backend: the rank's snapshot for `round`.
-    Snapshot { rank: usize, round: u64, attempt: u32, state: HostState, steps: usize },
+    /// `capture` is the rank's checkpoint part when one was asked for.
+    Reduced {
+        rank: usize,
+        round: u64,
+        steps: usize,
+        sync_ms: f64,
+        divergence: Option<f64>,
+        capture: Option<Box<RankCapture>>,
+    },
+    /// Host backend: the rank's snapshot for `round` (and checkpoint part, when asked for).
+    Snapshot {
+        rank: usize,
+        round: u64,
+        attempt: u32,
+        state: HostState,
+        steps: usize,
+        capture: Option<Box<RankCapture>>,
+    },
     /// The evaluation of `epoch`.
     Evaluated { epoch: usize, eval: Option<EvalMetrics> },
-    /// The final state after [`ToWorker::Finish`].
-    Final { rank: usize, state: HostState },
+    /// The final state after [`ToWorker::Finish`] (and checkpoint part, when asked for).
+    Final { rank: usize, state: HostState, capture: Option<Box<RankCapture>> },
     /// Host backend: the helper thread's average for `round`, and the largest divergence of
     /// a snapshot from it when measured.
     Averaged { round: u64, state: crate::Result<HostState>, divergence: Option<f64> },

@@ -1,11 +1,14 @@
 //! The `Trainer` builder: what to train, on which devices, how often to average.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flodl_data::Dataset;
 use flodl_tensor::Device;
 
+use crate::capture::{CheckpointPlan, Resumed};
+use crate::checkpoint::{Checkpoint, CheckpointError, LATEST, SaveInterval};
 use crate::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
 use crate::handle::DdpHandle;
 use crate::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
@@ -122,6 +125,10 @@ pub(crate) struct RunConfig {
     /// Per-rank gradient clipping by global norm before each optimizer step, when set.
     pub(crate) max_grad_norm: Option<f32>,
     pub(crate) prefetch: Prefetch,
+    /// Where and when checkpoints are saved, when they are.
+    pub(crate) checkpoints: Option<CheckpointPlan>,
+    /// The checkpoint this run resumes from.
+    pub(crate) resume: Option<Arc<Resumed>>,
 }
 
 impl RunConfig {
@@ -170,6 +177,53 @@ impl std::fmt::Debug for RunConfig {
             .field("schedule", &self.schedule)
             .finish_non_exhaustive()
     }
+}
+
+/// Where a resumed run reads its checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The newest bundle of a checkpoint directory: `latest.fdlck`, or the highest step bundle
+    /// when there is no `latest`.
+    Latest(PathBuf),
+    /// This bundle file.
+    File(PathBuf),
+}
+
+impl ResumeFrom {
+    /// Reads the bundle (format, checksum and invariants checked; compatibility is not).
+    ///
+    /// # Errors
+    /// [`CheckpointError::NotFound`] when there is no bundle; the read errors of
+    /// [`Checkpoint::read`].
+    fn read(&self) -> std::result::Result<Checkpoint, CheckpointError> {
+        let path = match self {
+            ResumeFrom::File(path) => path.clone(),
+            ResumeFrom::Latest(dir) => {
+                let latest = dir.join(format!("{LATEST}.{}", crate::checkpoint::EXTENSION));
+                if latest.is_file() || !dir.is_dir() {
+                    latest
+                } else {
+                    let newest = std::fs::read_dir(dir)
+                        .map_err(|e| CheckpointError::io(dir.clone(), e))?
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter_map(|p| step_of(&p).map(|s| (s, p)))
+                        .max_by_key(|(s, _)| *s);
+                    newest.map_or(latest, |(_, p)| p)
+                }
+            }
+        };
+        if !path.is_file() {
+            return Err(CheckpointError::NotFound { dir: path });
+        }
+        Checkpoint::read(&path)
+    }
+}
+
+/// The step of a `step-<n>.fdlck` path.
+fn step_of(path: &std::path::Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.strip_suffix(&format!(".{}", crate::checkpoint::EXTENSION))?;
+    stem.strip_prefix(crate::checkpoint::STEP_PREFIX)?.parse().ok()
 }
 
 /// The default divergence guard: the trend rule at 0.05, or 0.3 under EASGD blending.
@@ -221,6 +275,10 @@ pub struct Trainer {
     easgd: Option<f32>,
     max_grad_norm: Option<f32>,
     prefetch: Prefetch,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_every: SaveInterval,
+    keep_checkpoints: usize,
+    resume: Option<ResumeFrom>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -275,6 +333,10 @@ impl Trainer {
             easgd: None,
             max_grad_norm: None,
             prefetch: Prefetch::Auto,
+            checkpoint_dir: None,
+            checkpoint_every: SaveInterval::every_epochs(1),
+            keep_checkpoints: 3,
+            resume: None,
         }
     }
 
@@ -435,13 +497,50 @@ impl Trainer {
         self
     }
 
+    /// Saves checkpoint bundles in `dir` (created if needed): at reduces as
+    /// [`checkpoint_every`](Self::checkpoint_every) says (default: after every epoch), when
+    /// [`DdpHandle::checkpoint_now`] asks, and at the end of the run (see
+    /// [`crate::checkpoint`] for the files). A save is taken at a reduce: every rank captures
+    /// its state right after averaging and trains nothing until the coordinator has assembled
+    /// the bundle (file IO happens after the ranks are released).
+    pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Trainer {
+        self.checkpoint_dir = Some(dir.into());
+        self
+    }
+
+    /// When periodic checkpoints are saved (needs [`checkpoint_dir`](Self::checkpoint_dir)).
+    pub fn checkpoint_every(mut self, interval: SaveInterval) -> Trainer {
+        self.checkpoint_every = interval;
+        self
+    }
+
+    /// How many step bundles the checkpoint directory keeps (default 3, at least 1).
+    pub fn keep_checkpoints(mut self, keep: usize) -> Trainer {
+        self.keep_checkpoints = keep.max(1);
+        self
+    }
+
+    /// Resumes from a checkpoint: the consensus model, every rank's optimizer state, the outer
+    /// optimizer, ElChe, the guard, the cohort step and the epochs' metrics are restored, and
+    /// only the ranges of the open epochs the bundle does not cover are trained. The bundle
+    /// must come from a run with the same world size and configuration (see the run's config
+    /// hash) and the same model; the epoch count may differ. A resumed `Sync` run on the same
+    /// devices ends bitwise equal to the uninterrupted one.
+    pub fn resume(mut self, from: ResumeFrom) -> Trainer {
+        self.resume = Some(from);
+        self
+    }
+
     /// Checks the configuration and starts the run; returns at once.
     ///
     /// # Errors
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
     /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
     /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
-    /// backend, a non-positive maximum gradient norm, or no device.
+    /// backend, a non-positive maximum gradient norm, or no device; [`Error::Checkpoint`] when
+    /// the checkpoint to resume from is missing, unreadable, corrupt, or from a run of another
+    /// world size or configuration (a bundle of another model is refused when the replicas are
+    /// built: [`DdpHandle::join`] returns the error).
     pub fn run(self) -> Result<DdpHandle> {
         let dataset =
             self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
@@ -512,7 +611,33 @@ impl Trainer {
             easgd: self.easgd,
             max_grad_norm: self.max_grad_norm,
             prefetch: self.prefetch,
+            checkpoints: self.checkpoint_dir.map(|dir| CheckpointPlan {
+                dir,
+                keep: self.keep_checkpoints,
+                interval: self.checkpoint_every,
+            }),
+            resume: None,
         };
+        let mut config = config;
+        if let Some(from) = &self.resume {
+            let bundle = from.read()?;
+            if bundle.world_size != config.world() {
+                return Err(CheckpointError::WorldSizeMismatch {
+                    expected: config.world(),
+                    found: bundle.world_size,
+                }
+                .into());
+            }
+            let hash = crate::capture::config_hash(&config);
+            if bundle.config_hash != hash {
+                return Err(CheckpointError::ConfigMismatch {
+                    expected: hash,
+                    found: bundle.config_hash,
+                }
+                .into());
+            }
+            config.resume = Some(Arc::new(crate::capture::decode(&config, bundle)?));
+        }
         DdpHandle::start(Arc::new(config))
     }
 }

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 use flodl_data::{BatchPicks, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
+use crate::capture::{
+    CaptureRequest, RankCapture, RankRestore, host_tensors, outer_state, restore_outer, write_host,
+};
 use crate::comm::{CommPlan, RankComm};
 use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
 use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
@@ -418,6 +421,43 @@ impl Worker {
         Ok((t0.elapsed().as_secs_f64() * 1000.0, divergence))
     }
 
+    /// This rank's checkpoint part: its optimizer state, its position, and the model with the
+    /// outer optimizer when `request.model`.
+    pub(crate) fn capture(
+        &self,
+        request: CaptureRequest,
+        position: Option<(Chunk, usize)>,
+    ) -> Result<RankCapture> {
+        let (model, outer) = if request.model {
+            (Some(self.snapshot()?), outer_state(&self.outer, &self.stream)?)
+        } else {
+            (None, None)
+        };
+        Ok(RankCapture {
+            optimizer: host_tensors(self.replica.optimizer_state(), &self.stream)?,
+            model,
+            outer,
+            position,
+        })
+    }
+
+    /// Restores the optimizer and outer-optimizer state of a resumed checkpoint.
+    pub(crate) fn restore(&mut self, restore: &RankRestore) -> Result<()> {
+        let stream = self.stream.clone();
+        if !restore.optimizer.is_empty() {
+            write_host(
+                "optimizer",
+                self.replica.optimizer_state_mut(),
+                &restore.optimizer,
+                &stream,
+            )?;
+        }
+        if let Some(outer) = &restore.outer {
+            restore_outer(&mut self.outer, outer, &stream)?;
+        }
+        Ok(())
+    }
+
     /// Evaluates the test dataset, when there is one and the replica supports it.
     pub(crate) fn evaluate(&mut self) -> Result<Option<EvalMetrics>> {
         let Some(test) = self.cfg.test.clone() else { return Ok(None) };
@@ -515,6 +555,8 @@ pub(crate) struct RankLoop {
     current: Option<Current>,
     win: WindowState,
     ready: bool,
+    /// Captured for a checkpoint: trains nothing until the coordinator lets it go.
+    paused: bool,
     works: u64,
     last_sent: Cell<Instant>,
     /// Batches of all ranks up to the last reduce (what the schedule is indexed by).
@@ -531,7 +573,8 @@ impl RankLoop {
         tx: flume::Sender<ToCoordinator>,
         first: Window,
     ) -> Self {
-        let ready = worker.rank == 0;
+        // Rank 0's replica is the initial state, unless a checkpoint is resumed.
+        let ready = worker.rank == 0 && worker.cfg.resume.is_none();
         let win =
             WindowState { window: first, steps: 0, wall_ms: 0.0, reported: None, snapshot: None };
         RankLoop {
@@ -542,6 +585,7 @@ impl RankLoop {
             current: None,
             win,
             ready,
+            paused: false,
             works: 0,
             last_sent: Cell::new(Instant::now()),
             global_step: 0,
@@ -578,11 +622,12 @@ impl RankLoop {
             if self.worker.cfg_cancelled() {
                 return Ok(());
             }
-            if self.ready && self.win.steps < self.win.window.limit && self.has_work() {
+            let training = self.ready && !self.paused;
+            if training && self.win.steps < self.win.window.limit && self.has_work() {
                 self.train_one()?;
                 continue;
             }
-            if self.ready && !self.has_work() && self.win.reported.is_none() {
+            if training && !self.has_work() && self.win.reported.is_none() {
                 self.report(Readiness::Idle)?;
             }
             let msg = self.wait()?;
@@ -705,13 +750,30 @@ impl RankLoop {
         Ok(())
     }
 
+    /// The chunk in training and how many of its batches are done.
+    fn position(&self) -> Option<(Chunk, usize)> {
+        self.current.as_ref().map(|c| (c.chunk, c.done))
+    }
+
+    /// This rank's checkpoint part, when one is asked for; the rank then pauses.
+    fn capture(&mut self, request: Option<CaptureRequest>) -> Result<Option<Box<RankCapture>>> {
+        let Some(request) = request else { return Ok(None) };
+        self.paused = true;
+        Ok(Some(Box::new(self.worker.capture(request, self.position())?)))
+    }
+
     fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
         let rank = self.worker.rank;
         match msg {
-            ToWorker::Init(state) => {
+            ToWorker::Init { state, restore } => {
                 self.worker.load(&state)?;
+                if let Some(restore) = restore {
+                    self.worker.restore(&restore)?;
+                    self.global_step = restore.global_step;
+                }
                 self.ready = true;
             }
+            ToWorker::Resume => self.paused = false,
             ToWorker::Work(chunk) => {
                 self.queue.push_back(chunk);
                 self.works += 1;
@@ -719,17 +781,26 @@ impl RankLoop {
                     self.win.reported = None;
                 }
             }
-            ToWorker::Reduce { next, eval, global_step } => {
+            ToWorker::Reduce { next, eval, global_step, capture } => {
                 self.global_step = global_step;
                 let steps = self.win.steps;
                 let (sync_ms, divergence) = self.worker.all_reduce(steps)?;
                 let round = self.win.window.round;
-                self.send(ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence })?;
+                let capture = self.capture(capture)?;
+                self.send(ToCoordinator::Reduced {
+                    rank,
+                    round,
+                    steps,
+                    sync_ms,
+                    divergence,
+                    capture,
+                })?;
                 self.start_window(next, (0, 0.0))?;
                 self.evaluate_for(eval)?;
             }
-            ToWorker::Snapshot { round, attempt } => {
+            ToWorker::Snapshot { round, attempt, capture } => {
                 let state = self.worker.snapshot()?;
+                let capture = self.capture(capture)?;
                 self.win.snapshot = Some((self.win.steps, self.win.wall_ms));
                 // Kept to carry over what the rank trains while the round runs (`Async` only:
                 // under `Sync` and `Cadence` the rank waits at its window's end).
@@ -741,10 +812,12 @@ impl RankLoop {
                     attempt,
                     state,
                     steps: self.win.steps,
+                    capture,
                 })?;
             }
             ToWorker::Update { state, next, eval, global_step } => {
                 self.global_step = global_step;
+                self.paused = false;
                 let (s, w) = self.win.snapshot.unwrap_or((self.win.steps, self.win.wall_ms));
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
                 // Steps trained since the snapshot stay: average + (now − snapshot).
@@ -764,9 +837,10 @@ impl RankLoop {
                 self.evaluate_for(eval)?;
             }
             ToWorker::Evaluate { epoch } => self.evaluate_for(Some(epoch))?,
-            ToWorker::Finish => {
+            ToWorker::Finish { capture } => {
                 let state = self.worker.snapshot()?;
-                self.send(ToCoordinator::Final { rank, state })?;
+                let capture = self.capture(capture.then_some(CaptureRequest { model: false }))?;
+                self.send(ToCoordinator::Final { rank, state, capture })?;
                 return Ok(Flow::Exit);
             }
             ToWorker::Stop => return Ok(Flow::Exit),
