@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use flodl_nccl::AbortHandle;
 use flodl_tensor::{Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
+use crate::fault::{Aborts, DeadFlags, FaultEvent};
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::replica::Replica;
 use crate::trainer::RunConfig;
@@ -98,6 +98,10 @@ pub(crate) struct Outlets {
     pub(crate) guards: flume::Sender<GuardEvent>,
     /// Set to stop the run.
     pub(crate) cancel: Arc<AtomicBool>,
+    /// Rank deaths (dropped when the handle does not drain them).
+    pub(crate) faults: flume::Sender<FaultEvent>,
+    /// Which ranks the coordinator declared dead.
+    pub(crate) dead: DeadFlags,
 }
 
 /// Capacity of the reduce-event queue.
@@ -112,9 +116,11 @@ pub struct DdpHandle {
     reduces: flume::Receiver<ReduceEvent>,
     guards: flume::Receiver<GuardEvent>,
     cancel: Arc<AtomicBool>,
-    aborts: Vec<AbortHandle>,
+    aborts: Aborts,
     main: Option<JoinHandle<Result<TrainedState>>>,
     workers: Vec<JoinHandle<()>>,
+    faults: flume::Receiver<FaultEvent>,
+    dead: DeadFlags,
 }
 
 impl DdpHandle {
@@ -123,20 +129,34 @@ impl DdpHandle {
         let (epochs_tx, epochs) = flume::bounded(config.epochs + 1);
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
         let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
+        let (faults_tx, faults) = flume::bounded(config.world() + 1);
+        let dead = DeadFlags::new(config.world());
         let cancel = Arc::new(AtomicBool::new(false));
         let outlets = Outlets {
             epochs: epochs_tx,
             reduces: reduces_tx,
             guards: guards_tx,
             cancel: cancel.clone(),
+            faults: faults_tx,
+            dead: dead.clone(),
         };
         let (main, workers, aborts) = if config.world() == 1 {
             let main = crate::solo::spawn(config, outlets)?;
-            (main, Vec::new(), Vec::new())
+            (main, Vec::new(), Aborts::default())
         } else {
             crate::coordinator::spawn(config, outlets)?
         };
-        Ok(DdpHandle { epochs, reduces, guards, cancel, aborts, main: Some(main), workers })
+        Ok(DdpHandle {
+            epochs,
+            reduces,
+            guards,
+            cancel,
+            aborts,
+            main: Some(main),
+            workers,
+            faults,
+            dead,
+        })
     }
 
     /// The epoch metrics emitted since the last call, without waiting.
@@ -163,6 +183,12 @@ impl DdpHandle {
         self.guards.try_iter().collect()
     }
 
+    /// The ranks declared dead since the last call, without waiting (at most one event per
+    /// rank is ever emitted).
+    pub fn poll_fault_events(&mut self) -> Vec<FaultEvent> {
+        self.faults.try_iter().collect()
+    }
+
     /// Whether the run has ended (successfully or not); `join` then returns at once.
     pub fn is_finished(&self) -> bool {
         self.main.as_ref().is_none_or(JoinHandle::is_finished)
@@ -172,15 +198,21 @@ impl DdpHandle {
     /// run had already finished.
     pub fn abort(&self) {
         self.cancel.store(true, Ordering::Release);
-        for a in &self.aborts {
-            a.abort();
-        }
+        self.aborts.abort_all();
     }
 
-    /// Waits for the run to end and returns the averaged model.
+    /// Waits for the run to end and returns the averaged model (the final state of the lowest
+    /// live rank).
+    ///
+    /// The threads of live ranks are joined. The thread of a rank declared dead is joined when
+    /// it has already ended, and detached otherwise: a rank stuck forever inside its replica
+    /// cannot be joined, and it exits on its own once its replica returns (its channels are
+    /// closed by then).
     ///
     /// # Errors
-    /// The first failure of the run: a rank's error (wrapped in [`Error::Rank`]), a timeout, or
+    /// [`Error::Unrecoverable`] when the ranks' failures leave nothing to go on with; the error
+    /// of the rank that died past [`Trainer::max_failures`](crate::Trainer::max_failures)
+    /// (wrapped in [`Error::Rank`]); a failure while replicas are built; a timeout; or
     /// [`Error::Aborted`].
     pub fn join(mut self) -> Result<TrainedState> {
         self.wait()
@@ -197,7 +229,11 @@ impl DdpHandle {
         if result.is_err() {
             self.abort();
         }
-        for w in self.workers.drain(..) {
+        for (rank, w) in self.workers.drain(..).enumerate() {
+            if self.dead.is_dead(rank) && !w.is_finished() {
+                tracing::warn!(rank, "detaching the thread of a dead rank that has not ended");
+                continue;
+            }
             // A worker catches its own panics; a join error here has nothing left to report.
             let _ = w.join();
         }

@@ -16,13 +16,24 @@ pub(crate) enum HostRound {
         attempt: u32,
         deadline: Instant,
         started: Instant,
-        snaps: Vec<Option<(HostState, usize)>>,
+        snaps: Vec<Slot>,
         plan: RoundPlan,
     },
     /// The helper thread is averaging.
     Computing { round: u64, started: Instant, steps: Vec<usize>, plan: RoundPlan },
     /// Transient state while moving between the two.
     Moving,
+}
+
+/// A rank's snapshot in a round being collected.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// Not in yet.
+    Waiting,
+    /// In: the state and the steps it carries.
+    Got(HostState, usize),
+    /// The rank is dead: nothing is expected from it.
+    Gone,
 }
 
 /// What follows a round: the next windows, the evaluation request and the ending window's
@@ -68,7 +79,7 @@ impl HostRound {
             attempt: 0,
             deadline,
             started: Instant::now(),
-            snaps: (0..world).map(|_| None).collect(),
+            snaps: (0..world).map(|_| Slot::Waiting).collect(),
             plan: RoundPlan { next, eval, counts },
         }
     }
@@ -97,10 +108,48 @@ impl HostRound {
         if *r != round || *a != attempt {
             return None;
         }
-        if let Some(slot @ None) = snaps.get_mut(rank) {
-            *slot = Some((state, steps));
+        if let Some(slot @ Slot::Waiting) = snaps.get_mut(rank) {
+            *slot = Slot::Got(state, steps);
         }
-        if snaps.iter().any(Option::is_none) {
+        self.job_if_complete()
+    }
+
+    /// Stops waiting for `rank`'s snapshot (dropping it if it came): the rank is dead. Returns
+    /// the job to average when the other snapshots are all in.
+    pub(crate) fn retire(&mut self, rank: usize) -> Option<AverageJob> {
+        let HostRound::Collecting { snaps, .. } = self else { return None };
+        if let Some(slot) = snaps.get_mut(rank) {
+            *slot = Slot::Gone;
+        }
+        self.job_if_complete()
+    }
+
+    /// The ranks whose snapshots the current attempt still waits for.
+    pub(crate) fn missing(&self) -> Vec<usize> {
+        match self {
+            HostRound::Collecting { snaps, .. } => {
+                (0..snaps.len()).filter(|&r| matches!(snaps[r], Slot::Waiting)).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The round's number and how long it has been running.
+    pub(crate) fn age(&self) -> Option<(u64, Duration)> {
+        match self {
+            HostRound::Collecting { round, started, .. }
+            | HostRound::Computing { round, started, .. } => Some((*round, started.elapsed())),
+            HostRound::Moving => None,
+        }
+    }
+
+    /// Moves to `Computing` once no snapshot is awaited (and one at least came); the job holds
+    /// the snapshots that came, the round keeps every rank's steps (0 for the dead).
+    fn job_if_complete(&mut self) -> Option<AverageJob> {
+        let HostRound::Collecting { snaps, .. } = self else { return None };
+        if snaps.iter().any(|s| matches!(s, Slot::Waiting))
+            || !snaps.iter().any(|s| matches!(s, Slot::Got(..)))
+        {
             return None;
         }
         let HostRound::Collecting { round, started, snaps, plan, .. } =
@@ -108,8 +157,13 @@ impl HostRound {
         else {
             return None;
         };
-        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps.into_iter().flatten().unzip();
-        *self = HostRound::Computing { round, started, steps: steps.clone(), plan };
+        let all_steps: Vec<usize> =
+            snaps.iter().map(|s| if let Slot::Got(_, n) = s { *n } else { 0 }).collect();
+        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps
+            .into_iter()
+            .filter_map(|s| if let Slot::Got(state, n) = s { Some((state, n)) } else { None })
+            .unzip();
+        *self = HostRound::Computing { round, started, steps: all_steps, plan };
         Some(AverageJob { round, states, steps })
     }
 
@@ -145,7 +199,9 @@ impl HostRound {
         *attempt += 1;
         *deadline = Instant::now() + timeout;
         for s in snaps.iter_mut() {
-            *s = None;
+            if matches!(s, Slot::Got(..)) {
+                *s = Slot::Waiting;
+            }
         }
         Some((*round, *attempt))
     }

@@ -122,9 +122,26 @@ pub(crate) struct RunConfig {
     /// Per-rank gradient clipping by global norm before each optimizer step, when set.
     pub(crate) max_grad_norm: Option<f32>,
     pub(crate) prefetch: Prefetch,
+    /// How long a rank may be silent, or a reduce pending without it, before it is declared
+    /// dead (see [`Trainer::watchdog`]).
+    pub(crate) watchdog: Duration,
+    /// Ranks that may die before the run stops with the last one's error.
+    pub(crate) max_failures: usize,
 }
 
 impl RunConfig {
+    /// How long a side stays quiet before it says it is alive: well within both the stall
+    /// timeout and the watchdog.
+    pub(crate) fn heartbeat(&self) -> Duration {
+        crate::message::heartbeat(self.stall_timeout.min(self.watchdog))
+    }
+
+    /// How long a collective waits for its peers before it fails on its own: twice the
+    /// watchdog, a backstop (the coordinator normally aborts a stuck group first).
+    pub(crate) fn comm_timeout(&self) -> Duration {
+        self.watchdog.saturating_mul(2)
+    }
+
     /// Whether reduces measure the replicas' divergence: a guard is on and the policy has
     /// windows to shrink (not `Sync`).
     pub(crate) fn measures_divergence(&self) -> bool {
@@ -171,6 +188,9 @@ impl std::fmt::Debug for RunConfig {
             .finish_non_exhaustive()
     }
 }
+
+/// The watchdog deadline unless [`Trainer::watchdog`] says otherwise.
+pub(crate) const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
 
 /// The default divergence guard: the trend rule at 0.05, or 0.3 under EASGD blending.
 fn default_guard(easgd: bool) -> Guard {
@@ -221,6 +241,8 @@ pub struct Trainer {
     easgd: Option<f32>,
     max_grad_norm: Option<f32>,
     prefetch: Prefetch,
+    watchdog: Option<Duration>,
+    max_failures: usize,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -241,7 +263,7 @@ impl Trainer {
     ///
     /// Defaults: batch size 64, 1 epoch, 1 CPU rank, `Cadence` on the `Collective` backend,
     /// seed 42, learning rate 0.01, no test set, no slowdown, stall timeout 120 s, snapshot
-    /// timeout 5 s with 3 retries, [`Prefetch::Auto`].
+    /// timeout 5 s with 3 retries, [`Prefetch::Auto`], watchdog 30 s, no limit on failed ranks.
     pub fn new<R, F>(factory: F) -> Trainer
     where
         R: Replica + 'static,
@@ -275,6 +297,8 @@ impl Trainer {
             easgd: None,
             max_grad_norm: None,
             prefetch: Prefetch::Auto,
+            watchdog: None,
+            max_failures: usize::MAX,
         }
     }
 
@@ -362,7 +386,8 @@ impl Trainer {
         self
     }
 
-    /// How long any rank or the coordinator waits for a peer before the run fails.
+    /// How long any rank or the coordinator waits for a peer before the run fails (a rank's
+    /// own liveness is judged by the [`watchdog`](Self::watchdog), at most this long).
     pub fn stall_timeout(mut self, timeout: Duration) -> Trainer {
         self.stall_timeout = timeout;
         self
@@ -373,6 +398,30 @@ impl Trainer {
     pub fn snapshot_timeout(mut self, timeout: Duration, retries: usize) -> Trainer {
         self.snapshot_timeout = timeout;
         self.max_stalled_rounds = retries.max(1);
+        self
+    }
+
+    /// The watchdog deadline: a rank that sends nothing for this long (ranks send a heartbeat
+    /// when otherwise quiet, so silence means it is stuck in its replica), or that has not
+    /// entered a reduce this long after it was called while the others wait in the collective,
+    /// is declared dead; its collective group is aborted and the survivors regroup and go on.
+    /// Default 30 s, but never more than the stall timeout (a shorter stall timeout lowers it).
+    ///
+    /// The two deadlines divide the waits: the watchdog decides when a *rank* is dead (it is
+    /// the one liveness deadline, for silence and collectives alike; a collective also fails
+    /// on its own after twice the watchdog, as a backstop); the stall timeout bounds every
+    /// other wait (replicas being built, final states, a full channel, a prefetched batch, a
+    /// rank waiting for the coordinator).
+    pub fn watchdog(mut self, deadline: Duration) -> Trainer {
+        self.watchdog = Some(deadline);
+        self
+    }
+
+    /// How many ranks may die before the run stops (default: no limit; the run goes on while
+    /// a rank is alive). Past the limit the run fails with the error of the rank that died
+    /// last; 0 makes any rank's failure the run's failure.
+    pub fn max_failures(mut self, max: usize) -> Trainer {
+        self.max_failures = max;
         self
     }
 
@@ -471,7 +520,8 @@ impl Trainer {
         if self.elche.anchor == 0 || self.elche.min_chunk == 0 {
             return Err(Error::Config("ElChe anchor and min chunk must be at least 1".into()));
         }
-        if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() {
+        let watchdog = self.watchdog.unwrap_or(DEFAULT_WATCHDOG.min(self.stall_timeout));
+        if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() || watchdog.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
         }
         OuterOptimizer::new(self.outer).map_err(|e| Error::Config(e.to_string()))?;
@@ -512,6 +562,8 @@ impl Trainer {
             easgd: self.easgd,
             max_grad_norm: self.max_grad_norm,
             prefetch: self.prefetch,
+            watchdog,
+            max_failures: self.max_failures,
         };
         DdpHandle::start(Arc::new(config))
     }
