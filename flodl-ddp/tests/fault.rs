@@ -58,11 +58,30 @@ enum Fate {
     Hang(Arc<Gate>),
 }
 
-/// An `Mlp` that meets its fate at its `at`-th train step.
+/// An `Mlp` that meets its fate at its `at`-th train step; with `buffers`, it also holds a
+/// small buffer and panics at the `n`-th time its buffers are lent for writing (the rank's
+/// initial load is the first time, its `k`-th reduce the `k + 1`-th).
 struct Doomed {
     inner: Mlp,
     steps: usize,
     fate: Option<(usize, Fate)>,
+    buffers: Vec<Tensor>,
+    lent: usize,
+    panic_at_lend: Option<usize>,
+}
+
+impl Doomed {
+    fn new(ctx: &ReplicaContext, fate: Option<(usize, Fate)>) -> Result<Doomed> {
+        let cfg = MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9));
+        Ok(Doomed {
+            inner: Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?,
+            steps: 0,
+            fate,
+            buffers: Vec::new(),
+            lent: 0,
+            panic_at_lend: None,
+        })
+    }
 }
 
 impl Replica for Doomed {
@@ -90,6 +109,16 @@ impl Replica for Doomed {
     fn gradients(&self) -> &[Tensor] {
         self.inner.gradients()
     }
+    fn buffers(&self) -> &[Tensor] {
+        &self.buffers
+    }
+    fn buffers_mut(&mut self) -> &mut [Tensor] {
+        self.lent += 1;
+        if Some(self.lent) == self.panic_at_lend {
+            panic!("injected panic inside a reduce");
+        }
+        &mut self.buffers
+    }
     fn evaluate_batch(&mut self, batch: &Batch) -> Result<Option<flodl_ddp::BatchEval>> {
         self.inner.evaluate_batch(batch)
     }
@@ -112,13 +141,12 @@ fn audit(ranks: usize) -> (Seen, SampleAudit) {
 
 /// A 3-rank run of `policy` × `backend` in which `rank` meets `fate` at its step `at`.
 fn trainer(policy: Policy, backend: Backend, doomed: Option<(usize, usize, Fate)>) -> Trainer {
-    let cfg = MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9));
     let factory = move |ctx: &ReplicaContext| -> Result<Doomed> {
         let fate = doomed
             .as_ref()
             .filter(|(rank, _, _)| *rank == ctx.rank)
             .map(|(_, at, fate)| (*at, fate.clone()));
-        Ok(Doomed { inner: Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?, steps: 0, fate })
+        Doomed::new(ctx, fate)
     };
     let test: Arc<dyn Dataset> = Arc::new(Subset::first(mnist(Split::Test), 2000));
     Trainer::new(factory)
@@ -248,14 +276,9 @@ fn every_rank_dead_is_unrecoverable() -> TestResult {
     for policy in POLICIES {
         for backend in BACKENDS {
             let what = format!("{policy:?} {backend:?}");
-            let cfg = MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9));
             let factory = move |ctx: &ReplicaContext| -> Result<Doomed> {
                 let fate = if ctx.rank == 1 { Fate::Panic } else { Fate::Error };
-                Ok(Doomed {
-                    inner: Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?,
-                    steps: 0,
-                    fate: Some((2 + 3 * ctx.rank, fate)),
-                })
+                Doomed::new(ctx, Some((2 + 3 * ctx.rank, fate)))
             };
             let handle = Trainer::new(factory)
                 .dataset(train_subset(2048))
@@ -305,6 +328,52 @@ fn watchdog_declares_a_hung_rank_dead() -> TestResult {
             assert_eq!(state.epochs.len(), 2, "{what}");
             assert!(state.params.iter().flat_map(|t| &t.data).all(|x| x.is_finite()), "{what}");
         }
+    }
+    Ok(())
+}
+
+/// A rank that dies inside the `k`-th reduce of a `Sync` run on the collective backend (after
+/// the parameters were averaged with it, while the buffers were not): the survivors restore
+/// their pre-reduce state and redo the reduce without it, so the run ends bitwise where a run
+/// whose rank died at its `k`-th train step (just before that reduce) ends.
+#[test]
+fn death_inside_a_reduce_is_redone_by_the_survivors() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
+    for _ in 0..2 {
+        let k = rng.random_range(2..50);
+        let run = |inside: bool| -> Result<(TrainedState, Vec<FaultEvent>)> {
+            let factory = move |ctx: &ReplicaContext| -> Result<Doomed> {
+                let doomed = ctx.rank == 2;
+                let fate = (doomed && !inside).then_some((k, Fate::Error));
+                let mut r = Doomed::new(ctx, fate)?;
+                r.buffers = vec![Tensor::zeros(&[8], flodl_tensor::DType::F32, &ctx.stream)?];
+                r.panic_at_lend = (doomed && inside).then_some(k + 1);
+                Ok(r)
+            };
+            let handle = Trainer::new(factory)
+                .dataset(train_subset(2048))
+                .batch_size(BATCH)
+                .epochs(2)
+                .devices(Devices::Cpu(3))
+                .policy(Policy::Sync)
+                .backend(Backend::Collective)
+                .learning_rate(0.05)
+                .stall_timeout(Duration::from_secs(20))
+                .watchdog(Duration::from_secs(3))
+                .run()?;
+            finish(handle)
+        };
+        let (inside, inside_events) = run(true)?;
+        let (before, before_events) = run(false)?;
+        one_fault(&inside_events, 2, &format!("inside reduce {k}"))?;
+        one_fault(&before_events, 2, &format!("before reduce {k}"))?;
+        assert!(
+            matches!(inside_events[0].cause, FaultCause::Panicked { .. }),
+            "{:?}",
+            inside_events[0]
+        );
+        assert!(inside.params == before.params, "reduce {k}: the final parameters differ");
+        assert_eq!(inside.epochs.len(), 2);
     }
     Ok(())
 }
