@@ -21,11 +21,15 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 const POLICIES: [Policy; 3] = [Policy::Sync, Policy::Cadence, Policy::Async];
 const BACKENDS: [Backend; 2] = [Backend::Collective, Backend::Host];
 /// Samples trained per epoch, batch size and epochs of the fault runs.
-const SAMPLES: usize = 4096 + 19;
+const SAMPLES: usize = 8192 + 19;
 const BATCH: usize = 32;
 const EPOCHS: usize = 3;
-/// The least test accuracy a run with a death must reach (runs without one reach about 0.9).
-const ACCURACY: f64 = 0.85;
+/// The least test accuracy a run with a death must reach (measured: 0.87-0.90 without a death,
+/// 0.865-0.91 with one).
+const ACCURACY: f64 = 0.84;
+/// The most accuracy a death may cost against the same run without it (`Cadence` and `Async`
+/// runs of this size vary by about ±0.03 from run to run without any death).
+const MAX_DROP: f64 = 0.05;
 
 /// A gate a hung replica waits on until the test opens it (after the run), at most a minute so
 /// a broken watchdog fails the test instead of hanging it.
@@ -247,8 +251,9 @@ fn survivors_finish_after_a_death_in_every_mode() -> TestResult {
     for policy in POLICIES {
         for backend in BACKENDS {
             let rank = rng.random_range(0..3);
-            // A step within the rank's first ~1.4 epochs of ~43 batches, so an epoch follows.
-            let at = rng.random_range(3..60);
+            // A step within the rank's first epoch or so (~85 batches each): the last epoch
+            // then streams to the survivors alone.
+            let at = rng.random_range(3..90);
             let fate = if case % 2 == 0 { Fate::Error } else { Fate::Panic };
             let kind = if case % 2 == 0 { "error" } else { "panic" };
             case += 1;
@@ -260,8 +265,12 @@ fn survivors_finish_after_a_death_in_every_mode() -> TestResult {
             one_fault(&events, rank, &what)?;
             let accuracy = checked_accuracy(&state, &what)?;
             let after = check_coverage(&seen, rank, &what)?;
-            println!("{what}: accuracy {accuracy:.4}, {after} epochs after the death");
+            let (clean, clean_events) = finish(trainer(policy, backend, None).run()?)?;
+            let clean = checked_accuracy(&clean, &what)?;
+            println!("{what}: accuracy {accuracy:.4} (clean {clean:.4}), {after} epochs after");
+            assert!(clean_events.is_empty(), "{what}: a death in the clean run");
             assert!(accuracy >= ACCURACY, "{what}: accuracy {accuracy}");
+            assert!(accuracy >= clean - MAX_DROP, "{what}: accuracy {accuracy}, clean {clean}");
             assert!(after >= 1, "{what}: no epoch after the death");
         }
     }
