@@ -395,9 +395,10 @@ impl Coordinator {
     }
 
     /// The watchdog: declares dead a rank silent past the deadline while not inside a
-    /// collective, or one that has not entered a reduce pending past the deadline (or stayed
-    /// inside its collective past twice the deadline, when the collective should have failed
-    /// on its own); pings quiet ranks.
+    /// collective; one that has not entered a reduce pending past the deadline; one still
+    /// inside a reduce a quarter of the deadline after its peers' collectives failed (they
+    /// waited the deadline for it); and, as a backstop, one inside its collective for twice the
+    /// deadline and a half. Pings quiet ranks.
     fn check_liveness(&mut self) -> Result<()> {
         let after = self.cfg.watchdog;
         let pending = match &self.reduce {
@@ -406,12 +407,16 @@ impl Coordinator {
             }
             _ => None,
         };
+        let peers_gave_up = self.roster.failing_for().is_some_and(|d| d > after / 4);
         let mut deaths = Vec::new();
         for rank in self.roster.live_ranks() {
             let silent = self.heard[rank].elapsed();
             let cause = match self.roster.in_collective(rank) {
-                Some(since) if since.elapsed() > after.saturating_mul(2) + after / 2 => {
-                    Some(FaultCause::Silent { after: silent })
+                Some(since)
+                    if peers_gave_up || since.elapsed() > after.saturating_mul(2) + after / 2 =>
+                {
+                    let round = pending.map_or(0, |p| p.2);
+                    Some(FaultCause::StuckInReduce { round, after: since.elapsed() })
                 }
                 Some(_) => None,
                 None => match pending {

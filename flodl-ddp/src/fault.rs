@@ -42,6 +42,14 @@ pub enum FaultCause {
         /// How long the reduce had been pending.
         after: Duration,
     },
+    /// The rank entered a reduce and never came out of it, while its peers' collectives failed
+    /// (they timed out waiting for it) this long ago.
+    StuckInReduce {
+        /// The reduce's round.
+        round: u64,
+        /// How long the rank had been inside.
+        after: Duration,
+    },
 }
 
 impl std::fmt::Display for FaultCause {
@@ -52,6 +60,9 @@ impl std::fmt::Display for FaultCause {
             FaultCause::Silent { after } => write!(f, "silent for {after:?}"),
             FaultCause::MissedReduce { round, after } => {
                 write!(f, "never entered reduce {round}, pending for {after:?}")
+            }
+            FaultCause::StuckInReduce { round, after } => {
+                write!(f, "stuck inside reduce {round} for {after:?} after its peers gave up")
             }
         }
     }
@@ -141,6 +152,8 @@ pub(crate) struct Roster {
     entered: Vec<Option<Instant>>,
     /// Ranks that reported the pending reduce's collective as failed since the last regroup.
     failed: Vec<bool>,
+    /// When the first of them did.
+    first_failure: Option<Instant>,
     /// Attempts of the pending reduce that failed with nobody dead.
     futile: usize,
     /// The rank asked for the pending evaluation, if any.
@@ -161,6 +174,7 @@ impl Roster {
             generation: 0,
             entered: vec![None; world],
             failed: vec![false; world],
+            first_failure: None,
             futile: 0,
             evaluator: None,
             pending_since: None,
@@ -207,6 +221,7 @@ impl Roster {
     pub(crate) fn next_generation(&mut self) -> u64 {
         self.generation += 1;
         self.failed.iter_mut().for_each(|f| *f = false);
+        self.first_failure = None;
         if self.pending_since.is_some() {
             self.pending_since = Some(Instant::now());
         }
@@ -243,7 +258,16 @@ impl Roster {
         }
         if let Some(f) = self.failed.get_mut(rank) {
             *f = failed && generation == self.generation;
+            if *f && self.first_failure.is_none() {
+                self.first_failure = Some(Instant::now());
+            }
         }
+    }
+
+    /// How long ago the first rank reported the current attempt of the pending reduce as
+    /// failed, if one did.
+    pub(crate) fn failing_for(&self) -> Option<Duration> {
+        self.first_failure.map(|t| t.elapsed())
     }
 
     /// Whether `rank` reported the current attempt of the pending reduce as failed.
@@ -272,6 +296,7 @@ impl Roster {
     pub(crate) fn reduce_done(&mut self) {
         self.futile = 0;
         self.pending_since = None;
+        self.first_failure = None;
         self.entered.iter_mut().for_each(|e| *e = None);
         self.failed.iter_mut().for_each(|f| *f = false);
     }

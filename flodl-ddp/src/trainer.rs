@@ -136,10 +136,10 @@ impl RunConfig {
         crate::message::heartbeat(self.stall_timeout.min(self.watchdog))
     }
 
-    /// How long a collective waits for its peers before it fails on its own: twice the
-    /// watchdog, a backstop (the coordinator normally aborts a stuck group first).
+    /// How long a collective waits for its peers before it fails (and aborts its group): the
+    /// watchdog deadline.
     pub(crate) fn comm_timeout(&self) -> Duration {
-        self.watchdog.saturating_mul(2)
+        self.watchdog
     }
 
     /// Whether reduces measure the replicas' divergence: a guard is on and the policy has
@@ -405,13 +405,14 @@ impl Trainer {
     /// when otherwise quiet, so silence means it is stuck in its replica), or that has not
     /// entered a reduce this long after it was called while the others wait in the collective,
     /// is declared dead; its collective group is aborted and the survivors regroup and go on.
-    /// Default 30 s, but never more than the stall timeout (a shorter stall timeout lowers it).
+    /// A collective also gives up on its own after this long (aborting its group), and a rank
+    /// still inside a reduce its peers gave up on is declared dead a quarter of it later. Default
+    /// 30 s, but never more than the stall timeout (a shorter stall timeout lowers it).
     ///
     /// The two deadlines divide the waits: the watchdog decides when a *rank* is dead (it is
-    /// the one liveness deadline, for silence and collectives alike; a collective also fails
-    /// on its own after twice the watchdog, as a backstop); the stall timeout bounds every
-    /// other wait (replicas being built, final states, a full channel, a prefetched batch, a
-    /// rank waiting for the coordinator).
+    /// the one liveness deadline, for silence and collectives alike); the stall timeout bounds
+    /// every other wait (replicas being built, final states, a full channel, a prefetched
+    /// batch, a rank waiting for the coordinator).
     pub fn watchdog(mut self, deadline: Duration) -> Trainer {
         self.watchdog = Some(deadline);
         self

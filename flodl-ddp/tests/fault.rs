@@ -63,15 +63,16 @@ enum Fate {
 }
 
 /// An `Mlp` that meets its fate at its `at`-th train step; with `buffers`, it also holds a
-/// small buffer and panics at the `n`-th time its buffers are lent for writing (the rank's
-/// initial load is the first time, its `k`-th reduce the `k + 1`-th).
+/// small buffer and may meet a fate (an error is a panic there) the `n`-th time its buffers
+/// are lent for writing (the rank's initial load is the first time, its `k`-th reduce the
+/// `k + 1`-th).
 struct Doomed {
     inner: Mlp,
     steps: usize,
     fate: Option<(usize, Fate)>,
     buffers: Vec<Tensor>,
     lent: usize,
-    panic_at_lend: Option<usize>,
+    lend_fate: Option<(usize, Fate)>,
 }
 
 impl Doomed {
@@ -83,7 +84,7 @@ impl Doomed {
             fate,
             buffers: Vec::new(),
             lent: 0,
-            panic_at_lend: None,
+            lend_fate: None,
         })
     }
 }
@@ -118,8 +119,10 @@ impl Replica for Doomed {
     }
     fn buffers_mut(&mut self) -> &mut [Tensor] {
         self.lent += 1;
-        if Some(self.lent) == self.panic_at_lend {
-            panic!("injected panic inside a reduce");
+        match &self.lend_fate {
+            Some((at, Fate::Hang(gate))) if *at == self.lent => gate.wait(),
+            Some((at, _)) if *at == self.lent => panic!("injected panic inside a reduce"),
+            _ => {}
         }
         &mut self.buffers
     }
@@ -341,22 +344,24 @@ fn watchdog_declares_a_hung_rank_dead() -> TestResult {
     Ok(())
 }
 
-/// A rank that dies inside the `k`-th reduce of a `Sync` run on the collective backend (after
-/// the parameters were averaged with it, while the buffers were not): the survivors restore
-/// their pre-reduce state and redo the reduce without it, so the run ends bitwise where a run
-/// whose rank died at its `k`-th train step (just before that reduce) ends.
+/// A rank that dies (panics, or hangs until the watchdog gives up on it) inside the `k`-th
+/// reduce of a `Sync` run on the collective backend, after the parameters were averaged with
+/// it and before the buffers were: the survivors restore their pre-reduce state and redo the
+/// reduce without it, so the run ends bitwise where a run whose rank died at its `k`-th train
+/// step (just before that reduce) ends.
 #[test]
 fn death_inside_a_reduce_is_redone_by_the_survivors() -> TestResult {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
-    for _ in 0..2 {
+    let gate = Arc::new(Gate::default());
+    for inside_fate in [Fate::Panic, Fate::Hang(gate.clone())] {
         let k = rng.random_range(2..50);
-        let run = |inside: bool| -> Result<(TrainedState, Vec<FaultEvent>)> {
+        let run = |inside: Option<Fate>| -> Result<(TrainedState, Vec<FaultEvent>)> {
             let factory = move |ctx: &ReplicaContext| -> Result<Doomed> {
                 let doomed = ctx.rank == 2;
-                let fate = (doomed && !inside).then_some((k, Fate::Error));
+                let fate = (doomed && inside.is_none()).then_some((k, Fate::Error));
                 let mut r = Doomed::new(ctx, fate)?;
                 r.buffers = vec![Tensor::zeros(&[8], flodl_tensor::DType::F32, &ctx.stream)?];
-                r.panic_at_lend = (doomed && inside).then_some(k + 1);
+                r.lend_fate = inside.clone().filter(|_| doomed).map(|f| (k + 1, f));
                 Ok(r)
             };
             let handle = Trainer::new(factory)
@@ -368,21 +373,25 @@ fn death_inside_a_reduce_is_redone_by_the_survivors() -> TestResult {
                 .backend(Backend::Collective)
                 .learning_rate(0.05)
                 .stall_timeout(Duration::from_secs(20))
-                .watchdog(Duration::from_secs(3))
+                .watchdog(Duration::from_secs(2))
                 .run()?;
             finish(handle)
         };
-        let (inside, inside_events) = run(true)?;
-        let (before, before_events) = run(false)?;
+        let hangs = matches!(inside_fate, Fate::Hang(_));
+        let (inside, inside_events) = run(Some(inside_fate))?;
+        let (before, before_events) = run(None)?;
         one_fault(&inside_events, 2, &format!("inside reduce {k}"))?;
         one_fault(&before_events, 2, &format!("before reduce {k}"))?;
-        assert!(
-            matches!(inside_events[0].cause, FaultCause::Panicked { .. }),
-            "{:?}",
-            inside_events[0]
-        );
+        let cause = &inside_events[0].cause;
+        match cause {
+            FaultCause::StuckInReduce { .. } => assert!(hangs, "{cause}"),
+            FaultCause::Panicked { .. } => assert!(!hangs, "{cause}"),
+            other => panic!("reduce {k}: unexpected cause {other}"),
+        }
         assert!(inside.params == before.params, "reduce {k}: the final parameters differ");
         assert_eq!(inside.epochs.len(), 2);
     }
+    // The hung rank's thread was detached: let it go.
+    gate.open();
     Ok(())
 }
