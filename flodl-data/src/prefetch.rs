@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flodl_tensor::{Device, Event, Stream, Tensor};
 
@@ -131,12 +131,19 @@ struct Job {
     epoch: u64,
     batches: Vec<BatchPicks>,
     out: flume::Sender<Result<DeviceBatch>>,
+    // Signalled by the consumer when it finds the queue empty; disconnects when the feed is
+    // dropped.
+    hungry: flume::Receiver<()>,
 }
 
 /// A rank's prefetcher: a background thread that, for each plan, fetches every batch from the
 /// dataset into reusable staging buffers (page-locked on CUDA), uploads it asynchronously on
 /// its own stream, applies the transform, records a ready event and queues it on a bounded
 /// channel whose capacity is the plan's depth.
+///
+/// When the queue is full the thread does not block on it: it looks again every so often (a
+/// quarter of the consumer's recent pace, backing off while the consumer is idle), so taking a
+/// queued batch never has to wake it. A consumer that finds the queue empty wakes it at once.
 ///
 /// Plans run in the order started. Dropping a [`Feed`] cancels the rest of its plan; dropping
 /// the prefetcher stops the thread (abandoning a plan in progress) and joins it.
@@ -200,6 +207,7 @@ impl Prefetcher {
             ],
             recycle,
             recycled,
+            pace: Pace::default(),
         };
         let (alive_tx, alive) = flume::bounded::<()>(0);
         let handle = background::spawn("prefetch", move || {
@@ -261,11 +269,12 @@ impl Prefetcher {
         let depth = self.depth_for(batches.len(), widest);
         tracing::debug!(epoch, batches = batches.len(), depth, "prefetch plan");
         let (out, rx) = flume::bounded(depth);
+        let (hungry, hungry_rx) = flume::bounded(1);
         let remaining = batches.len();
-        let job = Job { epoch, batches, out };
+        let job = Job { epoch, batches, out, hungry: hungry_rx };
         let jobs = self.jobs.as_ref().ok_or(Error::WorkerLost { role: "prefetch" })?;
         jobs.send(job).map_err(|_| Error::WorkerLost { role: "prefetch" })?;
-        Ok(Feed { rx, alive: self.alive.clone(), remaining, depth })
+        Ok(Feed { rx, hungry, alive: self.alive.clone(), remaining, depth })
     }
 }
 
@@ -297,6 +306,8 @@ pub enum Next {
 #[derive(Debug)]
 pub struct Feed {
     rx: flume::Receiver<Result<DeviceBatch>>,
+    // Tells a thread waiting out a poll interval on a queue it saw full that the queue ran dry.
+    hungry: flume::Sender<()>,
     // Disconnects when the thread ends. A job the thread never took (queued while it was
     // unwinding from a panic) keeps its sender of `rx` alive as long as the prefetcher, so
     // `rx` alone would never disconnect.
@@ -344,6 +355,9 @@ impl Feed {
         if let Ok(item) = self.rx.try_recv() {
             return Arrival::Item(item);
         }
+        // Empty: the thread may be between two looks at a queue it last saw full. Full or
+        // disconnected: it has been told already, or it is gone (`alive` says so below).
+        let _ = self.hungry.try_send(());
         let selector = flume::Selector::new()
             .recv(&self.rx, |r| r.map_or(Arrival::Lost, Arrival::Item))
             // Nothing is ever sent on `alive`: this fires once the thread has ended.
@@ -413,6 +427,7 @@ struct Worker {
     // CPU batches' tensors come back here when the consumer drops them.
     recycle: flume::Sender<Vec<Tensor>>,
     recycled: flume::Receiver<Vec<Tensor>>,
+    pace: Pace,
 }
 
 /// Whether to go on after delivering a batch.
@@ -425,13 +440,14 @@ enum Delivery {
 impl Worker {
     fn run(mut self, jobs: &flume::Receiver<Job>, stop: &flume::Receiver<()>) {
         while let Ok(job) = jobs.recv() {
+            self.pace.restart();
             for (index, picks) in job.batches.iter().enumerate() {
                 if stop.is_disconnected() {
                     return;
                 }
                 let item = self.prepare(job.epoch, index, picks);
                 let failed = item.is_err();
-                match deliver(&job.out, stop, item) {
+                match deliver(&job, stop, &mut self.pace, item) {
                     Delivery::Delivered if !failed => {}
                     Delivery::Delivered | Delivery::Cancelled => break,
                     Delivery::Stopped => return,
@@ -500,8 +516,114 @@ fn upload(layout: &SampleLayout, staging: &HostBatch, stream: &Stream) -> Result
     Ok(tensors)
 }
 
+/// Shortest wait between two looks at a full queue (about the timer slack of a sleeping thread).
+const MIN_POLL: Duration = Duration::from_micros(50);
+/// Longest wait between two looks at a full queue (an idle consumer costs 50 wake-ups a second).
+const MAX_POLL: Duration = Duration::from_millis(20);
+/// Looks at the first interval before backing off: two consumer periods at a quarter each.
+const STEADY_POLLS: u32 = 8;
+
+/// The consumer's pace as the thread sees it: the time between its last two deliveries. While
+/// the queue is full a delivery happens once per batch the consumer takes.
+#[derive(Debug, Default)]
+struct Pace {
+    last: Option<Instant>,
+    period: Duration,
+}
+
+impl Pace {
+    /// A new plan: the wait for it is no delivery interval.
+    fn restart(&mut self) {
+        self.last = None;
+    }
+
+    fn delivered(&mut self) {
+        let now = Instant::now();
+        if let Some(last) = self.last {
+            self.period = now - last;
+        }
+        self.last = Some(now);
+    }
+
+    /// The first wait on a full queue: a quarter of the consumer's period, so a slot the
+    /// consumer frees is refilled well within its next step.
+    fn first_poll(&self) -> Duration {
+        (self.period / 4).clamp(MIN_POLL, MAX_POLL)
+    }
+}
+
+/// What ended a wait on a full queue.
+enum Wake {
+    /// The poll interval passed.
+    Poll,
+    /// The consumer found the queue empty.
+    Hungry,
+    /// The feed was dropped.
+    Cancelled,
+    /// The prefetcher was dropped.
+    Stopped,
+}
+
 /// Hands `item` to the consumer, unless the consumer left or the prefetcher is dropped first.
+///
+/// A queue with room takes the batch at once. A full one is looked at again after a poll
+/// interval (or as soon as the consumer finds it empty) instead of blocking on it: a blocked
+/// sender is woken by the receive that frees its slot, and that wake-up (a futex wake, often a
+/// context switch) would be paid by the consumer on every batch.
 fn deliver(
+    job: &Job,
+    stop: &flume::Receiver<()>,
+    pace: &mut Pace,
+    item: Result<DeviceBatch>,
+) -> Delivery {
+    if job.out.capacity() == Some(0) {
+        // A rendezvous queue: a batch only leaves with a consumer waiting for it.
+        return rendezvous(&job.out, stop, item);
+    }
+    let mut item = item;
+    let mut first = true;
+    let mut interval = pace.first_poll();
+    let mut polls = 0;
+    loop {
+        match job.out.try_send(item) {
+            Ok(()) => {
+                pace.delivered();
+                return Delivery::Delivered;
+            }
+            Err(flume::TrySendError::Disconnected(_)) => return Delivery::Cancelled,
+            Err(flume::TrySendError::Full(back)) => item = back,
+        }
+        if first {
+            // A signal from before the queue filled is stale; one sent after this drain finds
+            // the queue no longer full at the next look, which comes right after.
+            first = false;
+            while job.hungry.try_recv().is_ok() {}
+            continue;
+        }
+        let wake = flume::Selector::new()
+            .recv(&job.hungry, |r| r.map_or(Wake::Cancelled, |()| Wake::Hungry))
+            // Nothing is ever sent on `stop`: this fires once the prefetcher is dropped.
+            .recv(stop, |_| Wake::Stopped)
+            .wait_timeout(interval)
+            .unwrap_or(Wake::Poll);
+        match wake {
+            Wake::Poll => {
+                polls += 1;
+                if polls >= STEADY_POLLS {
+                    // The consumer is idle (or much slower than its last pace): back off.
+                    interval = (interval * 2).min(MAX_POLL);
+                }
+            }
+            Wake::Hungry => {}
+            Wake::Cancelled => return Delivery::Cancelled,
+            Wake::Stopped => return Delivery::Stopped,
+        }
+    }
+}
+
+/// Hands `item` to a consumer waiting for it (a queue of capacity 0), unless the consumer
+/// left or the prefetcher is dropped first.
+fn rendezvous(
     out: &flume::Sender<Result<DeviceBatch>>,
     stop: &flume::Receiver<()>,
     item: Result<DeviceBatch>,
