@@ -229,6 +229,7 @@ impl RankComm {
     ) -> Result<RankComm> {
         match (self, how) {
             (RankComm::Host { comm, .. }, Regroup::Host) => {
+                let _ = device;
                 let mut comm = comm.shrink(survivors)?;
                 comm.set_timeout(timeout);
                 Ok(RankComm::Host { comm, mirrors: Vec::new() })
