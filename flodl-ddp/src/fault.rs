@@ -362,3 +362,62 @@ impl Standing {
         members.iter().map(|m| self.members.iter().position(|x| x == m)).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_xoshiro::Xoshiro256PlusPlus;
+
+    /// Random deaths: the roster's live ranks, lowest rank and death count follow a plain
+    /// vector of flags, the shared flags agree, a rank dies once; a collective failure counts
+    /// only in the generation it happened in, and "all failed" means every live rank failed.
+    #[test]
+    fn roster_follows_deaths_and_generations() -> Result<(), String> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(3);
+        for case in 0..300 {
+            let world = rng.random_range(1..8);
+            let flags = DeadFlags::new(world);
+            let mut roster = Roster::new(world, flags.clone());
+            let mut alive = vec![true; world];
+            for _ in 0..20 {
+                let rank = rng.random_range(0..world + 1);
+                let was = alive.get(rank).copied().unwrap_or(false);
+                if roster.bury(rank) != was {
+                    return Err(format!("case {case}: bury({rank}) when alive = {was}"));
+                }
+                if let Some(a) = alive.get_mut(rank) {
+                    *a = false;
+                }
+                let live: Vec<usize> = (0..world).filter(|&r| alive[r]).collect();
+                if roster.live_ranks() != live
+                    || roster.lowest() != live.first().copied()
+                    || roster.deaths() != world - live.len()
+                    || (0..world).any(|r| flags.is_dead(r) == alive[r])
+                {
+                    return Err(format!("case {case}: roster out of step with {alive:?}"));
+                }
+                let generation = roster.generation();
+                let stale = generation.wrapping_sub(1);
+                for &r in &live {
+                    // A failure reported for an older group does not count.
+                    roster.left(r, stale, true);
+                }
+                if !live.is_empty() && roster.all_failed() {
+                    return Err(format!("case {case}: stale failures counted"));
+                }
+                for &r in &live {
+                    roster.left(r, generation, true);
+                }
+                if !roster.all_failed() || roster.failing_for().is_none() && !live.is_empty() {
+                    return Err(format!("case {case}: current failures not counted"));
+                }
+                roster.next_generation();
+                if live.iter().any(|&r| roster.has_failed(r)) || roster.failing_for().is_some() {
+                    return Err(format!("case {case}: a new group starts with failures"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -349,4 +349,63 @@ mod tests {
         assert!(r.collect(1, 3, 1, HostState::default(), 1).is_some());
         assert!(r.averaged(3).is_some());
     }
+
+    /// Snapshots arrive and ranks die in random orders (some dying after their snapshot came):
+    /// the job comes exactly when every live rank's snapshot is in, holds exactly the live
+    /// ranks' snapshots (in rank order), and the finished round reports 0 steps for the others.
+    #[test]
+    fn dead_ranks_are_not_waited_for() -> std::result::Result<(), String> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(23);
+        for case in 0..500 {
+            let world = rng.random_range(1..7);
+            let mut r = HostRound::new(9, world, Instant::now(), vec![], None, vec![]);
+            let mut events: Vec<(usize, bool)> = (0..world).map(|rank| (rank, false)).collect();
+            events.extend((0..world).filter(|_| rng.random_bool(0.3)).map(|rank| (rank, true)));
+            for i in (1..events.len()).rev() {
+                let j = rng.random_range(0..=i);
+                events.swap(i, j);
+            }
+            let (mut sent, mut dead) = (vec![false; world], vec![false; world]);
+            let mut job = None;
+            for (rank, dies) in events {
+                let state = HostState { params: vec![vec![rank as f32]], buffers: vec![] };
+                let out = if dies {
+                    dead[rank] = true;
+                    r.retire(rank)
+                } else {
+                    sent[rank] = true;
+                    r.collect(rank, 9, 0, state, rank + 1)
+                };
+                let live_in: Vec<usize> = (0..world).filter(|&q| sent[q] && !dead[q]).collect();
+                let waiting = (0..world).any(|q| !dead[q] && !sent[q]);
+                match out {
+                    Some(j) if job.is_none() && !waiting && !live_in.is_empty() => {
+                        job = Some((j, live_in));
+                    }
+                    Some(_) => return Err(format!("case {case}: a job too early or twice")),
+                    None if job.is_none() && !waiting && !live_in.is_empty() => {
+                        return Err(format!("case {case}: no job once every live rank is in"));
+                    }
+                    None => {}
+                }
+            }
+            let Some((job, live_in)) = job else {
+                if (0..world).all(|q| dead[q]) {
+                    continue;
+                }
+                return Err(format!("case {case}: never averaged"));
+            };
+            let ranks: Vec<usize> = job.states.iter().map(|s| s.params[0][0] as usize).collect();
+            if ranks != live_in || job.steps != ranks.iter().map(|q| q + 1).collect::<Vec<_>>() {
+                return Err(format!("case {case}: job of {ranks:?}, live and in {live_in:?}"));
+            }
+            let done = r.averaged(9).ok_or(format!("case {case}: not computing"))?;
+            let want: Vec<usize> =
+                (0..world).map(|q| if ranks.contains(&q) { q + 1 } else { 0 }).collect();
+            if done.steps != want {
+                return Err(format!("case {case}: round steps {:?}, want {want:?}", done.steps));
+            }
+        }
+        Ok(())
+    }
 }
