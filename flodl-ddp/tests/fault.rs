@@ -188,11 +188,16 @@ fn checked_accuracy(state: &TrainedState, what: &str) -> std::result::Result<f64
 /// (a sample is seen twice only when the dead rank had trained it in a chunk it never
 /// finished, which went back to the living); in every epoch after the dead rank's last batch
 /// the survivors train every sample exactly once. Returns the number of such epochs.
-fn check_coverage(seen: &Seen, dead: usize, what: &str) -> std::result::Result<usize, String> {
+fn check_coverage(
+    seen: &Seen,
+    dead: usize,
+    epochs: usize,
+    what: &str,
+) -> std::result::Result<usize, String> {
     let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     let trained = SAMPLES / BATCH * BATCH;
     let mut after_death = 0;
-    for epoch in 0..EPOCHS {
+    for epoch in 0..epochs {
         let dead_counts = &seen[dead][epoch];
         let mut covered = 0;
         for sample in 0..SAMPLES {
@@ -212,7 +217,7 @@ fn check_coverage(seen: &Seen, dead: usize, what: &str) -> std::result::Result<u
             return Err(format!("{what} epoch {epoch}: {covered} samples covered of {trained}"));
         }
         let dead_trained = dead_counts.iter().any(|&c| c > 0);
-        let later_dead = (epoch..EPOCHS).any(|e| seen[dead][e].iter().any(|&c| c > 0));
+        let later_dead = (epoch..epochs).any(|e| seen[dead][e].iter().any(|&c| c > 0));
         if !later_dead {
             let once = (0..SAMPLES)
                 .filter(|&s| (0..seen.len()).map(|r| seen[r][epoch][s]).sum::<u32>() == 1)
@@ -267,7 +272,7 @@ fn survivors_finish_after_a_death_in_every_mode() -> TestResult {
             let (state, events) = finish(handle)?;
             one_fault(&events, rank, &what)?;
             let accuracy = checked_accuracy(&state, &what)?;
-            let after = check_coverage(&seen, rank, &what)?;
+            let after = check_coverage(&seen, rank, EPOCHS, &what)?;
             let (clean, clean_events) = finish(trainer(policy, backend, None).run()?)?;
             let clean = checked_accuracy(&clean, &what)?;
             println!("{what}: accuracy {accuracy:.4} (clean {clean:.4}), {after} epochs after");
@@ -322,14 +327,19 @@ fn watchdog_declares_a_hung_rank_dead() -> TestResult {
         for backend in BACKENDS {
             let what = format!("{policy:?} {backend:?}");
             let gate = Arc::new(Gate::default());
+            let (seen, audit) = audit(3);
             let handle = trainer(policy, backend, Some((2, 20, Fate::Hang(gate.clone()))))
                 .epochs(2)
                 .watchdog(watchdog)
+                .sample_audit(audit)
                 .run()?;
             let outcome = finish(handle);
-            // The hung rank's thread was detached: let it go.
+            // The hung rank's thread was detached: let it go (its later batches are not
+            // audited: the run is over).
+            let after = check_coverage(&seen, 2, 2, &what);
             gate.open();
             let (state, events) = outcome?;
+            assert!(after? >= 1, "{what}: no epoch after the hang");
             one_fault(&events, 2, &what)?;
             match &events[0].cause {
                 FaultCause::Silent { after } | FaultCause::MissedReduce { after, .. } => {
