@@ -634,9 +634,16 @@ impl Coordinator {
                 self.roster.left(rank, generation, true);
                 self.check_futile_reduce()?;
             }
+            ToCoordinator::Joining { rank, generation } => {
+                if generation == self.roster.generation() {
+                    // Silent while the group forms: judged like a rank inside a collective.
+                    self.roster.entered(rank);
+                }
+            }
             ToCoordinator::Joined { rank, generation, abort } => {
                 if generation == self.roster.generation() {
                     self.aborts.set(rank, abort);
+                    self.roster.left(rank, generation, false);
                 }
             }
         }

@@ -115,6 +115,9 @@ pub(crate) enum ToCoordinator {
     /// failed because the group broke; its state is as before the reduce and it waits for
     /// [`ToWorker::Regroup`].
     ReduceFailed { rank: usize, round: u64, generation: u64, error: String },
+    /// The rank is building its communicator of group number `generation` (silent until
+    /// [`ToCoordinator::Joined`]: an NCCL group waits for every member).
+    Joining { rank: usize, generation: u64 },
     /// The rank joined collective group number `generation`; `abort` aborts that group.
     Joined { rank: usize, generation: u64, abort: flodl_nccl::AbortHandle },
 }
@@ -133,6 +136,7 @@ impl ToCoordinator {
             | ToCoordinator::Failed { rank, .. }
             | ToCoordinator::Reducing { rank, .. }
             | ToCoordinator::ReduceFailed { rank, .. }
+            | ToCoordinator::Joining { rank, .. }
             | ToCoordinator::Joined { rank, .. } => Some(*rank),
             ToCoordinator::Evaluated { .. } | ToCoordinator::Averaged { .. } => None,
         }

@@ -855,6 +855,7 @@ impl RankLoop {
             Error::Config(format!("regroup {members:?} names a rank outside the current group"))
         })?;
         if let Some(comm) = self.worker.comm.as_ref() {
+            self.send(ToCoordinator::Joining { rank, generation })?;
             let device = self.worker.cfg.devices[rank];
             let next = comm.regroup(&positions, how, device, self.worker.cfg.comm_timeout())?;
             self.worker.comm = Some(next);
