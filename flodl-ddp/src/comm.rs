@@ -255,4 +255,15 @@ impl RankComm {
     pub(crate) fn writes_partially(&self) -> bool {
         matches!(self, RankComm::Device { .. })
     }
+
+    /// After a failed reduce: waits until the comm stream no longer touches the tensors (an
+    /// aborted NCCL group's kernels exit), so they can be restored. Its own error is the
+    /// failure already being reported, so it is not returned.
+    pub(crate) fn settle(&self) {
+        if let RankComm::Device { stream, .. } = self
+            && let Err(e) = stream.synchronize()
+        {
+            tracing::debug!(error = %e, "comm stream after a failed reduce");
+        }
+    }
 }

@@ -408,6 +408,7 @@ impl Worker {
             }
             if let Err(e) = reduced {
                 // The state before the reduce, so the survivors can redo it.
+                comm.settle();
                 if restore {
                     put_back(self.replica.parameters_mut(), &self.pre_reduce, &self.stream)?;
                 }
