@@ -131,8 +131,8 @@ struct Job {
     epoch: u64,
     batches: Vec<BatchPicks>,
     out: flume::Sender<Result<DeviceBatch>>,
-    // Signalled by the consumer when it finds the queue empty; disconnects when the feed is
-    // dropped.
+    // Signalled by the consumer when it finds the queue empty or leaves it below half the
+    // depth; disconnects when the feed is dropped.
     hungry: flume::Receiver<()>,
 }
 
@@ -143,7 +143,8 @@ struct Job {
 ///
 /// When the queue is full the thread does not block on it: it looks again every so often (a
 /// quarter of the consumer's recent pace, backing off while the consumer is idle), so taking a
-/// queued batch never has to wake it. A consumer that finds the queue empty wakes it at once.
+/// queued batch never has to wake it. A consumer that finds the queue empty, or leaves it below
+/// half the depth (the thread is behind), wakes it at once.
 ///
 /// Plans run in the order started. Dropping a [`Feed`] cancels the rest of its plan; dropping
 /// the prefetcher stops the thread (abandoning a plan in progress) and joins it.
@@ -353,6 +354,11 @@ impl Feed {
         // Fast path: a batch already queued needs no selector (registering one on both
         // channels costs more than the hand-over itself).
         if let Ok(item) = self.rx.try_recv() {
+            // Below half the depth the thread is behind (while it keeps up, a slot is refilled
+            // well within one step): if it is waiting out a poll interval, cut it short.
+            if self.rx.len() < self.depth / 2 {
+                let _ = self.hungry.try_send(());
+            }
             return Arrival::Item(item);
         }
         // Empty: the thread may be between two looks at a queue it last saw full. Full or

@@ -2,6 +2,7 @@
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use flodl_data::{
@@ -10,7 +11,7 @@ use flodl_data::{
     equal_partition, plan_batches,
 };
 use flodl_tensor::{DType, Device, Stream, Tensor};
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 /// A random dataset: field 0 f32 `[3, 4]`, field 1 i32 scalar.
@@ -135,6 +136,64 @@ fn the_queue_refills_to_depth_ahead_of_a_slow_consumer() -> Result<()> {
         assert!(feed.queued() <= 4, "the queue is bounded by the depth");
     }
     assert!(feed.next().is_none());
+    Ok(())
+}
+
+/// A dataset that counts the batches fetched from it.
+struct Counting {
+    inner: InMemory,
+    fetched: AtomicUsize,
+}
+
+impl Dataset for Counting {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn layout(&self) -> &SampleLayout {
+        self.inner.layout()
+    }
+
+    fn fetch(&self, indices: &[usize], out: &mut HostBatch) -> Result<()> {
+        self.fetched.fetch_add(1, Ordering::SeqCst);
+        self.inner.fetch(indices, out)
+    }
+}
+
+#[test]
+fn a_full_queue_holds_the_thread_one_batch_ahead_and_loses_nothing() -> Result<()> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(13);
+    let counting = Arc::new(Counting { inner: random_dataset(1500, 13)?, fetched: 0.into() });
+    let ds: Arc<dyn Dataset> = Arc::clone(&counting) as Arc<dyn Dataset>;
+    let space = PickSpace::plain(1500);
+    let stream = Stream::cpu_with_threads(1);
+    for depth in [1usize, 2, 3, 5] {
+        let bs = rng.random_range(20..120);
+        let prefetcher =
+            Prefetcher::new(Arc::clone(&ds), Device::Cpu, config(space, 4, Depth::Fixed(depth)))?;
+        let batches = batches_of(&space, 4, depth as u64, bs, TailPolicy::Pad)?;
+        let before = counting.fetched.load(Ordering::SeqCst);
+        let mut feed = prefetcher.start(depth as u64, batches.clone())?;
+        for (taken, picks) in batches.iter().enumerate() {
+            // Sometimes the consumer comes back to a full queue (the thread has been looking
+            // at it for a while), sometimes at once (it may find the queue empty).
+            if rng.random_bool(0.5) {
+                let ahead = (batches.len() - taken).min(depth);
+                wait_until("the queue to refill", || feed.queued() >= ahead);
+            }
+            let fetched = counting.fetched.load(Ordering::SeqCst) - before;
+            assert!(
+                fetched <= taken + depth + 1,
+                "{fetched} fetched, {taken} taken, depth {depth}"
+            );
+            let got = feed.next().ok_or(Error::WorkerLost { role: "test" })??;
+            assert_eq!(got.index(), taken);
+            check_batch(&counting.inner, &space, picks, &got, &stream)?;
+        }
+        assert!(feed.next().is_none());
+        let fetched = counting.fetched.load(Ordering::SeqCst) - before;
+        assert_eq!(fetched, batches.len());
+    }
     Ok(())
 }
 
