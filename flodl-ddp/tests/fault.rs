@@ -405,3 +405,37 @@ fn death_inside_a_reduce_is_redone_by_the_survivors() -> TestResult {
     gate.open();
     Ok(())
 }
+
+/// Of two ranks one dies: the lone survivor (a host collective group of one) trains the rest of
+/// the run alone, in every policy × backend.
+#[test]
+fn a_lone_survivor_finishes_the_run() -> TestResult {
+    for policy in POLICIES {
+        for backend in BACKENDS {
+            let what = format!("{policy:?} {backend:?}");
+            let factory = move |ctx: &ReplicaContext| -> Result<Doomed> {
+                Doomed::new(ctx, (ctx.rank == 0).then_some((5, Fate::Error)))
+            };
+            let handle = Trainer::new(factory)
+                .dataset(train_subset(2048))
+                .batch_size(BATCH)
+                .epochs(2)
+                .devices(Devices::Cpu(2))
+                .policy(policy)
+                .backend(backend)
+                .learning_rate(0.05)
+                .stall_timeout(Duration::from_secs(20))
+                .watchdog(Duration::from_secs(3))
+                .run()?;
+            let (state, events) = finish(handle)?;
+            match events.as_slice() {
+                [e] if e.rank == 0 && e.survivors == [1] => {}
+                other => panic!("{what}: unexpected fault events {other:?}"),
+            }
+            assert_eq!(state.epochs.len(), 2, "{what}");
+            assert_eq!(state.samples, 2 * 2048, "{what}");
+            assert!(state.params.iter().flat_map(|t| &t.data).all(|x| x.is_finite()), "{what}");
+        }
+    }
+    Ok(())
+}
