@@ -3,11 +3,18 @@
 //!
 //! The coordinator is the one authority on membership. A rank is declared dead when its replica
 //! (or its runtime) returns an error or panics, when it has been silent past the watchdog
-//! deadline while not inside a collective, or when a reduce it never entered has been pending
-//! past that deadline. Membership only shrinks. On a death the coordinator aborts the collective
-//! group, retires the rank from dispatch and ElChe, and tells the survivors the new membership
-//! (`ToWorker::Regroup`); each survivor then builds its new communicator and redoes an
-//! interrupted reduce. The host backend's rounds simply stop waiting for the dead rank.
+//! deadline while not inside a collective, when a reduce it never entered has been pending
+//! past that deadline, or when it is still inside a reduce its peers gave up on (their
+//! collectives fail after the deadline). Membership only shrinks. On a death the coordinator
+//! aborts the collective group, retires the rank from dispatch and ElChe, and tells the
+//! survivors the new membership (`ToWorker::Regroup`); each survivor then builds its new
+//! communicator and redoes an interrupted reduce from its pre-reduce state. The host backend's
+//! rounds simply stop waiting for the dead rank (a rank that misses its snapshot deadline on
+//! every retry is declared dead too).
+//!
+//! Known limit (NCCL, not exercised without GPUs): NCCL collectives are not all-or-nothing
+//! across ranks, so a group aborted at the very end of a reduce could leave some survivors
+//! finished and others not; the redo assumes they all failed, as host collectives guarantee.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
