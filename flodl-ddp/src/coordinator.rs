@@ -399,6 +399,10 @@ impl Coordinator {
     /// inside a reduce a quarter of the deadline after its peers' collectives failed (they
     /// waited the deadline for it); and, as a backstop, one inside its collective for twice the
     /// deadline and a half. Pings quiet ranks.
+    ///
+    /// # Errors
+    /// As [`rank_died`](Self::rank_died); [`Error::Unrecoverable`] when a reduce stays pending
+    /// for [`STALLED_REDUCE`] deadlines with every rank alive.
     fn check_liveness(&mut self) -> Result<()> {
         let after = self.cfg.watchdog;
         let pending = match &self.reduce {
@@ -437,6 +441,16 @@ impl Coordinator {
         for (rank, cause, silent) in deaths {
             let error = Error::Timeout { what: "the rank's reports", after: silent };
             self.rank_died(rank, cause, error)?;
+        }
+        if let Some(waited) = self.roster.reduce_pending_for()
+            && waited > after.saturating_mul(STALLED_REDUCE)
+        {
+            // Every rank alive and answering, yet the reduce does not complete: no one to
+            // blame, nothing to wait for.
+            let reason = SaveReason::ReduceStall;
+            let bundle = self.save_failure_bundle(reason.clone());
+            let detail = format!("a reduce has been pending for {waited:?} with no rank to blame");
+            return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
         }
         let beat = self.cfg.heartbeat();
         for (rank, (tx, sent)) in self.to_workers.iter().zip(&self.sent).enumerate() {
@@ -1096,6 +1110,10 @@ impl Coordinator {
         None
     }
 }
+
+/// Watchdog deadlines a collective reduce's attempt may stay pending, all ranks alive, before
+/// the run gives up.
+const STALLED_REDUCE: u32 = 4;
 
 /// Reduce attempts that may fail in a row with every rank alive before the run gives up.
 const FUTILE_ATTEMPTS: usize = 3;
