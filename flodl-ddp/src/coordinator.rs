@@ -15,7 +15,7 @@ use crate::checkpoint::SaveReason;
 use crate::comm::{CommPlan, RankComm, Regroup};
 use crate::dispatch::{Cutting, Dispatcher};
 use crate::elche::ElChe;
-use crate::fault::{Aborts, FaultCause, FaultEvent, Roster};
+use crate::fault::{Aborts, FaultCause, FaultEvent, RankThread, Roster};
 use crate::guard::{Guard, ReduceReport};
 use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::host_round::{AverageJob, HostRound, average, divergence};
@@ -39,7 +39,7 @@ const TICK: Duration = Duration::from_millis(50);
 
 /// What [`spawn`] starts: the coordinator's thread, the ranks' threads and the abort handles of
 /// the collective group.
-pub(crate) type Spawned = (JoinHandle<Result<TrainedState>>, Vec<JoinHandle<()>>, Aborts);
+pub(crate) type Spawned = (JoinHandle<Result<TrainedState>>, Vec<RankThread>, Aborts);
 
 /// Starts one thread per rank and the coordinator's thread.
 pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
@@ -72,11 +72,16 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
         coord.to_workers.push(tx);
         let first = coord.windows[rank];
         let (cfg, to_coord, cancel) = (cfg.clone(), to_coord.clone(), outlets.cancel.clone());
+        let (alive, ended) = flume::bounded::<()>(1);
         let handle = std::thread::Builder::new()
             .name(format!("flodl-rank-{rank}"))
-            .spawn(move || rank_thread(rank, cfg, comm, cancel, rx, to_coord, first))
+            .spawn(move || {
+                // Dropped when the thread ends, which disconnects `ended`.
+                let _alive = alive;
+                rank_thread(rank, cfg, comm, cancel, rx, to_coord, first)
+            })
             .map_err(|e| Error::Config(format!("cannot spawn rank {rank}'s thread: {e}")))?;
-        workers.push(handle);
+        workers.push(RankThread { handle, ended });
     }
     drop(to_coord);
     let main = std::thread::Builder::new()

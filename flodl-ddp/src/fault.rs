@@ -124,6 +124,16 @@ impl Aborts {
     }
 }
 
+/// A rank's thread, and a channel that disconnects when the thread ends (so the run's handle
+/// can wait for it with a deadline, and leave behind one stuck in its replica).
+#[derive(Debug)]
+pub(crate) struct RankThread {
+    /// The thread.
+    pub(crate) handle: std::thread::JoinHandle<()>,
+    /// Disconnects when the thread ends (nothing is ever sent).
+    pub(crate) ended: flume::Receiver<()>,
+}
+
 /// Which ranks have been declared dead, shared with the run's handle (so `join` does not wait
 /// for a dead rank's thread).
 #[derive(Debug, Clone)]

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flodl_tensor::{Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::fault::{Aborts, DeadFlags, FaultEvent};
+use crate::fault::{Aborts, DeadFlags, FaultEvent, RankThread};
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::replica::Replica;
 use crate::trainer::RunConfig;
@@ -118,9 +118,11 @@ pub struct DdpHandle {
     cancel: Arc<AtomicBool>,
     aborts: Aborts,
     main: Option<JoinHandle<Result<TrainedState>>>,
-    workers: Vec<JoinHandle<()>>,
+    workers: Vec<RankThread>,
     faults: flume::Receiver<FaultEvent>,
     dead: DeadFlags,
+    /// How long a failed run's `join` waits for a live rank's thread to end.
+    grace: Duration,
 }
 
 impl DdpHandle {
@@ -131,6 +133,7 @@ impl DdpHandle {
         let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
         let (faults_tx, faults) = flume::bounded(config.world() + 1);
         let dead = DeadFlags::new(config.world());
+        let grace = config.stall_timeout;
         let cancel = Arc::new(AtomicBool::new(false));
         let outlets = Outlets {
             epochs: epochs_tx,
@@ -156,6 +159,7 @@ impl DdpHandle {
             workers,
             faults,
             dead,
+            grace,
         })
     }
 
@@ -207,7 +211,8 @@ impl DdpHandle {
     /// The threads of live ranks are joined. The thread of a rank declared dead is joined when
     /// it has already ended, and detached otherwise: a rank stuck forever inside its replica
     /// cannot be joined, and it exits on its own once its replica returns (its channels are
-    /// closed by then).
+    /// closed by then). When the run failed, a live rank's thread (told to stop) is waited for
+    /// at most the stall timeout, then detached the same way.
     ///
     /// # Errors
     /// [`Error::Unrecoverable`] when the ranks' failures leave nothing to go on with; the error
@@ -229,13 +234,22 @@ impl DdpHandle {
         if result.is_err() {
             self.abort();
         }
+        let deadline = Instant::now() + self.grace;
         for (rank, w) in self.workers.drain(..).enumerate() {
-            if self.dead.is_dead(rank) && !w.is_finished() {
-                tracing::warn!(rank, "detaching the thread of a dead rank that has not ended");
+            let dead = self.dead.is_dead(rank);
+            let ends = w.handle.is_finished()
+                || (!dead && result.is_ok())
+                || (!dead
+                    && matches!(
+                        w.ended.recv_deadline(deadline),
+                        Err(flume::RecvTimeoutError::Disconnected)
+                    ));
+            if !ends {
+                tracing::warn!(rank, dead, "detaching the thread of a rank that has not ended");
                 continue;
             }
             // A worker catches its own panics; a join error here has nothing left to report.
-            let _ = w.join();
+            let _ = w.handle.join();
         }
         result
     }

@@ -32,17 +32,26 @@ const ACCURACY: f64 = 0.84;
 const MAX_DROP: f64 = 0.05;
 
 /// A gate a hung replica waits on until the test opens it (after the run), at most a minute so
-/// a broken watchdog fails the test instead of hanging it.
+/// a broken watchdog fails the test instead of hanging it (the gate then records that it gave
+/// up).
 #[derive(Default)]
 struct Gate {
     open: Mutex<bool>,
     cond: Condvar,
+    gave_up: std::sync::atomic::AtomicBool,
 }
 
 impl Gate {
     fn wait(&self) {
         let guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = self.cond.wait_timeout_while(guard, Duration::from_secs(60), |open| !*open);
+        let waited = self.cond.wait_timeout_while(guard, Duration::from_secs(60), |open| !*open);
+        if waited.is_ok_and(|(_, t)| t.timed_out()) {
+            self.gave_up.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    fn gave_up(&self) -> bool {
+        self.gave_up.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn open(&self) {
@@ -437,5 +446,40 @@ fn a_lone_survivor_finishes_the_run() -> TestResult {
             assert!(state.params.iter().flat_map(|t| &t.data).all(|x| x.is_finite()), "{what}");
         }
     }
+    Ok(())
+}
+
+/// A run that fails (no failure allowed, one rank errs) while another rank hangs in its replica
+/// returns the failure without waiting for the hung rank: `join` leaves its thread behind after
+/// the stall timeout instead of joining it.
+#[test]
+fn a_failed_run_leaves_a_hung_rank_behind() -> TestResult {
+    let gate = Arc::new(Gate::default());
+    let hang = gate.clone();
+    let factory = move |ctx: &ReplicaContext| -> Result<Doomed> {
+        let fate = match ctx.rank {
+            1 => Some((2, Fate::Error)),
+            2 => Some((2, Fate::Hang(hang.clone()))),
+            _ => None,
+        };
+        Doomed::new(ctx, fate)
+    };
+    let outcome = Trainer::new(factory)
+        .dataset(train_subset(2048))
+        .batch_size(BATCH)
+        .devices(Devices::Cpu(3))
+        .policy(Policy::Sync)
+        .stall_timeout(Duration::from_secs(2))
+        .watchdog(Duration::from_secs(30))
+        .max_failures(0)
+        .run()?
+        .join();
+    let gave_up = gate.gave_up();
+    gate.open();
+    match outcome {
+        Err(Error::Rank { rank: 1, .. }) => {}
+        other => panic!("unexpected outcome {:?}", other.map(|s| s.epochs.len())),
+    }
+    assert!(!gave_up, "join waited for the hung rank until its gate gave up");
     Ok(())
 }
