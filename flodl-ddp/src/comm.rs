@@ -199,3 +199,71 @@ fn host_weighted(
     }
     Ok(())
 }
+
+/// How the survivors of a membership change build their next communicator.
+#[derive(Debug, Clone)]
+pub(crate) enum Regroup {
+    /// Shrink the host group to the survivors.
+    Host,
+    /// Join a new NCCL group named by this id (the old one is aborted).
+    #[cfg(feature = "cuda")]
+    Nccl(flodl_nccl::UniqueId),
+}
+
+impl RankComm {
+    /// The communicator of the group formed by `survivors` (ranks of this communicator's group,
+    /// strictly increasing, this rank included), built as `how` says; every survivor calls
+    /// this with the same list. Host: [`HostComm::shrink`], never blocks. NCCL: aborts this
+    /// group and joins the new one as the survivor's position in the list, waiting at most
+    /// `timeout` for the others.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `how` does not fit this communicator; collective errors (a bad
+    /// list, NCCL init failure or timeout) and tensor errors.
+    pub(crate) fn regroup(
+        &self,
+        survivors: &[usize],
+        how: &Regroup,
+        device: Device,
+        timeout: std::time::Duration,
+    ) -> Result<RankComm> {
+        match (self, how) {
+            (RankComm::Host { comm, .. }, Regroup::Host) => {
+                let _ = device;
+                let mut comm = comm.shrink(survivors)?;
+                comm.set_timeout(timeout);
+                Ok(RankComm::Host { comm, mirrors: Vec::new() })
+            }
+            #[cfg(feature = "cuda")]
+            (RankComm::Device { comm, .. }, Regroup::Nccl(id)) => {
+                let me = comm.rank();
+                let rank = survivors.iter().position(|&r| r == me).ok_or_else(|| {
+                    Error::Config(format!("rank {me} is not among the survivors {survivors:?}"))
+                })?;
+                // The old group may still hold a collective that never completes.
+                comm.abort_handle().abort();
+                CommPlan::Nccl { id: id.clone(), world: survivors.len() }
+                    .join(rank, device, timeout)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::Config("a regroup does not match the rank's communicator".into())),
+        }
+    }
+
+    /// Whether a failed reduce may have written part of the tensors (NCCL), so the rank must
+    /// restore them; a host collective fails before it writes anything.
+    pub(crate) fn writes_partially(&self) -> bool {
+        matches!(self, RankComm::Device { .. })
+    }
+
+    /// After a failed reduce: waits until the comm stream no longer touches the tensors (an
+    /// aborted NCCL group's kernels exit), so they can be restored. Its own error is the
+    /// failure already being reported, so it is not returned.
+    pub(crate) fn settle(&self) {
+        if let RankComm::Device { stream, .. } = self
+            && let Err(e) = stream.synchronize()
+        {
+            tracing::debug!(error = %e, "comm stream after a failed reduce");
+        }
+    }
+}

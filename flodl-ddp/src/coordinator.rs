@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use flodl_nccl::AbortHandle;
 use flodl_tensor::{Stream, Tensor};
 
 use crate::capture::{
@@ -17,13 +16,14 @@ use crate::capture::{
     restore_outer, save, signature,
 };
 use crate::checkpoint::{Checkpoint, SaveReason};
-use crate::comm::{CommPlan, RankComm};
+use crate::comm::{CommPlan, RankComm, Regroup};
 use crate::dispatch::{Cutting, Dispatcher};
 use crate::elche::ElChe;
+use crate::fault::{Aborts, FaultCause, FaultEvent, RankThread, Roster};
 use crate::guard::{Guard, ReduceReport};
 use crate::handle::{Outlets, TrainedState, panic_message, trained_state};
-use crate::host_round::{HostRound, average, divergence};
-use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
+use crate::host_round::{AverageJob, HostRound, average, divergence};
+use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window};
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::outer::{OuterKind, OuterOptimizer};
 use crate::policy::{Backend, Policy};
@@ -43,19 +43,21 @@ const TICK: Duration = Duration::from_millis(50);
 
 /// What [`spawn`] starts: the coordinator's thread, the ranks' threads and the abort handles of
 /// the collective group.
-pub(crate) type Spawned = (JoinHandle<Result<TrainedState>>, Vec<JoinHandle<()>>, Vec<AbortHandle>);
+pub(crate) type Spawned = (JoinHandle<Result<TrainedState>>, Vec<RankThread>, Aborts);
 
 /// Starts one thread per rank and the coordinator's thread.
 pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
     let world = cfg.world();
     let comms = comm_plans(&cfg)?;
-    let aborts: Vec<AbortHandle> = comms
-        .iter()
-        .filter_map(|c| match c {
-            Some(CommPlan::Host(comm)) => Some(comm.abort_handle()),
-            _ => None,
-        })
-        .collect();
+    let aborts = Aborts::new(
+        comms
+            .iter()
+            .map(|c| match c {
+                Some(CommPlan::Host(comm)) => Some(comm.abort_handle()),
+                _ => None,
+            })
+            .collect(),
+    );
     let (to_coord, from_workers) = flume::bounded(TO_COORDINATOR);
     let mut coord = Coordinator::new(
         cfg.clone(),
@@ -64,17 +66,26 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
         to_coord.clone(),
         aborts.clone(),
     )?;
+    #[cfg(feature = "cuda")]
+    {
+        coord.roster.nccl = comms.iter().any(|c| matches!(c, Some(CommPlan::Nccl { .. })));
+    }
     let mut workers = Vec::with_capacity(world);
     for (rank, comm) in comms.into_iter().enumerate() {
         let (tx, rx) = flume::bounded(TO_WORKER);
         coord.to_workers.push(tx);
         let first = coord.windows[rank];
         let (cfg, to_coord, cancel) = (cfg.clone(), to_coord.clone(), outlets.cancel.clone());
+        let (alive, ended) = flume::bounded::<()>(1);
         let handle = std::thread::Builder::new()
             .name(format!("flodl-rank-{rank}"))
-            .spawn(move || rank_thread(rank, cfg, comm, cancel, rx, to_coord, first))
+            .spawn(move || {
+                // Dropped when the thread ends, which disconnects `ended`.
+                let _alive = alive;
+                rank_thread(rank, cfg, comm, cancel, rx, to_coord, first)
+            })
             .map_err(|e| Error::Config(format!("cannot spawn rank {rank}'s thread: {e}")))?;
-        workers.push(handle);
+        workers.push(RankThread { handle, ended });
     }
     drop(to_coord);
     let main = std::thread::Builder::new()
@@ -102,7 +113,7 @@ fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
         let id = flodl_nccl::UniqueId::new()?;
         return Ok((0..world).map(|_| Some(CommPlan::Nccl { id: id.clone(), world })).collect());
     }
-    Ok(RankComm::host_group(world, cfg.stall_timeout)
+    Ok(RankComm::host_group(world, cfg.comm_timeout())
         .into_iter()
         .map(|c| Some(CommPlan::Host(c)))
         .collect())
@@ -186,7 +197,7 @@ struct Coordinator {
     rx: flume::Receiver<ToCoordinator>,
     tx: flume::Sender<ToCoordinator>,
     to_workers: Vec<flume::Sender<ToWorker>>,
-    aborts: Vec<AbortHandle>,
+    aborts: Aborts,
     start: Instant,
     devices: Vec<String>,
     shapes: Vec<Vec<usize>>,
@@ -226,6 +237,10 @@ struct Coordinator {
     last_bundle: Option<Checkpoint>,
     /// The checkpoint this run resumes from.
     resumed: Option<Arc<Resumed>>,
+    /// Which ranks are alive, and the collective bookkeeping of membership changes.
+    roster: Roster,
+    /// Ranks whose channel was found closed (their thread ended): declared dead next.
+    gone: Vec<Cell<bool>>,
 }
 
 impl Coordinator {
@@ -234,7 +249,7 @@ impl Coordinator {
         outlets: Outlets,
         rx: flume::Receiver<ToCoordinator>,
         tx: flume::Sender<ToCoordinator>,
-        aborts: Vec<AbortHandle>,
+        aborts: Aborts,
     ) -> Result<Self> {
         let world = cfg.world();
         let batches = cfg.batches_per_epoch();
@@ -265,6 +280,7 @@ impl Coordinator {
         let max_overshoot = knobs.max_overshoot.unwrap_or((batches / 100).clamp(2, 5));
         let guard = cfg.guard.clone();
         let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
+        let outlets_dead = outlets.dead.clone();
         let mut coord = Coordinator {
             devices: cfg.devices.iter().map(ToString::to_string).collect(),
             dispatch: Dispatcher::new(world, cfg.batch_size, batches, cfg.epochs, cutting),
@@ -301,6 +317,8 @@ impl Coordinator {
             epochs_saved: 0,
             last_bundle: None,
             resumed: None,
+            roster: Roster::new(world, outlets_dead),
+            gone: (0..world).map(|_| Cell::new(false)).collect(),
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
@@ -373,17 +391,14 @@ impl Coordinator {
             for tx in &self.to_workers {
                 let _ = tx.try_send(ToWorker::Stop);
             }
-            for a in &self.aborts {
-                a.abort();
-            }
+            self.aborts.abort_all();
         }
         result
     }
 
     /// A rank thread went away: the failure it reported on its way out, if it arrives soon.
     fn failure_behind(&self, what: &'static str) -> Error {
-        let deadline =
-            Instant::now() + heartbeat(self.cfg.stall_timeout).max(Duration::from_millis(250));
+        let deadline = Instant::now() + self.cfg.heartbeat().max(Duration::from_millis(250));
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.rx.recv_timeout(left) {
                 Ok(ToCoordinator::Failed { rank, error }) => return rank_error(rank, error),
@@ -399,9 +414,17 @@ impl Coordinator {
             t.set(Instant::now());
         }
         match self.to_workers.get(rank) {
-            Some(tx) => tx
-                .send_timeout(msg, self.cfg.stall_timeout)
-                .map_err(|_| Error::Disconnected("rank thread")),
+            Some(tx) => match tx.send_timeout(msg, self.cfg.stall_timeout) {
+                Ok(()) => Ok(()),
+                Err(flume::SendTimeoutError::Disconnected(_)) => {
+                    // The rank's thread ended: it is declared dead once its last words are read.
+                    if let Some(g) = self.gone.get(rank) {
+                        g.set(true);
+                    }
+                    Ok(())
+                }
+                Err(flume::SendTimeoutError::Timeout(_)) => Err(Error::Disconnected("rank thread")),
+            },
             None => Err(Error::Disconnected("rank thread")),
         }
     }
@@ -434,19 +457,75 @@ impl Coordinator {
             }
             self.check_host_deadline()?;
             self.aggregate();
+            self.check_gone()?;
             self.check_liveness()?;
         }
     }
 
-    /// Fails the run when a rank has been silent past the stall timeout; pings quiet ranks.
-    fn check_liveness(&self) -> Result<()> {
-        let after = self.cfg.stall_timeout;
-        if let Some(rank) = self.heard.iter().position(|h| h.elapsed() > after) {
-            let source = Box::new(Error::Timeout { what: "the rank's reports", after });
-            return Err(Error::Rank { rank, source });
+    /// The watchdog: declares dead a rank silent past the deadline while not inside a
+    /// collective; one that has not entered a reduce pending past the deadline; one still
+    /// inside a reduce a quarter of the deadline after its peers' collectives failed (they
+    /// waited the deadline for it); and, as a backstop, one inside its collective for twice the
+    /// deadline and a half. Pings quiet ranks.
+    ///
+    /// # Errors
+    /// As [`rank_died`](Self::rank_died); [`Error::Unrecoverable`] when a reduce stays pending
+    /// for [`STALLED_REDUCE`] deadlines with every rank alive.
+    fn check_liveness(&mut self) -> Result<()> {
+        let after = self.cfg.watchdog;
+        let pending = match &self.reduce {
+            Reduce::Collective { round, acks, .. } => {
+                self.roster.reduce_pending_for().map(|d| (d, acks, *round))
+            }
+            _ => None,
+        };
+        let peers_gave_up = self.roster.failing_for().is_some_and(|d| d > after / 4);
+        let mut deaths = Vec::new();
+        for rank in self.roster.live_ranks() {
+            let silent = self.heard[rank].elapsed();
+            let cause = match self.roster.in_collective(rank) {
+                Some(since)
+                    if peers_gave_up || since.elapsed() > after.saturating_mul(2) + after / 2 =>
+                {
+                    let round = pending.map_or(0, |p| p.2);
+                    Some(FaultCause::StuckInReduce { round, after: since.elapsed() })
+                }
+                Some(_) => None,
+                None => match pending {
+                    Some((waited, acks, round))
+                        if waited > after
+                            && acks.get(rank).is_some_and(Option::is_none)
+                            && !self.roster.has_failed(rank) =>
+                    {
+                        Some(FaultCause::MissedReduce { round, after: waited })
+                    }
+                    _ => (silent > after).then_some(FaultCause::Silent { after: silent }),
+                },
+            };
+            if let Some(cause) = cause {
+                deaths.push((rank, cause, silent));
+            }
         }
+        for (rank, cause, silent) in deaths {
+            let error = Error::Timeout { what: "the rank's reports", after: silent };
+            self.rank_died(rank, cause, error)?;
+        }
+        if let Some(waited) = self.roster.reduce_pending_for()
+            && waited > after.saturating_mul(STALLED_REDUCE)
+        {
+            // Every rank alive and answering, yet the reduce does not complete: no one to
+            // blame, nothing to wait for.
+            let reason = SaveReason::ReduceStall;
+            let bundle = self.save_failure_bundle(reason.clone());
+            let detail = format!("a reduce has been pending for {waited:?} with no rank to blame");
+            return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
+        }
+        let beat = self.cfg.heartbeat();
         for (rank, (tx, sent)) in self.to_workers.iter().zip(&self.sent).enumerate() {
-            if sent.get().elapsed() >= heartbeat(after) {
+            if !self.roster.is_live(rank) {
+                continue;
+            }
+            if sent.get().elapsed() >= beat {
                 sent.set(Instant::now());
                 // A full queue holds messages already: the rank hears from us anyway.
                 let _ = tx.try_send(ToWorker::Ping);
@@ -520,6 +599,9 @@ impl Coordinator {
                 self.send(rank, ToWorker::Init { state: state.clone(), restore })?;
             }
         } else {
+            if self.cfg.checkpoints.is_some() {
+                self.last_bundle = Some(self.starting_bundle(&initial)?);
+            }
             let initial = Arc::new(initial);
             for rank in 1..world {
                 self.send(rank, ToWorker::Init { state: initial.clone(), restore: None })?;
@@ -541,7 +623,7 @@ impl Coordinator {
         // In the last epoch a queued chunk could leave a peer idle at the end of the run: each
         // rank then holds one chunk at a time (chunks are sized to its share of what is left).
         let ahead = if self.dispatch.in_last_epoch() { 1 } else { CHUNKS_AHEAD };
-        for rank in 0..self.cfg.world() {
+        for rank in self.roster.live_ranks() {
             while self.ranks[rank].in_flight < ahead {
                 let Some(chunk) = self.dispatch.next_chunk(rank, &counts, calibrated) else {
                     break;
@@ -559,6 +641,10 @@ impl Coordinator {
     }
 
     fn handle(&mut self, msg: ToCoordinator) -> Result<()> {
+        if msg.rank().is_some_and(|r| !self.roster.is_live(r)) {
+            // The coordinator decides membership: a dead rank's late words change nothing.
+            return Ok(());
+        }
         if let Some(heard) = msg.rank().and_then(|r| self.heard.get_mut(r)) {
             *heard = Instant::now();
         }
@@ -567,8 +653,9 @@ impl Coordinator {
             | ToCoordinator::Final { .. }
             | ToCoordinator::Alive { .. } => {}
             ToCoordinator::ChunkDone { rank, chunk, work } => {
-                self.dispatch.complete(rank, &chunk, &work);
-                if let Some(b) = self.ranks.get_mut(rank) {
+                if self.dispatch.complete(rank, &chunk, &work)
+                    && let Some(b) = self.ranks.get_mut(rank)
+                {
                     b.in_flight = b.in_flight.saturating_sub(1);
                 }
                 self.aggregate();
@@ -583,57 +670,22 @@ impl Coordinator {
             }
             ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence, capture } => {
                 self.take_capture(rank, round, capture);
-                let mut done = None;
-                if let Reduce::Collective { round: r, acks, counts } = &mut self.reduce
+                if let Reduce::Collective { round: r, acks, .. } = &mut self.reduce
                     && *r == round
+                    && let Some(slot) = acks.get_mut(rank)
                 {
-                    if let Some(slot) = acks.get_mut(rank) {
-                        *slot = Some((steps, sync_ms, divergence));
-                    }
-                    if acks.iter().all(Option::is_some) {
-                        let steps = acks.iter().flatten().map(|a| a.0).collect::<Vec<_>>();
-                        let sync = acks.iter().flatten().map(|a| a.1).fold(0.0, f64::max);
-                        let div = acks.iter().flatten().filter_map(|a| a.2).reduce(f64::max);
-                        done = Some((round, std::mem::take(counts), steps, sync, div));
-                    }
+                    *slot = Some((steps, sync_ms, divergence));
                 }
-                if let Some((round, counts, steps, sync, div)) = done {
-                    self.complete_reduce(round, counts, steps, sync, div);
-                    if self.capturing.as_ref().is_some_and(|c| c.round == round) {
-                        self.finish_capture(None, self.reduces)?;
-                        for rank in 0..self.cfg.world() {
-                            self.send(rank, ToWorker::Resume)?;
-                        }
-                    }
-                }
+                let generation = self.roster.generation();
+                self.roster.left(rank, generation, false);
+                self.check_collective_done()?;
             }
             ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture } => {
                 self.take_capture(rank, round, capture);
                 if let Reduce::Host(hr) = &mut self.reduce
                     && let Some(job) = hr.collect(rank, round, attempt, state, steps)
                 {
-                    {
-                        let tx = self.tx.clone();
-                        let gamma = self.cfg.gamma;
-                        let measure = self.cfg.measures_divergence();
-                        std::thread::Builder::new()
-                            .name("flodl-host-average".into())
-                            .spawn(move || {
-                                let state = average(&job.states, &job.steps, gamma);
-                                let divergence = match &state {
-                                    Ok(avg) if measure => {
-                                        Some(divergence(&job.states, &job.steps, avg))
-                                    }
-                                    _ => None,
-                                };
-                                let round = job.round;
-                                let _ =
-                                    tx.send(ToCoordinator::Averaged { round, state, divergence });
-                            })
-                            .map_err(|e| {
-                                Error::Config(format!("cannot spawn the averaging thread: {e}"))
-                            })?;
-                    }
+                    self.start_average(job)?;
                 }
             }
             ToCoordinator::Averaged { round, state, divergence } => {
@@ -650,8 +702,9 @@ impl Coordinator {
                         self.finish_capture(Some(&state), self.reduces + 1)?;
                     }
                     let state = Arc::new(state);
-                    for rank in 0..self.cfg.world() {
-                        let eval = if rank == 0 { done.eval } else { None };
+                    let lowest = self.roster.lowest();
+                    for rank in self.roster.live_ranks() {
+                        let eval = if Some(rank) == lowest { done.eval } else { None };
                         let next = done.next[rank];
                         let global_step = self.global_step;
                         self.send(
@@ -673,7 +726,37 @@ impl Coordinator {
                 }
                 self.emit_ready();
             }
-            ToCoordinator::Failed { rank, error } => return Err(rank_error(rank, error)),
+            ToCoordinator::Failed { rank, error } => {
+                let cause = match &error {
+                    Error::Panicked { message, .. } => {
+                        FaultCause::Panicked { message: message.clone() }
+                    }
+                    e => FaultCause::Failed { error: e.to_string() },
+                };
+                self.rank_died(rank, cause, error)?;
+            }
+            ToCoordinator::Reducing { rank, round } => {
+                if matches!(self.reduce, Reduce::Collective { round: r, .. } if r == round) {
+                    self.roster.entered(rank);
+                }
+            }
+            ToCoordinator::ReduceFailed { rank, round, generation, error } => {
+                tracing::warn!(rank, round, generation, %error, "a rank's collective failed");
+                self.roster.left(rank, generation, true);
+                self.check_futile_reduce()?;
+            }
+            ToCoordinator::Joining { rank, generation } => {
+                if generation == self.roster.generation() {
+                    // Silent while the group forms: judged like a rank inside a collective.
+                    self.roster.entered(rank);
+                }
+            }
+            ToCoordinator::Joined { rank, generation, abort } => {
+                if generation == self.roster.generation() {
+                    self.aborts.set(rank, abort);
+                    self.roster.left(rank, generation, false);
+                }
+            }
         }
         Ok(())
     }
@@ -709,6 +792,7 @@ impl Coordinator {
         }
         let epoch = self.held.iter().filter(|h| h.awaiting_eval).map(|h| h.metrics.epoch).max()?;
         self.eval_requested = true;
+        self.roster.set_evaluator(self.roster.lowest());
         Some(epoch)
     }
 
@@ -717,7 +801,8 @@ impl Coordinator {
         if !matches!(self.reduce, Reduce::Idle) {
             return Ok(None);
         }
-        if self.ranks.iter().any(|b| b.progress.is_none()) {
+        let live = self.roster.live_ranks();
+        if live.iter().any(|&r| self.ranks[r].progress.is_none()) {
             return Ok(None);
         }
         let steps: Vec<usize> = self.ranks.iter().map(|b| b.progress.map_or(0, |p| p.0)).collect();
@@ -729,8 +814,10 @@ impl Coordinator {
             return Ok(None);
         }
         if !self.held.is_empty() {
-            if let Some(epoch) = self.take_eval_request() {
-                self.send(0, ToWorker::Evaluate { epoch })?;
+            if let Some(epoch) = self.take_eval_request()
+                && let Some(lowest) = self.roster.lowest()
+            {
+                self.send(lowest, ToWorker::Evaluate { epoch })?;
             }
             return Ok(None);
         }
@@ -767,30 +854,33 @@ impl Coordinator {
                 parts: vec![None; self.cfg.world()],
             });
         }
+        let lowest = self.roster.lowest();
         match self.cfg.backend {
             Backend::Collective => {
-                for (rank, &window) in next.iter().enumerate() {
-                    let eval = if rank == 0 { eval } else { None };
-                    let capture = capture.as_ref().map(|_| CaptureRequest { model: rank == 0 });
+                for rank in self.roster.live_ranks() {
+                    let eval = if Some(rank) == lowest { eval } else { None };
+                    let window = next[rank];
+                    let model = Some(rank) == lowest;
+                    let capture = capture.as_ref().map(|_| CaptureRequest { model });
                     self.send(rank, ToWorker::Reduce { next: window, eval, global_step, capture })?;
                 }
                 let acks = vec![None; self.cfg.world()];
                 self.reduce = Reduce::Collective { round: ending, acks, counts };
+                self.roster.reduce_called();
             }
             Backend::Host => {
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
-                for rank in 0..self.cfg.world() {
+                for rank in self.roster.live_ranks() {
                     self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0, capture })?;
                 }
                 let deadline = started + self.cfg.snapshot_timeout;
-                self.reduce = Reduce::Host(HostRound::new(
-                    ending,
-                    self.cfg.world(),
-                    deadline,
-                    next.clone(),
-                    eval,
-                    counts,
-                ));
+                let mut round =
+                    HostRound::new(ending, self.cfg.world(), deadline, next.clone(), eval, counts);
+                for rank in (0..self.cfg.world()).filter(|&r| !self.roster.is_live(r)) {
+                    // Nothing collected yet, so this completes nothing.
+                    let _ = round.retire(rank);
+                }
+                self.reduce = Reduce::Host(round);
             }
         }
         self.windows = next;
@@ -818,6 +908,8 @@ impl Coordinator {
     /// Soft-aborts a host round whose snapshots are late and asks again.
     fn check_host_deadline(&mut self) -> Result<()> {
         let Reduce::Host(hr) = &mut self.reduce else { return Ok(()) };
+        let missing = hr.missing();
+        let age = hr.age();
         let Some((round, attempt)) = hr.retry_if_late(self.cfg.snapshot_timeout) else {
             return Ok(());
         };
@@ -828,14 +920,24 @@ impl Coordinator {
             "host averaging round missed its snapshot deadline; retrying"
         );
         if self.stalled >= self.cfg.max_stalled_rounds {
-            return Err(Error::ReduceStalled { attempts: self.stalled });
+            if !missing.is_empty() && missing.len() < self.roster.live_ranks().len() {
+                // The ranks that never answered are stuck: the others go on without them.
+                let after = age.map_or(Duration::ZERO, |(_, d)| d);
+                self.stalled = 0;
+                for rank in missing {
+                    let error = Error::Timeout { what: "the rank's snapshot", after };
+                    self.rank_died(rank, FaultCause::MissedReduce { round, after }, error)?;
+                }
+            } else {
+                return Err(Error::ReduceStalled { attempts: self.stalled });
+            }
         }
         let capture = self
             .capturing
             .as_ref()
             .filter(|c| c.round == round)
             .map(|_| CaptureRequest { model: false });
-        for rank in 0..self.cfg.world() {
+        for rank in self.roster.live_ranks() {
             self.send(rank, ToWorker::Snapshot { round, attempt, capture })?;
         }
         Ok(())
@@ -850,6 +952,7 @@ impl Coordinator {
         divergence: Option<f64>,
     ) {
         self.reduce = Reduce::Idle;
+        self.roster.reduce_done();
         if let Some(divergence) = divergence {
             let k_max = steps.iter().copied().max().unwrap_or(0) as u64;
             let verdict = self.guard.report(&ReduceReport { divergence, k_max });
@@ -875,16 +978,27 @@ impl Coordinator {
         let _ = self.outlets.reduces.try_send(event);
     }
 
-    /// Tells every rank to finish and returns rank 0's final state.
+    /// Tells every live rank to finish and returns the lowest live rank's final state.
     fn finish(&mut self) -> Result<TrainedState> {
         let capture = self.cfg.checkpoints.is_some();
-        for rank in 0..self.cfg.world() {
+        for rank in self.roster.live_ranks() {
             self.send(rank, ToWorker::Finish { capture })?;
         }
         let mut parts: Vec<Option<RankCapture>> = vec![None; self.cfg.world()];
         let deadline = Instant::now() + self.cfg.stall_timeout;
         let mut finals: Vec<Option<HostState>> = vec![None; self.cfg.world()];
-        while finals.iter().any(Option::is_none) {
+        loop {
+            for (gone, done) in self.gone.iter().zip(&finals) {
+                if done.is_some() {
+                    // Its thread ended after its final state: that is no death.
+                    gone.set(false);
+                }
+            }
+            self.check_gone()?;
+            let live = self.roster.live_ranks();
+            if live.iter().all(|&r| finals[r].is_some()) {
+                break;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::Timeout {
@@ -892,7 +1006,7 @@ impl Coordinator {
                     after: self.cfg.stall_timeout,
                 });
             }
-            match self.rx.recv_timeout(left) {
+            match self.rx.recv_timeout(left.min(TICK)) {
                 Ok(ToCoordinator::Final { rank, state, capture }) => {
                     if let Some(slot) = finals.get_mut(rank) {
                         *slot = Some(state);
@@ -901,12 +1015,14 @@ impl Coordinator {
                         *slot = capture.map(|c| *c);
                     }
                 }
-                Ok(ToCoordinator::Failed { rank, error }) => return Err(rank_error(rank, error)),
+                Ok(msg @ ToCoordinator::Failed { .. }) => self.handle(msg)?,
                 Ok(_) => {}
+                Err(flume::RecvTimeoutError::Timeout) => {}
                 Err(_) => return Err(Error::Disconnected("rank thread")),
             }
         }
-        let state = finals.into_iter().next().flatten().ok_or(Error::Disconnected("rank 0"))?;
+        let lowest = self.roster.lowest().ok_or(Error::Disconnected("every rank thread"))?;
+        let state = finals.swap_remove(lowest).ok_or(Error::Disconnected("rank thread"))?;
         if let Some(plan) = &self.cfg.checkpoints {
             let outer = match self.cfg.backend {
                 Backend::Host => outer_state(&self.outer, &self.cpu)?,
@@ -947,6 +1063,22 @@ impl Coordinator {
             epochs_done > self.epochs_saved && plan.interval.due_after_epoch(epochs_done as u64);
         (epoch_due || plan.interval.due_after_reduce(self.reduces + 1))
             .then_some(SaveReason::Periodic)
+    }
+
+    /// The run's starting state as a bundle (what a failure before the first save keeps).
+    fn starting_bundle(&self, initial: &HostState) -> Result<Checkpoint> {
+        let progress = Progress {
+            reason: SaveReason::Periodic,
+            global_step: 0,
+            epoch: 0,
+            reduces: 0,
+            elche: self.elche.as_ref().map(ElChe::state),
+            guard: &self.guard,
+            epochs: &[],
+            coverage: Vec::new(),
+        };
+        let parts = vec![None; self.cfg.world()];
+        assemble(&self.cfg, &self.shapes, &parts, Some(initial), None, progress)
     }
 
     /// Keeps a rank's checkpoint part for the capture of `round`.
@@ -991,7 +1123,228 @@ impl Coordinator {
         self.last_bundle = Some(ckpt);
         Ok(())
     }
+
+    /// Host backend: averages `job` on a helper thread, which reports `Averaged`. When none of
+    /// the ranks left in the round stepped (the one that did died), their snapshots are
+    /// averaged equally.
+    fn start_average(&mut self, mut job: AverageJob) -> Result<()> {
+        if job.steps.iter().all(|&s| s == 0) {
+            job.steps.iter_mut().for_each(|s| *s = 1);
+        }
+        let tx = self.tx.clone();
+        let gamma = self.cfg.gamma;
+        let measure = self.cfg.measures_divergence();
+        std::thread::Builder::new()
+            .name("flodl-host-average".into())
+            .spawn(move || {
+                let state = average(&job.states, &job.steps, gamma);
+                let divergence = match &state {
+                    Ok(avg) if measure => Some(divergence(&job.states, &job.steps, avg)),
+                    _ => None,
+                };
+                let round = job.round;
+                let _ = tx.send(ToCoordinator::Averaged { round, state, divergence });
+            })
+            .map_err(|e| Error::Config(format!("cannot spawn the averaging thread: {e}")))?;
+        Ok(())
+    }
+
+    /// Declares dead the ranks whose thread was found ended, once their last messages (the
+    /// failure they report on the way out) have been read.
+    fn check_gone(&mut self) -> Result<()> {
+        let gone: Vec<usize> = (0..self.gone.len())
+            .filter(|&r| self.gone[r].get() && self.roster.is_live(r))
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        while let Ok(msg) = self.rx.try_recv() {
+            self.handle(msg)?;
+        }
+        for rank in gone {
+            let cause = FaultCause::Failed { error: "its thread ended".into() };
+            self.rank_died(rank, cause, Error::Disconnected("rank thread"))?;
+        }
+        Ok(())
+    }
+
+    /// The membership authority: declares `rank` dead for `cause` (`error` is what the run
+    /// returns if this death ends it) and lets the survivors go on: its unfinished chunks go
+    /// back to the living, ElChe retires it, a host round stops waiting for it, and a
+    /// collective group is aborted and rebuilt from the survivors, who redo an interrupted
+    /// reduce.
+    ///
+    /// # Errors
+    /// The rank's error past the failure limit; [`Error::Unrecoverable`] when no rank is left,
+    /// or a lone survivor of an NCCL group.
+    fn rank_died(&mut self, rank: usize, cause: FaultCause, error: Error) -> Result<()> {
+        if !self.roster.is_live(rank) {
+            return Ok(());
+        }
+        if self.roster.evaluator() == Some(rank) {
+            // Asked again from the next lowest live rank.
+            self.eval_requested = false;
+            self.roster.set_evaluator(None);
+        }
+        self.roster.bury(rank);
+        let survivors = self.roster.live_ranks();
+        let at_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
+        // At most one event per rank: the queue holds a slot per rank.
+        let _ = self.outlets.faults.try_send(FaultEvent {
+            rank,
+            at_ms,
+            cause: cause.clone(),
+            survivors: survivors.clone(),
+        });
+        if let Some(tx) = self.to_workers.get(rank) {
+            // A rank stuck in its replica reads this when (if) it returns.
+            let _ = tx.try_send(ToWorker::Stop);
+        }
+        let lone_nccl = self.roster.nccl && survivors.len() == 1;
+        if self.roster.deaths() > self.cfg.max_failures {
+            self.save_failure_bundle(SaveReason::MaxFailureExceeded);
+            return Err(rank_error(rank, error));
+        }
+        if survivors.is_empty() || lone_nccl {
+            let reason = if survivors.is_empty() {
+                SaveReason::AllRanksLost
+            } else {
+                SaveReason::SingleSurvivor
+            };
+            let bundle = self.save_failure_bundle(reason.clone());
+            let detail = match survivors.first() {
+                None => format!("rank {rank}, the last one alive, {cause}"),
+                Some(lone) => format!(
+                    "rank {rank} {cause}; rank {lone} is the lone survivor of an NCCL group"
+                ),
+            };
+            let last = Some(Box::new(rank_error(rank, error)));
+            return Err(Error::Unrecoverable { reason, detail, bundle, last });
+        }
+        let requeued = self.dispatch.retire(rank);
+        tracing::debug!(
+            rank,
+            chunks = requeued.len(),
+            "the dead rank's unfinished chunks re-queued"
+        );
+        if let Some(b) = self.ranks.get_mut(rank) {
+            *b = RankBook::default();
+        }
+        if let Some(e) = self.elche.as_mut() {
+            e.retire(rank).map_err(|e| Error::Config(e.to_string()))?;
+        }
+        match self.cfg.backend {
+            Backend::Collective => self.regroup(&survivors)?,
+            Backend::Host => {
+                if let Reduce::Host(hr) = &mut self.reduce
+                    && let Some(job) = hr.retire(rank)
+                {
+                    self.start_average(job)?;
+                }
+            }
+        }
+        self.check_collective_done()?;
+        Ok(())
+    }
+
+    /// Collective backend: aborts the current group (waking anyone blocked in it) and tells
+    /// `members` to form the next one.
+    fn regroup(&mut self, members: &[usize]) -> Result<()> {
+        self.aborts.abort_all();
+        let generation = self.roster.next_generation();
+        let how = self.regroup_how()?;
+        tracing::info!(generation, ?members, "regrouping the collective");
+        for &rank in members {
+            let msg = ToWorker::Regroup { generation, members: members.to_vec(), how: how.clone() };
+            self.send(rank, msg)?;
+        }
+        Ok(())
+    }
+
+    /// How the next collective group is built: a shrunk host group, or a new NCCL group named
+    /// by a fresh id.
+    fn regroup_how(&self) -> Result<Regroup> {
+        #[cfg(feature = "cuda")]
+        if self.roster.nccl {
+            return Ok(Regroup::Nccl(flodl_nccl::UniqueId::new()?));
+        }
+        Ok(Regroup::Host)
+    }
+
+    /// Completes the pending collective reduce once every live rank acknowledged it.
+    fn check_collective_done(&mut self) -> Result<()> {
+        let mut done = None;
+        if let Reduce::Collective { round, acks, counts } = &mut self.reduce {
+            let live = self.roster.live_ranks();
+            if live.iter().all(|&r| acks.get(r).is_some_and(Option::is_some)) {
+                let steps = acks.iter().map(|a| a.map_or(0, |a| a.0)).collect::<Vec<_>>();
+                let sync = acks.iter().flatten().map(|a| a.1).fold(0.0, f64::max);
+                let div = acks.iter().flatten().filter_map(|a| a.2).reduce(f64::max);
+                done = Some((*round, std::mem::take(counts), steps, sync, div));
+            }
+        }
+        if let Some((round, counts, steps, sync, div)) = done {
+            self.complete_reduce(round, counts, steps, sync, div);
+            if self.capturing.as_ref().is_some_and(|c| c.round == round) {
+                // Every live rank is paused since its acknowledgement: the book is at the cut.
+                self.finish_capture(None, self.reduces)?;
+                for rank in self.roster.live_ranks() {
+                    self.send(rank, ToWorker::Resume)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// When every live rank's collective failed with nobody dead (a transient fault), the same
+    /// members form a new group and redo the reduce, a few times at most.
+    ///
+    /// # Errors
+    /// [`Error::Unrecoverable`] (a reduce stall) after [`FUTILE_ATTEMPTS`] such attempts.
+    fn check_futile_reduce(&mut self) -> Result<()> {
+        if !matches!(self.reduce, Reduce::Collective { .. }) || !self.roster.all_failed() {
+            return Ok(());
+        }
+        let attempts = self.roster.futile_attempt();
+        if attempts > FUTILE_ATTEMPTS {
+            let reason = SaveReason::ReduceStall;
+            let bundle = self.save_failure_bundle(reason.clone());
+            let detail =
+                format!("the reduce failed {attempts} times in a row with every rank alive");
+            return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
+        }
+        let members = self.roster.live_ranks();
+        self.regroup(&members)
+    }
+
+    /// Writes the failure bundle for `reason` (the last bundle this run saved, or its starting
+    /// state when it saved none, re-labelled) as `failure.fdlck` next to the step bundles, and
+    /// returns its path; `None` when the run has no checkpoint directory or the write fails
+    /// (the run's own error is what matters then).
+    fn save_failure_bundle(&mut self, reason: SaveReason) -> Option<std::path::PathBuf> {
+        let plan = self.cfg.checkpoints.as_ref()?;
+        let Some(mut ckpt) = self.last_bundle.clone() else {
+            tracing::warn!(?reason, "no state to save in a failure bundle");
+            return None;
+        };
+        ckpt.reason = reason;
+        match save(plan, &ckpt, Some("failure")) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::error!(error = %e, "the failure bundle could not be saved");
+                None
+            }
+        }
+    }
 }
+
+/// Watchdog deadlines a collective reduce's attempt may stay pending, all ranks alive, before
+/// the run gives up.
+const STALLED_REDUCE: u32 = 4;
+
+/// Reduce attempts that may fail in a row with every rank alive before the run gives up.
+const FUTILE_ATTEMPTS: usize = 3;
 
 /// A rank's error as the run reports it.
 fn rank_error(rank: usize, error: Error) -> Error {

@@ -156,12 +156,6 @@ impl Dispatcher {
         self.live.get(rank).copied().unwrap_or(false)
     }
 
-    /// The chunks `rank` holds: handed out and not completed, oldest epoch first.
-    #[expect(dead_code, reason = "wired into the coordinator next")]
-    pub(crate) fn held(&self, rank: usize) -> Vec<Chunk> {
-        self.pools.iter().flat_map(|p| p.held.get(rank).into_iter().flatten().copied()).collect()
-    }
-
     /// The static share of the `index`-th of `members` ranks: a span of positions.
     fn share(&self, index: usize, members: usize) -> Span {
         let base = self.batches / members;
@@ -282,7 +276,6 @@ impl Dispatcher {
     /// Retires `rank`: it is handed nothing more, and its unfinished work goes back to the live
     /// ranks (split evenly in batches under the static cut, to the free spans otherwise).
     /// Returns the chunks it held, now re-queued. Retiring twice is a no-op.
-    #[cfg_attr(not(test), expect(dead_code, reason = "wired into the coordinator next"))]
     pub(crate) fn retire(&mut self, rank: usize) -> Vec<Chunk> {
         if !self.is_live(rank) {
             return Vec::new();

@@ -67,6 +67,22 @@ pub enum Error {
     /// A rank's prefetcher delivered something other than the batch the rank was to train.
     #[error("prefetch out of step: {0}")]
     Prefetch(String),
+    /// The run cannot go on after rank failures: every rank died, a lone survivor of an NCCL
+    /// group is left (NCCL groups are not shrunk to one), or reduces keep failing with nobody
+    /// to blame.
+    #[error("the run cannot go on ({reason:?}): {detail}")]
+    Unrecoverable {
+        /// Why, as the failure bundle records it.
+        reason: crate::checkpoint::SaveReason,
+        /// What happened last.
+        detail: String,
+        /// The failure bundle written on the way out, when one was.
+        bundle: Option<std::path::PathBuf>,
+        /// The error of the rank whose death made the run unrecoverable, when it reported one
+        /// (wrapped in [`Error::Rank`]).
+        #[source]
+        last: Option<Box<Error>>,
+    },
 }
 
 impl Error {

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use flodl_nccl::AbortHandle;
 use flodl_tensor::{Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
+use crate::fault::{Aborts, DeadFlags, FaultEvent, RankThread};
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::replica::Replica;
 use crate::trainer::RunConfig;
@@ -100,6 +100,10 @@ pub(crate) struct Outlets {
     pub(crate) cancel: Arc<AtomicBool>,
     /// Set to ask for a checkpoint at the next reduce.
     pub(crate) save_now: Arc<AtomicBool>,
+    /// Rank deaths (dropped when the handle does not drain them).
+    pub(crate) faults: flume::Sender<FaultEvent>,
+    /// Which ranks the coordinator declared dead.
+    pub(crate) dead: DeadFlags,
 }
 
 /// Capacity of the reduce-event queue.
@@ -115,9 +119,13 @@ pub struct DdpHandle {
     guards: flume::Receiver<GuardEvent>,
     cancel: Arc<AtomicBool>,
     save_now: Arc<AtomicBool>,
-    aborts: Vec<AbortHandle>,
+    aborts: Aborts,
     main: Option<JoinHandle<Result<TrainedState>>>,
-    workers: Vec<JoinHandle<()>>,
+    workers: Vec<RankThread>,
+    faults: flume::Receiver<FaultEvent>,
+    dead: DeadFlags,
+    /// How long a failed run's `join` waits for a live rank's thread to end.
+    grace: Duration,
 }
 
 impl DdpHandle {
@@ -126,6 +134,9 @@ impl DdpHandle {
         let (epochs_tx, epochs) = flume::bounded(config.epochs + 1);
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
         let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
+        let (faults_tx, faults) = flume::bounded(config.world() + 1);
+        let dead = DeadFlags::new(config.world());
+        let grace = config.stall_timeout;
         let cancel = Arc::new(AtomicBool::new(false));
         let save_now = Arc::new(AtomicBool::new(false));
         let outlets = Outlets {
@@ -134,12 +145,14 @@ impl DdpHandle {
             guards: guards_tx,
             cancel: cancel.clone(),
             save_now: save_now.clone(),
+            faults: faults_tx,
+            dead: dead.clone(),
         };
         // A lone rank checkpoints through the coordinator (a world of one).
         let solo = config.world() == 1 && config.checkpoints.is_none() && config.resume.is_none();
         let (main, workers, aborts) = if solo {
             let main = crate::solo::spawn(config, outlets)?;
-            (main, Vec::new(), Vec::new())
+            (main, Vec::new(), Aborts::default())
         } else {
             crate::coordinator::spawn(config, outlets)?
         };
@@ -152,6 +165,9 @@ impl DdpHandle {
             aborts,
             main: Some(main),
             workers,
+            faults,
+            dead,
+            grace,
         })
     }
 
@@ -185,6 +201,12 @@ impl DdpHandle {
         self.save_now.store(true, Ordering::Release);
     }
 
+    /// The ranks declared dead since the last call, without waiting (at most one event per
+    /// rank is ever emitted).
+    pub fn poll_fault_events(&mut self) -> Vec<FaultEvent> {
+        self.faults.try_iter().collect()
+    }
+
     /// Whether the run has ended (successfully or not); `join` then returns at once.
     pub fn is_finished(&self) -> bool {
         self.main.as_ref().is_none_or(JoinHandle::is_finished)
@@ -194,15 +216,22 @@ impl DdpHandle {
     /// run had already finished.
     pub fn abort(&self) {
         self.cancel.store(true, Ordering::Release);
-        for a in &self.aborts {
-            a.abort();
-        }
+        self.aborts.abort_all();
     }
 
-    /// Waits for the run to end and returns the averaged model.
+    /// Waits for the run to end and returns the averaged model (the final state of the lowest
+    /// live rank).
+    ///
+    /// The threads of live ranks are joined. The thread of a rank declared dead is joined when
+    /// it has already ended, and detached otherwise: a rank stuck forever inside its replica
+    /// cannot be joined, and it exits on its own once its replica returns (its channels are
+    /// closed by then). When the run failed, a live rank's thread (told to stop) is waited for
+    /// at most the stall timeout, then detached the same way.
     ///
     /// # Errors
-    /// The first failure of the run: a rank's error (wrapped in [`Error::Rank`]), a timeout, or
+    /// [`Error::Unrecoverable`] when the ranks' failures leave nothing to go on with; the error
+    /// of the rank that died past [`Trainer::max_failures`](crate::Trainer::max_failures)
+    /// (wrapped in [`Error::Rank`]); a failure while replicas are built; a timeout; or
     /// [`Error::Aborted`].
     pub fn join(mut self) -> Result<TrainedState> {
         self.wait()
@@ -219,9 +248,22 @@ impl DdpHandle {
         if result.is_err() {
             self.abort();
         }
-        for w in self.workers.drain(..) {
+        let deadline = Instant::now() + self.grace;
+        for (rank, w) in self.workers.drain(..).enumerate() {
+            let dead = self.dead.is_dead(rank);
+            let ends = w.handle.is_finished()
+                || (!dead && result.is_ok())
+                || (!dead
+                    && matches!(
+                        w.ended.recv_deadline(deadline),
+                        Err(flume::RecvTimeoutError::Disconnected)
+                    ));
+            if !ends {
+                tracing::warn!(rank, dead, "detaching the thread of a rank that has not ended");
+                continue;
+            }
             // A worker catches its own panics; a join error here has nothing left to report.
-            let _ = w.join();
+            let _ = w.handle.join();
         }
         result
     }

@@ -16,13 +16,24 @@ pub(crate) enum HostRound {
         attempt: u32,
         deadline: Instant,
         started: Instant,
-        snaps: Vec<Option<(HostState, usize)>>,
+        snaps: Vec<Slot>,
         plan: RoundPlan,
     },
     /// The helper thread is averaging.
     Computing { round: u64, started: Instant, steps: Vec<usize>, plan: RoundPlan },
     /// Transient state while moving between the two.
     Moving,
+}
+
+/// A rank's snapshot in a round being collected.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// Not in yet.
+    Waiting,
+    /// In: the state and the steps it carries.
+    Got(HostState, usize),
+    /// The rank is dead: nothing is expected from it.
+    Gone,
 }
 
 /// What follows a round: the next windows, the evaluation request and the ending window's
@@ -68,7 +79,7 @@ impl HostRound {
             attempt: 0,
             deadline,
             started: Instant::now(),
-            snaps: (0..world).map(|_| None).collect(),
+            snaps: (0..world).map(|_| Slot::Waiting).collect(),
             plan: RoundPlan { next, eval, counts },
         }
     }
@@ -97,10 +108,48 @@ impl HostRound {
         if *r != round || *a != attempt {
             return None;
         }
-        if let Some(slot @ None) = snaps.get_mut(rank) {
-            *slot = Some((state, steps));
+        if let Some(slot @ Slot::Waiting) = snaps.get_mut(rank) {
+            *slot = Slot::Got(state, steps);
         }
-        if snaps.iter().any(Option::is_none) {
+        self.job_if_complete()
+    }
+
+    /// Stops waiting for `rank`'s snapshot (dropping it if it came): the rank is dead. Returns
+    /// the job to average when the other snapshots are all in.
+    pub(crate) fn retire(&mut self, rank: usize) -> Option<AverageJob> {
+        let HostRound::Collecting { snaps, .. } = self else { return None };
+        if let Some(slot) = snaps.get_mut(rank) {
+            *slot = Slot::Gone;
+        }
+        self.job_if_complete()
+    }
+
+    /// The ranks whose snapshots the current attempt still waits for.
+    pub(crate) fn missing(&self) -> Vec<usize> {
+        match self {
+            HostRound::Collecting { snaps, .. } => {
+                (0..snaps.len()).filter(|&r| matches!(snaps[r], Slot::Waiting)).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The round's number and how long it has been running.
+    pub(crate) fn age(&self) -> Option<(u64, Duration)> {
+        match self {
+            HostRound::Collecting { round, started, .. }
+            | HostRound::Computing { round, started, .. } => Some((*round, started.elapsed())),
+            HostRound::Moving => None,
+        }
+    }
+
+    /// Moves to `Computing` once no snapshot is awaited (and one at least came); the job holds
+    /// the snapshots that came, the round keeps every rank's steps (0 for the dead).
+    fn job_if_complete(&mut self) -> Option<AverageJob> {
+        let HostRound::Collecting { snaps, .. } = self else { return None };
+        if snaps.iter().any(|s| matches!(s, Slot::Waiting))
+            || !snaps.iter().any(|s| matches!(s, Slot::Got(..)))
+        {
             return None;
         }
         let HostRound::Collecting { round, started, snaps, plan, .. } =
@@ -108,8 +157,13 @@ impl HostRound {
         else {
             return None;
         };
-        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps.into_iter().flatten().unzip();
-        *self = HostRound::Computing { round, started, steps: steps.clone(), plan };
+        let all_steps: Vec<usize> =
+            snaps.iter().map(|s| if let Slot::Got(_, n) = s { *n } else { 0 }).collect();
+        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps
+            .into_iter()
+            .filter_map(|s| if let Slot::Got(state, n) = s { Some((state, n)) } else { None })
+            .unzip();
+        *self = HostRound::Computing { round, started, steps: all_steps, plan };
         Some(AverageJob { round, states, steps })
     }
 
@@ -145,7 +199,9 @@ impl HostRound {
         *attempt += 1;
         *deadline = Instant::now() + timeout;
         for s in snaps.iter_mut() {
-            *s = None;
+            if matches!(s, Slot::Got(..)) {
+                *s = Slot::Waiting;
+            }
         }
         Some((*round, *attempt))
     }
@@ -292,5 +348,64 @@ mod tests {
         assert!(r.collect(0, 3, 1, HostState::default(), 1).is_none());
         assert!(r.collect(1, 3, 1, HostState::default(), 1).is_some());
         assert!(r.averaged(3).is_some());
+    }
+
+    /// Snapshots arrive and ranks die in random orders (some dying after their snapshot came):
+    /// the job comes exactly when every live rank's snapshot is in, holds exactly the live
+    /// ranks' snapshots (in rank order), and the finished round reports 0 steps for the others.
+    #[test]
+    fn dead_ranks_are_not_waited_for() -> std::result::Result<(), String> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(23);
+        for case in 0..500 {
+            let world = rng.random_range(1..7);
+            let mut r = HostRound::new(9, world, Instant::now(), vec![], None, vec![]);
+            let mut events: Vec<(usize, bool)> = (0..world).map(|rank| (rank, false)).collect();
+            events.extend((0..world).filter(|_| rng.random_bool(0.3)).map(|rank| (rank, true)));
+            for i in (1..events.len()).rev() {
+                let j = rng.random_range(0..=i);
+                events.swap(i, j);
+            }
+            let (mut sent, mut dead) = (vec![false; world], vec![false; world]);
+            let mut job = None;
+            for (rank, dies) in events {
+                let state = HostState { params: vec![vec![rank as f32]], buffers: vec![] };
+                let out = if dies {
+                    dead[rank] = true;
+                    r.retire(rank)
+                } else {
+                    sent[rank] = true;
+                    r.collect(rank, 9, 0, state, rank + 1)
+                };
+                let live_in: Vec<usize> = (0..world).filter(|&q| sent[q] && !dead[q]).collect();
+                let waiting = (0..world).any(|q| !dead[q] && !sent[q]);
+                match out {
+                    Some(j) if job.is_none() && !waiting && !live_in.is_empty() => {
+                        job = Some((j, live_in));
+                    }
+                    Some(_) => return Err(format!("case {case}: a job too early or twice")),
+                    None if job.is_none() && !waiting && !live_in.is_empty() => {
+                        return Err(format!("case {case}: no job once every live rank is in"));
+                    }
+                    None => {}
+                }
+            }
+            let Some((job, live_in)) = job else {
+                if (0..world).all(|q| dead[q]) {
+                    continue;
+                }
+                return Err(format!("case {case}: never averaged"));
+            };
+            let ranks: Vec<usize> = job.states.iter().map(|s| s.params[0][0] as usize).collect();
+            if ranks != live_in || job.steps != ranks.iter().map(|q| q + 1).collect::<Vec<_>>() {
+                return Err(format!("case {case}: job of {ranks:?}, live and in {live_in:?}"));
+            }
+            let done = r.averaged(9).ok_or(format!("case {case}: not computing"))?;
+            let want: Vec<usize> =
+                (0..world).map(|q| if ranks.contains(&q) { q + 1 } else { 0 }).collect();
+            if done.steps != want {
+                return Err(format!("case {case}: round steps {:?}, want {want:?}", done.steps));
+            }
+        }
+        Ok(())
     }
 }

@@ -23,7 +23,10 @@
 //! [`EpochMetrics`] and [`ReduceEvent`]s while it trains, and [`DdpHandle::join`] returns the
 //! averaged model as a [`TrainedState`]. A world of one rank runs the same API with no
 //! coordinator. Threads: one per rank, one coordinator; messages are closed enums on bounded
-//! channels; every wait has a deadline; a failing rank ends the run with its error.
+//! channels; every wait has a deadline. A rank whose replica fails, panics or hangs past the
+//! [watchdog](Trainer::watchdog) is declared dead and the survivors go on without it
+//! ([`FaultEvent`]s in [`DdpHandle::poll_fault_events`]); when none can, the run ends with
+//! [`Error::Unrecoverable`].
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -88,6 +91,7 @@ mod comm;
 mod coordinator;
 mod dispatch;
 mod error;
+mod fault;
 mod handle;
 mod host_round;
 mod message;
@@ -100,6 +104,7 @@ mod staging;
 mod trainer;
 mod worker;
 pub use error::{Error, Result};
+pub use fault::{FaultCause, FaultEvent};
 pub use handle::{DdpHandle, HostTensor, TrainedState};
 pub use metrics::{
     EpochMetrics, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report, record_scalar,

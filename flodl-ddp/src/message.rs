@@ -66,6 +66,10 @@ pub(crate) enum ToWorker {
     Stop,
     /// Nothing to do; the coordinator is alive (sent when it has been quiet for a while).
     Ping,
+    /// The membership changed: `members` (global ranks, increasing) form collective group
+    /// number `generation`, built as `how` says; a rank not listed is dead and exits. A reduce
+    /// interrupted by the old group's fault is redone in the new group.
+    Regroup { generation: u64, members: Vec<usize>, how: crate::comm::Regroup },
 }
 
 /// Why a rank says it is ready for the reduce.
@@ -125,6 +129,18 @@ pub(crate) enum ToCoordinator {
     Alive { rank: usize },
     /// The rank failed and is exiting.
     Failed { rank: usize, error: Error },
+    /// Collective backend: the rank is entering the collective of the reduce of `round` (it
+    /// is silent until the collective returns).
+    Reducing { rank: usize, round: u64 },
+    /// Collective backend: the rank's collective for `round` in group number `generation`
+    /// failed because the group broke; its state is as before the reduce and it waits for
+    /// [`ToWorker::Regroup`].
+    ReduceFailed { rank: usize, round: u64, generation: u64, error: String },
+    /// The rank is building its communicator of group number `generation` (silent until
+    /// [`ToCoordinator::Joined`]: an NCCL group waits for every member).
+    Joining { rank: usize, generation: u64 },
+    /// The rank joined collective group number `generation`; `abort` aborts that group.
+    Joined { rank: usize, generation: u64, abort: flodl_nccl::AbortHandle },
 }
 
 impl ToCoordinator {
@@ -138,7 +154,11 @@ impl ToCoordinator {
             | ToCoordinator::Snapshot { rank, .. }
             | ToCoordinator::Final { rank, .. }
             | ToCoordinator::Alive { rank }
-            | ToCoordinator::Failed { rank, .. } => Some(*rank),
+            | ToCoordinator::Failed { rank, .. }
+            | ToCoordinator::Reducing { rank, .. }
+            | ToCoordinator::ReduceFailed { rank, .. }
+            | ToCoordinator::Joining { rank, .. }
+            | ToCoordinator::Joined { rank, .. } => Some(*rank),
             ToCoordinator::Evaluated { .. } | ToCoordinator::Averaged { .. } => None,
         }
     }

@@ -129,9 +129,26 @@ pub(crate) struct RunConfig {
     pub(crate) checkpoints: Option<CheckpointPlan>,
     /// The checkpoint this run resumes from.
     pub(crate) resume: Option<Arc<Resumed>>,
+    /// How long a rank may be silent, or a reduce pending without it, before it is declared
+    /// dead (see [`Trainer::watchdog`]).
+    pub(crate) watchdog: Duration,
+    /// Ranks that may die before the run stops with the last one's error.
+    pub(crate) max_failures: usize,
 }
 
 impl RunConfig {
+    /// How long a side stays quiet before it says it is alive: well within both the stall
+    /// timeout and the watchdog.
+    pub(crate) fn heartbeat(&self) -> Duration {
+        crate::message::heartbeat(self.stall_timeout.min(self.watchdog))
+    }
+
+    /// How long a collective waits for its peers before it fails (and aborts its group): the
+    /// watchdog deadline.
+    pub(crate) fn comm_timeout(&self) -> Duration {
+        self.watchdog
+    }
+
     /// Whether reduces measure the replicas' divergence: a guard is on and the policy has
     /// windows to shrink (not `Sync`).
     pub(crate) fn measures_divergence(&self) -> bool {
@@ -226,6 +243,9 @@ fn step_of(path: &std::path::Path) -> Option<u64> {
     stem.strip_prefix(crate::checkpoint::STEP_PREFIX)?.parse().ok()
 }
 
+/// The watchdog deadline unless [`Trainer::watchdog`] says otherwise.
+pub(crate) const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
+
 /// The default divergence guard: the trend rule at 0.05, or 0.3 under EASGD blending.
 fn default_guard(easgd: bool) -> Guard {
     let threshold = if easgd { TREND_THRESHOLD_EASGD } else { TREND_THRESHOLD };
@@ -279,6 +299,8 @@ pub struct Trainer {
     checkpoint_every: SaveInterval,
     keep_checkpoints: usize,
     resume: Option<ResumeFrom>,
+    watchdog: Option<Duration>,
+    max_failures: usize,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -299,7 +321,7 @@ impl Trainer {
     ///
     /// Defaults: batch size 64, 1 epoch, 1 CPU rank, `Cadence` on the `Collective` backend,
     /// seed 42, learning rate 0.01, no test set, no slowdown, stall timeout 120 s, snapshot
-    /// timeout 5 s with 3 retries, [`Prefetch::Auto`].
+    /// timeout 5 s with 3 retries, [`Prefetch::Auto`], watchdog 30 s, no limit on failed ranks.
     pub fn new<R, F>(factory: F) -> Trainer
     where
         R: Replica + 'static,
@@ -337,6 +359,8 @@ impl Trainer {
             checkpoint_every: SaveInterval::every_epochs(1),
             keep_checkpoints: 3,
             resume: None,
+            watchdog: None,
+            max_failures: usize::MAX,
         }
     }
 
@@ -424,7 +448,8 @@ impl Trainer {
         self
     }
 
-    /// How long any rank or the coordinator waits for a peer before the run fails.
+    /// How long any rank or the coordinator waits for a peer before the run fails (a rank's
+    /// own liveness is judged by the [`watchdog`](Self::watchdog), at most this long).
     pub fn stall_timeout(mut self, timeout: Duration) -> Trainer {
         self.stall_timeout = timeout;
         self
@@ -435,6 +460,31 @@ impl Trainer {
     pub fn snapshot_timeout(mut self, timeout: Duration, retries: usize) -> Trainer {
         self.snapshot_timeout = timeout;
         self.max_stalled_rounds = retries.max(1);
+        self
+    }
+
+    /// The watchdog deadline: a rank that sends nothing for this long (ranks send a heartbeat
+    /// when otherwise quiet, so silence means it is stuck in its replica), or that has not
+    /// entered a reduce this long after it was called while the others wait in the collective,
+    /// is declared dead; its collective group is aborted and the survivors regroup and go on.
+    /// A collective also gives up on its own after this long (aborting its group), and a rank
+    /// still inside a reduce its peers gave up on is declared dead a quarter of it later. Default
+    /// 30 s, but never more than the stall timeout (a shorter stall timeout lowers it).
+    ///
+    /// The two deadlines divide the waits: the watchdog decides when a *rank* is dead (it is
+    /// the one liveness deadline, for silence and collectives alike); the stall timeout bounds
+    /// every other wait (replicas being built, final states, a full channel, a prefetched
+    /// batch, a rank waiting for the coordinator).
+    pub fn watchdog(mut self, deadline: Duration) -> Trainer {
+        self.watchdog = Some(deadline);
+        self
+    }
+
+    /// How many ranks may die before the run stops (default: no limit; the run goes on while
+    /// a rank is alive). Past the limit the run fails with the error of the rank that died
+    /// last; 0 makes any rank's failure the run's failure.
+    pub fn max_failures(mut self, max: usize) -> Trainer {
+        self.max_failures = max;
         self
     }
 
@@ -570,7 +620,8 @@ impl Trainer {
         if self.elche.anchor == 0 || self.elche.min_chunk == 0 {
             return Err(Error::Config("ElChe anchor and min chunk must be at least 1".into()));
         }
-        if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() {
+        let watchdog = self.watchdog.unwrap_or(DEFAULT_WATCHDOG.min(self.stall_timeout));
+        if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() || watchdog.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
         }
         OuterOptimizer::new(self.outer).map_err(|e| Error::Config(e.to_string()))?;
@@ -617,6 +668,8 @@ impl Trainer {
                 interval: self.checkpoint_every,
             }),
             resume: None,
+            watchdog,
+            max_failures: self.max_failures,
         };
         let mut config = config;
         if let Some(from) = &self.resume {

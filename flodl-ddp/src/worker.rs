@@ -12,8 +12,9 @@ use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 use crate::capture::{
     CaptureRequest, RankCapture, RankRestore, host_tensors, outer_state, restore_outer, write_host,
 };
-use crate::comm::{CommPlan, RankComm};
-use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window, heartbeat};
+use crate::comm::{CommPlan, RankComm, Regroup};
+use crate::fault::{Interrupted, Standing, is_group_fault};
+use crate::message::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window};
 use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::outer::{OuterOptimizer, easgd_blend};
 use crate::prefetch::ChunkFeeds;
@@ -82,6 +83,8 @@ pub(crate) struct Worker {
     pre_reduce: Vec<Tensor>,
     /// Collective backend: this rank's copy of the outer optimizer.
     outer: OuterOptimizer,
+    /// Collective backend on NCCL: the buffers before the reduce, restored when it fails.
+    pre_buffers: Vec<Tensor>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -162,6 +165,7 @@ impl Worker {
             cancel,
             pre_reduce: Vec::new(),
             outer,
+            pre_buffers: Vec::new(),
         })
     }
 
@@ -391,22 +395,30 @@ impl Worker {
         let mut divergence = None;
         if let Some((wp, wb)) = comm.weights(steps, self.cfg.gamma)? {
             let measure = self.cfg.measures_divergence() && wp > 0.0;
-            if measure {
-                let params = self.replica.parameters();
-                if self.pre_reduce.len() != params.len() {
-                    self.pre_reduce = params
-                        .iter()
-                        .map(|t| t.try_clone(&self.stream))
-                        .collect::<flodl_tensor::Result<_>>()?;
-                } else {
-                    for (pre, t) in self.pre_reduce.iter_mut().zip(params) {
-                        pre.copy_from(t, &self.stream)?;
-                    }
-                }
+            // What a failed collective may leave written: NCCL anything; the host collective
+            // nothing of the failed operation, but the parameters when the buffers' fails.
+            let partial = comm.writes_partially();
+            let restore = partial || !self.replica.buffers().is_empty();
+            if measure || restore {
+                keep_copy(&mut self.pre_reduce, self.replica.parameters(), &self.stream)?;
             }
-            comm.reduce(self.replica.parameters_mut(), wp, &self.stream)?;
-            if !self.replica.buffers().is_empty() {
-                comm.reduce(self.replica.buffers_mut(), wb, &self.stream)?;
+            if partial {
+                keep_copy(&mut self.pre_buffers, self.replica.buffers(), &self.stream)?;
+            }
+            let mut reduced = comm.reduce(self.replica.parameters_mut(), wp, &self.stream);
+            if reduced.is_ok() && !self.replica.buffers().is_empty() {
+                reduced = comm.reduce(self.replica.buffers_mut(), wb, &self.stream);
+            }
+            if let Err(e) = reduced {
+                // The state before the reduce, so the survivors can redo it.
+                comm.settle();
+                if restore {
+                    put_back(self.replica.parameters_mut(), &self.pre_reduce, &self.stream)?;
+                }
+                if partial {
+                    put_back(self.replica.buffers_mut(), &self.pre_buffers, &self.stream)?;
+                }
+                return Err(e);
             }
             if measure {
                 divergence =
@@ -497,6 +509,31 @@ impl Worker {
     }
 }
 
+/// Makes `copy` an exact copy of `tensors` (allocated on first use or when the count changes).
+fn keep_copy(copy: &mut Vec<Tensor>, tensors: &[Tensor], stream: &Stream) -> Result<()> {
+    if copy.len() != tensors.len() {
+        *copy = tensors.iter().map(|t| t.try_clone(stream)).collect::<flodl_tensor::Result<_>>()?;
+    } else {
+        for (c, t) in copy.iter_mut().zip(tensors) {
+            c.copy_from(t, stream)?;
+        }
+    }
+    Ok(())
+}
+
+/// Overwrites `tensors` with the copy [`keep_copy`] made of them.
+fn put_back(tensors: &mut [Tensor], copy: &[Tensor], stream: &Stream) -> Result<()> {
+    if copy.len() != tensors.len() {
+        return Err(Error::ReplicaMismatch(
+            "the pre-reduce copy does not match the replica".into(),
+        ));
+    }
+    for (t, c) in tensors.iter_mut().zip(copy) {
+        t.copy_from(c, stream)?;
+    }
+    Ok(())
+}
+
 /// `‖pre − post‖ / ‖post‖` over a list of tensors.
 fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<f64> {
     let mut diff_sq = 0.0;
@@ -563,6 +600,8 @@ pub(crate) struct RankLoop {
     global_step: u64,
     /// Host backend: the parameters of the last snapshot, while the rank may train on.
     sent_params: Option<Vec<Vec<f32>>>,
+    /// Collective backend: the rank's group and the reduce a group fault interrupted.
+    standing: Standing,
 }
 
 impl RankLoop {
@@ -575,6 +614,7 @@ impl RankLoop {
     ) -> Self {
         // Rank 0's replica is the initial state, unless a checkpoint is resumed.
         let ready = worker.rank == 0 && worker.cfg.resume.is_none();
+        let standing = Standing::new(worker.cfg.world());
         let win =
             WindowState { window: first, steps: 0, wall_ms: 0.0, reported: None, snapshot: None };
         RankLoop {
@@ -590,6 +630,7 @@ impl RankLoop {
             last_sent: Cell::new(Instant::now()),
             global_step: 0,
             sent_params: None,
+            standing,
         }
     }
 
@@ -605,6 +646,7 @@ impl RankLoop {
         let rank = self.worker.rank;
         let initial = if rank == 0 { Some(self.worker.snapshot()?) } else { None };
         self.send(ToCoordinator::Ready { rank, shapes: self.worker.shapes(), initial })?;
+        self.announce_group()?;
         loop {
             loop {
                 match self.rx.try_recv() {
@@ -622,7 +664,7 @@ impl RankLoop {
             if self.worker.cfg_cancelled() {
                 return Ok(());
             }
-            let training = self.ready && !self.paused;
+            let training = self.ready && !self.paused && self.standing.interrupted.is_none();
             if training && self.win.steps < self.win.window.limit && self.has_work() {
                 self.train_one()?;
                 continue;
@@ -669,7 +711,7 @@ impl RankLoop {
 
     /// Tells the coordinator this rank is alive when it has been quiet for a while.
     fn heartbeat(&self) -> Result<()> {
-        if self.last_sent.get().elapsed() >= heartbeat(self.worker.cfg.stall_timeout) {
+        if self.last_sent.get().elapsed() >= self.worker.cfg.heartbeat() {
             self.send(ToCoordinator::Alive { rank: self.worker.rank })?;
         }
         Ok(())
@@ -782,21 +824,7 @@ impl RankLoop {
                 }
             }
             ToWorker::Reduce { next, eval, global_step, capture } => {
-                self.global_step = global_step;
-                let steps = self.win.steps;
-                let (sync_ms, divergence) = self.worker.all_reduce(steps)?;
-                let round = self.win.window.round;
-                let capture = self.capture(capture)?;
-                self.send(ToCoordinator::Reduced {
-                    rank,
-                    round,
-                    steps,
-                    sync_ms,
-                    divergence,
-                    capture,
-                })?;
-                self.start_window(next, (0, 0.0))?;
-                self.evaluate_for(eval)?;
+                self.reduce(Interrupted { next, eval, global_step, capture })?;
             }
             ToWorker::Snapshot { round, attempt, capture } => {
                 let state = self.worker.snapshot()?;
@@ -845,8 +873,82 @@ impl RankLoop {
             }
             ToWorker::Stop => return Ok(Flow::Exit),
             ToWorker::Ping => {}
+            ToWorker::Regroup { generation, members, how } => {
+                return self.regroup(generation, &members, &how);
+            }
         }
         Ok(Flow::Continue)
+    }
+
+    /// Collective backend: averages with the group, then starts the next window. When the
+    /// group breaks (a peer died, the group was aborted or timed out), the parameters and
+    /// buffers are as before the reduce; the rank reports it and waits for the coordinator's
+    /// new membership, after which the reduce is redone.
+    fn reduce(&mut self, what: Interrupted) -> Result<()> {
+        let rank = self.worker.rank;
+        self.global_step = what.global_step;
+        let steps = self.win.steps;
+        let round = self.win.window.round;
+        self.send(ToCoordinator::Reducing { rank, round })?;
+        match self.worker.all_reduce(steps) {
+            Ok((sync_ms, divergence)) => {
+                let capture = self.capture(what.capture)?;
+                self.send(ToCoordinator::Reduced {
+                    rank,
+                    round,
+                    steps,
+                    sync_ms,
+                    divergence,
+                    capture,
+                })?;
+                self.start_window(what.next, (0, 0.0))?;
+                self.evaluate_for(what.eval)
+            }
+            Err(e) if is_group_fault(&e) => {
+                tracing::warn!(rank, round, error = %e, "collective group broke; waiting to regroup");
+                self.standing.interrupted = Some(what);
+                let generation = self.standing.generation;
+                let error = e.to_string();
+                self.send(ToCoordinator::ReduceFailed { rank, round, generation, error })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Builds the communicator of the group `members` (global ranks) and redoes an
+    /// interrupted reduce; exits when this rank is not a member (it was declared dead).
+    fn regroup(&mut self, generation: u64, members: &[usize], how: &Regroup) -> Result<Flow> {
+        let rank = self.worker.rank;
+        if !members.contains(&rank) {
+            return Ok(Flow::Exit);
+        }
+        let positions = self.standing.positions(members).ok_or_else(|| {
+            Error::Config(format!("regroup {members:?} names a rank outside the current group"))
+        })?;
+        if let Some(comm) = self.worker.comm.as_ref() {
+            self.send(ToCoordinator::Joining { rank, generation })?;
+            let device = self.worker.cfg.devices[rank];
+            let next = comm.regroup(&positions, how, device, self.worker.cfg.comm_timeout())?;
+            self.worker.comm = Some(next);
+        }
+        self.standing.members = members.to_vec();
+        self.standing.generation = generation;
+        tracing::info!(rank, generation, ?members, "regrouped");
+        self.announce_group()?;
+        if let Some(what) = self.standing.interrupted.take() {
+            self.reduce(what)?;
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Tells the coordinator how to abort the rank's current collective group.
+    fn announce_group(&self) -> Result<()> {
+        let Some(comm) = self.worker.comm.as_ref() else { return Ok(()) };
+        self.send(ToCoordinator::Joined {
+            rank: self.worker.rank,
+            generation: self.standing.generation,
+            abort: comm.abort_handle(),
+        })
     }
 }
 

@@ -182,6 +182,7 @@ fn failing_fetch_ends_the_run_with_a_typed_error() -> TestResult {
                 let what = format!("{ranks} ranks {policy:?} {prefetch:?}");
                 let err = trainer(ranks, policy, Backend::Collective, data)
                     .prefetch(prefetch)
+                    .max_failures(0)
                     .run()?
                     .join()
                     .err()
@@ -210,6 +211,7 @@ fn starved_rank_times_out() -> TestResult {
         let err = trainer(ranks, Policy::Cadence, Backend::Collective, data)
             .prefetch(Prefetch::Depth(1))
             .stall_timeout(Duration::from_millis(500))
+            .max_failures(0)
             .run()?
             .join()
             .err()

@@ -413,6 +413,7 @@ fn clipping_needs_mutable_gradients_and_a_positive_norm() -> TestResult {
         .devices(Devices::Cpu(2))
         .max_grad_norm(1.0)
         .stall_timeout(Duration::from_secs(60))
+        .max_failures(0)
         .run()?
         .join();
     assert!(

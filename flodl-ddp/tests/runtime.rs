@@ -180,7 +180,8 @@ impl Replica for Failing {
     }
 }
 
-/// A worker error ends the run (no hang) and `join` reports that rank's error.
+/// With no failure allowed, a worker error ends the run (no hang) and `join` reports that
+/// rank's error.
 #[test]
 fn worker_error_is_reported() -> TestResult {
     let data = train_subset(2048);
@@ -201,6 +202,7 @@ fn worker_error_is_reported() -> TestResult {
                 .devices(Devices::Cpu(3))
                 .policy(policy)
                 .backend(backend)
+                .max_failures(0)
                 .run()?
                 .join()
                 .err()
@@ -375,18 +377,27 @@ fn adam_trains_and_bad_configs_are_errors() -> TestResult {
     for (i, e) in bad.iter().enumerate() {
         assert!(matches!(e, Some(Error::Config(_))), "case {i}: {e:?}");
     }
-    // A replica that does not fit the data fails the run with a typed error.
+    // A replica that does not fit the data fails the run with a typed error: every rank dies
+    // of it, and the run reports the last one's error.
     let wrong = Trainer::new(Mlp::factory(MlpConfig::new(&[100, 10], Optimizer::sgd(0.0))))
         .dataset(data)
         .devices(Devices::Cpu(2))
         .run()?
         .join()
         .err();
-    assert!(matches!(wrong, Some(Error::Rank { .. })), "{wrong:?}");
+    assert!(
+        matches!(
+            &wrong,
+            Some(Error::Unrecoverable { last: Some(last), .. })
+                if matches!(**last, Error::Rank { .. })
+        ),
+        "{wrong:?}"
+    );
     Ok(())
 }
 
-/// A rank that stops answering (a hung step) ends the run with a timeout naming it.
+/// With no failure allowed, a rank that stops answering (a hung step) ends the run with a
+/// timeout naming it.
 #[test]
 fn hung_rank_times_out() -> TestResult {
     let data = train_subset(2048);
@@ -406,6 +417,7 @@ fn hung_rank_times_out() -> TestResult {
             .policy(Policy::Cadence)
             .backend(backend)
             .stall_timeout(Duration::from_millis(500))
+            .max_failures(0)
             .run()?
             .join()
             .err()
