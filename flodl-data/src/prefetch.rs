@@ -529,8 +529,10 @@ const MAX_POLL: Duration = Duration::from_millis(20);
 /// Looks at the first interval before backing off: two consumer periods at a quarter each.
 const STEADY_POLLS: u32 = 8;
 
-/// The consumer's pace as the thread sees it: the time between its last two deliveries. While
-/// the queue is full a delivery happens once per batch the consumer takes.
+/// The consumer's pace as the thread sees it: the time from a delivery to the next one that had
+/// to wait for room (the consumer freed that slot; while the queue stays full, one delivery
+/// happens per batch taken). Deliveries into a queue with room measure the thread, not the
+/// consumer, and only move the starting point.
 #[derive(Debug, Default)]
 struct Pace {
     last: Option<Instant>,
@@ -543,9 +545,11 @@ impl Pace {
         self.last = None;
     }
 
-    fn delivered(&mut self) {
+    fn delivered(&mut self, waited_for_room: bool) {
         let now = Instant::now();
-        if let Some(last) = self.last {
+        if let Some(last) = self.last
+            && waited_for_room
+        {
             self.period = now - last;
         }
         self.last = Some(now);
@@ -593,7 +597,8 @@ fn deliver(
     loop {
         match job.out.try_send(item) {
             Ok(()) => {
-                pace.delivered();
+                // `first` is still set if the queue had room at once.
+                pace.delivered(!first);
                 return Delivery::Delivered;
             }
             Err(flume::TrySendError::Disconnected(_)) => return Delivery::Cancelled,
