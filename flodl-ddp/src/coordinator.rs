@@ -160,6 +160,8 @@ struct RankBook {
     works_sent: u64,
     /// The rank's readiness for the reduce of the current window: (steps, ms, why).
     progress: Option<(usize, f64, Readiness)>,
+    /// Its time per batch over its last window with steps (0 until one is reported).
+    ms_per_batch: f64,
 }
 
 /// The reduce in progress.
@@ -663,6 +665,9 @@ impl Coordinator {
             ToCoordinator::Progress { rank, round, steps, wall_ms, why, works } => {
                 if let Some(b) = self.ranks.get_mut(rank) {
                     let current = why == Readiness::Reached || works == b.works_sent;
+                    if steps > 0 {
+                        b.ms_per_batch = wall_ms / steps as f64;
+                    }
                     if round == self.round && current {
                         b.progress = Some((steps, wall_ms, why));
                     }
@@ -702,9 +707,9 @@ impl Coordinator {
                         self.finish_capture(Some(&state), self.reduces + 1)?;
                     }
                     let state = Arc::new(state);
-                    let lowest = self.roster.lowest();
+                    let evaluator = self.roster.evaluator();
                     for rank in self.roster.live_ranks() {
-                        let eval = if Some(rank) == lowest { done.eval } else { None };
+                        let eval = if Some(rank) == evaluator { done.eval } else { None };
                         let next = done.next[rank];
                         let global_step = self.global_step;
                         self.send(
@@ -778,6 +783,9 @@ impl Coordinator {
         while self.held.front().is_some_and(|h| !h.awaiting_eval) {
             if let Some(h) = self.held.pop_front() {
                 tracing::info!(epoch = h.metrics.epoch, loss = h.metrics.avg_loss, "epoch done");
+                if let Some(callback) = &self.cfg.on_epoch {
+                    callback(&h.metrics);
+                }
                 // Capacity is the number of epochs: this never drops.
                 let _ = self.outlets.epochs.try_send(h.metrics.clone());
                 self.emitted.push(h.metrics);
@@ -792,8 +800,19 @@ impl Coordinator {
         }
         let epoch = self.held.iter().filter(|h| h.awaiting_eval).map(|h| h.metrics.epoch).max()?;
         self.eval_requested = true;
-        self.roster.set_evaluator(self.roster.lowest());
+        let elected = self.elect_evaluator();
+        tracing::debug!(epoch, rank = ?elected, "evaluation requested");
+        self.roster.set_evaluator(elected);
         Some(epoch)
+    }
+
+    /// The live rank that evaluates now, by the run's [`crate::EvalRank`] rule.
+    fn elect_evaluator(&self) -> Option<usize> {
+        let ms = match &self.elche {
+            Some(e) => e.ms_per_batch(),
+            None => self.ranks.iter().map(|b| b.ms_per_batch).collect(),
+        };
+        self.cfg.eval_rank.elect(&self.roster.live_ranks(), &ms)
     }
 
     /// Starts a reduce when every rank is ready for it, or finishes the run when nothing is left.
@@ -815,9 +834,9 @@ impl Coordinator {
         }
         if !self.held.is_empty() {
             if let Some(epoch) = self.take_eval_request()
-                && let Some(lowest) = self.roster.lowest()
+                && let Some(rank) = self.roster.evaluator()
             {
-                self.send(lowest, ToWorker::Evaluate { epoch })?;
+                self.send(rank, ToWorker::Evaluate { epoch })?;
             }
             return Ok(None);
         }
@@ -855,10 +874,11 @@ impl Coordinator {
             });
         }
         let lowest = self.roster.lowest();
+        let evaluator = self.roster.evaluator();
         match self.cfg.backend {
             Backend::Collective => {
                 for rank in self.roster.live_ranks() {
-                    let eval = if Some(rank) == lowest { eval } else { None };
+                    let eval = if Some(rank) == evaluator { eval } else { None };
                     let window = next[rank];
                     let model = Some(rank) == lowest;
                     let capture = capture.as_ref().map(|_| CaptureRequest { model });

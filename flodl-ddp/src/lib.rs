@@ -91,6 +91,8 @@ mod comm;
 mod coordinator;
 mod dispatch;
 mod error;
+mod eval_rank;
+pub use eval_rank::EvalRank;
 mod fault;
 mod handle;
 mod host_round;
@@ -112,4 +114,4 @@ pub use metrics::{
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use prefetch::Prefetch;
 pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
-pub use trainer::{Devices, ElCheKnobs, ResumeFrom, SampleAudit, Trainer};
+pub use trainer::{Devices, ElCheKnobs, EpochCallback, ResumeFrom, SampleAudit, Trainer};

@@ -67,6 +67,9 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
         if cfg.evaluates(epoch) {
             metrics.eval = worker.evaluate()?;
         }
+        if let Some(callback) = &cfg.on_epoch {
+            callback(&metrics);
+        }
         // Capacity is the number of epochs: this never drops.
         let _ = outlets.epochs.try_send(metrics.clone());
         epochs.push(metrics);

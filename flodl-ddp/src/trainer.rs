@@ -25,6 +25,10 @@ pub(crate) type Factory = Arc<dyn Fn(&ReplicaContext) -> Result<Box<dyn Replica>
 /// before the batch is trained (for data-coverage audits).
 pub type SampleAudit = Arc<dyn Fn(usize, usize, &[usize]) + Send + Sync>;
 
+/// Called with every epoch's metrics (its evaluation included), in order, on the thread that
+/// aggregates them, before [`DdpHandle`] sees them. A panic in it ends the run.
+pub type EpochCallback = Arc<dyn Fn(&crate::EpochMetrics) + Send + Sync>;
+
 /// Which devices the ranks run on: one rank per device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Devices {
@@ -100,6 +104,8 @@ pub(crate) struct RunConfig {
     pub(crate) dataset: Arc<dyn Dataset>,
     pub(crate) test: Option<Arc<dyn Dataset>>,
     pub(crate) eval_every: usize,
+    pub(crate) eval_rank: crate::EvalRank,
+    pub(crate) on_epoch: Option<EpochCallback>,
     pub(crate) batch_size: usize,
     pub(crate) epochs: usize,
     pub(crate) devices: Vec<Device>,
@@ -274,6 +280,8 @@ pub struct Trainer {
     dataset: Option<Arc<dyn Dataset>>,
     test: Option<Arc<dyn Dataset>>,
     eval_every: usize,
+    eval_rank: crate::EvalRank,
+    on_epoch: Option<EpochCallback>,
     batch_size: usize,
     epochs: usize,
     devices: Devices,
@@ -334,6 +342,8 @@ impl Trainer {
             dataset: None,
             test: None,
             eval_every: 1,
+            eval_rank: crate::EvalRank::Fastest,
+            on_epoch: None,
             batch_size: 64,
             epochs: 1,
             devices: Devices::Cpu(1),
@@ -375,6 +385,21 @@ impl Trainer {
     pub fn test_dataset(mut self, dataset: Arc<dyn Dataset>, every: usize) -> Trainer {
         self.test = Some(dataset);
         self.eval_every = every.max(1);
+        self
+    }
+
+    /// Which rank evaluates the test set (default [`crate::EvalRank::Fastest`]).
+    pub fn eval_rank(mut self, rank: crate::EvalRank) -> Trainer {
+        self.eval_rank = rank;
+        self
+    }
+
+    /// Calls `callback` with every epoch's metrics, evaluation included (see [`EpochCallback`]).
+    pub fn on_epoch(
+        mut self,
+        callback: impl Fn(&crate::EpochMetrics) + Send + Sync + 'static,
+    ) -> Trainer {
+        self.on_epoch = Some(Arc::new(callback));
         self
     }
 
@@ -606,6 +631,14 @@ impl Trainer {
                 devices.len()
             )));
         }
+        if let crate::EvalRank::Fixed(rank) = self.eval_rank
+            && rank >= devices.len()
+        {
+            return Err(Error::Config(format!(
+                "eval rank {rank} is not one of the {} ranks",
+                devices.len()
+            )));
+        }
         if let Some(bad) = self.slowdown.iter().find(|f| !f.is_finite() || **f < 1.0) {
             return Err(Error::Config(format!("slowdown factors must be >= 1, got {bad}")));
         }
@@ -642,6 +675,8 @@ impl Trainer {
             dataset,
             test: self.test,
             eval_every: self.eval_every,
+            eval_rank: self.eval_rank,
+            on_epoch: self.on_epoch,
             batch_size: self.batch_size,
             epochs: self.epochs,
             devices,
