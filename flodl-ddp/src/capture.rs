@@ -36,6 +36,7 @@ const OUTER_VELOCITY: &str = "outer.velocity";
 /// Extras written by the runtime.
 const EXTRA_EPOCHS: &str = "epochs";
 const EXTRA_GUARD: &str = "guard";
+const EXTRA_OPTIMIZER_STEPS: &str = "optimizer_steps";
 
 /// Where and when a run saves checkpoints.
 #[derive(Debug, Clone)]
@@ -60,6 +61,8 @@ pub(crate) struct CaptureRequest {
 pub(crate) struct RankCapture {
     /// The inner optimizer state.
     pub(crate) optimizer: Vec<HostTensor>,
+    /// The inner optimizer's step counter.
+    pub(crate) optimizer_steps: u64,
     /// The consensus parameters and buffers, when asked for.
     pub(crate) model: Option<HostState>,
     /// The outer optimizer's previous parameters and velocity, when asked for and it has run.
@@ -73,6 +76,8 @@ pub(crate) struct RankCapture {
 pub(crate) struct RankRestore {
     /// Its inner optimizer state (empty: keep the fresh one).
     pub(crate) optimizer: Vec<HostTensor>,
+    /// Its inner optimizer's step counter.
+    pub(crate) optimizer_steps: u64,
     /// The outer optimizer's previous parameters and velocity, when it had run.
     pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
     /// The cohort step to continue from.
@@ -295,6 +300,9 @@ pub(crate) fn assemble(
     let mut extras = BTreeMap::new();
     extras.insert(EXTRA_EPOCHS.to_owned(), OpaqueState::encode(&progress.epochs)?);
     extras.insert(EXTRA_GUARD.to_owned(), OpaqueState::encode(progress.guard)?);
+    let steps: Vec<u64> =
+        captures.iter().map(|c| c.as_ref().map_or(0, |c| c.optimizer_steps)).collect();
+    extras.insert(EXTRA_OPTIMIZER_STEPS.to_owned(), OpaqueState::encode(&steps)?);
     ckpt.extras = extras;
     ckpt.validate()?;
     Ok(ckpt)
@@ -313,13 +321,22 @@ pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
         let velocity = host_of(&bundle.outer, OUTER_VELOCITY)?;
         (!prev.is_empty()).then_some((prev, velocity))
     };
+    let steps: Vec<u64> = match bundle.extras.get(EXTRA_OPTIMIZER_STEPS) {
+        Some(s) => s.decode()?,
+        None => Vec::new(),
+    };
     let ranks = (0..cfg.world())
         .map(|r| {
             let optimizer = match bundle.optimizer.get(r) {
                 Some(set) => host_of(set, OPTIMIZER)?,
                 None => Vec::new(),
             };
-            Ok(RankRestore { optimizer, outer: outer.clone(), global_step: bundle.global_step })
+            Ok(RankRestore {
+                optimizer,
+                optimizer_steps: steps.get(r).copied().unwrap_or(0),
+                outer: outer.clone(),
+                global_step: bundle.global_step,
+            })
         })
         .collect::<Result<_>>()?;
     let elche = bundle.elche.as_ref().map(OpaqueState::decode::<ElCheState>).transpose()?;

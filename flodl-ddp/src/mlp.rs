@@ -360,6 +360,14 @@ impl Replica for Mlp {
         &mut self.state
     }
 
+    fn optimizer_steps(&self) -> u64 {
+        self.adam_steps
+    }
+
+    fn set_optimizer_steps(&mut self, steps: u64) {
+        self.adam_steps = steps;
+    }
+
     fn reset_optimizer(&mut self, stream: &Stream) -> Result<()> {
         self.adam_steps = 0;
         for t in &mut self.state {

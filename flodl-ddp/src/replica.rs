@@ -223,6 +223,17 @@ pub trait Replica {
         &mut []
     }
 
+    /// The optimizer's step counter, when it keeps one outside its state tensors (Adam's bias
+    /// correction), for checkpoints; 0 by default.
+    fn optimizer_steps(&self) -> u64 {
+        0
+    }
+
+    /// Restores the optimizer's step counter from a checkpoint (ignored by default).
+    fn set_optimizer_steps(&mut self, steps: u64) {
+        let _ = steps;
+    }
+
     /// Resets the optimizer to its initial state (zeroes the state tensors by default).
     ///
     /// # Errors
@@ -275,6 +286,12 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
     }
     fn optimizer_state_mut(&mut self) -> &mut [Tensor] {
         (**self).optimizer_state_mut()
+    }
+    fn optimizer_steps(&self) -> u64 {
+        (**self).optimizer_steps()
+    }
+    fn set_optimizer_steps(&mut self, steps: u64) {
+        (**self).set_optimizer_steps(steps);
     }
     fn reset_optimizer(&mut self, stream: &Stream) -> Result<()> {
         (**self).reset_optimizer(stream)

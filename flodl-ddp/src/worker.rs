@@ -447,6 +447,7 @@ impl Worker {
         };
         Ok(RankCapture {
             optimizer: host_tensors(self.replica.optimizer_state(), &self.stream)?,
+            optimizer_steps: self.replica.optimizer_steps(),
             model,
             outer,
             position,
@@ -464,6 +465,7 @@ impl Worker {
                 &stream,
             )?;
         }
+        self.replica.set_optimizer_steps(restore.optimizer_steps);
         if let Some(outer) = &restore.outer {
             restore_outer(&mut self.outer, outer, &stream)?;
         }

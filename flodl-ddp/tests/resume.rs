@@ -14,6 +14,7 @@ use flodl_data::Dataset;
 use flodl_ddp::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, SaveInterval, SaveReason,
 };
+use flodl_ddp::outer::OuterKind;
 use flodl_ddp::{
     Backend, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, ResumeFrom, TrainedState, Trainer,
 };
@@ -101,6 +102,43 @@ fn interrupted_sync_run_resumes_bitwise() -> TestResult {
         let done = Checkpoint::read(&last.path_of("latest"))?;
         assert_eq!(done.reason, SaveReason::GracefulShutdown);
         assert_eq!(done.epoch, EPOCHS as u64);
+    }
+    Ok(())
+}
+
+/// The optimizer's whole state resumes exactly: Adam's moments and step count, and the outer
+/// optimizer's momentum (SlowMo) — a `Sync` run resumed mid-epoch is bitwise the same.
+#[test]
+fn adam_and_outer_momentum_resume_bitwise() -> TestResult {
+    for backend in [Backend::Collective, Backend::Host] {
+        let run = || {
+            Trainer::new(Mlp::factory(MlpConfig::new(&[784, 32, 10], Optimizer::adam())))
+                .dataset(train_subset(SAMPLES))
+                .batch_size(BATCH)
+                .epochs(2)
+                .devices(Devices::Cpu(2))
+                .policy(Policy::Sync)
+                .backend(backend)
+                .seed(3)
+                .learning_rate(0.002)
+                .outer(OuterKind::slow_momentum())
+                .stall_timeout(Duration::from_secs(30))
+        };
+        let reference = run().run()?.join()?;
+        let dir = tempfile::tempdir()?;
+        let saving = run()
+            .checkpoint_dir(dir.path())
+            .checkpoint_every(SaveInterval::every_reduces(41))
+            .keep_checkpoints(100)
+            .run()?
+            .join()?;
+        assert_eq!(bits(&saving), bits(&reference), "{backend:?}: saving changed the run");
+        let (step, path) = steps(dir.path())?.into_iter().next().ok_or("no bundle")?;
+        let ckpt = Checkpoint::read(&path)?;
+        assert!(!ckpt.outer.is_empty(), "{backend:?}: no outer state in the bundle");
+        let resumed = run().resume(ResumeFrom::File(path)).run()?.join()?;
+        let differ = bits(&resumed).iter().zip(bits(&reference)).filter(|(a, b)| *a != b).count();
+        assert_eq!(differ, 0, "{backend:?}: resumed at step {step}");
     }
     Ok(())
 }
