@@ -345,6 +345,7 @@ fn starve_figures(ds: &Arc<Mnist>) {
         );
         for (cost_ms, off_cpu, depth) in [
             (1u64, false, Depth::Fixed(2)),
+            (1, false, Depth::Fixed(4)),
             (1, false, Depth::Fixed(8)),
             (2, false, Depth::Fixed(2)),
             (5, false, Depth::Fixed(2)),
