@@ -36,7 +36,12 @@ impl Default for VramBudget {
 }
 
 /// The depth a CPU rank uses under [`Depth::Vram`] (host memory is not gauged per batch).
-pub const CPU_DEPTH: usize = 2;
+///
+/// Four, not two: on a machine whose cores are shared, the prefetch thread sometimes waits
+/// for a core, and two batches of slack then let a 1 ms consumer starve for 0.5–5% of its wall
+/// time; four keep it under 0.3% (`cargo bench -p flodl-benches --bench data -- prefetch`).
+/// The memory is a few host batches.
+pub const CPU_DEPTH: usize = 4;
 
 /// Depth from a memory gauge: `(total·clamp(max_usage, 0.5, 0.99) − used − reserve) / batch_bytes`
 /// (saturating at 0), at most `budget.max_depth`; [`CPU_DEPTH`] for the CPU or a zero batch size.

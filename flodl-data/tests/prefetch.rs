@@ -386,14 +386,15 @@ fn transforms_are_applied_per_pick_key() -> Result<()> {
 }
 
 #[test]
-fn cpu_depth_from_the_gauge_is_two_and_never_exceeds_the_plan() -> Result<()> {
+fn cpu_depth_from_the_gauge_is_four_and_never_exceeds_the_plan() -> Result<()> {
     let ds: Arc<dyn Dataset> = Arc::new(random_dataset(100, 10)?);
     let space = PickSpace::plain(100);
     let prefetcher = Prefetcher::new(ds, Device::Cpu, config(space, 0, Depth::default()))?;
-    assert_eq!(prefetcher.depth_for(50, 10), 2);
+    assert_eq!(prefetcher.depth_for(50, 10), 4);
+    assert_eq!(prefetcher.depth_for(3, 10), 3);
     assert_eq!(prefetcher.depth_for(1, 10), 1);
     let feed = prefetcher.start(0, batches_of(&space, 0, 0, 10, TailPolicy::Drop)?)?;
-    assert_eq!(feed.depth(), 2);
+    assert_eq!(feed.depth(), 4);
     assert!(
         Prefetcher::new(
             Arc::new(random_dataset(10, 1)?),
