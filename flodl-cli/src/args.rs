@@ -81,6 +81,17 @@ pub(crate) struct TrainFlags {
     /// Evaluate on the first N test images only (quick runs and tests).
     #[arg(long, value_name = "N")]
     pub(crate) test_subset: Option<usize>,
+    /// Prepare batches ahead on a background thread per rank: auto (GPU ranks only), off, or a
+    /// depth N (every rank, CPU ranks too) (default auto).
+    #[arg(long, value_name = "MODE")]
+    pub(crate) prefetch: Option<String>,
+    /// Seconds a rank may be silent (or miss a reduce) before it is declared dead and the
+    /// others go on without it (default 30).
+    #[arg(long, value_name = "SECS")]
+    pub(crate) watchdog: Option<f64>,
+    /// Ranks that may die before the run stops (default: no limit while one rank is left).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_failures: Option<usize>,
 }
 
 /// `fdl train`.
@@ -92,15 +103,23 @@ pub(crate) struct TrainArgs {
     /// Evaluate on the test set every N epochs (default 1; the last epoch is always evaluated).
     #[arg(long, value_name = "N")]
     pub(crate) eval_every: Option<usize>,
-    /// Write checkpoints into this directory (not available yet: flodl-ddp's Trainer cannot save
-    /// a run, so the flag is refused).
+    /// Save checkpoint bundles into this directory (`step-<N>.fdlck`, `latest.fdlck`; a
+    /// `failure.fdlck` when the run cannot go on).
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs (default 1; with --checkpoint-dir).
+    /// Checkpoint after every N epochs (default 1; 0: only at the end; needs --checkpoint-dir).
     #[arg(long, value_name = "N")]
     pub(crate) checkpoint_every: Option<usize>,
-    /// Resume from this checkpoint (not available yet: flodl-ddp's Trainer cannot resume a run,
-    /// so the flag is refused).
+    /// Also checkpoint after every N reduces (needs --checkpoint-dir).
+    #[arg(long, value_name = "N")]
+    pub(crate) checkpoint_every_reduces: Option<usize>,
+    /// Step bundles the checkpoint directory keeps (default 3).
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_checkpoints: Option<usize>,
+    /// Resume from a checkpoint: a directory (its newest bundle) or a `.fdlck` file. The run
+    /// must have the same ranks, policy, backend, batch size, training set, seed, LR and
+    /// schedule (the schedule's length too: cosine, one-cycle and step depend on --epochs) and
+    /// the same model.
     #[arg(long, value_name = "PATH")]
     pub(crate) resume: Option<PathBuf>,
     /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).

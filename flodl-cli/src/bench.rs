@@ -105,15 +105,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             eval_every: mode_cfg.epochs,
             checkpoint_dir: None,
             checkpoint_every: 1,
+            checkpoint_every_reduces: None,
+            keep_checkpoints: 3,
             resume: None,
             out: Some(dir.path().to_owned()),
             name: None,
         };
-        let outcome =
-            train::execute(&mode_cfg, &plan, &data, opts.eval_every, Display::Silent, |l| {
-                dir.append(l)
-            })
-            .with_context(|| format!("bench mode {mode}"))?;
+        let outcome = train::execute(&mode_cfg, &plan, &data, &opts, None, Display::Silent, |l| {
+            dir.append(l)
+        })
+        .with_context(|| format!("bench mode {mode}"))?;
         let summary = train::summarise(slug, started_at.clone(), &mode_cfg, &opts, &plan, &outcome);
         dir.write_summary(&summary)?;
         run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;

@@ -29,9 +29,14 @@ struct ConfigFile {
     data: Option<PathBuf>,
     train_subset: Option<usize>,
     test_subset: Option<usize>,
+    prefetch: Option<PrefetchKey>,
+    watchdog: Option<f64>,
+    max_failures: Option<usize>,
     eval_every: Option<usize>,
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: Option<usize>,
+    checkpoint_every_reduces: Option<usize>,
+    keep_checkpoints: Option<usize>,
     resume: Option<PathBuf>,
     out: Option<PathBuf>,
     name: Option<String>,
@@ -42,6 +47,14 @@ struct ConfigFile {
 #[serde(untagged)]
 enum ListOrString<T> {
     List(Vec<T>),
+    Text(String),
+}
+
+/// `prefetch` in TOML: `"auto"`, `"off"` or a depth.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PrefetchKey {
+    Depth(usize),
     Text(String),
 }
 
@@ -88,6 +101,19 @@ pub(crate) struct TrainConfig {
     pub(crate) train_subset: Option<usize>,
     /// Use only the first N test images.
     pub(crate) test_subset: Option<usize>,
+    /// Batch prefetching: `auto`, `off` or a depth.
+    #[serde(default = "default_prefetch")]
+    pub(crate) prefetch: String,
+    /// Watchdog deadline in seconds (the library's default when unset).
+    #[serde(default)]
+    pub(crate) watchdog_s: Option<f64>,
+    /// Ranks that may die before the run stops (no limit when unset).
+    #[serde(default)]
+    pub(crate) max_failures: Option<usize>,
+}
+
+fn default_prefetch() -> String {
+    "auto".to_owned()
 }
 
 /// The `train`-only part of the configuration.
@@ -97,9 +123,15 @@ pub(crate) struct RunOptions {
     pub(crate) eval_every: usize,
     /// Checkpoint directory.
     pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs.
+    /// Checkpoint every N epochs (0: only at the end).
     pub(crate) checkpoint_every: usize,
-    /// Checkpoint to resume from.
+    /// Also checkpoint every N reduces.
+    #[serde(default)]
+    pub(crate) checkpoint_every_reduces: Option<usize>,
+    /// Step bundles kept in the checkpoint directory.
+    #[serde(default = "default_keep")]
+    pub(crate) keep_checkpoints: usize,
+    /// Checkpoint (file or directory) to resume from.
     pub(crate) resume: Option<PathBuf>,
     /// Run directory, when given explicitly.
     pub(crate) out: Option<PathBuf>,
@@ -107,12 +139,21 @@ pub(crate) struct RunOptions {
     pub(crate) name: Option<String>,
 }
 
+fn default_keep() -> usize {
+    DEFAULT_KEEP
+}
+
+/// Step bundles a checkpoint directory keeps unless told otherwise.
+const DEFAULT_KEEP: usize = 3;
+
 /// Flags of `train` that are not shared with `bench`, as parsed.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RunFlags {
     pub(crate) eval_every: Option<usize>,
     pub(crate) checkpoint_dir: Option<PathBuf>,
     pub(crate) checkpoint_every: Option<usize>,
+    pub(crate) checkpoint_every_reduces: Option<usize>,
+    pub(crate) keep_checkpoints: Option<usize>,
     pub(crate) resume: Option<PathBuf>,
     pub(crate) out: Option<PathBuf>,
     pub(crate) name: Option<String>,
@@ -137,6 +178,9 @@ impl TrainConfig {
             data: None,
             train_subset: None,
             test_subset: None,
+            prefetch: default_prefetch(),
+            watchdog_s: None,
+            max_failures: None,
         }
     }
 }
@@ -188,11 +232,35 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
     cfg.data = flags.data.clone().or(file.data);
     cfg.train_subset = flags.train_subset.or(file.train_subset);
     cfg.test_subset = flags.test_subset.or(file.test_subset);
+    let prefetch = match file.prefetch {
+        Some(PrefetchKey::Depth(n)) => Some(n.to_string()),
+        Some(PrefetchKey::Text(t)) => Some(t),
+        None => None,
+    };
+    set(&mut cfg.prefetch, flags.prefetch.clone().or(prefetch));
+    cfg.watchdog_s = flags.watchdog.or(file.watchdog);
+    cfg.max_failures = flags.max_failures.or(file.max_failures);
 
     let checkpoint_dir = run.checkpoint_dir.clone().or(file.checkpoint_dir);
+    let every = run.checkpoint_every.or(file.checkpoint_every);
+    let every_reduces = run.checkpoint_every_reduces.or(file.checkpoint_every_reduces);
+    let keep = run.keep_checkpoints.or(file.keep_checkpoints);
+    if checkpoint_dir.is_none() {
+        let given = [
+            ("checkpoint-every", every.is_some()),
+            ("checkpoint-every-reduces", every_reduces.is_some()),
+            ("keep-checkpoints", keep.is_some()),
+        ];
+        if let Some((key, _)) = given.iter().find(|(_, g)| *g) {
+            bail!("{key} needs checkpoint-dir");
+        }
+    }
     let opts = RunOptions {
         eval_every: run.eval_every.or(file.eval_every).unwrap_or(1),
-        checkpoint_every: run.checkpoint_every.or(file.checkpoint_every).unwrap_or(1),
+        // Reduces alone turn the per-epoch default off.
+        checkpoint_every: every.unwrap_or(if every_reduces.is_some() { 0 } else { 1 }),
+        checkpoint_every_reduces: every_reduces,
+        keep_checkpoints: keep.unwrap_or(DEFAULT_KEEP),
         checkpoint_dir,
         resume: run.resume.clone().or(file.resume),
         out: run.out.clone().or(file.out),
@@ -262,7 +330,14 @@ fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
     ensure!(cfg.train_subset != Some(0), "train-subset must be at least 1");
     ensure!(cfg.test_subset != Some(0), "test-subset must be at least 1");
     ensure!(opts.eval_every >= 1, "eval-every must be at least 1");
-    ensure!(opts.checkpoint_every >= 1, "checkpoint-every must be at least 1");
+    ensure!(
+        opts.checkpoint_every_reduces != Some(0),
+        "checkpoint-every-reduces must be at least 1"
+    );
+    ensure!(opts.keep_checkpoints >= 1, "keep-checkpoints must be at least 1");
+    if let Some(w) = cfg.watchdog_s {
+        ensure!(w.is_finite() && w > 0.0, "watchdog must be a positive number of seconds, got {w}");
+    }
     if let Some(name) = &opts.name {
         ensure!(
             !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != "..",

@@ -8,6 +8,7 @@ mod devices;
 mod progress;
 mod record;
 mod report;
+mod resume;
 mod run_dir;
 mod train;
 

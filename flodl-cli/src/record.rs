@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use flodl_ddp::{EvalMetrics, Report};
+use std::path::PathBuf;
+
+use flodl_ddp::{EvalMetrics, FaultEvent, Report};
 
 use crate::config::{RunOptions, TrainConfig};
 
@@ -17,6 +19,9 @@ pub(crate) struct Line {
     /// carry the library's own `at_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) t_s: Option<f64>,
+    /// An epoch restored from the checkpoint the run resumed from (trained by an earlier run).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) restored: bool,
 }
 
 impl Line {
@@ -60,6 +65,18 @@ pub(crate) struct Summary {
     pub(crate) avg_sync_ms: Option<f64>,
     /// Per-rank totals.
     pub(crate) ranks: Vec<RankSummary>,
+    /// The bundle the run resumed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) resumed_from: Option<PathBuf>,
+    /// Epochs restored from that bundle (trained by an earlier run).
+    #[serde(default)]
+    pub(crate) epochs_restored: usize,
+    /// The newest checkpoint bundle the run left, when it saves checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) checkpoint: Option<PathBuf>,
+    /// Ranks declared dead during the run, in order.
+    #[serde(default)]
+    pub(crate) faults: Vec<FaultEvent>,
 }
 
 /// Per-rank totals of a run.
