@@ -92,6 +92,10 @@ pub(crate) struct TrainFlags {
     /// Ranks that may die before the run stops (default: no limit while one rank is left).
     #[arg(long, value_name = "N")]
     pub(crate) max_failures: Option<usize>,
+    /// Emulate device failures: RANK@BATCH makes that rank's replica fail on its BATCH-th
+    /// training batch, e.g. `1@20` or `0@5,1@5` (train only).
+    #[arg(long, value_name = "LIST")]
+    pub(crate) fail_rank: Option<String>,
 }
 
 /// `fdl train`.

@@ -53,6 +53,8 @@ pub(crate) struct BenchReport {
 /// Bad configuration, missing data, an unwritable output directory, a failed run.
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let (cfg, _) = config::resolve(&args.flags, &RunFlags::default())?;
+    // Solo modes renumber the ranks, and a table of runs that lose ranks compares nothing.
+    anyhow::ensure!(cfg.fail_rank.is_empty(), "fail-rank is for fdl train, not fdl bench");
     let base = Plan::new(&cfg)?;
     let data = Data::load(&cfg)?;
     let (started_at, stamp) = run_dir::utc_now();

@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 
 use crate::args::TrainFlags;
+use crate::failure::FailAt;
 
 /// Default hidden widths of the reference MLP (784-256-128-10).
 const DEFAULT_HIDDEN: [usize; 2] = [256, 128];
@@ -32,6 +33,7 @@ struct ConfigFile {
     prefetch: Option<PrefetchKey>,
     watchdog: Option<f64>,
     max_failures: Option<usize>,
+    fail_rank: Option<ListOrString<String>>,
     eval_every: Option<usize>,
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: Option<usize>,
@@ -110,6 +112,9 @@ pub(crate) struct TrainConfig {
     /// Ranks that may die before the run stops (no limit when unset).
     #[serde(default)]
     pub(crate) max_failures: Option<usize>,
+    /// Emulated device failures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) fail_rank: Vec<FailAt>,
 }
 
 fn default_prefetch() -> String {
@@ -181,6 +186,7 @@ impl TrainConfig {
             prefetch: default_prefetch(),
             watchdog_s: None,
             max_failures: None,
+            fail_rank: Vec::new(),
         }
     }
 }
@@ -240,6 +246,16 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
     set(&mut cfg.prefetch, flags.prefetch.clone().or(prefetch));
     cfg.watchdog_s = flags.watchdog.or(file.watchdog);
     cfg.max_failures = flags.max_failures.or(file.max_failures);
+    let fail_rank = match &flags.fail_rank {
+        Some(text) => Some(split_list::<String>(text, "fail-rank")?),
+        None => file.fail_rank.map(|l| l.into_vec("fail-rank")).transpose()?,
+    };
+    if let Some(list) = fail_rank {
+        cfg.fail_rank = list
+            .iter()
+            .map(|f| f.parse::<FailAt>().map_err(|e| anyhow::anyhow!("fail-rank: {e}")))
+            .collect::<Result<_>>()?;
+    }
 
     let checkpoint_dir = run.checkpoint_dir.clone().or(file.checkpoint_dir);
     let every = run.checkpoint_every.or(file.checkpoint_every);
@@ -398,13 +414,38 @@ mod tests {
     }
 
     #[test]
+    fn checkpoint_prefetch_and_fault_keys_resolve_from_the_file() -> Result<()> {
+        let text = "checkpoint-dir = \"ck\"\ncheckpoint-every-reduces = 5\nprefetch = 2\n\
+                    watchdog = 2.5\nmax-failures = 1\nfail-rank = [\"1@3\"]\nresume = \"old\"\n";
+        let file = write(text)?;
+        let flags = TrainFlags { config: Some(file.path().to_owned()), ..TrainFlags::default() };
+        let (cfg, opts) = resolve(&flags, &RunFlags::default())?;
+        assert_eq!(opts.checkpoint_dir, Some(PathBuf::from("ck")));
+        // Reduces alone: no per-epoch saves.
+        assert_eq!((opts.checkpoint_every, opts.checkpoint_every_reduces), (0, Some(5)));
+        assert_eq!(opts.keep_checkpoints, DEFAULT_KEEP);
+        assert_eq!(opts.resume, Some(PathBuf::from("old")));
+        assert_eq!(cfg.prefetch, "2");
+        assert_eq!((cfg.watchdog_s, cfg.max_failures), (Some(2.5), Some(1)));
+        assert_eq!(cfg.fail_rank, vec![FailAt { rank: 1, batch: 3 }]);
+        let run = RunFlags { checkpoint_every: Some(2), ..RunFlags::default() };
+        let (_, opts) = resolve(&flags, &run)?;
+        assert_eq!((opts.checkpoint_every, opts.checkpoint_every_reduces), (2, Some(5)));
+        let (_, opts) = resolve(&TrainFlags::default(), &RunFlags::default())?;
+        assert_eq!((opts.checkpoint_dir, opts.checkpoint_every), (None, 1));
+        Ok(())
+    }
+
+    #[test]
     fn bad_values_are_rejected_with_the_key_named() -> Result<()> {
-        let cases: [(TrainFlags, &str); 5] = [
+        let cases: [(TrainFlags, &str); 7] = [
             (TrainFlags { epochs: Some(0), ..TrainFlags::default() }, "epochs"),
             (TrainFlags { lr: Some(-1.0), ..TrainFlags::default() }, "lr"),
             (TrainFlags { slowdown: Some("1,0.5".into()), ..TrainFlags::default() }, "slowdown"),
             (TrainFlags { slowdown: Some("1,x".into()), ..TrainFlags::default() }, "slowdown"),
             (TrainFlags { hidden: Some("0".into()), ..TrainFlags::default() }, "hidden"),
+            (TrainFlags { watchdog: Some(0.0), ..TrainFlags::default() }, "watchdog"),
+            (TrainFlags { fail_rank: Some("1@0".into()), ..TrainFlags::default() }, "fail-rank"),
         ];
         for (flags, key) in cases {
             let err = resolve(&flags, &RunFlags::default()).err().map(|e| format!("{e:#}"));

@@ -5,6 +5,7 @@ mod bench;
 mod chart;
 mod config;
 mod devices;
+mod failure;
 mod progress;
 mod record;
 mod report;

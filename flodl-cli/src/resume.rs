@@ -100,7 +100,11 @@ pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Err
     match (error, resume) {
         (Error::Checkpoint(e), Some(point)) if is_refusal(&e) => refusal(&point.bundle, &e),
         (Error::Unrecoverable { reason, detail, bundle: Some(path), last }, _) => {
-            let cause = last.map(|l| format!(": {l}")).unwrap_or_default();
+            // The detail often quotes the last error's root cause already.
+            let cause = last
+                .filter(|l| !detail.contains(&root_cause(l.as_ref())))
+                .map(|l| format!(": {l}"))
+                .unwrap_or_default();
             anyhow!(
                 "the run cannot go on ({reason:?}): {detail}{cause}; its state is saved in {} \
                  (resume with --resume {})",
@@ -110,6 +114,15 @@ pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Err
         }
         (e, _) => anyhow::Error::new(e).context("training failed"),
     }
+}
+
+/// The text of the innermost source of `error`.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut e = error;
+    while let Some(source) = e.source() {
+        e = source;
+    }
+    e.to_string()
 }
 
 /// Whether a checkpoint error says the bundle does not fit this run or cannot be read (as
@@ -161,6 +174,19 @@ mod tests {
                     "rank 1 panicked: boom",
                     "ck/failure.fdlck",
                 ],
+            ),
+            (
+                Error::Unrecoverable {
+                    reason: SaveReason::AllRanksLost,
+                    detail: "rank 0, the last one alive, failed: replica: gone".into(),
+                    bundle: Some("ck/failure.fdlck".into()),
+                    last: Some(Box::new(Error::Rank {
+                        rank: 0,
+                        source: Box::new(Error::replica("gone")),
+                    })),
+                },
+                None,
+                vec!["alive, failed: replica: gone; its state is saved in ck/failure.fdlck"],
             ),
             (Error::Aborted, Some(point()), vec!["training failed", "run aborted"]),
         ];

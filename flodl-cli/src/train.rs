@@ -10,13 +10,14 @@ use flodl_data::{Dataset, Subset};
 use flodl_ddp::checkpoint::{LATEST, SaveInterval};
 use flodl_ddp::schedule::Schedule;
 use flodl_ddp::{
-    Backend, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, Policy, Prefetch, Report,
-    TrainedState, Trainer,
+    Backend, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, Policy, Prefetch, ReplicaContext,
+    Report, TrainedState, Trainer,
 };
 use flodl_tensor::Device;
 
 use crate::args::TrainArgs;
 use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
+use crate::failure::Failing;
 use crate::progress::{Display, Progress};
 use crate::record::{Line, RankSummary, Summary};
 use crate::report;
@@ -166,6 +167,9 @@ impl Plan {
         if cfg.slowdown.len() > devices.len() {
             bail!("slowdown: {} factors given for {} rank(s)", cfg.slowdown.len(), devices.len());
         }
+        if let Some(f) = cfg.fail_rank.iter().find(|f| f.rank >= devices.len()) {
+            bail!("fail-rank: {f} names rank {}, but there are {} rank(s)", f.rank, devices.len());
+        }
         // Checked now, built once the dataset size is known.
         schedule(&cfg.schedule, cfg.lr, 1)?;
         let policy = cfg.policy.parse::<Policy>()?;
@@ -278,7 +282,10 @@ pub(crate) fn execute(
     let mlp = MlpConfig::new(&widths, Optimizer::sgd(cfg.momentum as f32));
     // The runtime indexes schedules in cohort steps: every rank's batches together.
     let total_steps = (cfg.epochs * (data.train.len() / cfg.batch_size)) as u64;
-    let mut trainer = Trainer::new(Mlp::factory(mlp))
+    let build = Mlp::factory(mlp);
+    let fails = cfg.fail_rank.clone();
+    let factory = move |ctx: &ReplicaContext| Ok(Failing::new(build(ctx)?, ctx.rank, &fails));
+    let mut trainer = Trainer::new(factory)
         .dataset(data.train.clone())
         .test_dataset(data.test.clone(), opts.eval_every)
         .devices(Devices::List(plan.devices.clone()))

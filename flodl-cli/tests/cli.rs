@@ -332,6 +332,12 @@ fn bad_flags_and_configs_fail_with_one_line() -> Result {
             vec!["checkpoint-every", "checkpoint-dir"],
         ),
         (vec!["train".into(), "--prefetch".into(), "lots".into()], vec!["prefetch", "lots"]),
+        (
+            vec!["train".into(), "--ranks".into(), "2".into(), "--fail-rank".into(), "2@1".into()],
+            vec!["fail-rank", "2@1"],
+        ),
+        (vec!["train".into(), "--fail-rank".into(), "1".into()], vec!["fail-rank", "RANK@BATCH"]),
+        (vec!["bench".into(), "--fail-rank".into(), "1@3".into()], vec!["fail-rank", "bench"]),
     ];
     for (args, needles) in cases {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -503,5 +509,43 @@ fn checkpoints_resume_and_mismatches_are_refused_in_one_line() -> Result {
         assert_one_line_error(&out, &needles, &extra.join(" "));
         assert!(!refused.exists(), "{}: run directory left behind", extra.join(" "));
     }
+    Ok(())
+}
+
+#[test]
+fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    // SMALL with 3 ranks: rank 1 fails on its 5th batch, ranks 0 and 2 finish the run.
+    let mut args = vec!["train", "--out", run.to_str().ok_or("path")?, "--ranks", "3"];
+    args.extend(&SMALL[2..]);
+    args.extend(["--policy", "sync", "--fail-rank", "1@5"]);
+    let out = fdl(&args)?;
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let deaths: Vec<&str> = stdout.lines().filter(|l| l.contains(" died at ")).collect();
+    assert_eq!(deaths.len(), 1, "{stdout}");
+    assert!(deaths[0].starts_with("rank 1 (cpu) died at "), "{stdout}");
+    assert!(deaths[0].contains("batch 5") && deaths[0].ends_with("survivors: ranks 0, 2"));
+    let summary: Value = serde_json::from_str(&fs::read_to_string(run.join("summary.json"))?)?;
+    assert_eq!(summary["epochs_completed"].as_u64(), Some(2));
+    let faults = summary["faults"].as_array().ok_or("faults")?;
+    assert_eq!(faults.len(), 1);
+    assert_eq!(faults[0]["rank"].as_u64(), Some(1));
+    assert_eq!(faults[0]["survivors"], serde_json::json!([0, 2]));
+    assert!(finite(&faults[0]["at_ms"]));
+    let html = fs::read_to_string(run.join("report.html"))?;
+    check_report(&html)?;
+    assert!(html.contains("Rank deaths") && html.contains("emulated device failure"));
+
+    // Every rank fails: one line with the reason and the failure bundle to resume from.
+    let ck = tmp.path().join("ck");
+    let lost = tmp.path().join("lost");
+    let mut args = vec!["train", "--out", lost.to_str().ok_or("path")?];
+    args.extend(SMALL);
+    args.extend(["--fail-rank", "0@5,1@5", "--checkpoint-dir", ck.to_str().ok_or("path")?]);
+    let out = fdl(&args)?;
+    assert_one_line_error(&out, &["cannot go on", "AllRanksLost", "failure.fdlck"], "all lost");
+    assert!(ck.join("failure.fdlck").is_file());
     Ok(())
 }
