@@ -59,10 +59,14 @@ pub(crate) struct TrainFlags {
     /// SGD momentum (default 0.9).
     #[arg(long, value_name = "M", allow_negative_numbers = true)]
     pub(crate) momentum: Option<f64>,
-    /// LR schedule over the run: constant, cosine (down to 0), one-cycle, or step (/10 at 50% and
-    /// 75%) (default cosine).
+    /// LR schedule over the run: constant, cosine (down to 0), one-cycle, step (/10 at 50% and
+    /// 75%) or exponential (down to 1%) (default cosine).
     #[arg(long, value_name = "SCHEDULE")]
     pub(crate) schedule: Option<String>,
+    /// Linear LR warmup over the first N epochs (fractions allowed), before the schedule
+    /// (default 0).
+    #[arg(long, value_name = "N")]
+    pub(crate) warmup_epochs: Option<f64>,
     /// Seed of the initial weights and of the data permutation (default 42).
     #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,

@@ -24,6 +24,7 @@ struct ConfigFile {
     lr: Option<f64>,
     momentum: Option<f64>,
     schedule: Option<String>,
+    warmup_epochs: Option<f64>,
     seed: Option<u64>,
     slowdown: Option<ListOrString<f64>>,
     hidden: Option<ListOrString<usize>>,
@@ -91,6 +92,9 @@ pub(crate) struct TrainConfig {
     pub(crate) momentum: f64,
     /// LR schedule name.
     pub(crate) schedule: String,
+    /// Linear LR warmup, in epochs.
+    #[serde(default)]
+    pub(crate) warmup_epochs: f64,
     /// Seed of weights and data order.
     pub(crate) seed: u64,
     /// Per-rank slowdown factors (empty: none).
@@ -177,6 +181,7 @@ impl TrainConfig {
             lr: 0.05,
             momentum: 0.9,
             schedule: "cosine".to_owned(),
+            warmup_epochs: 0.0,
             seed: 42,
             slowdown: Vec::new(),
             hidden: DEFAULT_HIDDEN.to_vec(),
@@ -224,6 +229,7 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
     set(&mut cfg.lr, flags.lr.or(file.lr));
     set(&mut cfg.momentum, flags.momentum.or(file.momentum));
     set(&mut cfg.schedule, flags.schedule.clone().or(file.schedule));
+    set(&mut cfg.warmup_epochs, flags.warmup_epochs.or(file.warmup_epochs));
     set(&mut cfg.seed, flags.seed.or(file.seed));
     let slowdown = match &flags.slowdown {
         Some(text) => Some(split_list::<f64>(text, "slowdown")?),
@@ -338,6 +344,14 @@ fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
         "momentum must be in [0, 1), got {}",
         cfg.momentum
     );
+    ensure!(
+        cfg.warmup_epochs.is_finite()
+            && cfg.warmup_epochs >= 0.0
+            && cfg.warmup_epochs < cfg.epochs as f64,
+        "warmup-epochs must be at least 0 and less than epochs ({}), got {}",
+        cfg.epochs,
+        cfg.warmup_epochs
+    );
     if let Some(bad) = cfg.slowdown.iter().find(|f| !(f.is_finite() && **f >= 1.0)) {
         bail!("slowdown factors must be numbers >= 1 (1 = full speed), got {bad}");
     }
@@ -438,13 +452,14 @@ mod tests {
 
     #[test]
     fn bad_values_are_rejected_with_the_key_named() -> Result<()> {
-        let cases: [(TrainFlags, &str); 7] = [
+        let cases: [(TrainFlags, &str); 8] = [
             (TrainFlags { epochs: Some(0), ..TrainFlags::default() }, "epochs"),
             (TrainFlags { lr: Some(-1.0), ..TrainFlags::default() }, "lr"),
             (TrainFlags { slowdown: Some("1,0.5".into()), ..TrainFlags::default() }, "slowdown"),
             (TrainFlags { slowdown: Some("1,x".into()), ..TrainFlags::default() }, "slowdown"),
             (TrainFlags { hidden: Some("0".into()), ..TrainFlags::default() }, "hidden"),
             (TrainFlags { watchdog: Some(0.0), ..TrainFlags::default() }, "watchdog"),
+            (TrainFlags { warmup_epochs: Some(10.0), ..TrainFlags::default() }, "warmup-epochs"),
             (TrainFlags { fail_rank: Some("1@0".into()), ..TrainFlags::default() }, "fail-rank"),
         ];
         for (flags, key) in cases {

@@ -171,7 +171,7 @@ impl Plan {
             bail!("fail-rank: {f} names rank {}, but there are {} rank(s)", f.rank, devices.len());
         }
         // Checked now, built once the dataset size is known.
-        schedule(&cfg.schedule, cfg.lr, 1)?;
+        schedule(&cfg.schedule, cfg.lr, 1, 0)?;
         let policy = cfg.policy.parse::<Policy>()?;
         let backend = cfg.backend.parse::<Backend>()?;
         let prefetch = prefetch(&cfg.prefetch)?;
@@ -297,7 +297,9 @@ pub(crate) fn execute(
         .seed(cfg.seed)
         .slowdown(cfg.slowdown.clone())
         .prefetch(plan.prefetch);
-    if let Some(schedule) = schedule(&cfg.schedule, cfg.lr, total_steps)? {
+    let per_epoch_steps = (data.train.len() / cfg.batch_size) as f64;
+    let warmup = (cfg.warmup_epochs * per_epoch_steps).round() as u64;
+    if let Some(schedule) = schedule(&cfg.schedule, cfg.lr, total_steps, warmup)? {
         trainer = trainer.schedule(schedule);
     }
     if let Some(secs) = cfg.watchdog_s {
@@ -417,21 +419,28 @@ fn fault_line(fault: &FaultEvent, devices: &[String]) -> String {
     )
 }
 
-/// The LR schedule named `name` over `total` cohort steps, peaking at `lr`; `None` = constant.
+/// The LR schedule named `name` over `total` cohort steps, peaking at `lr`, the first `warmup`
+/// of them a linear warmup; `None` = constant without warmup.
 ///
-/// `cosine`: from `lr` down to 0 at the end; `one-cycle`: warm up to `lr`, then anneal; `step`:
-/// `lr` divided by 10 at half and at three quarters of the run.
-fn schedule(name: &str, lr: f64, total: u64) -> Result<Option<Schedule>> {
+/// After the warmup: `cosine` from `lr` down to 0 at the end; `one-cycle` warms up to `lr`
+/// (again), then anneals; `step` divides `lr` by 10 at half and at three quarters;
+/// `exponential` decays by a constant factor per step down to `lr`/100 at the end.
+fn schedule(name: &str, lr: f64, total: u64, warmup: u64) -> Result<Option<Schedule>> {
     let total = total.max(1);
+    let warmup = warmup.min(total - 1);
+    let rest = total - warmup;
     let schedule = match name {
-        "constant" => return Ok(None),
-        "cosine" => Schedule::Cosine { lr, min_lr: 0.0, total },
-        "one-cycle" => Schedule::one_cycle(lr, total),
-        "step" => {
-            Schedule::MultiStep { lr, milestones: vec![total / 2, total * 3 / 4], gamma: 0.1 }
+        "constant" if warmup == 0 => return Ok(None),
+        "constant" => Schedule::Constant { lr },
+        "cosine" => Schedule::Cosine { lr, min_lr: 0.0, total: rest },
+        "one-cycle" => Schedule::one_cycle(lr, rest),
+        "step" => Schedule::MultiStep { lr, milestones: vec![rest / 2, rest * 3 / 4], gamma: 0.1 },
+        "exponential" => Schedule::Exponential { lr, gamma: 0.01f64.powf(1.0 / rest as f64) },
+        other => {
+            bail!("schedule '{other}': expected constant, cosine, one-cycle, step or exponential")
         }
-        other => bail!("schedule '{other}': expected constant, cosine, one-cycle or step"),
     };
+    let schedule = if warmup > 0 { schedule.with_warmup(warmup) } else { schedule };
     schedule.validate()?;
     Ok(Some(schedule))
 }
@@ -554,17 +563,25 @@ mod tests {
     #[test]
     fn schedules_peak_at_lr_and_end_where_named() -> Result<()> {
         let total = 1000;
-        assert!(schedule("constant", 0.05, total)?.is_none());
-        let cases =
-            [("cosine", 0.05, 0.0), ("step", 0.05, 0.0005), ("one-cycle", 0.05 / 25.0, 0.0)];
-        for (name, first, last) in cases {
-            let s = schedule(name, 0.05, total)?.ok_or_else(|| anyhow::anyhow!("{name}: none"))?;
+        assert!(schedule("constant", 0.05, total, 0)?.is_none());
+        let cases = [
+            ("cosine", 0, 0.05, 0.0),
+            ("step", 0, 0.05, 0.0005),
+            ("one-cycle", 0, 0.05 / 25.0, 0.0),
+            ("exponential", 0, 0.05, 0.0005),
+            ("constant", 100, 0.05 / 100.0, 0.05),
+            ("cosine", 100, 0.05 / 100.0, 0.0),
+            ("exponential", 250, 0.05 / 250.0, 0.0005),
+        ];
+        for (name, warmup, first, last) in cases {
+            let s = schedule(name, 0.05, total, warmup)?
+                .ok_or_else(|| anyhow::anyhow!("{name}: none"))?;
             let peak = (0..=total).map(|t| s.lr(t)).fold(0.0, f64::max);
             assert!((peak - 0.05).abs() < 1e-9, "{name}: peak {peak}");
             assert!((s.lr(0) - first).abs() < 1e-9, "{name}: first {}", s.lr(0));
             assert!((s.lr(total) - last).abs() < 1e-6, "{name}: last {}", s.lr(total));
         }
-        assert!(schedule("zigzag", 0.05, total).is_err());
+        assert!(schedule("zigzag", 0.05, total, 0).is_err());
         Ok(())
     }
 
