@@ -5,12 +5,13 @@ use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use flodl_ddp::{Backend, Policy, Report};
+use flodl_ddp::{Backend, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::args::BenchArgs;
 use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
 use crate::progress::Display;
+use crate::record::Entry;
 use crate::report;
 use crate::run_dir::{self, RunDir};
 use crate::train::{self, Data, Outcome, Plan};
@@ -144,9 +145,9 @@ fn row(mode: String, plan: &Plan, outcome: &Outcome) -> Row {
     let sync: Vec<f64> = outcome
         .lines
         .iter()
-        .filter_map(|l| match &l.report {
-            Report::Reduce(r) => Some(r.sync_ms),
-            Report::Epoch(_) => None,
+        .filter_map(|l| match &l.entry {
+            Entry::Reduce(r) => Some(r.sync_ms),
+            Entry::Epoch(_) | Entry::Fault(_) => None,
         })
         .collect();
     let idle = (0..plan.devices.len())

@@ -4,19 +4,31 @@ use serde::{Deserialize, Serialize};
 
 use std::path::PathBuf;
 
-use flodl_ddp::{EvalMetrics, FaultEvent, Report};
+use flodl_ddp::{EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent};
 
 use crate::config::{RunOptions, TrainConfig};
 
-/// One line of `metrics.jsonl`: a run report of flodl-ddp (tagged by `kind`: `epoch` or
-/// `reduce`, with the library's field names), plus, on epoch lines, when fdl received it.
+/// What a line of `metrics.jsonl` reports, tagged by `kind`: flodl-ddp's `Report` (`epoch`,
+/// `reduce`, with the library's field names) plus the rank deaths (`fault`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum Entry {
+    /// An epoch finished.
+    Epoch(EpochMetrics),
+    /// A reduce finished.
+    Reduce(ReduceEvent),
+    /// A rank was declared dead.
+    Fault(FaultEvent),
+}
+
+/// One line of `metrics.jsonl`: an entry plus, on epoch lines, when fdl received it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Line {
-    /// The report as flodl-ddp emitted it.
+    /// The report.
     #[serde(flatten)]
-    pub(crate) report: Report,
-    /// Seconds since training started when fdl received the report (epoch lines; reduce lines
-    /// carry the library's own `at_ms`).
+    pub(crate) entry: Entry,
+    /// Seconds since training started when fdl received the report (epoch lines; reduce and
+    /// fault lines carry the library's own `at_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) t_s: Option<f64>,
     /// An epoch restored from the checkpoint the run resumed from (trained by an earlier run).
@@ -27,9 +39,10 @@ pub(crate) struct Line {
 impl Line {
     /// Seconds since training started at which this happened.
     pub(crate) fn time_s(&self) -> Option<f64> {
-        match &self.report {
-            Report::Reduce(r) => Some(r.at_ms / 1000.0),
-            Report::Epoch(_) => self.t_s,
+        match &self.entry {
+            Entry::Reduce(r) => Some(r.at_ms / 1000.0),
+            Entry::Fault(f) => Some(f.at_ms / 1000.0),
+            Entry::Epoch(_) => self.t_s,
         }
     }
 }

@@ -2,10 +2,10 @@
 
 use std::fmt::Write as _;
 
-use flodl_ddp::{EpochMetrics, ReduceEvent, Report};
+use flodl_ddp::{EpochMetrics, ReduceEvent};
 
 use crate::chart::{LineChart, Series, Style, escape};
-use crate::record::{Line, Summary};
+use crate::record::{Entry, Line, Summary};
 
 /// An epoch with the time it ended, in seconds since training started, and whether it was
 /// restored from a checkpoint.
@@ -22,9 +22,9 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     let restored_s: f64 = lines
         .iter()
         .filter(|l| l.restored)
-        .filter_map(|l| match &l.report {
-            Report::Epoch(e) => Some(e.epoch_ms / 1000.0),
-            Report::Reduce(_) => None,
+        .filter_map(|l| match &l.entry {
+            Entry::Epoch(e) => Some(e.epoch_ms / 1000.0),
+            Entry::Reduce(_) | Entry::Fault(_) => None,
         })
         .sum();
     let mut epochs: Vec<TimedEpoch<'_>> = Vec::new();
@@ -32,13 +32,15 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     let mut cumulative_s = 0.0;
     for line in lines {
         let shifted = line.time_s().map(|t| t + restored_s);
-        match &line.report {
-            Report::Epoch(e) => {
+        match &line.entry {
+            Entry::Epoch(e) => {
                 cumulative_s += e.epoch_ms / 1000.0;
                 let t = if line.restored { None } else { shifted };
                 epochs.push((t.unwrap_or(cumulative_s), e, line.restored));
             }
-            Report::Reduce(r) => reduces.push((shifted.unwrap_or(cumulative_s), r)),
+            Entry::Reduce(r) => reduces.push((shifted.unwrap_or(cumulative_s), r)),
+            // Deaths are listed from the summary.
+            Entry::Fault(_) => {}
         }
     }
 
@@ -276,7 +278,7 @@ mod tests {
     use super::*;
     use crate::config::{RunOptions, TrainConfig};
     use crate::record::RankSummary;
-    use flodl_ddp::{EvalMetrics, RankEpochMetrics};
+    use flodl_ddp::{EvalMetrics, FaultCause, FaultEvent, RankEpochMetrics};
 
     fn sample(epochs: usize, reduces_per_epoch: usize) -> (Summary, Vec<Line>) {
         let mut lines = Vec::new();
@@ -285,7 +287,7 @@ mod tests {
         for e in 1..=epochs {
             for k in 0..reduces_per_epoch {
                 round += 1;
-                let report = Report::Reduce(ReduceEvent {
+                let entry = Entry::Reduce(ReduceEvent {
                     round,
                     epoch: e - 1,
                     at_ms: 1000.0 * (e as f64 - 1.0 + k as f64 / reduces_per_epoch as f64),
@@ -294,7 +296,7 @@ mod tests {
                     steps: vec![10, 26],
                     sync_ms: 1.0 + k as f64,
                 });
-                lines.push(Line { report, t_s: None, restored: false });
+                lines.push(Line { entry, t_s: None, restored: false });
             }
             let ranks = (0..2)
                 .map(|r| RankEpochMetrics {
@@ -308,7 +310,7 @@ mod tests {
                     batch_share: 0.5,
                 })
                 .collect();
-            let report = Report::Epoch(EpochMetrics {
+            let entry = Entry::Epoch(EpochMetrics {
                 epoch: e - 1,
                 avg_loss: 1.0 / e as f64,
                 epoch_ms: 1000.0,
@@ -320,7 +322,7 @@ mod tests {
                 sync_ms: 3.0,
                 eval: Some(eval(e)),
             });
-            lines.push(Line { report, t_s: Some(e as f64), restored: false });
+            lines.push(Line { entry, t_s: Some(e as f64), restored: false });
         }
         let summary = Summary {
             name: "t<1>".into(),
@@ -381,15 +383,67 @@ mod tests {
 
     #[test]
     fn metrics_lines_round_trip_with_the_kind_tag() -> Result<(), serde_json::Error> {
-        let (_, lines) = sample(2, 2);
+        let (_, mut lines) = sample(2, 2);
+        let restored = lines.iter().find(|l| matches!(l.entry, Entry::Epoch(_))).cloned();
+        if let Some(mut r) = restored {
+            (r.t_s, r.restored) = (None, true);
+            lines.insert(0, r);
+        }
+        lines.push(Line { entry: Entry::Fault(death()), t_s: None, restored: false });
+        let mut kinds = Vec::new();
         for line in &lines {
             let text = serde_json::to_string(line)?;
             let value: serde_json::Value = serde_json::from_str(&text)?;
-            let kind = value["kind"].as_str().unwrap_or_default();
-            assert!(kind == "epoch" || kind == "reduce", "{text}");
-            assert_eq!(value.get("t_s").is_some(), kind == "epoch", "{text}");
+            let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+            assert!(["epoch", "reduce", "fault"].contains(&kind.as_str()), "{text}");
+            let timed = kind == "epoch" && !line.restored;
+            assert_eq!(value.get("t_s").is_some(), timed, "{text}");
+            assert_eq!(value.get("restored").is_some(), line.restored, "{text}");
             assert_eq!(&serde_json::from_str::<Line>(&text)?, line);
+            kinds.push(kind);
         }
+        assert_eq!(kinds.first().map(String::as_str), Some("epoch"));
+        assert_eq!(kinds.last().map(String::as_str), Some("fault"));
         Ok(())
+    }
+
+    fn death() -> FaultEvent {
+        FaultEvent {
+            rank: 1,
+            at_ms: 1500.0,
+            cause: FaultCause::Failed { error: "<gone>".into() },
+            survivors: vec![0],
+        }
+    }
+
+    /// A resumed run with a death: restored epochs come first and this run's times are shifted
+    /// past them (the charts' x values only grow); the deaths table lists the death, escaped.
+    #[test]
+    fn restored_epochs_precede_and_deaths_are_listed() {
+        let (mut summary, mut lines) = sample(2, 1);
+        let mut first = lines.clone();
+        for l in &mut first {
+            l.restored = true;
+            l.t_s = None;
+        }
+        let first: Vec<Line> =
+            first.into_iter().filter(|l| matches!(l.entry, Entry::Epoch(_))).collect();
+        lines.splice(0..0, first);
+        summary.faults = vec![death()];
+        summary.resumed_from = Some("ck/latest.fdlck".into());
+        summary.epochs_restored = 2;
+        let html = render(&summary, &lines);
+        assert!(html.contains("Rank deaths") && html.contains("&lt;gone&gt;"));
+        assert!(html.contains("ck/latest.fdlck") && html.contains("1 (restored)"));
+        let times: Vec<f64> = html
+            .split("<h2>Epochs</h2>")
+            .nth(1)
+            .unwrap_or_default()
+            .split("<tr><td>")
+            .skip(1)
+            .filter_map(|row| row.split("</td><td>").nth(1)?.parse().ok())
+            .collect();
+        assert_eq!(times.len(), 4, "{times:?}");
+        assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
     }
 }

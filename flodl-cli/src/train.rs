@@ -11,7 +11,7 @@ use flodl_ddp::checkpoint::{LATEST, SaveInterval};
 use flodl_ddp::schedule::Schedule;
 use flodl_ddp::{
     Backend, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, Policy, Prefetch, ReplicaContext,
-    Report, TrainedState, Trainer,
+    TrainedState, Trainer,
 };
 use flodl_tensor::Device;
 
@@ -19,7 +19,7 @@ use crate::args::TrainArgs;
 use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
 use crate::failure::Failing;
 use crate::progress::{Display, Progress};
-use crate::record::{Line, RankSummary, Summary};
+use crate::record::{Entry, Line, RankSummary, Summary};
 use crate::report;
 use crate::resume::{self, ResumePoint};
 use crate::run_dir::{self, RunDir};
@@ -339,11 +339,12 @@ pub(crate) fn execute(
         let finished = handle.is_finished();
         for fault in handle.poll_fault_events() {
             progress.note(&fault_line(&fault, &names));
-            faults.push(fault);
+            faults.push(fault.clone());
+            emit(Line { entry: Entry::Fault(fault), t_s: None, restored: false }, &mut lines)?;
         }
         for event in handle.poll_reduce_events() {
             progress.reduce(&event, start.elapsed());
-            emit(Line { report: Report::Reduce(event), t_s: None, restored: false }, &mut lines)?;
+            emit(Line { entry: Entry::Reduce(event), t_s: None, restored: false }, &mut lines)?;
         }
         let mut epochs = handle.poll_metrics();
         if epochs.is_empty() && !finished {
@@ -352,11 +353,8 @@ pub(crate) fn execute(
         for m in epochs {
             let elapsed = start.elapsed();
             progress.epoch(&m, elapsed);
-            let line = Line {
-                report: Report::Epoch(m),
-                t_s: Some(elapsed.as_secs_f64()),
-                restored: false,
-            };
+            let line =
+                Line { entry: Entry::Epoch(m), t_s: Some(elapsed.as_secs_f64()), restored: false };
             emit(line, &mut lines)?;
         }
         if finished {
@@ -366,7 +364,8 @@ pub(crate) fn execute(
     // A death reported between the last poll and the end.
     for fault in handle.poll_fault_events() {
         progress.note(&fault_line(&fault, &names));
-        faults.push(fault);
+        faults.push(fault.clone());
+        emit(Line { entry: Entry::Fault(fault), t_s: None, restored: false }, &mut lines)?;
     }
     let state = handle.join().map_err(|e| resume::explain(e, resume));
     let state = match state {
@@ -379,19 +378,19 @@ pub(crate) fn execute(
     // Epochs the run did not train itself came from the checkpoint, with the final state.
     let live: Vec<usize> = lines
         .iter()
-        .filter_map(|l| match &l.report {
-            Report::Epoch(e) => Some(e.epoch),
-            Report::Reduce(_) => None,
+        .filter_map(|l| match &l.entry {
+            Entry::Epoch(e) => Some(e.epoch),
+            Entry::Reduce(_) | Entry::Fault(_) => None,
         })
         .collect();
     let restored: Vec<Line> = state
         .epochs
         .iter()
         .filter(|e| !live.contains(&e.epoch))
-        .map(|e| Line { report: Report::Epoch(e.clone()), t_s: None, restored: true })
+        .map(|e| Line { entry: Entry::Epoch(e.clone()), t_s: None, restored: true })
         .collect();
     for line in &restored {
-        if let Report::Epoch(m) = &line.report {
+        if let Entry::Epoch(m) = &line.entry {
             progress.restored_epoch(m);
         }
     }
@@ -504,13 +503,12 @@ pub(crate) fn summarise(
     let sync_ms: f64 = outcome
         .lines
         .iter()
-        .filter_map(|l| match &l.report {
-            Report::Reduce(r) => Some(r.sync_ms),
-            Report::Epoch(_) => None,
+        .filter_map(|l| match &l.entry {
+            Entry::Reduce(r) => Some(r.sync_ms),
+            Entry::Epoch(_) | Entry::Fault(_) => None,
         })
         .sum();
-    let reduce_lines =
-        outcome.lines.iter().filter(|l| matches!(l.report, Report::Reduce(_))).count();
+    let reduce_lines = outcome.lines.iter().filter(|l| matches!(l.entry, Entry::Reduce(_))).count();
     Summary {
         name,
         fdl_version: env!("CARGO_PKG_VERSION").to_owned(),

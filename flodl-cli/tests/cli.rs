@@ -534,6 +534,15 @@ fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() 
     assert_eq!(faults[0]["rank"].as_u64(), Some(1));
     assert_eq!(faults[0]["survivors"], serde_json::json!([0, 2]));
     assert!(finite(&faults[0]["at_ms"]));
+    let metrics = fs::read_to_string(run.join("metrics.jsonl"))?;
+    let recorded: Vec<Value> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "fault")
+        .collect();
+    assert_eq!(recorded.len(), 1, "{metrics}");
+    assert_eq!(recorded[0]["rank"], faults[0]["rank"]);
+    assert_eq!(recorded[0]["cause"], faults[0]["cause"]);
     let html = fs::read_to_string(run.join("report.html"))?;
     check_report(&html)?;
     assert!(html.contains("Rank deaths") && html.contains("emulated device failure"));
@@ -547,5 +556,14 @@ fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() 
     let out = fdl(&args)?;
     assert_one_line_error(&out, &["cannot go on", "AllRanksLost", "failure.fdlck"], "all lost");
     assert!(ck.join("failure.fdlck").is_file());
+    // The failed run's records keep both deaths.
+    let metrics = fs::read_to_string(lost.join("metrics.jsonl"))?;
+    let dead: Vec<u64> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "fault")
+        .filter_map(|v| v["rank"].as_u64())
+        .collect();
+    assert_eq!(dead.len(), 2, "{metrics}");
     Ok(())
 }
