@@ -93,7 +93,8 @@ pub(crate) struct TrainFlags {
     /// others go on without it (default 30).
     #[arg(long, value_name = "SECS")]
     pub(crate) watchdog: Option<f64>,
-    /// Ranks that may die before the run stops (default: no limit while one rank is left).
+    /// Ranks that may die before the run stops (default: no limit; the run goes on while a
+    /// rank is alive).
     #[arg(long, value_name = "N")]
     pub(crate) max_failures: Option<usize>,
     /// Emulate device failures: RANK@BATCH makes that rank's replica fail on its BATCH-th
@@ -118,16 +119,17 @@ pub(crate) struct TrainArgs {
     /// Checkpoint after every N epochs (default 1; 0: only at the end; needs --checkpoint-dir).
     #[arg(long, value_name = "N")]
     pub(crate) checkpoint_every: Option<usize>,
-    /// Also checkpoint after every N reduces (needs --checkpoint-dir).
+    /// Checkpoint after every N reduces too (needs --checkpoint-dir; given without
+    /// --checkpoint-every, it replaces the per-epoch default).
     #[arg(long, value_name = "N")]
     pub(crate) checkpoint_every_reduces: Option<usize>,
     /// Step bundles the checkpoint directory keeps (default 3).
     #[arg(long, value_name = "N")]
     pub(crate) keep_checkpoints: Option<usize>,
     /// Resume from a checkpoint: a directory (its newest bundle) or a `.fdlck` file. The run
-    /// must have the same ranks, policy, backend, batch size, training set, seed, LR and
-    /// schedule (the schedule's length too: cosine, one-cycle and step depend on --epochs) and
-    /// the same model.
+    /// must have the same ranks, policy, backend, batch size, training set, seed, LR, schedule
+    /// and warmup (every schedule but constant spans --epochs, so only a constant-LR run can be
+    /// given more epochs) and the same model.
     #[arg(long, value_name = "PATH")]
     pub(crate) resume: Option<PathBuf>,
     /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).

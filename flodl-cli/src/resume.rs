@@ -66,8 +66,8 @@ impl ResumePoint {
 fn refusal(bundle: &Path, error: &CheckpointError) -> anyhow::Error {
     let hint = match error {
         CheckpointError::ConfigMismatch { .. } => {
-            " (ranks, policy, backend, batch size, training set, seed, lr and schedule must be \
-             those of the run that saved it; cosine, one-cycle and step schedules also span \
+            " (ranks, policy, backend, batch size, training set, seed, lr, schedule and warmup \
+             must be those of the run that saved it; every schedule but constant also spans \
              --epochs)"
         }
         CheckpointError::WorldSizeMismatch { .. } => {
