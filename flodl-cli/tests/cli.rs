@@ -390,6 +390,14 @@ fn unwritable_output_and_bad_run_directories_fail_with_one_line() -> Result {
     let o = fdl(&args)?;
     assert_one_line_error(&o, &["output directory", "plain-file"], "out under a file");
 
+    let out = tmp.path().join("run");
+    let mut args = vec!["train", "--out", out.to_str().ok_or("path")?];
+    args.extend(SMALL);
+    args.extend(["--checkpoint-dir", under_file.to_str().ok_or("path")?]);
+    let o = fdl(&args)?;
+    assert_one_line_error(&o, &["checkpoint directory", "plain-file"], "checkpoints under a file");
+    assert!(!out.exists(), "run directory made for a refused run");
+
     let nowhere = tmp.path().join("no-run");
     let o = fdl(&["report", nowhere.to_str().ok_or("path")?])?;
     assert_one_line_error(&o, &["no-run", "does not exist"], "report of nothing");
