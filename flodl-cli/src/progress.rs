@@ -145,10 +145,15 @@ impl Progress {
 
     /// Prints a line above the bars (or as a plain line); nothing when silent.
     pub(crate) fn note(&self, line: &str) {
-        let printed = match &self.bars {
-            Some(b) => b.multi.println(line).is_ok(),
-            None => self.display == Display::Silent,
-        };
+        if self.display != Display::Silent {
+            self.alert(line);
+        }
+    }
+
+    /// Prints a line above the bars (or as a plain line), even when silent: something went
+    /// wrong that the run survived (a rank died).
+    pub(crate) fn alert(&self, line: &str) {
+        let printed = self.bars.as_ref().is_some_and(|b| b.multi.println(line).is_ok());
         if !printed {
             println!("{line}");
         }

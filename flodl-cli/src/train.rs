@@ -338,7 +338,7 @@ pub(crate) fn execute(
     loop {
         let finished = handle.is_finished();
         for fault in handle.poll_fault_events() {
-            progress.note(&fault_line(&fault, &names));
+            progress.alert(&fault_line(&fault, &names));
             faults.push(fault.clone());
             emit(Line { entry: Entry::Fault(fault), t_s: None, restored: false }, &mut lines)?;
         }
@@ -363,7 +363,7 @@ pub(crate) fn execute(
     }
     // A death reported between the last poll and the end.
     for fault in handle.poll_fault_events() {
-        progress.note(&fault_line(&fault, &names));
+        progress.alert(&fault_line(&fault, &names));
         faults.push(fault.clone());
         emit(Line { entry: Entry::Fault(fault), t_s: None, restored: false }, &mut lines)?;
     }

@@ -527,7 +527,8 @@ fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() 
     // SMALL with 3 ranks: rank 1 fails on its 5th batch, ranks 0 and 2 finish the run.
     let mut args = vec!["train", "--out", run.to_str().ok_or("path")?, "--ranks", "3"];
     args.extend(&SMALL[2..]);
-    args.extend(["--policy", "sync", "--fail-rank", "1@5"]);
+    // Deaths are printed even with --quiet (no progress, but not silent about failures).
+    args.extend(["--policy", "sync", "--fail-rank", "1@5", "--quiet"]);
     let out = fdl(&args)?;
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
