@@ -59,10 +59,14 @@ pub(crate) struct TrainFlags {
     /// SGD momentum (default 0.9).
     #[arg(long, value_name = "M", allow_negative_numbers = true)]
     pub(crate) momentum: Option<f64>,
-    /// LR schedule over the run: constant, cosine (down to 0), one-cycle, or step (/10 at 50% and
-    /// 75%) (default cosine).
+    /// LR schedule over the run: constant, cosine (down to 0), one-cycle, step (/10 at 50% and
+    /// 75%) or exponential (down to 1%) (default cosine).
     #[arg(long, value_name = "SCHEDULE")]
     pub(crate) schedule: Option<String>,
+    /// Linear LR warmup over the first N epochs (fractions allowed), before the schedule
+    /// (default 0).
+    #[arg(long, value_name = "N")]
+    pub(crate) warmup_epochs: Option<f64>,
     /// Seed of the initial weights and of the data permutation (default 42).
     #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,
@@ -81,6 +85,22 @@ pub(crate) struct TrainFlags {
     /// Evaluate on the first N test images only (quick runs and tests).
     #[arg(long, value_name = "N")]
     pub(crate) test_subset: Option<usize>,
+    /// Prepare batches ahead on a background thread per rank: auto (GPU ranks only), off, or a
+    /// depth N (every rank, CPU ranks too) (default auto).
+    #[arg(long, value_name = "MODE")]
+    pub(crate) prefetch: Option<String>,
+    /// Seconds a rank may be silent (or miss a reduce) before it is declared dead and the
+    /// others go on without it (default 30).
+    #[arg(long, value_name = "SECS")]
+    pub(crate) watchdog: Option<f64>,
+    /// Ranks that may die before the run stops (default: no limit; the run goes on while a
+    /// rank is alive).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_failures: Option<usize>,
+    /// Emulate device failures: RANK@BATCH makes that rank's replica fail on its BATCH-th
+    /// training batch, e.g. `1@20` or `0@5,1@5` (train only).
+    #[arg(long, value_name = "LIST")]
+    pub(crate) fail_rank: Option<String>,
 }
 
 /// `fdl train`.
@@ -92,15 +112,24 @@ pub(crate) struct TrainArgs {
     /// Evaluate on the test set every N epochs (default 1; the last epoch is always evaluated).
     #[arg(long, value_name = "N")]
     pub(crate) eval_every: Option<usize>,
-    /// Write checkpoints into this directory (not available yet: flodl-ddp's Trainer cannot save
-    /// a run, so the flag is refused).
+    /// Save checkpoint bundles into this directory (`step-<N>.fdlck`, `latest.fdlck`; a
+    /// `failure.fdlck` when the run cannot go on).
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs (default 1; with --checkpoint-dir).
+    /// Checkpoint after every N epochs (default 1; 0: only at the end; needs --checkpoint-dir).
     #[arg(long, value_name = "N")]
     pub(crate) checkpoint_every: Option<usize>,
-    /// Resume from this checkpoint (not available yet: flodl-ddp's Trainer cannot resume a run,
-    /// so the flag is refused).
+    /// Checkpoint after every N reduces too (needs --checkpoint-dir; given without
+    /// --checkpoint-every, it replaces the per-epoch default).
+    #[arg(long, value_name = "N")]
+    pub(crate) checkpoint_every_reduces: Option<usize>,
+    /// Step bundles the checkpoint directory keeps (default 3).
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_checkpoints: Option<usize>,
+    /// Resume from a checkpoint: a directory (its newest bundle) or a `.fdlck` file. The run
+    /// must have the same ranks, policy, backend, batch size, training set, seed, LR, schedule
+    /// and warmup (every schedule but constant spans --epochs, so only a constant-LR run can be
+    /// given more epochs) and the same model.
     #[arg(long, value_name = "PATH")]
     pub(crate) resume: Option<PathBuf>,
     /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).

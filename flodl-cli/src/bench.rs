@@ -5,12 +5,13 @@ use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use flodl_ddp::{Backend, Policy, Report};
+use flodl_ddp::{Backend, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::args::BenchArgs;
 use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
 use crate::progress::Display;
+use crate::record::Entry;
 use crate::report;
 use crate::run_dir::{self, RunDir};
 use crate::train::{self, Data, Outcome, Plan};
@@ -53,6 +54,8 @@ pub(crate) struct BenchReport {
 /// Bad configuration, missing data, an unwritable output directory, a failed run.
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let (cfg, _) = config::resolve(&args.flags, &RunFlags::default())?;
+    // Solo modes renumber the ranks, and a table of runs that lose ranks compares nothing.
+    anyhow::ensure!(cfg.fail_rank.is_empty(), "fail-rank is for fdl train, not fdl bench");
     let base = Plan::new(&cfg)?;
     let data = Data::load(&cfg)?;
     let (started_at, stamp) = run_dir::utc_now();
@@ -105,15 +108,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             eval_every: mode_cfg.epochs,
             checkpoint_dir: None,
             checkpoint_every: 1,
+            checkpoint_every_reduces: None,
+            keep_checkpoints: 3,
             resume: None,
             out: Some(dir.path().to_owned()),
             name: None,
         };
-        let outcome =
-            train::execute(&mode_cfg, &plan, &data, opts.eval_every, Display::Silent, |l| {
-                dir.append(l)
-            })
-            .with_context(|| format!("bench mode {mode}"))?;
+        let outcome = train::execute(&mode_cfg, &plan, &data, &opts, None, Display::Silent, |l| {
+            dir.append(l)
+        })
+        .with_context(|| format!("bench mode {mode}"))?;
         let summary = train::summarise(slug, started_at.clone(), &mode_cfg, &opts, &plan, &outcome);
         dir.write_summary(&summary)?;
         run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
@@ -141,9 +145,9 @@ fn row(mode: String, plan: &Plan, outcome: &Outcome) -> Row {
     let sync: Vec<f64> = outcome
         .lines
         .iter()
-        .filter_map(|l| match &l.report {
-            Report::Reduce(r) => Some(r.sync_ms),
-            Report::Epoch(_) => None,
+        .filter_map(|l| match &l.entry {
+            Entry::Reduce(r) => Some(r.sync_ms),
+            Entry::Epoch(_) | Entry::Fault(_) => None,
         })
         .collect();
     let idle = (0..plan.devices.len())

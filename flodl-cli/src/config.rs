@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 
 use crate::args::TrainFlags;
+use crate::failure::FailAt;
 
 /// Default hidden widths of the reference MLP (784-256-128-10).
 const DEFAULT_HIDDEN: [usize; 2] = [256, 128];
@@ -23,15 +24,22 @@ struct ConfigFile {
     lr: Option<f64>,
     momentum: Option<f64>,
     schedule: Option<String>,
+    warmup_epochs: Option<f64>,
     seed: Option<u64>,
     slowdown: Option<ListOrString<f64>>,
     hidden: Option<ListOrString<usize>>,
     data: Option<PathBuf>,
     train_subset: Option<usize>,
     test_subset: Option<usize>,
+    prefetch: Option<PrefetchKey>,
+    watchdog: Option<f64>,
+    max_failures: Option<usize>,
+    fail_rank: Option<ListOrString<String>>,
     eval_every: Option<usize>,
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: Option<usize>,
+    checkpoint_every_reduces: Option<usize>,
+    keep_checkpoints: Option<usize>,
     resume: Option<PathBuf>,
     out: Option<PathBuf>,
     name: Option<String>,
@@ -42,6 +50,14 @@ struct ConfigFile {
 #[serde(untagged)]
 enum ListOrString<T> {
     List(Vec<T>),
+    Text(String),
+}
+
+/// `prefetch` in TOML: `"auto"`, `"off"` or a depth.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PrefetchKey {
+    Depth(usize),
     Text(String),
 }
 
@@ -76,6 +92,9 @@ pub(crate) struct TrainConfig {
     pub(crate) momentum: f64,
     /// LR schedule name.
     pub(crate) schedule: String,
+    /// Linear LR warmup, in epochs.
+    #[serde(default)]
+    pub(crate) warmup_epochs: f64,
     /// Seed of weights and data order.
     pub(crate) seed: u64,
     /// Per-rank slowdown factors (empty: none).
@@ -88,6 +107,22 @@ pub(crate) struct TrainConfig {
     pub(crate) train_subset: Option<usize>,
     /// Use only the first N test images.
     pub(crate) test_subset: Option<usize>,
+    /// Batch prefetching: `auto`, `off` or a depth.
+    #[serde(default = "default_prefetch")]
+    pub(crate) prefetch: String,
+    /// Watchdog deadline in seconds (the library's default when unset).
+    #[serde(default)]
+    pub(crate) watchdog_s: Option<f64>,
+    /// Ranks that may die before the run stops (no limit when unset).
+    #[serde(default)]
+    pub(crate) max_failures: Option<usize>,
+    /// Emulated device failures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) fail_rank: Vec<FailAt>,
+}
+
+fn default_prefetch() -> String {
+    "auto".to_owned()
 }
 
 /// The `train`-only part of the configuration.
@@ -97,9 +132,15 @@ pub(crate) struct RunOptions {
     pub(crate) eval_every: usize,
     /// Checkpoint directory.
     pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs.
+    /// Checkpoint every N epochs (0: only at the end).
     pub(crate) checkpoint_every: usize,
-    /// Checkpoint to resume from.
+    /// Also checkpoint every N reduces.
+    #[serde(default)]
+    pub(crate) checkpoint_every_reduces: Option<usize>,
+    /// Step bundles kept in the checkpoint directory.
+    #[serde(default = "default_keep")]
+    pub(crate) keep_checkpoints: usize,
+    /// Checkpoint (file or directory) to resume from.
     pub(crate) resume: Option<PathBuf>,
     /// Run directory, when given explicitly.
     pub(crate) out: Option<PathBuf>,
@@ -107,12 +148,21 @@ pub(crate) struct RunOptions {
     pub(crate) name: Option<String>,
 }
 
+fn default_keep() -> usize {
+    DEFAULT_KEEP
+}
+
+/// Step bundles a checkpoint directory keeps unless told otherwise.
+const DEFAULT_KEEP: usize = 3;
+
 /// Flags of `train` that are not shared with `bench`, as parsed.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RunFlags {
     pub(crate) eval_every: Option<usize>,
     pub(crate) checkpoint_dir: Option<PathBuf>,
     pub(crate) checkpoint_every: Option<usize>,
+    pub(crate) checkpoint_every_reduces: Option<usize>,
+    pub(crate) keep_checkpoints: Option<usize>,
     pub(crate) resume: Option<PathBuf>,
     pub(crate) out: Option<PathBuf>,
     pub(crate) name: Option<String>,
@@ -131,12 +181,17 @@ impl TrainConfig {
             lr: 0.05,
             momentum: 0.9,
             schedule: "cosine".to_owned(),
+            warmup_epochs: 0.0,
             seed: 42,
             slowdown: Vec::new(),
             hidden: DEFAULT_HIDDEN.to_vec(),
             data: None,
             train_subset: None,
             test_subset: None,
+            prefetch: default_prefetch(),
+            watchdog_s: None,
+            max_failures: None,
+            fail_rank: Vec::new(),
         }
     }
 }
@@ -174,6 +229,7 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
     set(&mut cfg.lr, flags.lr.or(file.lr));
     set(&mut cfg.momentum, flags.momentum.or(file.momentum));
     set(&mut cfg.schedule, flags.schedule.clone().or(file.schedule));
+    set(&mut cfg.warmup_epochs, flags.warmup_epochs.or(file.warmup_epochs));
     set(&mut cfg.seed, flags.seed.or(file.seed));
     let slowdown = match &flags.slowdown {
         Some(text) => Some(split_list::<f64>(text, "slowdown")?),
@@ -188,11 +244,45 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
     cfg.data = flags.data.clone().or(file.data);
     cfg.train_subset = flags.train_subset.or(file.train_subset);
     cfg.test_subset = flags.test_subset.or(file.test_subset);
+    let prefetch = match file.prefetch {
+        Some(PrefetchKey::Depth(n)) => Some(n.to_string()),
+        Some(PrefetchKey::Text(t)) => Some(t),
+        None => None,
+    };
+    set(&mut cfg.prefetch, flags.prefetch.clone().or(prefetch));
+    cfg.watchdog_s = flags.watchdog.or(file.watchdog);
+    cfg.max_failures = flags.max_failures.or(file.max_failures);
+    let fail_rank = match &flags.fail_rank {
+        Some(text) => Some(split_list::<String>(text, "fail-rank")?),
+        None => file.fail_rank.map(|l| l.into_vec("fail-rank")).transpose()?,
+    };
+    if let Some(list) = fail_rank {
+        cfg.fail_rank = list
+            .iter()
+            .map(|f| f.parse::<FailAt>().map_err(|e| anyhow::anyhow!("fail-rank: {e}")))
+            .collect::<Result<_>>()?;
+    }
 
     let checkpoint_dir = run.checkpoint_dir.clone().or(file.checkpoint_dir);
+    let every = run.checkpoint_every.or(file.checkpoint_every);
+    let every_reduces = run.checkpoint_every_reduces.or(file.checkpoint_every_reduces);
+    let keep = run.keep_checkpoints.or(file.keep_checkpoints);
+    if checkpoint_dir.is_none() {
+        let given = [
+            ("checkpoint-every", every.is_some()),
+            ("checkpoint-every-reduces", every_reduces.is_some()),
+            ("keep-checkpoints", keep.is_some()),
+        ];
+        if let Some((key, _)) = given.iter().find(|(_, g)| *g) {
+            bail!("{key} needs checkpoint-dir");
+        }
+    }
     let opts = RunOptions {
         eval_every: run.eval_every.or(file.eval_every).unwrap_or(1),
-        checkpoint_every: run.checkpoint_every.or(file.checkpoint_every).unwrap_or(1),
+        // Reduces alone turn the per-epoch default off.
+        checkpoint_every: every.unwrap_or(if every_reduces.is_some() { 0 } else { 1 }),
+        checkpoint_every_reduces: every_reduces,
+        keep_checkpoints: keep.unwrap_or(DEFAULT_KEEP),
         checkpoint_dir,
         resume: run.resume.clone().or(file.resume),
         out: run.out.clone().or(file.out),
@@ -254,6 +344,14 @@ fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
         "momentum must be in [0, 1), got {}",
         cfg.momentum
     );
+    ensure!(
+        cfg.warmup_epochs.is_finite()
+            && cfg.warmup_epochs >= 0.0
+            && cfg.warmup_epochs < cfg.epochs as f64,
+        "warmup-epochs must be at least 0 and less than epochs ({}), got {}",
+        cfg.epochs,
+        cfg.warmup_epochs
+    );
     if let Some(bad) = cfg.slowdown.iter().find(|f| !(f.is_finite() && **f >= 1.0)) {
         bail!("slowdown factors must be numbers >= 1 (1 = full speed), got {bad}");
     }
@@ -262,7 +360,14 @@ fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
     ensure!(cfg.train_subset != Some(0), "train-subset must be at least 1");
     ensure!(cfg.test_subset != Some(0), "test-subset must be at least 1");
     ensure!(opts.eval_every >= 1, "eval-every must be at least 1");
-    ensure!(opts.checkpoint_every >= 1, "checkpoint-every must be at least 1");
+    ensure!(
+        opts.checkpoint_every_reduces != Some(0),
+        "checkpoint-every-reduces must be at least 1"
+    );
+    ensure!(opts.keep_checkpoints >= 1, "keep-checkpoints must be at least 1");
+    if let Some(w) = cfg.watchdog_s {
+        ensure!(w.is_finite() && w > 0.0, "watchdog must be a positive number of seconds, got {w}");
+    }
     if let Some(name) = &opts.name {
         ensure!(
             !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != "..",
@@ -323,13 +428,39 @@ mod tests {
     }
 
     #[test]
+    fn checkpoint_prefetch_and_fault_keys_resolve_from_the_file() -> Result<()> {
+        let text = "checkpoint-dir = \"ck\"\ncheckpoint-every-reduces = 5\nprefetch = 2\n\
+                    watchdog = 2.5\nmax-failures = 1\nfail-rank = [\"1@3\"]\nresume = \"old\"\n";
+        let file = write(text)?;
+        let flags = TrainFlags { config: Some(file.path().to_owned()), ..TrainFlags::default() };
+        let (cfg, opts) = resolve(&flags, &RunFlags::default())?;
+        assert_eq!(opts.checkpoint_dir, Some(PathBuf::from("ck")));
+        // Reduces alone: no per-epoch saves.
+        assert_eq!((opts.checkpoint_every, opts.checkpoint_every_reduces), (0, Some(5)));
+        assert_eq!(opts.keep_checkpoints, DEFAULT_KEEP);
+        assert_eq!(opts.resume, Some(PathBuf::from("old")));
+        assert_eq!(cfg.prefetch, "2");
+        assert_eq!((cfg.watchdog_s, cfg.max_failures), (Some(2.5), Some(1)));
+        assert_eq!(cfg.fail_rank, vec![FailAt { rank: 1, batch: 3 }]);
+        let run = RunFlags { checkpoint_every: Some(2), ..RunFlags::default() };
+        let (_, opts) = resolve(&flags, &run)?;
+        assert_eq!((opts.checkpoint_every, opts.checkpoint_every_reduces), (2, Some(5)));
+        let (_, opts) = resolve(&TrainFlags::default(), &RunFlags::default())?;
+        assert_eq!((opts.checkpoint_dir, opts.checkpoint_every), (None, 1));
+        Ok(())
+    }
+
+    #[test]
     fn bad_values_are_rejected_with_the_key_named() -> Result<()> {
-        let cases: [(TrainFlags, &str); 5] = [
+        let cases: [(TrainFlags, &str); 8] = [
             (TrainFlags { epochs: Some(0), ..TrainFlags::default() }, "epochs"),
             (TrainFlags { lr: Some(-1.0), ..TrainFlags::default() }, "lr"),
             (TrainFlags { slowdown: Some("1,0.5".into()), ..TrainFlags::default() }, "slowdown"),
             (TrainFlags { slowdown: Some("1,x".into()), ..TrainFlags::default() }, "slowdown"),
             (TrainFlags { hidden: Some("0".into()), ..TrainFlags::default() }, "hidden"),
+            (TrainFlags { watchdog: Some(0.0), ..TrainFlags::default() }, "watchdog"),
+            (TrainFlags { warmup_epochs: Some(10.0), ..TrainFlags::default() }, "warmup-epochs"),
+            (TrainFlags { fail_rank: Some("1@0".into()), ..TrainFlags::default() }, "fail-rank"),
         ];
         for (flags, key) in cases {
             let err = resolve(&flags, &RunFlags::default()).err().map(|e| format!("{e:#}"));

@@ -5,9 +5,11 @@ mod bench;
 mod chart;
 mod config;
 mod devices;
+mod failure;
 mod progress;
 mod record;
 mod report;
+mod resume;
 mod run_dir;
 mod train;
 

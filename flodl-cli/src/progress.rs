@@ -41,11 +41,13 @@ pub(crate) struct Progress {
     from_reduces: Vec<u64>,
     /// Samples per rank from finished epochs.
     from_epochs: Vec<u64>,
+    /// The first epoch this run trained (a resumed run starts past 0).
+    first_epoch: Option<usize>,
 }
 
 #[derive(Debug)]
 struct Bars {
-    _multi: MultiProgress,
+    multi: MultiProgress,
     ranks: Vec<ProgressBar>,
     epoch: ProgressBar,
 }
@@ -88,7 +90,7 @@ impl Progress {
                     .with_prefix("epochs")
                     .with_message(format!("epoch 0/{epochs}")),
             );
-            Bars { _multi: multi, ranks, epoch }
+            Bars { multi, ranks, epoch }
         });
         Self {
             display,
@@ -97,6 +99,7 @@ impl Progress {
             batch_size: batch_size as u64,
             from_reduces: vec![0; devices.len()],
             from_epochs: vec![0; devices.len()],
+            first_epoch: None,
         }
     }
 
@@ -121,17 +124,10 @@ impl Progress {
         self.from_reduces.clone_from(&self.from_epochs);
         self.redraw_ranks(elapsed);
         let done = m.epoch + 1;
-        let eta = elapsed.as_secs_f64() / done as f64 * self.epochs.saturating_sub(done) as f64;
-        let acc = m.eval.map_or(String::new(), |e| {
-            format!("  test loss {:.4}  accuracy {:.2}%", e.loss, e.accuracy * 100.0)
-        });
-        let line = format!(
-            "epoch {done}/{}  loss {:.4}{acc}  {:.1}s  ETA {:.0}s",
-            self.epochs,
-            m.avg_loss,
-            elapsed.as_secs_f64(),
-            eta
-        );
+        let first = *self.first_epoch.get_or_insert(m.epoch);
+        let trained = done.saturating_sub(first).max(1);
+        let eta = elapsed.as_secs_f64() / trained as f64 * self.epochs.saturating_sub(done) as f64;
+        let line = format!("{}  {:.1}s  ETA {:.0}s", self.describe(m), elapsed.as_secs_f64(), eta);
         match (&self.bars, self.display) {
             (Some(b), _) => {
                 b.epoch.set_position(done as u64);
@@ -140,6 +136,35 @@ impl Progress {
             (None, Display::Lines) => println!("{line}"),
             _ => {}
         }
+    }
+
+    /// Shows an epoch restored from the checkpoint the run resumed from.
+    pub(crate) fn restored_epoch(&self, m: &EpochMetrics) {
+        self.note(&format!("{}  (restored from the checkpoint)", self.describe(m)));
+    }
+
+    /// Prints a line above the bars (or as a plain line); nothing when silent.
+    pub(crate) fn note(&self, line: &str) {
+        if self.display != Display::Silent {
+            self.alert(line);
+        }
+    }
+
+    /// Prints a line above the bars (or as a plain line), even when silent: something went
+    /// wrong that the run survived (a rank died).
+    pub(crate) fn alert(&self, line: &str) {
+        let printed = self.bars.as_ref().is_some_and(|b| b.multi.println(line).is_ok());
+        if !printed {
+            println!("{line}");
+        }
+    }
+
+    /// `epoch i/n  loss ...  test loss ... accuracy ...`.
+    fn describe(&self, m: &EpochMetrics) -> String {
+        let acc = m.eval.map_or(String::new(), |e| {
+            format!("  test loss {:.4}  accuracy {:.2}%", e.loss, e.accuracy * 100.0)
+        });
+        format!("epoch {}/{}  loss {:.4}{acc}", m.epoch + 1, self.epochs, m.avg_loss)
     }
 
     fn redraw_ranks(&self, elapsed: Duration) {

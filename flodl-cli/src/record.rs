@@ -2,29 +2,47 @@
 
 use serde::{Deserialize, Serialize};
 
-use flodl_ddp::{EvalMetrics, Report};
+use std::path::PathBuf;
+
+use flodl_ddp::{EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent};
 
 use crate::config::{RunOptions, TrainConfig};
 
-/// One line of `metrics.jsonl`: a run report of flodl-ddp (tagged by `kind`: `epoch` or
-/// `reduce`, with the library's field names), plus, on epoch lines, when fdl received it.
+/// What a line of `metrics.jsonl` reports, tagged by `kind`: flodl-ddp's `Report` (`epoch`,
+/// `reduce`, with the library's field names) plus the rank deaths (`fault`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum Entry {
+    /// An epoch finished.
+    Epoch(EpochMetrics),
+    /// A reduce finished.
+    Reduce(ReduceEvent),
+    /// A rank was declared dead.
+    Fault(FaultEvent),
+}
+
+/// One line of `metrics.jsonl`: an entry plus, on epoch lines, when fdl received it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Line {
-    /// The report as flodl-ddp emitted it.
+    /// The report.
     #[serde(flatten)]
-    pub(crate) report: Report,
-    /// Seconds since training started when fdl received the report (epoch lines; reduce lines
-    /// carry the library's own `at_ms`).
+    pub(crate) entry: Entry,
+    /// Seconds since training started when fdl received the report (epoch lines; reduce and
+    /// fault lines carry the library's own `at_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) t_s: Option<f64>,
+    /// An epoch restored from the checkpoint the run resumed from (trained by an earlier run).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) restored: bool,
 }
 
 impl Line {
     /// Seconds since training started at which this happened.
     pub(crate) fn time_s(&self) -> Option<f64> {
-        match &self.report {
-            Report::Reduce(r) => Some(r.at_ms / 1000.0),
-            Report::Epoch(_) => self.t_s,
+        match &self.entry {
+            Entry::Reduce(r) => Some(r.at_ms / 1000.0),
+            Entry::Fault(f) => Some(f.at_ms / 1000.0),
+            Entry::Epoch(_) => self.t_s,
         }
     }
 }
@@ -60,6 +78,18 @@ pub(crate) struct Summary {
     pub(crate) avg_sync_ms: Option<f64>,
     /// Per-rank totals.
     pub(crate) ranks: Vec<RankSummary>,
+    /// The bundle the run resumed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) resumed_from: Option<PathBuf>,
+    /// Epochs restored from that bundle (trained by an earlier run).
+    #[serde(default)]
+    pub(crate) epochs_restored: usize,
+    /// The newest checkpoint bundle the run left, when it saves checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) checkpoint: Option<PathBuf>,
+    /// Ranks declared dead during the run, in order.
+    #[serde(default)]
+    pub(crate) faults: Vec<FaultEvent>,
 }
 
 /// Per-rank totals of a run.

@@ -2,26 +2,45 @@
 
 use std::fmt::Write as _;
 
-use flodl_ddp::{EpochMetrics, ReduceEvent, Report};
+use flodl_ddp::{EpochMetrics, ReduceEvent};
 
 use crate::chart::{LineChart, Series, Style, escape};
-use crate::record::{Line, Summary};
+use crate::record::{Entry, Line, Summary};
 
-/// An epoch with the time it ended, in seconds since training started.
-type TimedEpoch<'a> = (f64, &'a EpochMetrics);
+/// An epoch with the time it ended, in seconds since training started, and whether it was
+/// restored from a checkpoint.
+type TimedEpoch<'a> = (f64, &'a EpochMetrics, bool);
+
+/// A reduce with the time it completed, in seconds since training started.
+type TimedReduce<'a> = (f64, &'a ReduceEvent);
 
 /// Renders the report of one run.
+///
+/// Epochs restored from a checkpoint come first, at the times their own run took (from their
+/// durations); the times of this run's reports are shifted past them.
 pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
+    let restored_s: f64 = lines
+        .iter()
+        .filter(|l| l.restored)
+        .filter_map(|l| match &l.entry {
+            Entry::Epoch(e) => Some(e.epoch_ms / 1000.0),
+            Entry::Reduce(_) | Entry::Fault(_) => None,
+        })
+        .sum();
     let mut epochs: Vec<TimedEpoch<'_>> = Vec::new();
-    let mut reduces: Vec<&ReduceEvent> = Vec::new();
+    let mut reduces: Vec<TimedReduce<'_>> = Vec::new();
     let mut cumulative_s = 0.0;
     for line in lines {
-        match &line.report {
-            Report::Epoch(e) => {
+        let shifted = line.time_s().map(|t| t + restored_s);
+        match &line.entry {
+            Entry::Epoch(e) => {
                 cumulative_s += e.epoch_ms / 1000.0;
-                epochs.push((line.time_s().unwrap_or(cumulative_s), e));
+                let t = if line.restored { None } else { shifted };
+                epochs.push((t.unwrap_or(cumulative_s), e, line.restored));
             }
-            Report::Reduce(r) => reduces.push(r),
+            Entry::Reduce(r) => reduces.push((shifted.unwrap_or(cumulative_s), r)),
+            // Deaths are listed from the summary.
+            Entry::Fault(_) => {}
         }
     }
 
@@ -52,6 +71,7 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     html.push_str("</div>");
 
     epoch_table(&mut html, &epochs);
+    fault_table(&mut html, summary);
     config_table(&mut html, summary);
     html.push_str("</body></html>\n");
     html
@@ -114,19 +134,47 @@ fn rank_table(html: &mut String, s: &Summary) {
 
 fn epoch_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
     html.push_str("<h2>Epochs</h2><table><tr><th>epoch</th><th>t (s)</th><th>epoch (ms)</th><th>train loss</th><th>test loss</th><th>test accuracy</th></tr>");
-    for (t, e) in epochs {
+    for (t, e, restored) in epochs {
         let (tl, ta) = e.eval.map_or(("–".to_owned(), "–".to_owned()), |v| {
             (format!("{:.4}", v.loss), format!("{:.2}%", v.accuracy * 100.0))
         });
+        let mark = if *restored { " (restored)" } else { "" };
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{:.2}</td><td>{:.0}</td><td>{:.4}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}{mark}</td><td>{:.2}</td><td>{:.0}</td><td>{:.4}</td><td>{}</td><td>{}</td></tr>",
             e.epoch + 1,
             t,
             e.epoch_ms,
             e.avg_loss,
             tl,
             ta
+        );
+    }
+    html.push_str("</table>");
+}
+
+fn fault_table(html: &mut String, s: &Summary) {
+    if let Some(path) = &s.resumed_from {
+        let _ = write!(
+            html,
+            "<p>Resumed from <code>{}</code>: {} epoch(s) restored.</p>",
+            escape(&path.display().to_string()),
+            s.epochs_restored
+        );
+    }
+    if s.faults.is_empty() {
+        return;
+    }
+    html.push_str("<h2>Rank deaths</h2><table><tr><th>rank</th><th>t (s)</th><th class=\"l\">cause</th><th class=\"l\">survivors</th></tr>");
+    for f in &s.faults {
+        let survivors: Vec<String> = f.survivors.iter().map(ToString::to_string).collect();
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{:.2}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+            f.rank,
+            f.at_ms / 1000.0,
+            escape(&f.cause.to_string()),
+            escape(&survivors.join(", "))
         );
     }
     html.push_str("</table>");
@@ -158,20 +206,21 @@ fn config_table(html: &mut String, s: &Summary) {
 }
 
 /// The report's charts, in display order.
-fn charts(s: &Summary, epochs: &[TimedEpoch<'_>], reduces: &[&ReduceEvent]) -> Vec<LineChart> {
-    let world = s.devices.len().max(epochs.iter().map(|(_, e)| e.ranks.len()).max().unwrap_or(0));
+fn charts(s: &Summary, epochs: &[TimedEpoch<'_>], reduces: &[TimedReduce<'_>]) -> Vec<LineChart> {
+    let world =
+        s.devices.len().max(epochs.iter().map(|(_, e, _)| e.ranks.len()).max().unwrap_or(0));
     let rank_name = |r: usize| match s.devices.get(r) {
         Some(d) => format!("rank {r} ({d})"),
         None => format!("rank {r}"),
     };
 
-    let train_loss = epochs.iter().map(|(t, e)| (*t, e.avg_loss)).collect();
-    let test_loss = epochs.iter().filter_map(|(t, e)| e.eval.map(|v| (*t, v.loss))).collect();
+    let train_loss = epochs.iter().map(|(t, e, _)| (*t, e.avg_loss)).collect();
+    let test_loss = epochs.iter().filter_map(|(t, e, _)| e.eval.map(|v| (*t, v.loss))).collect();
     let loss = LineChart::new("Loss", "wall time (s)", "loss")
         .series(Series::new("train loss", train_loss, Style::Line))
         .series(Series::new("test loss", test_loss, Style::Line));
 
-    let acc_points = epochs.iter().filter_map(|(t, e)| e.eval.map(|v| (*t, v.accuracy * 100.0)));
+    let acc_points = epochs.iter().filter_map(|(t, e, _)| e.eval.map(|v| (*t, v.accuracy * 100.0)));
     let accuracy = LineChart::new("Test accuracy", "wall time (s)", "accuracy (%)")
         .series(Series::new("test accuracy", acc_points.collect(), Style::Line));
 
@@ -180,7 +229,9 @@ fn charts(s: &Summary, epochs: &[TimedEpoch<'_>], reduces: &[&ReduceEvent]) -> V
     for r in 0..world {
         let pts = epochs
             .iter()
-            .filter_map(|(t, e)| e.ranks.iter().find(|x| x.rank == r).map(|x| (*t, x.throughput)))
+            .filter_map(|(t, e, _)| {
+                e.ranks.iter().find(|x| x.rank == r).map(|x| (*t, x.throughput))
+            })
             .collect();
         throughput = throughput.series(Series::new(rank_name(r), pts, Style::Line));
     }
@@ -192,29 +243,29 @@ fn charts(s: &Summary, epochs: &[TimedEpoch<'_>], reduces: &[&ReduceEvent]) -> V
         let pts: Vec<(f64, f64)> = if reduces.is_empty() {
             epochs
                 .iter()
-                .filter_map(|(t, e)| {
+                .filter_map(|(t, e, _)| {
                     e.ranks.iter().find(|x| x.rank == r).map(|x| (*t, x.batch_share))
                 })
                 .collect()
         } else {
             reduces
                 .iter()
-                .filter_map(|red| {
+                .filter_map(|(t, red)| {
                     let total: usize = red.steps.iter().sum();
                     let mine = *red.steps.get(r)?;
-                    (total > 0).then(|| (red.at_ms / 1000.0, mine as f64 / total as f64))
+                    (total > 0).then(|| (*t, mine as f64 / total as f64))
                 })
                 .collect()
         };
         share = share.series(Series::new(rank_name(r), pts, Style::Step));
     }
 
-    let anchor_pts = reduces.iter().map(|r| (r.at_ms / 1000.0, r.anchor as f64)).collect();
+    let anchor_pts = reduces.iter().map(|(t, r)| (*t, r.anchor as f64)).collect();
     let anchor = LineChart::new("ElChe anchor", "wall time (s)", "anchor (batches)")
         .y_from_zero()
         .series(Series::new("anchor", anchor_pts, Style::Step));
 
-    let sync_pts = reduces.iter().map(|r| (r.at_ms / 1000.0, r.sync_ms)).collect();
+    let sync_pts = reduces.iter().map(|(t, r)| (*t, r.sync_ms)).collect();
     let syncs = LineChart::new("Sync events", "wall time (s)", "sync time (ms)")
         .y_from_zero()
         .series(Series::new("reduce", sync_pts, Style::Dots));
@@ -227,7 +278,7 @@ mod tests {
     use super::*;
     use crate::config::{RunOptions, TrainConfig};
     use crate::record::RankSummary;
-    use flodl_ddp::{EvalMetrics, RankEpochMetrics};
+    use flodl_ddp::{EvalMetrics, FaultCause, FaultEvent, RankEpochMetrics};
 
     fn sample(epochs: usize, reduces_per_epoch: usize) -> (Summary, Vec<Line>) {
         let mut lines = Vec::new();
@@ -236,7 +287,7 @@ mod tests {
         for e in 1..=epochs {
             for k in 0..reduces_per_epoch {
                 round += 1;
-                let report = Report::Reduce(ReduceEvent {
+                let entry = Entry::Reduce(ReduceEvent {
                     round,
                     epoch: e - 1,
                     at_ms: 1000.0 * (e as f64 - 1.0 + k as f64 / reduces_per_epoch as f64),
@@ -245,7 +296,7 @@ mod tests {
                     steps: vec![10, 26],
                     sync_ms: 1.0 + k as f64,
                 });
-                lines.push(Line { report, t_s: None });
+                lines.push(Line { entry, t_s: None, restored: false });
             }
             let ranks = (0..2)
                 .map(|r| RankEpochMetrics {
@@ -259,7 +310,7 @@ mod tests {
                     batch_share: 0.5,
                 })
                 .collect();
-            let report = Report::Epoch(EpochMetrics {
+            let entry = Entry::Epoch(EpochMetrics {
                 epoch: e - 1,
                 avg_loss: 1.0 / e as f64,
                 epoch_ms: 1000.0,
@@ -271,7 +322,7 @@ mod tests {
                 sync_ms: 3.0,
                 eval: Some(eval(e)),
             });
-            lines.push(Line { report, t_s: Some(e as f64) });
+            lines.push(Line { entry, t_s: Some(e as f64), restored: false });
         }
         let summary = Summary {
             name: "t<1>".into(),
@@ -282,6 +333,8 @@ mod tests {
                 eval_every: 1,
                 checkpoint_dir: None,
                 checkpoint_every: 1,
+                checkpoint_every_reduces: None,
+                keep_checkpoints: 3,
                 resume: None,
                 out: None,
                 name: None,
@@ -304,6 +357,10 @@ mod tests {
                     idle: Some(0.1),
                 })
                 .collect(),
+            resumed_from: None,
+            epochs_restored: 0,
+            checkpoint: None,
+            faults: Vec::new(),
         };
         (summary, lines)
     }
@@ -326,15 +383,67 @@ mod tests {
 
     #[test]
     fn metrics_lines_round_trip_with_the_kind_tag() -> Result<(), serde_json::Error> {
-        let (_, lines) = sample(2, 2);
+        let (_, mut lines) = sample(2, 2);
+        let restored = lines.iter().find(|l| matches!(l.entry, Entry::Epoch(_))).cloned();
+        if let Some(mut r) = restored {
+            (r.t_s, r.restored) = (None, true);
+            lines.insert(0, r);
+        }
+        lines.push(Line { entry: Entry::Fault(death()), t_s: None, restored: false });
+        let mut kinds = Vec::new();
         for line in &lines {
             let text = serde_json::to_string(line)?;
             let value: serde_json::Value = serde_json::from_str(&text)?;
-            let kind = value["kind"].as_str().unwrap_or_default();
-            assert!(kind == "epoch" || kind == "reduce", "{text}");
-            assert_eq!(value.get("t_s").is_some(), kind == "epoch", "{text}");
+            let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+            assert!(["epoch", "reduce", "fault"].contains(&kind.as_str()), "{text}");
+            let timed = kind == "epoch" && !line.restored;
+            assert_eq!(value.get("t_s").is_some(), timed, "{text}");
+            assert_eq!(value.get("restored").is_some(), line.restored, "{text}");
             assert_eq!(&serde_json::from_str::<Line>(&text)?, line);
+            kinds.push(kind);
         }
+        assert_eq!(kinds.first().map(String::as_str), Some("epoch"));
+        assert_eq!(kinds.last().map(String::as_str), Some("fault"));
         Ok(())
+    }
+
+    fn death() -> FaultEvent {
+        FaultEvent {
+            rank: 1,
+            at_ms: 1500.0,
+            cause: FaultCause::Failed { error: "<gone>".into() },
+            survivors: vec![0],
+        }
+    }
+
+    /// A resumed run with a death: restored epochs come first and this run's times are shifted
+    /// past them (the charts' x values only grow); the deaths table lists the death, escaped.
+    #[test]
+    fn restored_epochs_precede_and_deaths_are_listed() {
+        let (mut summary, mut lines) = sample(2, 1);
+        let mut first = lines.clone();
+        for l in &mut first {
+            l.restored = true;
+            l.t_s = None;
+        }
+        let first: Vec<Line> =
+            first.into_iter().filter(|l| matches!(l.entry, Entry::Epoch(_))).collect();
+        lines.splice(0..0, first);
+        summary.faults = vec![death()];
+        summary.resumed_from = Some("ck/latest.fdlck".into());
+        summary.epochs_restored = 2;
+        let html = render(&summary, &lines);
+        assert!(html.contains("Rank deaths") && html.contains("&lt;gone&gt;"));
+        assert!(html.contains("ck/latest.fdlck") && html.contains("1 (restored)"));
+        let times: Vec<f64> = html
+            .split("<h2>Epochs</h2>")
+            .nth(1)
+            .unwrap_or_default()
+            .split("<tr><td>")
+            .skip(1)
+            .filter_map(|row| row.split("</td><td>").nth(1)?.parse().ok())
+            .collect();
+        assert_eq!(times.len(), 4, "{times:?}");
+        assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
     }
 }

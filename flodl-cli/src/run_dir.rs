@@ -21,6 +21,10 @@ pub(crate) const REPORT: &str = "report.html";
 pub(crate) struct RunDir {
     path: PathBuf,
     metrics: BufWriter<File>,
+    /// Whether `create` made the directory (rather than reusing one).
+    created: bool,
+    /// Records appended so far.
+    appended: usize,
 }
 
 impl RunDir {
@@ -32,12 +36,26 @@ impl RunDir {
         if path.exists() && !path.is_dir() {
             bail!("output directory {} exists and is not a directory", path.display());
         }
+        let created = !path.exists();
         fs::create_dir_all(path)
             .with_context(|| format!("cannot create output directory {}", path.display()))?;
         let metrics_path = path.join(METRICS);
         let file = File::create(&metrics_path)
             .with_context(|| format!("cannot write to output directory {}", path.display()))?;
-        Ok(Self { path: path.to_owned(), metrics: BufWriter::new(file) })
+        Ok(Self { path: path.to_owned(), metrics: BufWriter::new(file), created, appended: 0 })
+    }
+
+    /// Removes what `create` made when nothing was recorded (a run refused before training):
+    /// the empty `metrics.jsonl`, and the directory when `create` made it. Best effort.
+    pub(crate) fn discard_if_empty(self) {
+        if self.appended > 0 {
+            return;
+        }
+        let _ = fs::remove_file(self.path.join(METRICS));
+        if self.created {
+            // Fails, harmlessly, when something else was put there meanwhile.
+            let _ = fs::remove_dir(&self.path);
+        }
     }
 
     /// The directory.
@@ -52,9 +70,34 @@ impl RunDir {
     pub(crate) fn append(&mut self, line: &Line) -> Result<()> {
         serde_json::to_writer(&mut self.metrics, line)?;
         self.metrics.write_all(b"\n")?;
+        self.appended += 1;
         self.metrics
             .flush()
             .with_context(|| format!("cannot write {}", self.path.join(METRICS).display()))
+    }
+
+    /// Replaces `metrics.jsonl` with `lines` (written to a temporary file, then renamed).
+    ///
+    /// # Errors
+    /// Writing fails.
+    pub(crate) fn rewrite_metrics(&mut self, lines: &[Line]) -> Result<()> {
+        let path = self.path.join(METRICS);
+        let tmp = self.path.join(format!("{METRICS}.tmp"));
+        let mut text = String::new();
+        for line in lines {
+            text.push_str(&serde_json::to_string(line)?);
+            text.push('\n');
+        }
+        fs::write(&tmp, text)
+            .and_then(|()| fs::rename(&tmp, &path))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        // Later appends go to the new file.
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        self.metrics = BufWriter::new(file);
+        Ok(())
     }
 
     /// Writes `summary.json`.

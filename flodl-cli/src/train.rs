@@ -7,17 +7,21 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use flodl_data::mnist::{self, Mnist, Split, Verify};
 use flodl_data::{Dataset, Subset};
+use flodl_ddp::checkpoint::{LATEST, SaveInterval};
 use flodl_ddp::schedule::Schedule;
 use flodl_ddp::{
-    Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, Report, TrainedState, Trainer,
+    Backend, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, Policy, Prefetch, ReplicaContext,
+    TrainedState, Trainer,
 };
 use flodl_tensor::Device;
 
 use crate::args::TrainArgs;
 use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
+use crate::failure::Failing;
 use crate::progress::{Display, Progress};
-use crate::record::{Line, RankSummary, Summary};
+use crate::record::{Entry, Line, RankSummary, Summary};
 use crate::report;
+use crate::resume::{self, ResumePoint};
 use crate::run_dir::{self, RunDir};
 
 /// `fdl train`.
@@ -29,6 +33,8 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         eval_every: args.eval_every,
         checkpoint_dir: args.checkpoint_dir.clone(),
         checkpoint_every: args.checkpoint_every,
+        checkpoint_every_reduces: args.checkpoint_every_reduces,
+        keep_checkpoints: args.keep_checkpoints,
         resume: args.resume.clone(),
         out: args.out.clone(),
         name: args.name.clone(),
@@ -39,13 +45,12 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&both)?);
         return Ok(());
     }
-    if opts.checkpoint_dir.is_some() || opts.resume.is_some() {
-        // Never ignore a request to save or restore state silently.
-        bail!(
-            "--checkpoint-dir and --resume: flodl-ddp's Trainer does not save or resume runs yet"
-        );
-    }
     let plan = Plan::new(&cfg)?;
+    let resume = opts.resume.as_deref().map(ResumePoint::locate).transpose()?;
+    if let Some(dir) = &opts.checkpoint_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
+    }
     let data = Data::load(&cfg)?;
     let (started_at, stamp) = run_dir::utc_now();
     let path = run_path(&opts, &stamp);
@@ -62,15 +67,40 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
             cfg.epochs,
             path.display()
         );
+        if let Some(point) = &resume {
+            println!(
+                "resuming from {} (step {}, {} of {} epochs done)",
+                point.bundle.display(),
+                point.step,
+                point.epochs_done,
+                cfg.epochs
+            );
+        }
     }
-    let outcome = execute(&cfg, &plan, &data, opts.eval_every, display, |line| dir.append(line))?;
+    let outcome =
+        match execute(&cfg, &plan, &data, &opts, resume.as_ref(), display, |l| dir.append(l)) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // A run refused before its first record leaves no empty run directory behind.
+                dir.discard_if_empty();
+                return Err(e);
+            }
+        };
+    if outcome.restored > 0 {
+        // Restored epochs arrive with the final state: put them first, where they belong.
+        dir.rewrite_metrics(&outcome.lines)?;
+    }
     let name = path.file_name().map_or_else(|| "run".to_owned(), |n| n.to_string_lossy().into());
     let summary = summarise(name, started_at, &cfg, &opts, &plan, &outcome);
     dir.write_summary(&summary)?;
     let report_path = run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
+    let restored = match summary.epochs_restored {
+        0 => String::new(),
+        n => format!(" ({n} restored from the checkpoint)"),
+    };
     match summary.test {
         Some(t) => println!(
-            "test accuracy {:.2}% (loss {:.4}) after {} epochs, {:.1} s of training, {} syncs",
+            "test accuracy {:.2}% (loss {:.4}) after {} epochs{restored}, {:.1} s of training, {} syncs",
             t.accuracy * 100.0,
             t.loss,
             summary.epochs_completed,
@@ -78,9 +108,15 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
             summary.syncs
         ),
         None => println!(
-            "trained {} epochs in {:.1} s, {} syncs",
+            "trained {} epochs{restored} in {:.1} s, {} syncs",
             summary.epochs_completed, summary.train_wall_s, summary.syncs
         ),
+    }
+    if !summary.faults.is_empty() {
+        println!("{} rank(s) died during the run (see summary.json)", summary.faults.len());
+    }
+    if let Some(ckpt) = &summary.checkpoint {
+        println!("checkpoint: {}", ckpt.display());
     }
     println!("report: {}", report_path.display());
     Ok(())
@@ -95,6 +131,8 @@ pub(crate) struct Plan {
     pub(crate) policy: Policy,
     /// How to average.
     pub(crate) backend: Backend,
+    /// Batch prefetching.
+    pub(crate) prefetch: Prefetch,
 }
 
 impl Plan {
@@ -129,16 +167,20 @@ impl Plan {
         if cfg.slowdown.len() > devices.len() {
             bail!("slowdown: {} factors given for {} rank(s)", cfg.slowdown.len(), devices.len());
         }
+        if let Some(f) = cfg.fail_rank.iter().find(|f| f.rank >= devices.len()) {
+            bail!("fail-rank: {f} names rank {}, but there are {} rank(s)", f.rank, devices.len());
+        }
         // Checked now, built once the dataset size is known.
-        schedule(&cfg.schedule, cfg.lr, 1)?;
+        schedule(&cfg.schedule, cfg.lr, 1, 0)?;
         let policy = cfg.policy.parse::<Policy>()?;
         let backend = cfg.backend.parse::<Backend>()?;
-        Ok(Self { devices, policy, backend })
+        let prefetch = prefetch(&cfg.prefetch)?;
+        Ok(Self { devices, policy, backend, prefetch })
     }
 
     /// A plan with other devices, policy and backend (for `fdl bench`).
     pub(crate) fn with(&self, devices: Vec<Device>, policy: Policy, backend: Backend) -> Self {
-        Self { devices, policy, backend }
+        Self { devices, policy, backend, prefetch: self.prefetch }
     }
 
     /// Device names in rank order.
@@ -197,13 +239,30 @@ impl Data {
     }
 }
 
+/// `auto`, `off` or a depth.
+fn prefetch(text: &str) -> Result<Prefetch> {
+    match text {
+        "auto" => Ok(Prefetch::Auto),
+        "off" => Ok(Prefetch::Off),
+        n => n.parse::<usize>().map(Prefetch::Depth).map_err(|_| {
+            anyhow::anyhow!("prefetch '{n}': expected auto, off or a depth (a number)")
+        }),
+    }
+}
+
 /// What a finished run produced.
 #[derive(Debug)]
 pub(crate) struct Outcome {
     /// The trained state (model and metrics) from the library.
     pub(crate) state: TrainedState,
-    /// Every report, as written to `metrics.jsonl`.
+    /// Every report, as written to `metrics.jsonl` (restored epochs first).
     pub(crate) lines: Vec<Line>,
+    /// Epochs restored from the checkpoint the run resumed from.
+    pub(crate) restored: usize,
+    /// The bundle resumed from.
+    pub(crate) resumed_from: Option<PathBuf>,
+    /// Ranks declared dead, in order.
+    pub(crate) faults: Vec<FaultEvent>,
 }
 
 /// Trains with `cfg` on `plan`'s ranks, showing progress and handing every report to `sink`.
@@ -214,7 +273,8 @@ pub(crate) fn execute(
     cfg: &TrainConfig,
     plan: &Plan,
     data: &Data,
-    eval_every: usize,
+    opts: &RunOptions,
+    resume: Option<&ResumePoint>,
     display: Display,
     mut sink: impl FnMut(&Line) -> Result<()>,
 ) -> Result<Outcome> {
@@ -222,9 +282,12 @@ pub(crate) fn execute(
     let mlp = MlpConfig::new(&widths, Optimizer::sgd(cfg.momentum as f32));
     // The runtime indexes schedules in cohort steps: every rank's batches together.
     let total_steps = (cfg.epochs * (data.train.len() / cfg.batch_size)) as u64;
-    let mut trainer = Trainer::new(Mlp::factory(mlp))
+    let build = Mlp::factory(mlp);
+    let fails = cfg.fail_rank.clone();
+    let factory = move |ctx: &ReplicaContext| Ok(Failing::new(build(ctx)?, ctx.rank, &fails));
+    let mut trainer = Trainer::new(factory)
         .dataset(data.train.clone())
-        .test_dataset(data.test.clone(), eval_every)
+        .test_dataset(data.test.clone(), opts.eval_every)
         .devices(Devices::List(plan.devices.clone()))
         .policy(plan.policy)
         .backend(plan.backend)
@@ -232,16 +295,41 @@ pub(crate) fn execute(
         .batch_size(cfg.batch_size)
         .learning_rate(cfg.lr as f32)
         .seed(cfg.seed)
-        .slowdown(cfg.slowdown.clone());
-    if let Some(schedule) = schedule(&cfg.schedule, cfg.lr, total_steps)? {
+        .slowdown(cfg.slowdown.clone())
+        .prefetch(plan.prefetch);
+    let per_epoch_steps = (data.train.len() / cfg.batch_size) as f64;
+    let warmup = (cfg.warmup_epochs * per_epoch_steps).round() as u64;
+    if let Some(schedule) = schedule(&cfg.schedule, cfg.lr, total_steps, warmup)? {
         trainer = trainer.schedule(schedule);
+    }
+    if let Some(secs) = cfg.watchdog_s {
+        trainer = trainer.watchdog(Duration::from_secs_f64(secs));
+    }
+    if let Some(n) = cfg.max_failures {
+        trainer = trainer.max_failures(n);
+    }
+    if let Some(dir) = &opts.checkpoint_dir {
+        let interval = SaveInterval {
+            every_epochs: std::num::NonZeroU64::new(opts.checkpoint_every as u64),
+            every_reduces: opts
+                .checkpoint_every_reduces
+                .and_then(|n| std::num::NonZeroU64::new(n as u64)),
+        };
+        trainer = trainer
+            .checkpoint_dir(dir.clone())
+            .checkpoint_every(interval)
+            .keep_checkpoints(opts.keep_checkpoints);
+    }
+    if let Some(point) = resume {
+        trainer = trainer.resume(point.source());
     }
     let names = plan.device_names();
     let per_epoch = (data.train.len() / cfg.batch_size * cfg.batch_size) as u64;
     let mut progress = Progress::new(display, &names, per_epoch, cfg.epochs, cfg.batch_size);
     let start = Instant::now();
-    let mut handle = trainer.run().context("cannot start training")?;
+    let mut handle = trainer.run().map_err(|e| resume::explain(e, resume))?;
     let mut lines = Vec::new();
+    let mut faults = Vec::new();
     let mut emit = |line: Line, lines: &mut Vec<Line>| -> Result<()> {
         sink(&line)?;
         lines.push(line);
@@ -249,9 +337,14 @@ pub(crate) fn execute(
     };
     loop {
         let finished = handle.is_finished();
+        for fault in handle.poll_fault_events() {
+            progress.alert(&fault_line(&fault, &names));
+            faults.push(fault.clone());
+            emit(Line { entry: Entry::Fault(fault), t_s: None, restored: false }, &mut lines)?;
+        }
         for event in handle.poll_reduce_events() {
             progress.reduce(&event, start.elapsed());
-            emit(Line { report: Report::Reduce(event), t_s: None }, &mut lines)?;
+            emit(Line { entry: Entry::Reduce(event), t_s: None, restored: false }, &mut lines)?;
         }
         let mut epochs = handle.poll_metrics();
         if epochs.is_empty() && !finished {
@@ -260,32 +353,93 @@ pub(crate) fn execute(
         for m in epochs {
             let elapsed = start.elapsed();
             progress.epoch(&m, elapsed);
-            emit(Line { report: Report::Epoch(m), t_s: Some(elapsed.as_secs_f64()) }, &mut lines)?;
+            let line =
+                Line { entry: Entry::Epoch(m), t_s: Some(elapsed.as_secs_f64()), restored: false };
+            emit(line, &mut lines)?;
         }
         if finished {
             break;
         }
     }
+    // A death reported between the last poll and the end.
+    for fault in handle.poll_fault_events() {
+        progress.alert(&fault_line(&fault, &names));
+        faults.push(fault.clone());
+        emit(Line { entry: Entry::Fault(fault), t_s: None, restored: false }, &mut lines)?;
+    }
+    let state = handle.join().map_err(|e| resume::explain(e, resume));
+    let state = match state {
+        Ok(state) => state,
+        Err(e) => {
+            progress.finish();
+            return Err(e);
+        }
+    };
+    // Epochs the run did not train itself came from the checkpoint, with the final state.
+    let live: Vec<usize> = lines
+        .iter()
+        .filter_map(|l| match &l.entry {
+            Entry::Epoch(e) => Some(e.epoch),
+            Entry::Reduce(_) | Entry::Fault(_) => None,
+        })
+        .collect();
+    let restored: Vec<Line> = state
+        .epochs
+        .iter()
+        .filter(|e| !live.contains(&e.epoch))
+        .map(|e| Line { entry: Entry::Epoch(e.clone()), t_s: None, restored: true })
+        .collect();
+    for line in &restored {
+        if let Entry::Epoch(m) = &line.entry {
+            progress.restored_epoch(m);
+        }
+    }
     progress.finish();
-    let state = handle.join().context("training failed")?;
-    Ok(Outcome { state, lines })
+    let count = restored.len();
+    let lines = restored.into_iter().chain(lines).collect();
+    let resumed_from = resume.map(|p| p.bundle.clone());
+    Ok(Outcome { state, lines, restored: count, resumed_from, faults })
 }
 
-/// The LR schedule named `name` over `total` cohort steps, peaking at `lr`; `None` = constant.
-///
-/// `cosine`: from `lr` down to 0 at the end; `one-cycle`: warm up to `lr`, then anneal; `step`:
-/// `lr` divided by 10 at half and at three quarters of the run.
-fn schedule(name: &str, lr: f64, total: u64) -> Result<Option<Schedule>> {
-    let total = total.max(1);
-    let schedule = match name {
-        "constant" => return Ok(None),
-        "cosine" => Schedule::Cosine { lr, min_lr: 0.0, total },
-        "one-cycle" => Schedule::one_cycle(lr, total),
-        "step" => {
-            Schedule::MultiStep { lr, milestones: vec![total / 2, total * 3 / 4], gamma: 0.1 }
+/// One line about a rank's death: who, when, why, who is left.
+fn fault_line(fault: &FaultEvent, devices: &[String]) -> String {
+    let device = devices.get(fault.rank).map_or(String::new(), |d| format!(" ({d})"));
+    let survivors: Vec<String> = fault.survivors.iter().map(ToString::to_string).collect();
+    let cause = fault.cause.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+    format!(
+        "rank {}{device} died at {:.1} s: {cause}; survivors: {}",
+        fault.rank,
+        fault.at_ms / 1000.0,
+        if survivors.is_empty() {
+            "none".to_owned()
+        } else {
+            format!("ranks {}", survivors.join(", "))
         }
-        other => bail!("schedule '{other}': expected constant, cosine, one-cycle or step"),
+    )
+}
+
+/// The LR schedule named `name` over `total` cohort steps, peaking at `lr`, the first `warmup`
+/// of them a linear warmup; `None` = constant without warmup.
+///
+/// After the warmup: `cosine` from `lr` down to 0 at the end; `one-cycle` warms up to `lr`
+/// (again), then anneals; `step` divides `lr` by 10 at half and at three quarters;
+/// `exponential` decays by a constant factor per step down to `lr`/100 at the end.
+fn schedule(name: &str, lr: f64, total: u64, warmup: u64) -> Result<Option<Schedule>> {
+    let total = total.max(1);
+    let warmup = warmup.min(total - 1);
+    let rest = total - warmup;
+    let schedule = match name {
+        "constant" if warmup == 0 => return Ok(None),
+        "constant" => Schedule::Constant { lr },
+        "cosine" => Schedule::Cosine { lr, min_lr: 0.0, total: rest },
+        "one-cycle" => Schedule::one_cycle(lr, rest),
+        "step" => Schedule::MultiStep { lr, milestones: vec![rest / 2, rest * 3 / 4], gamma: 0.1 },
+        "exponential" => Schedule::Exponential { lr, gamma: 0.01f64.powf(1.0 / rest as f64) },
+        other => {
+            bail!("schedule '{other}': expected constant, cosine, one-cycle, step or exponential")
+        }
     };
+    let schedule = if warmup > 0 { schedule.with_warmup(warmup) } else { schedule };
     schedule.validate()?;
     Ok(Some(schedule))
 }
@@ -349,13 +503,12 @@ pub(crate) fn summarise(
     let sync_ms: f64 = outcome
         .lines
         .iter()
-        .filter_map(|l| match &l.report {
-            Report::Reduce(r) => Some(r.sync_ms),
-            Report::Epoch(_) => None,
+        .filter_map(|l| match &l.entry {
+            Entry::Reduce(r) => Some(r.sync_ms),
+            Entry::Epoch(_) | Entry::Fault(_) => None,
         })
         .sum();
-    let reduce_lines =
-        outcome.lines.iter().filter(|l| matches!(l.report, Report::Reduce(_))).count();
+    let reduce_lines = outcome.lines.iter().filter(|l| matches!(l.entry, Entry::Reduce(_))).count();
     Summary {
         name,
         fdl_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -371,6 +524,14 @@ pub(crate) fn summarise(
         syncs: state.reduces,
         avg_sync_ms: (reduce_lines > 0).then(|| sync_ms / reduce_lines as f64),
         ranks,
+        resumed_from: outcome.resumed_from.clone(),
+        epochs_restored: outcome.restored,
+        checkpoint: opts
+            .checkpoint_dir
+            .as_ref()
+            .map(|d| d.join(format!("{LATEST}.{}", flodl_ddp::checkpoint::EXTENSION)))
+            .filter(|p| p.is_file()),
+        faults: outcome.faults.clone(),
     }
 }
 
@@ -384,6 +545,8 @@ mod tests {
             eval_every: 1,
             checkpoint_dir: None,
             checkpoint_every: 1,
+            checkpoint_every_reduces: None,
+            keep_checkpoints: 3,
             resume: None,
             out: None,
             name: None,
@@ -398,17 +561,25 @@ mod tests {
     #[test]
     fn schedules_peak_at_lr_and_end_where_named() -> Result<()> {
         let total = 1000;
-        assert!(schedule("constant", 0.05, total)?.is_none());
-        let cases =
-            [("cosine", 0.05, 0.0), ("step", 0.05, 0.0005), ("one-cycle", 0.05 / 25.0, 0.0)];
-        for (name, first, last) in cases {
-            let s = schedule(name, 0.05, total)?.ok_or_else(|| anyhow::anyhow!("{name}: none"))?;
+        assert!(schedule("constant", 0.05, total, 0)?.is_none());
+        let cases = [
+            ("cosine", 0, 0.05, 0.0),
+            ("step", 0, 0.05, 0.0005),
+            ("one-cycle", 0, 0.05 / 25.0, 0.0),
+            ("exponential", 0, 0.05, 0.0005),
+            ("constant", 100, 0.05 / 100.0, 0.05),
+            ("cosine", 100, 0.05 / 100.0, 0.0),
+            ("exponential", 250, 0.05 / 250.0, 0.0005),
+        ];
+        for (name, warmup, first, last) in cases {
+            let s = schedule(name, 0.05, total, warmup)?
+                .ok_or_else(|| anyhow::anyhow!("{name}: none"))?;
             let peak = (0..=total).map(|t| s.lr(t)).fold(0.0, f64::max);
             assert!((peak - 0.05).abs() < 1e-9, "{name}: peak {peak}");
             assert!((s.lr(0) - first).abs() < 1e-9, "{name}: first {}", s.lr(0));
             assert!((s.lr(total) - last).abs() < 1e-6, "{name}: last {}", s.lr(total));
         }
-        assert!(schedule("zigzag", 0.05, total).is_err());
+        assert!(schedule("zigzag", 0.05, total, 0).is_err());
         Ok(())
     }
 

@@ -323,7 +323,21 @@ fn bad_flags_and_configs_fail_with_one_line() -> Result {
             vec!["train".into(), "--devices".into(), "cuda:64".into()],
             vec!["cuda:64", "not available"],
         ),
-        (vec!["train".into(), "--resume".into(), "nowhere.fdlck".into()], vec!["--resume"]),
+        (
+            vec!["train".into(), "--resume".into(), "nowhere.fdlck".into()],
+            vec!["nowhere.fdlck", "no such file"],
+        ),
+        (
+            vec!["train".into(), "--checkpoint-every".into(), "2".into()],
+            vec!["checkpoint-every", "checkpoint-dir"],
+        ),
+        (vec!["train".into(), "--prefetch".into(), "lots".into()], vec!["prefetch", "lots"]),
+        (
+            vec!["train".into(), "--ranks".into(), "2".into(), "--fail-rank".into(), "2@1".into()],
+            vec!["fail-rank", "2@1"],
+        ),
+        (vec!["train".into(), "--fail-rank".into(), "1".into()], vec!["fail-rank", "RANK@BATCH"]),
+        (vec!["bench".into(), "--fail-rank".into(), "1@3".into()], vec!["fail-rank", "bench"]),
     ];
     for (args, needles) in cases {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -376,6 +390,14 @@ fn unwritable_output_and_bad_run_directories_fail_with_one_line() -> Result {
     let o = fdl(&args)?;
     assert_one_line_error(&o, &["output directory", "plain-file"], "out under a file");
 
+    let out = tmp.path().join("run");
+    let mut args = vec!["train", "--out", out.to_str().ok_or("path")?];
+    args.extend(SMALL);
+    args.extend(["--checkpoint-dir", under_file.to_str().ok_or("path")?]);
+    let o = fdl(&args)?;
+    assert_one_line_error(&o, &["checkpoint directory", "plain-file"], "checkpoints under a file");
+    assert!(!out.exists(), "run directory made for a refused run");
+
     let nowhere = tmp.path().join("no-run");
     let o = fdl(&["report", nowhere.to_str().ok_or("path")?])?;
     assert_one_line_error(&o, &["no-run", "does not exist"], "report of nothing");
@@ -384,5 +406,173 @@ fn unwritable_output_and_bad_run_directories_fail_with_one_line() -> Result {
     fs::create_dir(&broken)?;
     let o = fdl(&["report", broken.to_str().ok_or("path")?])?;
     assert_one_line_error(&o, &["summary.json"], "report without summary");
+    Ok(())
+}
+
+/// A quick checkpointed run's flags: like `SMALL`, with a constant LR (so a resumed run may ask
+/// for more epochs: other schedules span the epoch count, which is part of the configuration).
+fn ckpt_args<'a>(out: &'a str, epochs: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["train", "--out", out, "--epochs", epochs, "--schedule", "constant"];
+    args.extend(&SMALL[..SMALL.len() - 2]);
+    args.extend(extra);
+    args
+}
+
+#[test]
+fn checkpoints_resume_and_mismatches_are_refused_in_one_line() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let p = |p: &Path| p.to_str().map(str::to_owned).ok_or("non-UTF-8 temp path");
+    let ck = tmp.path().join("ck");
+    let config = tmp.path().join("fdl.toml");
+    // The checkpoint keys from a config file: every reduce, keep 2.
+    let toml = format!(
+        "checkpoint-dir = {:?}\ncheckpoint-every-reduces = 1\nkeep-checkpoints = 2\n",
+        p(&ck)?
+    );
+    fs::write(&config, toml)?;
+    let first = p(&tmp.path().join("first"))?;
+    let cfg = p(&config)?;
+    let out = fdl(&ckpt_args(&first, "1", &["--config", &cfg]))?;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("checkpoint: "), "{}", text(&out.stdout));
+    let summary: Value =
+        serde_json::from_str(&fs::read_to_string(Path::new(&first).join("summary.json"))?)?;
+    assert!(summary["checkpoint"].as_str().is_some_and(|c| c.ends_with("latest.fdlck")));
+    let steps = fs::read_dir(&ck)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-") && n.ends_with(".fdlck"))
+        .count();
+    let saves = summary["syncs"].as_u64().ok_or("syncs")?;
+    assert_eq!(steps as u64, saves.min(2), "step bundles kept");
+
+    // Resume the directory with one more epoch: epoch 1 is restored, epoch 2 trained.
+    let second = tmp.path().join("second");
+    let out = fdl(&ckpt_args(&p(&second)?, "2", &["--resume", &p(&ck)?]))?;
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("resuming from") && stdout.contains("1 of 2 epochs done"), "{stdout}");
+    assert!(stdout.contains("epoch 1/2") && stdout.contains("(restored from the checkpoint)"));
+    assert!(stdout.contains("epoch 2/2") && stdout.contains("1 restored"), "{stdout}");
+    let summary: Value = serde_json::from_str(&fs::read_to_string(second.join("summary.json"))?)?;
+    assert_eq!(summary["epochs_completed"].as_u64(), Some(2));
+    assert_eq!(summary["epochs_restored"].as_u64(), Some(1));
+    assert!(summary["resumed_from"].as_str().is_some_and(|r| r.ends_with("latest.fdlck")));
+    assert!(summary["test"]["accuracy"].as_f64().is_some_and(|a| a > 0.5));
+    let metrics = fs::read_to_string(second.join("metrics.jsonl"))?;
+    let epochs: Vec<(u64, bool)> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "epoch")
+        .map(|v| (v["epoch"].as_u64().unwrap_or(99), v["restored"] == true))
+        .collect();
+    assert_eq!(epochs, vec![(0, true), (1, false)]);
+    let html = fs::read_to_string(second.join("report.html"))?;
+    check_report(&html)?;
+    assert!(html.contains("1 (restored)"));
+
+    // Bundles that do not fit: one line naming the bundle and the reason, no run directory.
+    let corrupt = tmp.path().join("corrupt.fdlck");
+    let mut bytes = fs::read(ck.join("latest.fdlck"))?;
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    fs::write(&corrupt, bytes)?;
+    let empty = tmp.path().join("empty");
+    fs::create_dir(&empty)?;
+    let refused = tmp.path().join("refused");
+    let ckp = p(&ck)?;
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["--ranks", "3"], vec!["latest.fdlck", "world size 2", "3"]),
+        (vec!["--seed", "7"], vec!["latest.fdlck", "another configuration"]),
+        (vec!["--hidden", "64"], vec!["latest.fdlck", "another model"]),
+    ];
+    let refused_s = p(&refused)?;
+    let corrupt_s = p(&corrupt)?;
+    let empty_s = p(&empty)?;
+    let missing_s = p(&tmp.path().join("missing"))?;
+    let mut runs: Vec<(Vec<&str>, Vec<&str>)> = cases
+        .into_iter()
+        .map(|(extra, needles)| {
+            let mut args = vec!["--resume", ckp.as_str()];
+            args.extend(extra);
+            (args, needles)
+        })
+        .collect();
+    runs.push((vec!["--resume", &corrupt_s], vec!["corrupt.fdlck", "corrupt"]));
+    runs.push((vec!["--resume", &empty_s], vec!["empty", "no checkpoint"]));
+    runs.push((vec!["--resume", &missing_s], vec!["missing", "no such file"]));
+    for (extra, needles) in runs {
+        // clap refuses a repeated flag: drop the SMALL pairs the case sets itself.
+        let mut args =
+            vec!["train", "--out", &refused_s, "--epochs", "2", "--schedule", "constant"];
+        let base: Vec<&str> = SMALL[..SMALL.len() - 2].to_vec();
+        let mut i = 0;
+        while i < base.len() {
+            if !extra.contains(&base[i]) {
+                args.extend(&base[i..i + 2]);
+            }
+            i += 2;
+        }
+        args.extend(&extra);
+        let out = fdl(&args)?;
+        assert_one_line_error(&out, &needles, &extra.join(" "));
+        assert!(!refused.exists(), "{}: run directory left behind", extra.join(" "));
+    }
+    Ok(())
+}
+
+#[test]
+fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    // SMALL with 3 ranks: rank 1 fails on its 5th batch, ranks 0 and 2 finish the run.
+    let mut args = vec!["train", "--out", run.to_str().ok_or("path")?, "--ranks", "3"];
+    args.extend(&SMALL[2..]);
+    // Deaths are printed even with --quiet (no progress, but not silent about failures).
+    args.extend(["--policy", "sync", "--fail-rank", "1@5", "--quiet"]);
+    let out = fdl(&args)?;
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let deaths: Vec<&str> = stdout.lines().filter(|l| l.contains(" died at ")).collect();
+    assert_eq!(deaths.len(), 1, "{stdout}");
+    assert!(deaths[0].starts_with("rank 1 (cpu) died at "), "{stdout}");
+    assert!(deaths[0].contains("batch 5") && deaths[0].ends_with("survivors: ranks 0, 2"));
+    let summary: Value = serde_json::from_str(&fs::read_to_string(run.join("summary.json"))?)?;
+    assert_eq!(summary["epochs_completed"].as_u64(), Some(2));
+    let faults = summary["faults"].as_array().ok_or("faults")?;
+    assert_eq!(faults.len(), 1);
+    assert_eq!(faults[0]["rank"].as_u64(), Some(1));
+    assert_eq!(faults[0]["survivors"], serde_json::json!([0, 2]));
+    assert!(finite(&faults[0]["at_ms"]));
+    let metrics = fs::read_to_string(run.join("metrics.jsonl"))?;
+    let recorded: Vec<Value> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "fault")
+        .collect();
+    assert_eq!(recorded.len(), 1, "{metrics}");
+    assert_eq!(recorded[0]["rank"], faults[0]["rank"]);
+    assert_eq!(recorded[0]["cause"], faults[0]["cause"]);
+    let html = fs::read_to_string(run.join("report.html"))?;
+    check_report(&html)?;
+    assert!(html.contains("Rank deaths") && html.contains("emulated device failure"));
+
+    // Every rank fails: one line with the reason and the failure bundle to resume from.
+    let ck = tmp.path().join("ck");
+    let lost = tmp.path().join("lost");
+    let mut args = vec!["train", "--out", lost.to_str().ok_or("path")?];
+    args.extend(SMALL);
+    args.extend(["--fail-rank", "0@5,1@5", "--checkpoint-dir", ck.to_str().ok_or("path")?]);
+    let out = fdl(&args)?;
+    assert_one_line_error(&out, &["cannot go on", "AllRanksLost", "failure.fdlck"], "all lost");
+    assert!(ck.join("failure.fdlck").is_file());
+    // The failed run's records keep both deaths.
+    let metrics = fs::read_to_string(lost.join("metrics.jsonl"))?;
+    let dead: Vec<u64> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "fault")
+        .filter_map(|v| v["rank"].as_u64())
+        .collect();
+    assert_eq!(dead.len(), 2, "{metrics}");
     Ok(())
 }

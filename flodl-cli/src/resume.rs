@@ -1,0 +1,222 @@
+//! The checkpoint a run resumes from: which bundle, where it stands, and why one is refused.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, anyhow, bail};
+use flodl_ddp::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, LATEST};
+use flodl_ddp::{Error, ResumeFrom};
+
+/// The bundle a run resumes from, read and checked for integrity (not yet for compatibility).
+#[derive(Debug, Clone)]
+pub(crate) struct ResumePoint {
+    /// `--resume` as given: a directory or a bundle file.
+    pub(crate) given: PathBuf,
+    /// The bundle file that is read (a directory's `latest.fdlck`, else its newest step bundle).
+    pub(crate) bundle: PathBuf,
+    /// The cohort step the bundle was saved at.
+    pub(crate) step: u64,
+    /// Epochs the bundle's run had completed.
+    pub(crate) epochs_done: u64,
+}
+
+impl ResumePoint {
+    /// Finds and reads the bundle `given` names.
+    ///
+    /// # Errors
+    /// The path does not exist, a directory holds no bundle, or the bundle is unreadable or
+    /// corrupt (the message names the file).
+    pub(crate) fn locate(given: &Path) -> Result<Self> {
+        let bundle = if given.is_dir() {
+            let store = CheckpointStore::open(given, 1).map_err(|e| refusal(given, &e))?;
+            let latest = store.path_of(LATEST);
+            if latest.is_file() {
+                latest
+            } else {
+                let steps = store.steps().map_err(|e| refusal(given, &e))?;
+                match steps.into_iter().last() {
+                    Some((_, path)) => path,
+                    None => bail!("cannot resume from {}: no checkpoint in it", given.display()),
+                }
+            }
+        } else if given.exists() {
+            given.to_owned()
+        } else {
+            bail!("cannot resume from {}: no such file or directory", given.display());
+        };
+        let ckpt = Checkpoint::read(&bundle).map_err(|e| refusal(&bundle, &e))?;
+        Ok(ResumePoint {
+            given: given.to_owned(),
+            bundle,
+            step: ckpt.global_step,
+            epochs_done: ckpt.epoch,
+        })
+    }
+
+    /// What the trainer reads: a directory's newest bundle, or the file.
+    pub(crate) fn source(&self) -> ResumeFrom {
+        if self.given.is_dir() {
+            ResumeFrom::Latest(self.given.clone())
+        } else {
+            ResumeFrom::File(self.given.clone())
+        }
+    }
+}
+
+/// The one-line refusal of `bundle` for `error`.
+fn refusal(bundle: &Path, error: &CheckpointError) -> anyhow::Error {
+    let hint = match error {
+        CheckpointError::ConfigMismatch { .. } => {
+            " (ranks, policy, backend, batch size, training set, seed, lr, schedule and warmup \
+             must be those of the run that saved it; every schedule but constant also spans \
+             --epochs)"
+        }
+        CheckpointError::WorldSizeMismatch { .. } => {
+            " (use as many ranks as the run that saved it)"
+        }
+        CheckpointError::SignatureMismatch { .. } => {
+            " (use the hidden widths of the run that saved it)"
+        }
+        _ => "",
+    };
+    let why = match error {
+        // The library's message carries two 64-digit hashes; the first 12 digits tell them apart.
+        CheckpointError::ConfigMismatch { expected, found } => {
+            let short =
+                |h: &dyn std::fmt::Display| h.to_string().chars().take(12).collect::<String>();
+            format!(
+                "checkpoint was saved by a run with another configuration (hash {}, this run {})",
+                short(found),
+                short(expected)
+            )
+        }
+        other => other.to_string(),
+    };
+    anyhow!("cannot resume from {}: {why}{hint}", bundle.display())
+}
+
+/// Turns a library error into the CLI's error: a checkpoint refusal names the bundle resumed
+/// from, and an unrecoverable run names its failure bundle.
+pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Error {
+    match (error, resume) {
+        (Error::Checkpoint(e), Some(point)) if is_refusal(&e) => refusal(&point.bundle, &e),
+        (Error::Unrecoverable { reason, detail, bundle: Some(path), last }, _) => {
+            // The detail often quotes the last error's root cause already.
+            let cause = last
+                .filter(|l| !detail.contains(&root_cause(l.as_ref())))
+                .map(|l| format!(": {l}"))
+                .unwrap_or_default();
+            anyhow!(
+                "the run cannot go on ({reason:?}): {detail}{cause}; its state is saved in {} \
+                 (resume with --resume {})",
+                path.display(),
+                path.display()
+            )
+        }
+        (e, _) => anyhow::Error::new(e).context("training failed"),
+    }
+}
+
+/// The text of the innermost source of `error`.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut e = error;
+    while let Some(source) = e.source() {
+        e = source;
+    }
+    e.to_string()
+}
+
+/// Whether a checkpoint error says the bundle does not fit this run or cannot be read (as
+/// opposed to a failure to save one).
+fn is_refusal(error: &CheckpointError) -> bool {
+    !matches!(error, CheckpointError::Io { .. } | CheckpointError::Encode { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use flodl_ddp::checkpoint::SaveReason;
+
+    fn point() -> ResumePoint {
+        ResumePoint {
+            given: "ck".into(),
+            bundle: "ck/latest.fdlck".into(),
+            step: 10,
+            epochs_done: 1,
+        }
+    }
+
+    /// Each error maps to one line naming the right file and saying why.
+    #[test]
+    fn errors_become_one_line_naming_the_bundle() {
+        let cases: Vec<(Error, Option<ResumePoint>, Vec<&str>)> = vec![
+            (
+                Error::Checkpoint(CheckpointError::WorldSizeMismatch { expected: 3, found: 2 }),
+                Some(point()),
+                vec!["cannot resume from ck/latest.fdlck", "world size 2", "3", "ranks"],
+            ),
+            (
+                Error::Checkpoint(CheckpointError::ChecksumMismatch),
+                Some(point()),
+                vec!["ck/latest.fdlck", "corrupt"],
+            ),
+            (
+                Error::Unrecoverable {
+                    reason: SaveReason::AllRanksLost,
+                    detail: "every rank died".into(),
+                    bundle: Some("ck/failure.fdlck".into()),
+                    last: Some(Box::new(Error::Panicked { rank: 1, message: "boom".into() })),
+                },
+                None,
+                vec![
+                    "AllRanksLost",
+                    "every rank died",
+                    "rank 1 panicked: boom",
+                    "ck/failure.fdlck",
+                ],
+            ),
+            (
+                Error::Unrecoverable {
+                    reason: SaveReason::AllRanksLost,
+                    detail: "rank 0, the last one alive, failed: replica: gone".into(),
+                    bundle: Some("ck/failure.fdlck".into()),
+                    last: Some(Box::new(Error::Rank {
+                        rank: 0,
+                        source: Box::new(Error::replica("gone")),
+                    })),
+                },
+                None,
+                vec!["alive, failed: replica: gone; its state is saved in ck/failure.fdlck"],
+            ),
+            (Error::Aborted, Some(point()), vec!["training failed", "run aborted"]),
+        ];
+        for (error, resume, needles) in cases {
+            let text = format!("{:#}", explain(error, resume.as_ref()));
+            assert!(!text.contains('\n'), "{text}");
+            for n in needles {
+                assert!(text.contains(n), "{n:?} missing from {text:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn locate_refuses_missing_empty_and_corrupt_paths() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let missing = tmp.path().join("nowhere");
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty)?;
+        let garbage = tmp.path().join("garbage.fdlck");
+        std::fs::write(&garbage, [b'x'; 100])?;
+        for (path, why) in
+            [(&missing, "no such file"), (&empty, "no checkpoint"), (&garbage, "not a flodl")]
+        {
+            let err = ResumePoint::locate(path).err().map(|e| format!("{e:#}"));
+            let shown = path.display().to_string();
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(&shown) && e.contains(why)),
+                "{why}: {err:?}"
+            );
+        }
+        Ok(())
+    }
+}
