@@ -321,6 +321,7 @@ mod tests {
                 reduces: reduces_per_epoch,
                 sync_ms: 3.0,
                 eval: Some(eval(e)),
+                at_ms: e as f64 * 1000.0,
             });
             lines.push(Line { entry, t_s: Some(e as f64), restored: false });
         }

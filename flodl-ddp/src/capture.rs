@@ -8,6 +8,11 @@
 //! the run. A rank's capture holds its inner optimizer state and its position in the chunk it
 //! was training; the lowest live rank also sends the consensus model and its copy of the outer
 //! optimizer (the host backend's consensus and outer optimizer are the coordinator's own).
+//!
+//! The bundle's RNG list stays empty: the runtime draws nothing at run time (epoch permutations
+//! are a pure function of the seed and the epoch, and replicas are seeded at construction), so
+//! there is no generator state to save. A replica with generators of its own (dropout, say)
+//! would have to expose them for an exact resume.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -769,7 +769,8 @@ impl Coordinator {
     /// Moves complete epochs to the held queue and emits those that need nothing more.
     fn aggregate(&mut self) {
         while let Some((epoch, tally, ms)) = self.dispatch.pop_complete() {
-            let metrics = tally.finish(epoch, ms, &self.devices);
+            let mut metrics = tally.finish(epoch, ms, &self.devices);
+            metrics.at_ms = self.start.elapsed().as_secs_f64() * 1000.0;
             let awaiting_eval = self.cfg.evaluates(epoch);
             if self.dispatch.all_done() {
                 self.train_end = Some(Instant::now());

@@ -31,6 +31,10 @@ pub struct EpochMetrics {
     pub sync_ms: f64,
     /// Evaluation on the test dataset, when one is configured for this epoch.
     pub eval: Option<EvalMetrics>,
+    /// When the epoch was complete, in milliseconds since the run started (its evaluation
+    /// aside); in a resumed run, since the resumed run started.
+    #[serde(default)]
+    pub at_ms: f64,
 }
 
 /// One rank's share of an epoch.
@@ -242,6 +246,7 @@ impl EpochTally {
             reduces: self.reduces,
             sync_ms: self.sync_ms,
             eval: None,
+            at_ms: 0.0,
         }
     }
 }

@@ -63,6 +63,7 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
         let mut tally = EpochTally::new(1);
         tally.add(0, &work);
         let mut metrics = tally.finish(epoch, t0.elapsed().as_secs_f64() * 1000.0, &devices);
+        metrics.at_ms = start.elapsed().as_secs_f64() * 1000.0;
         train_ms = train_start.elapsed().as_secs_f64() * 1000.0;
         if cfg.evaluates(epoch) {
             metrics.eval = worker.evaluate()?;

@@ -127,6 +127,8 @@ fn epoch_callback_sees_every_epoch() -> TestResult {
         let called = called.lock().map_err(|_| "poisoned")?;
         assert_eq!(called.iter().map(|m| m.epoch).collect::<Vec<_>>(), vec![0, 1, 2]);
         assert!(called.iter().all(|m| m.eval.is_some()), "{ranks} ranks: no eval");
+        assert!(called[0].at_ms > 0.0, "{ranks} ranks: no completion time");
+        assert!(called.windows(2).all(|w| w[0].at_ms < w[1].at_ms), "{ranks} ranks: times");
         assert_eq!(*called, streamed, "{ranks} ranks");
         assert_eq!(*called, state.epochs, "{ranks} ranks");
     }
