@@ -17,6 +17,8 @@ pub(crate) struct ResumePoint {
     pub(crate) step: u64,
     /// Epochs the bundle's run had completed.
     pub(crate) epochs_done: u64,
+    /// Their metrics, as that run recorded them.
+    pub(crate) epochs: Vec<flodl_ddp::EpochMetrics>,
 }
 
 impl ResumePoint {
@@ -44,7 +46,9 @@ impl ResumePoint {
             bail!("cannot resume from {}: no such file or directory", given.display());
         };
         let ckpt = Checkpoint::read(&bundle).map_err(|e| refusal(&bundle, &e))?;
+        let epochs = ckpt.epoch_metrics().map_err(|e| refusal(&bundle, &e))?;
         Ok(ResumePoint {
+            epochs,
             given: given.to_owned(),
             bundle,
             step: ckpt.global_step,
@@ -143,6 +147,7 @@ mod tests {
             bundle: "ck/latest.fdlck".into(),
             step: 10,
             epochs_done: 1,
+            epochs: Vec::new(),
         }
     }
 

@@ -76,30 +76,6 @@ impl RunDir {
             .with_context(|| format!("cannot write {}", self.path.join(METRICS).display()))
     }
 
-    /// Replaces `metrics.jsonl` with `lines` (written to a temporary file, then renamed).
-    ///
-    /// # Errors
-    /// Writing fails.
-    pub(crate) fn rewrite_metrics(&mut self, lines: &[Line]) -> Result<()> {
-        let path = self.path.join(METRICS);
-        let tmp = self.path.join(format!("{METRICS}.tmp"));
-        let mut text = String::new();
-        for line in lines {
-            text.push_str(&serde_json::to_string(line)?);
-            text.push('\n');
-        }
-        fs::write(&tmp, text)
-            .and_then(|()| fs::rename(&tmp, &path))
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        // Later appends go to the new file.
-        let file = fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        self.metrics = BufWriter::new(file);
-        Ok(())
-    }
-
     /// Writes `summary.json`.
     ///
     /// # Errors

@@ -86,10 +86,6 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
                 return Err(e);
             }
         };
-    if outcome.restored > 0 {
-        // Restored epochs arrive with the final state: put them first, where they belong.
-        dir.rewrite_metrics(&outcome.lines)?;
-    }
     let name = path.file_name().map_or_else(|| "run".to_owned(), |n| n.to_string_lossy().into());
     let summary = summarise(name, started_at, &cfg, &opts, &plan, &outcome);
     dir.write_summary(&summary)?;
@@ -335,6 +331,21 @@ pub(crate) fn execute(
         lines.push(line);
         Ok(())
     };
+    // Epochs the bundle's run completed come first (the handle streams only this run's), once
+    // this run has shown it can go on: a bundle of another model is refused at the join, and a
+    // refused run leaves no record.
+    let restored = resume.map_or(&[][..], |p| p.epochs.as_slice());
+    let mut pending = Some(restored);
+    let restore =
+        |pending: &mut Option<&[flodl_ddp::EpochMetrics]>, progress: &Progress| -> Vec<Line> {
+            let ms = pending.take().unwrap_or_default();
+            ms.iter()
+                .map(|m| {
+                    progress.restored_epoch(m);
+                    Line { entry: Entry::Epoch(m.clone()), t_s: None, restored: true }
+                })
+                .collect()
+        };
     loop {
         let finished = handle.is_finished();
         for fault in handle.poll_fault_events() {
@@ -351,6 +362,9 @@ pub(crate) fn execute(
             epochs.extend(handle.next_metrics(Duration::from_millis(100)));
         }
         for m in epochs {
+            for line in restore(&mut pending, &progress) {
+                emit(line, &mut lines)?;
+            }
             let elapsed = start.elapsed();
             progress.epoch(&m, elapsed);
             let line =
@@ -375,28 +389,11 @@ pub(crate) fn execute(
             return Err(e);
         }
     };
-    // Epochs the run did not train itself came from the checkpoint, with the final state.
-    let live: Vec<usize> = lines
-        .iter()
-        .filter_map(|l| match &l.entry {
-            Entry::Epoch(e) => Some(e.epoch),
-            Entry::Reduce(_) | Entry::Fault(_) => None,
-        })
-        .collect();
-    let restored: Vec<Line> = state
-        .epochs
-        .iter()
-        .filter(|e| !live.contains(&e.epoch))
-        .map(|e| Line { entry: Entry::Epoch(e.clone()), t_s: None, restored: true })
-        .collect();
-    for line in &restored {
-        if let Entry::Epoch(m) = &line.entry {
-            progress.restored_epoch(m);
-        }
+    for line in restore(&mut pending, &progress) {
+        emit(line, &mut lines)?;
     }
     progress.finish();
     let count = restored.len();
-    let lines = restored.into_iter().chain(lines).collect();
     let resumed_from = resume.map(|p| p.bundle.clone());
     Ok(Outcome { state, lines, restored: count, resumed_from, faults })
 }

@@ -355,6 +355,20 @@ pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
     Ok(Resumed { bundle, consensus, ranks, elche, guard, epochs, coverage })
 }
 
+impl Checkpoint {
+    /// The metrics of the epochs a run had completed when it wrote this bundle (empty for a
+    /// bundle no run wrote). A resumed run's final state starts with them.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Malformed`] when the recorded metrics do not decode.
+    pub fn epoch_metrics(&self) -> std::result::Result<Vec<EpochMetrics>, CheckpointError> {
+        match self.extras.get(EXTRA_EPOCHS) {
+            Some(e) => e.decode(),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
 /// Saves `ckpt` in the plan's store: as the newest step bundle, or under `name`.
 pub(crate) fn save(
     plan: &CheckpointPlan,

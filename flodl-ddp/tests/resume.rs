@@ -177,6 +177,10 @@ fn every_mode_resumes_only_the_uncovered_ranges() -> TestResult {
                 .run()?
                 .join()?;
             assert_eq!(state.epochs.len(), EPOCHS, "{what}");
+            // The bundle's completed epochs open the resumed run's record, as they were.
+            let before = ckpt.epoch_metrics()?;
+            assert_eq!(before.len() as u64, ckpt.epoch, "{what}");
+            assert_eq!(state.epochs[..before.len()], before[..], "{what}");
             let seen = seen.lock().map_err(|_| "audit poisoned")?;
             for epoch in 0..EPOCHS {
                 let perm = flodl_data::epoch_permutation(data.len(), 9, epoch as u64);
