@@ -54,6 +54,30 @@ pub(crate) struct CheckpointPlan {
     pub(crate) interval: SaveInterval,
 }
 
+/// A checkpoint asked for through the handle, taken by the coordinator at its next reduce:
+/// save, or save and stop the run.
+#[derive(Debug, Default)]
+pub(crate) struct SaveRequest(std::sync::atomic::AtomicU8);
+
+impl SaveRequest {
+    const SAVE: u8 = 1;
+    const STOP: u8 = 2;
+
+    /// Asks for a save (and a stop after it when `stop`); a stop asked once stays asked.
+    pub(crate) fn ask(&self, stop: bool) {
+        let want = if stop { Self::STOP } else { Self::SAVE };
+        self.0.fetch_max(want, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// The pending request, cleared: `Some(stop)`.
+    pub(crate) fn take(&self) -> Option<bool> {
+        match self.0.swap(0, std::sync::atomic::Ordering::AcqRel) {
+            0 => None,
+            asked => Some(asked >= Self::STOP),
+        }
+    }
+}
+
 /// What the coordinator asks a rank to capture at a reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CaptureRequest {

@@ -181,6 +181,8 @@ enum Reduce {
 struct Capturing {
     round: u64,
     reason: SaveReason,
+    /// Whether the run stops once the bundle is saved.
+    stop: bool,
     global_step: u64,
     parts: Vec<Option<RankCapture>>,
 }
@@ -243,6 +245,8 @@ struct Coordinator {
     roster: Roster,
     /// Ranks whose channel was found closed (their thread ended): declared dead next.
     gone: Vec<Cell<bool>>,
+    /// The on-demand save being set up stops the run (read by the capture it starts).
+    stop_after_save: bool,
 }
 
 impl Coordinator {
@@ -319,6 +323,7 @@ impl Coordinator {
             epochs_saved: 0,
             last_bundle: None,
             resumed: None,
+            stop_after_save: false,
             roster: Roster::new(world, outlets_dead),
             gone: (0..world).map(|_| Cell::new(false)).collect(),
         };
@@ -870,6 +875,7 @@ impl Coordinator {
             self.capturing = Some(Capturing {
                 round: ending,
                 reason,
+                stop: std::mem::take(&mut self.stop_after_save),
                 global_step,
                 parts: vec![None; self.cfg.world()],
             });
@@ -1076,7 +1082,8 @@ impl Coordinator {
     /// Why a checkpoint is due at the reduce being started, if one is.
     fn save_due(&mut self) -> Option<SaveReason> {
         let plan = self.cfg.checkpoints.as_ref()?;
-        if self.outlets.save_now.swap(false, Ordering::AcqRel) {
+        if let Some(stop) = self.outlets.save_now.take() {
+            self.stop_after_save = stop;
             return Some(SaveReason::OnDemand);
         }
         let epochs_done = self.dispatch.oldest();
@@ -1139,9 +1146,13 @@ impl Coordinator {
             coverage,
         };
         let ckpt = assemble(&self.cfg, &self.shapes, &c.parts, consensus, outer, progress)?;
-        save(plan, &ckpt, None)?;
+        let bundle = save(plan, &ckpt, None)?;
         self.epochs_saved = self.epochs_saved.max(epoch);
         self.last_bundle = Some(ckpt);
+        if c.stop {
+            tracing::info!(path = %bundle.display(), "stopping at a checkpoint, as asked");
+            return Err(Error::Stopped { bundle });
+        }
         Ok(())
     }
 

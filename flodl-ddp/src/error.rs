@@ -52,6 +52,13 @@ pub enum Error {
     /// The run was aborted through its handle.
     #[error("run aborted")]
     Aborted,
+    /// The run stopped on request after saving a checkpoint
+    /// ([`crate::DdpHandle::stop_with_checkpoint`]).
+    #[error("stopped at a checkpoint: {}", bundle.display())]
+    Stopped {
+        /// The bundle saved before stopping.
+        bundle: std::path::PathBuf,
+    },
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] flodl_tensor::Error),

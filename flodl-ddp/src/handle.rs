@@ -98,8 +98,8 @@ pub(crate) struct Outlets {
     pub(crate) guards: flume::Sender<GuardEvent>,
     /// Set to stop the run.
     pub(crate) cancel: Arc<AtomicBool>,
-    /// Set to ask for a checkpoint at the next reduce.
-    pub(crate) save_now: Arc<AtomicBool>,
+    /// A checkpoint asked for at the next reduce.
+    pub(crate) save_now: Arc<crate::capture::SaveRequest>,
     /// Rank deaths (dropped when the handle does not drain them).
     pub(crate) faults: flume::Sender<FaultEvent>,
     /// Which ranks the coordinator declared dead.
@@ -118,7 +118,8 @@ pub struct DdpHandle {
     reduces: flume::Receiver<ReduceEvent>,
     guards: flume::Receiver<GuardEvent>,
     cancel: Arc<AtomicBool>,
-    save_now: Arc<AtomicBool>,
+    save_now: Arc<crate::capture::SaveRequest>,
+    checkpointing: bool,
     aborts: Aborts,
     main: Option<JoinHandle<Result<TrainedState>>>,
     workers: Vec<RankThread>,
@@ -138,7 +139,8 @@ impl DdpHandle {
         let dead = DeadFlags::new(config.world());
         let grace = config.stall_timeout;
         let cancel = Arc::new(AtomicBool::new(false));
-        let save_now = Arc::new(AtomicBool::new(false));
+        let save_now = Arc::new(crate::capture::SaveRequest::default());
+        let checkpointing = config.checkpoints.is_some();
         let outlets = Outlets {
             epochs: epochs_tx,
             reduces: reduces_tx,
@@ -162,6 +164,7 @@ impl DdpHandle {
             guards,
             cancel,
             save_now,
+            checkpointing,
             aborts,
             main: Some(main),
             workers,
@@ -198,7 +201,19 @@ impl DdpHandle {
     /// Asks for a checkpoint at the next reduce (when the run has a checkpoint directory;
     /// ignored otherwise).
     pub fn checkpoint_now(&self) {
-        self.save_now.store(true, Ordering::Release);
+        self.save_now.ask(false);
+    }
+
+    /// Stops the run at its next reduce after saving a checkpoint there; `join` then returns
+    /// [`Error::Stopped`] with the bundle's path (resume from it with
+    /// [`crate::Trainer::resume`]). Without a checkpoint directory this is [`abort`](Self::abort).
+    /// A run with no reduce left finishes normally (its end is saved anyway).
+    pub fn stop_with_checkpoint(&self) {
+        if self.checkpointing {
+            self.save_now.ask(true);
+        } else {
+            self.abort();
+        }
     }
 
     /// The ranks declared dead since the last call, without waiting (at most one event per

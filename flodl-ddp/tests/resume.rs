@@ -97,6 +97,26 @@ fn interrupted_sync_run_resumes_bitwise() -> TestResult {
             .run()?
             .join()?;
         assert_eq!(bits(&resumed), bits(&reference), "{backend:?}: interrupted then resumed");
+        // A stop asked for through the handle: saved at the next reduce, then stopped.
+        let dir2 = tempfile::tempdir()?;
+        let mut run = trainer(Policy::Sync, backend, 32).checkpoint_dir(dir2.path()).run()?;
+        let first = run.next_metrics(Duration::from_secs(60));
+        assert!(first.is_some(), "{backend:?}: no first epoch");
+        run.stop_with_checkpoint();
+        let bundle = match run.join() {
+            Err(Error::Stopped { bundle }) => bundle,
+            other => return Err(format!("{backend:?}: not stopped: {other:?}").into()),
+        };
+        assert_eq!(Checkpoint::read(&bundle)?.reason, SaveReason::OnDemand, "{backend:?}");
+        let resumed =
+            trainer(Policy::Sync, backend, 32).resume(ResumeFrom::File(bundle)).run()?.join()?;
+        assert_eq!(bits(&resumed), bits(&reference), "{backend:?}: stopped then resumed");
+        // Without a checkpoint directory a stop is an abort.
+        let mut run = trainer(Policy::Sync, backend, 32).run()?;
+        run.next_metrics(Duration::from_secs(60));
+        run.stop_with_checkpoint();
+        assert!(matches!(run.join(), Err(Error::Aborted)), "{backend:?}: stop without a store");
+
         // The end of the run is saved too.
         let last = CheckpointStore::open(dir.path(), 3)?;
         let done = Checkpoint::read(&last.path_of("latest"))?;
