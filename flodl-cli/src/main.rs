@@ -6,6 +6,7 @@ mod chart;
 mod config;
 mod devices;
 mod failure;
+mod interrupt;
 mod progress;
 mod record;
 mod report;
@@ -43,6 +44,10 @@ fn main() -> ExitCode {
     };
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<interrupt::Interrupted>().is_some() => {
+            eprintln!("{e}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
@@ -74,8 +79,14 @@ fn run(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Report(args) => regenerate_report(&args.run_dir),
-        Command::Train(args) => train::run(&args),
-        Command::Bench(args) => bench::run(&args),
+        Command::Train(args) => {
+            interrupt::install();
+            train::run(&args)
+        }
+        Command::Bench(args) => {
+            interrupt::install();
+            bench::run(&args)
+        }
     }
 }
 

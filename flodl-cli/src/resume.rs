@@ -116,6 +116,12 @@ pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Err
                 path.display()
             )
         }
+        (Error::Stopped { bundle }, _) => {
+            anyhow::Error::new(crate::interrupt::Interrupted { bundle: Some(bundle) })
+        }
+        (Error::Aborted, _) if crate::interrupt::presses() > 0 => {
+            anyhow::Error::new(crate::interrupt::Interrupted { bundle: None })
+        }
         (e, _) => anyhow::Error::new(e).context("training failed"),
     }
 }

@@ -346,8 +346,23 @@ pub(crate) fn execute(
                 })
                 .collect()
         };
+    let mut presses = crate::interrupt::presses();
     loop {
         let finished = handle.is_finished();
+        let now = crate::interrupt::presses();
+        if now > presses {
+            presses = now;
+            if now == 1 && opts.checkpoint_dir.is_some() {
+                progress.alert(
+                    "interrupted: stopping at the next reduce after saving a checkpoint \
+                     (Ctrl-C again to abort)",
+                );
+                handle.stop_with_checkpoint();
+            } else {
+                progress.alert("interrupted: aborting the run");
+                handle.abort();
+            }
+        }
         for fault in handle.poll_fault_events() {
             progress.alert(&fault_line(&fault, &names));
             faults.push(fault.clone());
