@@ -102,7 +102,7 @@ impl Dispatcher {
     ///
     /// # Errors
     /// A range not aligned to the batch size or past the epoch, or coverage of an epoch before
-    /// `oldest` or after the last.
+    /// `oldest` (coverage of epochs past this book's last is ignored: they are not trained).
     pub(crate) fn resume(
         mut self,
         oldest: usize,
@@ -113,8 +113,14 @@ impl Dispatcher {
             return Err(format!("resumes at epoch {oldest} of a {}-epoch run", self.epochs));
         }
         for (epoch, ranges) in coverage {
-            if *epoch < oldest || *epoch >= self.epochs {
-                return Err(format!("coverage of epoch {epoch} outside {oldest}..{}", self.epochs));
+            if *epoch >= self.epochs {
+                // A run resumed with fewer epochs than the one that saved never trains it.
+                continue;
+            }
+            if *epoch < oldest {
+                return Err(format!(
+                    "coverage of epoch {epoch}, before the resumed epoch {oldest}"
+                ));
             }
             let mut spans = Vec::with_capacity(ranges.len());
             for r in ranges {
@@ -645,6 +651,27 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A book with fewer epochs than the run that saved the coverage ignores the epochs it will
+    /// not train; coverage of an epoch before the resumed one is refused.
+    #[test]
+    fn resume_into_fewer_epochs_ignores_the_later_ones() -> Result<(), String> {
+        let covered = vec![(1, vec![SampleRange::new(0, 8)]), (2, vec![SampleRange::new(0, 4)])];
+        let mut d = Dispatcher::new(2, 2, 6, 2, Cutting::Progressive { min_chunk: 1 })
+            .resume(1, &covered)?;
+        let mut trained = Vec::new();
+        while let Some(c) = d.next_chunk(0, &[1, 1], false) {
+            d.complete(0, &c, &WorkTally::default());
+            trained.push(c);
+            while d.pop_complete().is_some() {}
+        }
+        assert!(d.all_done(), "the resumed epoch did not finish");
+        assert!(trained.iter().all(|c| c.epoch == 1 && c.offset >= 8), "{trained:?}");
+        assert_eq!(trained.iter().map(|c| c.len).sum::<usize>(), 4, "{trained:?}");
+        let early = Dispatcher::new(2, 2, 6, 3, Cutting::Static).resume(2, &covered);
+        assert!(early.is_err(), "coverage before the resumed epoch was accepted");
         Ok(())
     }
 }
