@@ -1,11 +1,10 @@
-//! Emulated device failures: a replica that fails at a chosen training batch, to watch the
-//! survivors go on (or the run end with its failure bundle).
+//! Emulated device failures (`--fail-rank RANK@BATCH`): which rank fails at which training
+//! batch, through flodl-ddp's `FailingReplica`, to watch the survivors go on (or the run end
+//! with its failure bundle).
 
 use std::fmt;
 use std::str::FromStr;
 
-use flodl_ddp::{Batch, BatchEval, Replica};
-use flodl_tensor::{Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// Where an emulated failure strikes: rank `rank` fails on its `batch`-th training batch.
@@ -39,68 +38,9 @@ impl fmt::Display for FailAt {
     }
 }
 
-/// A replica that trains like `inner` until its emulated failure, then returns an error from
-/// that batch's training step (the runtime declares the rank dead).
-#[derive(Debug)]
-pub(crate) struct Failing<R> {
-    inner: R,
-    /// The training batch (from 1) that fails; `None`: never.
-    fail_at: Option<usize>,
-    trained: usize,
-}
-
-impl<R> Failing<R> {
-    /// `inner`, failing at the first of `plan`'s batches for `rank` (if any).
-    pub(crate) fn new(inner: R, rank: usize, plan: &[FailAt]) -> Self {
-        let fail_at = plan.iter().filter(|f| f.rank == rank).map(|f| f.batch).min();
-        Failing { inner, fail_at, trained: 0 }
-    }
-}
-
-impl<R: Replica> Replica for Failing<R> {
-    fn train_step(&mut self, batch: &Batch) -> flodl_ddp::Result<f32> {
-        self.trained += 1;
-        if self.fail_at == Some(self.trained) {
-            return Err(flodl_ddp::Error::replica(format!(
-                "emulated device failure at batch {}",
-                self.trained
-            )));
-        }
-        self.inner.train_step(batch)
-    }
-    fn step(&mut self, lr: f32) -> flodl_ddp::Result<()> {
-        self.inner.step(lr)
-    }
-    fn parameters(&self) -> &[Tensor] {
-        self.inner.parameters()
-    }
-    fn parameters_mut(&mut self) -> &mut [Tensor] {
-        self.inner.parameters_mut()
-    }
-    fn gradients(&self) -> &[Tensor] {
-        self.inner.gradients()
-    }
-    fn gradients_mut(&mut self) -> &mut [Tensor] {
-        self.inner.gradients_mut()
-    }
-    fn buffers(&self) -> &[Tensor] {
-        self.inner.buffers()
-    }
-    fn buffers_mut(&mut self) -> &mut [Tensor] {
-        self.inner.buffers_mut()
-    }
-    fn optimizer_state(&self) -> &[Tensor] {
-        self.inner.optimizer_state()
-    }
-    fn optimizer_state_mut(&mut self) -> &mut [Tensor] {
-        self.inner.optimizer_state_mut()
-    }
-    fn reset_optimizer(&mut self, stream: &Stream) -> flodl_ddp::Result<()> {
-        self.inner.reset_optimizer(stream)
-    }
-    fn evaluate_batch(&mut self, batch: &Batch) -> flodl_ddp::Result<Option<BatchEval>> {
-        self.inner.evaluate_batch(batch)
-    }
+/// The training batch (from 1) at which `rank` fails under `plan`: its earliest, if any.
+pub(crate) fn fail_at(rank: usize, plan: &[FailAt]) -> Option<usize> {
+    plan.iter().filter(|f| f.rank == rank).map(|f| f.batch).min()
 }
 
 #[cfg(test)]
@@ -128,7 +68,7 @@ mod tests {
     #[test]
     fn the_earliest_failure_of_the_rank_applies() {
         let plan = [FailAt { rank: 1, batch: 9 }, FailAt { rank: 1, batch: 4 }];
-        assert_eq!(Failing::new((), 1, &plan).fail_at, Some(4));
-        assert_eq!(Failing::new((), 0, &plan).fail_at, None);
+        assert_eq!(fail_at(1, &plan), Some(4));
+        assert_eq!(fail_at(0, &plan), None);
     }
 }

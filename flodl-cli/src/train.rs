@@ -17,7 +17,6 @@ use flodl_tensor::Device;
 
 use crate::args::TrainArgs;
 use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
-use crate::failure::Failing;
 use crate::progress::{Display, Progress};
 use crate::record::{Entry, Line, RankSummary, Summary};
 use crate::report;
@@ -280,7 +279,10 @@ pub(crate) fn execute(
     let total_steps = (cfg.epochs * (data.train.len() / cfg.batch_size)) as u64;
     let build = Mlp::factory(mlp);
     let fails = cfg.fail_rank.clone();
-    let factory = move |ctx: &ReplicaContext| Ok(Failing::new(build(ctx)?, ctx.rank, &fails));
+    let factory = move |ctx: &ReplicaContext| {
+        let at = crate::failure::fail_at(ctx.rank, &fails);
+        Ok(flodl_ddp::FailingReplica::new(build(ctx)?, at, flodl_ddp::Failure::Error))
+    };
     let mut trainer = Trainer::new(factory)
         .dataset(data.train.clone())
         .test_dataset(data.test.clone(), opts.eval_every)

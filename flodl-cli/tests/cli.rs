@@ -535,7 +535,7 @@ fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() 
     let deaths: Vec<&str> = stdout.lines().filter(|l| l.contains(" died at ")).collect();
     assert_eq!(deaths.len(), 1, "{stdout}");
     assert!(deaths[0].starts_with("rank 1 (cpu) died at "), "{stdout}");
-    assert!(deaths[0].contains("batch 5") && deaths[0].ends_with("survivors: ranks 0, 2"));
+    assert!(deaths[0].contains("training step 5") && deaths[0].ends_with("survivors: ranks 0, 2"));
     let summary: Value = serde_json::from_str(&fs::read_to_string(run.join("summary.json"))?)?;
     assert_eq!(summary["epochs_completed"].as_u64(), Some(2));
     let faults = summary["faults"].as_array().ok_or("faults")?;
@@ -554,7 +554,7 @@ fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() 
     assert_eq!(recorded[0]["cause"], faults[0]["cause"]);
     let html = fs::read_to_string(run.join("report.html"))?;
     check_report(&html)?;
-    assert!(html.contains("Rank deaths") && html.contains("emulated device failure"));
+    assert!(html.contains("Rank deaths") && html.contains("device failure at training step"));
 
     // Every rank fails: one line with the reason and the failure bundle to resume from.
     let ck = tmp.path().join("ck");

@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
 use flodl_ddp::{
-    Backend, Batch, BatchEval, DdpHandle, Devices, Error, FaultEvent, Mlp, MlpConfig, Optimizer,
-    Policy, ReduceEvent, Replica, ReplicaContext, Result, TrainedState, Trainer,
+    Backend, DdpHandle, Devices, FailingReplica, Failure, FaultEvent, Mlp, MlpConfig, Optimizer,
+    Policy, ReduceEvent, ReplicaContext, Result, TrainedState, Trainer,
 };
-use flodl_tensor::Tensor;
 
 struct Args {
     samples: usize,
@@ -57,38 +56,6 @@ fn parse() -> std::result::Result<Args, String> {
     Ok(args)
 }
 
-/// The reference MLP, whose replica fails at its `fail_at`-th training step when set.
-struct Mortal {
-    inner: Mlp,
-    steps: usize,
-    fail_at: Option<usize>,
-}
-
-impl Replica for Mortal {
-    fn train_step(&mut self, batch: &Batch) -> Result<f32> {
-        self.steps += 1;
-        if Some(self.steps) == self.fail_at {
-            return Err(Error::replica("injected fault"));
-        }
-        self.inner.train_step(batch)
-    }
-    fn step(&mut self, lr: f32) -> Result<()> {
-        self.inner.step(lr)
-    }
-    fn parameters(&self) -> &[Tensor] {
-        self.inner.parameters()
-    }
-    fn parameters_mut(&mut self) -> &mut [Tensor] {
-        self.inner.parameters_mut()
-    }
-    fn gradients(&self) -> &[Tensor] {
-        self.inner.gradients()
-    }
-    fn evaluate_batch(&mut self, batch: &Batch) -> Result<Option<BatchEval>> {
-        self.inner.evaluate_batch(batch)
-    }
-}
-
 /// What one run left: its state, its deaths and its reduces.
 struct Outcome {
     state: TrainedState,
@@ -116,13 +83,10 @@ fn run(
 ) -> Result<Outcome> {
     let cfg = MlpConfig::new(&[784, 256, 128, 10], Optimizer::sgd(0.9));
     let kill_step = args.kill_step;
-    let factory = move |ctx: &ReplicaContext| -> Result<Mortal> {
+    let factory = move |ctx: &ReplicaContext| -> Result<FailingReplica<Mlp>> {
         let fail_at = (kill && ctx.rank == 1).then_some(kill_step);
-        Ok(Mortal {
-            inner: Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?,
-            steps: 0,
-            fail_at,
-        })
+        let inner = Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?;
+        Ok(FailingReplica::new(inner, fail_at, Failure::Error))
     };
     let handle = Trainer::new(factory)
         .dataset(train.clone())

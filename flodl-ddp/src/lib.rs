@@ -91,6 +91,8 @@ mod comm;
 mod coordinator;
 mod dispatch;
 mod error;
+mod failing;
+pub use failing::{FailingReplica, Failure};
 mod eval_rank;
 pub use eval_rank::EvalRank;
 mod fault;

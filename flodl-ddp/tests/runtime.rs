@@ -12,6 +12,7 @@ use flodl_ddp::schedule::Schedule;
 use flodl_ddp::{
     Backend, Batch, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, Replica, Result, Trainer,
 };
+use flodl_ddp::{FailingReplica, Failure};
 use flodl_tensor::{Stream, Tensor};
 
 fn small_mlp(opt: Optimizer) -> MlpConfig {
@@ -151,35 +152,6 @@ fn every_sample_once_per_epoch_under_skew() -> TestResult {
     Ok(())
 }
 
-/// A replica that fails at a given step.
-struct Failing {
-    inner: Mlp,
-    steps: usize,
-    fail_at: Option<usize>,
-}
-
-impl Replica for Failing {
-    fn train_step(&mut self, batch: &Batch) -> Result<f32> {
-        self.steps += 1;
-        if Some(self.steps) == self.fail_at {
-            return Err(Error::replica("injected fault"));
-        }
-        self.inner.train_step(batch)
-    }
-    fn step(&mut self, lr: f32) -> Result<()> {
-        self.inner.step(lr)
-    }
-    fn parameters(&self) -> &[Tensor] {
-        self.inner.parameters()
-    }
-    fn parameters_mut(&mut self) -> &mut [Tensor] {
-        self.inner.parameters_mut()
-    }
-    fn gradients(&self) -> &[Tensor] {
-        self.inner.gradients()
-    }
-}
-
 /// With no failure allowed, a worker error ends the run (no hang) and `join` reports that
 /// rank's error.
 #[test]
@@ -188,13 +160,9 @@ fn worker_error_is_reported() -> TestResult {
     for policy in POLICIES {
         for backend in BACKENDS {
             let cfg = small_mlp(Optimizer::sgd(0.9));
-            let factory = move |ctx: &flodl_ddp::ReplicaContext| -> Result<Failing> {
-                let fail_at = (ctx.rank == 1).then_some(7);
-                Ok(Failing {
-                    inner: Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?,
-                    steps: 0,
-                    fail_at,
-                })
+            let factory = move |ctx: &flodl_ddp::ReplicaContext| -> Result<FailingReplica<Mlp>> {
+                let inner = Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?;
+                Ok(FailingReplica::new(inner, (ctx.rank == 1).then_some(7), Failure::Error))
             };
             let err = Trainer::new(factory)
                 .dataset(data.clone())
