@@ -38,6 +38,8 @@ const TO_COORDINATOR: usize = 4096;
 const TO_WORKER: usize = 256;
 /// Chunks a rank may hold at once (one training, one queued, so it never waits for work).
 const CHUNKS_AHEAD: usize = 2;
+/// Batches a rank's measured pace spans (without ElChe) before older ones weigh half.
+const PACE_BATCHES: usize = 512;
 /// Longest the coordinator sleeps between looks at the cancel flag and deadlines.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -160,8 +162,9 @@ struct RankBook {
     works_sent: u64,
     /// The rank's readiness for the reduce of the current window: (steps, ms, why).
     progress: Option<(usize, f64, Readiness)>,
-    /// Its time per batch over its last window with steps (0 until one is reported).
-    ms_per_batch: f64,
+    /// Its compute time and batches over its recent windows (both halved once the batches pass
+    /// [`PACE_BATCHES`]): a pace that one preempted batch does not swing.
+    pace: (f64, usize),
 }
 
 /// The reduce in progress.
@@ -671,7 +674,10 @@ impl Coordinator {
                 if let Some(b) = self.ranks.get_mut(rank) {
                     let current = why == Readiness::Reached || works == b.works_sent;
                     if steps > 0 {
-                        b.ms_per_batch = wall_ms / steps as f64;
+                        b.pace = (b.pace.0 + wall_ms, b.pace.1 + steps);
+                        if b.pace.1 > PACE_BATCHES {
+                            b.pace = (b.pace.0 / 2.0, b.pace.1 / 2);
+                        }
                     }
                     if round == self.round && current {
                         b.progress = Some((steps, wall_ms, why));
@@ -816,7 +822,11 @@ impl Coordinator {
     fn elect_evaluator(&self) -> Option<usize> {
         let ms = match &self.elche {
             Some(e) => e.ms_per_batch(),
-            None => self.ranks.iter().map(|b| b.ms_per_batch).collect(),
+            None => self
+                .ranks
+                .iter()
+                .map(|b| if b.pace.1 > 0 { b.pace.0 / b.pace.1 as f64 } else { 0.0 })
+                .collect(),
         };
         self.cfg.eval_rank.elect(&self.roster.live_ranks(), &ms)
     }
