@@ -46,10 +46,9 @@ const EXTRA_OPTIMIZER_STEPS: &str = "optimizer_steps";
 /// Where and when a run saves checkpoints.
 #[derive(Debug, Clone)]
 pub(crate) struct CheckpointPlan {
-    /// The bundle directory.
-    pub(crate) dir: PathBuf,
-    /// Step bundles kept.
-    pub(crate) keep: usize,
+    /// The bundle directory, opened (created, cleared of interrupted saves) when the run
+    /// starts.
+    pub(crate) store: CheckpointStore,
     /// Periodic saves.
     pub(crate) interval: SaveInterval,
 }
@@ -399,10 +398,9 @@ pub(crate) fn save(
     ckpt: &Checkpoint,
     name: Option<&str>,
 ) -> Result<PathBuf> {
-    let store = CheckpointStore::open(&plan.dir, plan.keep)?;
     let path = match name {
-        Some(name) => store.save_named(name, ckpt)?,
-        None => store.save(ckpt)?,
+        Some(name) => plan.store.save_named(name, ckpt)?,
+        None => plan.store.save(ckpt)?,
     };
     tracing::info!(path = %path.display(), step = ckpt.global_step, reason = ?ckpt.reason, "checkpoint saved");
     Ok(path)

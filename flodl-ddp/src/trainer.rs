@@ -613,7 +613,8 @@ impl Trainer {
     /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
     /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
     /// backend, a non-positive maximum gradient norm, or no device; [`Error::Checkpoint`] when
-    /// the checkpoint to resume from is missing, unreadable, corrupt, or from a run of another
+    /// the checkpoint directory cannot be created or listed, or the checkpoint to resume from is
+    /// missing, unreadable, corrupt, or from a run of another
     /// world size or configuration (a bundle of another model is refused when the replicas are
     /// built: [`DdpHandle::join`] returns the error).
     pub fn run(self) -> Result<DdpHandle> {
@@ -697,11 +698,14 @@ impl Trainer {
             easgd: self.easgd,
             max_grad_norm: self.max_grad_norm,
             prefetch: self.prefetch,
-            checkpoints: self.checkpoint_dir.map(|dir| CheckpointPlan {
-                dir,
-                keep: self.keep_checkpoints,
-                interval: self.checkpoint_every,
-            }),
+            checkpoints: match self.checkpoint_dir {
+                // Opened now: an unusable directory fails the run before anything trains.
+                Some(dir) => Some(CheckpointPlan {
+                    store: crate::checkpoint::CheckpointStore::open(dir, self.keep_checkpoints)?,
+                    interval: self.checkpoint_every,
+                }),
+                None => None,
+            },
             resume: None,
             watchdog,
             max_failures: self.max_failures,

@@ -263,6 +263,13 @@ fn mismatched_or_corrupt_bundles_are_refused() -> TestResult {
         "another model: {err}"
     );
 
+    // A checkpoint directory that cannot be created fails the run before anything trains.
+    let file = dir.path().join("latest.fdlck");
+    let unusable = trainer(Policy::Cadence, Backend::Collective, 32)
+        .checkpoint_dir(file.join("below-a-file"))
+        .run();
+    assert!(matches!(unusable, Err(Error::Checkpoint(CheckpointError::Io { .. }))));
+
     let empty = tempfile::tempdir()?;
     let missing = trainer(Policy::Cadence, Backend::Collective, 32)
         .resume(ResumeFrom::Latest(empty.path().join("nowhere")))
