@@ -7,6 +7,7 @@ use std::time::Instant;
 use crate::checkpoint::SampleRange;
 use crate::message::Chunk;
 use crate::metrics::{EpochTally, WorkTally};
+use crate::partition;
 
 /// How an epoch is cut into chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,13 +163,12 @@ impl Dispatcher {
         self.live.get(rank).copied().unwrap_or(false)
     }
 
-    /// The static share of the `index`-th of `members` ranks: a span of positions.
-    fn share(&self, index: usize, members: usize) -> Span {
-        let base = self.batches / members;
-        let extra = self.batches % members;
-        let first = index * base + index.min(extra);
-        let len = base + usize::from(index < extra);
-        (first * self.batch_size, (first + len) * self.batch_size)
+    /// The static shares of `members` ranks, as spans of positions: equal batch counts, one
+    /// more for the first ranks ([`partition::equal_sizes`]).
+    fn shares(&self, members: usize) -> Vec<Span> {
+        let sizes = partition::equal_sizes(self.batches, members).unwrap_or_default();
+        let bs = self.batch_size;
+        partition::shares(&sizes).iter().map(|s| (s.offset * bs, (s.offset + s.len) * bs)).collect()
     }
 
     fn open(&mut self, epoch: usize) -> Pool {
@@ -182,8 +182,7 @@ impl Dispatcher {
         match self.cutting {
             Cutting::Static => {
                 let members: Vec<usize> = (0..self.world).filter(|&r| self.live[r]).collect();
-                for (index, &rank) in members.iter().enumerate() {
-                    let share = self.share(index, members.len());
+                for (&rank, share) in members.iter().zip(self.shares(members.len())) {
                     assigned[rank] = subtract(&[share], &done).into();
                 }
             }
@@ -398,15 +397,15 @@ fn subtract(from: &[Span], done: &[Span]) -> Vec<Span> {
 }
 
 /// Cuts `spans` (in order) into `parts` consecutive pieces of whole batches, as equal as
-/// possible (the first pieces one batch larger).
+/// possible (the first pieces one batch larger, as [`partition::equal_sizes`] cuts).
 fn split(spans: &[Span], parts: usize, bs: usize) -> Vec<Vec<Span>> {
     let total: usize = spans.iter().map(|s| (s.1 - s.0) / bs).sum();
-    let mut out = vec![Vec::new(); parts];
-    let (base, extra) = (total / parts.max(1), total % parts.max(1));
+    let sizes = partition::equal_sizes(total, parts).unwrap_or_default();
+    let mut out = vec![Vec::new(); sizes.len()];
     let mut spans = spans.iter().copied();
     let mut current = spans.next();
-    for (i, piece) in out.iter_mut().enumerate() {
-        let mut want = (base + usize::from(i < extra)) * bs;
+    for (piece, size) in out.iter_mut().zip(sizes) {
+        let mut want = size * bs;
         while want > 0 {
             let Some((s, e)) = current else { break };
             let cut = (s + want).min(e);
@@ -642,8 +641,7 @@ mod tests {
             if cutting == Cutting::Static {
                 let reference = Dispatcher::new(world, bs, batches, epochs, cutting);
                 for (epoch, owners) in owner.iter().enumerate() {
-                    for index in 0..world {
-                        let (s, e) = reference.share(index, world);
+                    for (index, (s, e)) in reference.shares(world).into_iter().enumerate() {
                         if owners[s..e].iter().any(|&o| o != index) {
                             return Err(format!("case {case}: epoch {epoch} share {index} moved"));
                         }
