@@ -26,6 +26,7 @@ use crate::host_round::{AverageJob, HostRound, average, divergence};
 use crate::message::{HostState, Readiness, ToCoordinator, ToWorker, Window};
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::outer::{OuterKind, OuterOptimizer};
+use crate::overshoot::Overshoot;
 use crate::policy::{Backend, Policy};
 use crate::trainer::RunConfig;
 use crate::verdict::Verdict;
@@ -216,7 +217,8 @@ struct Coordinator {
     /// Host backend: the outer optimizer, stepped once per round on the average, on `cpu`.
     outer: OuterOptimizer,
     cpu: Stream,
-    max_overshoot: usize,
+    /// `Async`: how far past its window a rank may train; auto-sized bounds follow the guard.
+    overshoot: Overshoot,
     ranks: Vec<RankBook>,
     /// The current window's number.
     round: u64,
@@ -286,7 +288,8 @@ impl Coordinator {
             Policy::Sync => Cutting::Static,
             _ => Cutting::Progressive { min_chunk: knobs.min_chunk },
         };
-        let max_overshoot = knobs.max_overshoot.unwrap_or((batches / 100).clamp(2, 5));
+        let overshoot =
+            knobs.max_overshoot.map_or_else(|| Overshoot::auto(batches), Overshoot::fixed);
         let guard = cfg.guard.clone();
         let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
         let outlets_dead = outlets.dead.clone();
@@ -306,7 +309,7 @@ impl Coordinator {
             verdict: Verdict::Stable,
             outer,
             cpu: Stream::cpu_with_threads(1),
-            max_overshoot,
+            overshoot,
             ranks: vec![RankBook::default(); world],
             round: 1,
             windows: Vec::new(),
@@ -385,7 +388,7 @@ impl Coordinator {
                 let (target, limit) = match self.cfg.policy {
                     Policy::Sync => (1, 1),
                     Policy::Cadence => (count, count),
-                    Policy::Async => (count, count + self.max_overshoot),
+                    Policy::Async => (count, count + self.overshoot.current()),
                 };
                 Window { round, target, limit }
             })
@@ -996,6 +999,15 @@ impl Coordinator {
             self.verdict = verdict;
             tracing::debug!(round, divergence, ?verdict, "divergence guard");
             let _ = self.outlets.guards.try_send(GuardEvent { round, divergence, k_max, verdict });
+        }
+        if self.cfg.policy == Policy::Async {
+            // Stable grows an auto bound, NudgeDown resets it; a guard that is off reads Stable,
+            // a reduce it did not measure holds the bound.
+            match (divergence, &self.guard) {
+                (Some(_), _) => self.overshoot.apply_verdict(self.verdict),
+                (None, Guard::Off) => self.overshoot.apply_verdict(Verdict::Stable),
+                (None, _) => {}
+            }
         }
         self.stalled = 0;
         self.reduces += 1;

@@ -75,8 +75,10 @@ pub struct ElCheKnobs {
     pub overhead_target: f64,
     /// Largest change of a rank's count from one window to the next (default none).
     pub max_batch_diff: Option<usize>,
-    /// `Async`: batches a rank may train past its count while the others catch up (default:
-    /// `clamp(batches per epoch / 100, 2, 5)`).
+    /// `Async`: batches a rank may train past its count while the others catch up, fixed
+    /// (at most 15). Default: auto, starting at `clamp(batches per epoch / 100, 2, 5)`, one more
+    /// after each `Stable` guard verdict up to `clamp(batches per epoch / 50, 3, 10)`, back to
+    /// the start on `NudgeDown` (see [`crate::overshoot::Overshoot`]).
     pub max_overshoot: Option<usize>,
     /// Smallest chunk of progressive dispatch, in batches (default 4).
     pub min_chunk: usize,
