@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use flodl_data::mnist::{self, Mnist, Split, Verify};
 use flodl_data::{Dataset, Subset};
 use flodl_ddp::checkpoint::{LATEST, SaveInterval};
-use flodl_ddp::schedule::Schedule;
+use flodl_ddp::control::schedule::Schedule;
 use flodl_ddp::{
     Backend, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, Policy, Prefetch, ReplicaContext,
     TrainedState, Trainer,

@@ -59,61 +59,31 @@
 //! ```
 
 pub mod checkpoint;
-pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
-pub mod elche;
-pub mod logic_error;
-pub mod verdict;
-pub use elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
-pub use logic_error::{LogicError, LogicResult};
-pub use verdict::Verdict;
-
-pub mod chunk_pool;
-pub mod chunk_size;
-pub mod epoch_stream;
-pub mod overshoot;
-pub mod partition;
-pub use chunk_pool::{Chunk, ChunkPool, Coverage, Tail};
-pub use chunk_size::{ChunkSizing, Speeds, window_allocation};
-pub use epoch_stream::{EpochStream, StreamCoverage};
-pub use overshoot::{Overshoot, OvershootMode};
-
-pub mod policy;
-pub use policy::{Backend, Policy};
-
-pub mod guard;
-pub mod outer;
-pub mod schedule;
-pub mod weighting;
-
-// The runtime: replicas, trainer, workers, coordinator, averaging backends, metrics.
-mod capture;
-mod comm;
-mod coordinator;
-mod dispatch;
+pub mod contract;
+pub mod control;
 mod error;
-mod failing;
-pub use failing::{FailingReplica, Failure};
-mod eval_rank;
-pub use eval_rank::EvalRank;
-mod fault;
-mod handle;
-mod host_round;
-mod message;
+mod link;
 mod metrics;
 mod mlp;
-mod prefetch;
-mod replica;
-mod solo;
-mod staging;
-mod trainer;
-mod worker;
+mod runtime;
+
+pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
+pub use contract::{Batch, BatchEval, FailingReplica, Failure, Replica, ReplicaContext};
+pub use control::chunk_pool::{Chunk, ChunkPool, Coverage, Tail};
+pub use control::chunk_size::{ChunkSizing, Speeds, window_allocation};
+pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
+pub use control::epoch_stream::{EpochStream, StreamCoverage};
+pub use control::eval_rank::EvalRank;
+pub use control::logic_error::{LogicError, LogicResult};
+pub use control::overshoot::{Overshoot, OvershootMode};
+pub use control::policy::{Backend, Policy};
+pub use control::verdict::Verdict;
 pub use error::{Error, Result};
-pub use fault::{FaultCause, FaultEvent};
-pub use handle::{DdpHandle, HostTensor, TrainedState};
 pub use metrics::{
     EpochMetrics, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report, record_scalar,
 };
 pub use mlp::{Mlp, MlpConfig, Optimizer};
-pub use prefetch::Prefetch;
-pub use replica::{Batch, BatchEval, Replica, ReplicaContext};
-pub use trainer::{Devices, ElCheKnobs, EpochCallback, ResumeFrom, SampleAudit, Trainer};
+pub use runtime::fault::{FaultCause, FaultEvent};
+pub use runtime::handle::{DdpHandle, HostTensor, TrainedState};
+pub use runtime::prefetch::Prefetch;
+pub use runtime::trainer::{Devices, ElCheKnobs, EpochCallback, ResumeFrom, SampleAudit, Trainer};

@@ -103,7 +103,7 @@ pub struct GuardEvent {
     /// The largest number of batches a rank trained in the window.
     pub k_max: u64,
     /// The guard's verdict.
-    pub verdict: crate::verdict::Verdict,
+    pub verdict: crate::control::verdict::Verdict,
 }
 
 /// Everything a run reports, in the order it happened.

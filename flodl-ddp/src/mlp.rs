@@ -5,7 +5,7 @@ use flodl_tensor::ops::Transpose::{No, Yes};
 use flodl_tensor::{DType, Stream, Tensor, ops};
 use serde::{Deserialize, Serialize};
 
-use crate::replica::{Batch, BatchEval, Replica, ReplicaContext};
+use crate::contract::replica::{Batch, BatchEval, Replica, ReplicaContext};
 use crate::{Error, Result};
 
 /// The optimizer of the reference replica (the learning rate comes from the runtime each step).
@@ -213,10 +213,11 @@ impl Mlp {
             dataset.fetch(&indices, &mut host)?;
             let n = end - start;
             if batch.as_ref().map(Batch::len) != Some(n) {
-                batch = Some(crate::staging::device_batch(dataset.layout(), n, &self.stream)?);
+                batch =
+                    Some(crate::runtime::staging::device_batch(dataset.layout(), n, &self.stream)?);
             }
             let Some(b) = batch.as_mut() else { break };
-            crate::staging::upload(&host, b, &self.stream)?;
+            crate::runtime::staging::upload(&host, b, &self.stream)?;
             if let Some(e) = self.evaluate_batch(b)? {
                 loss_sum += e.loss_sum;
                 correct += e.correct;

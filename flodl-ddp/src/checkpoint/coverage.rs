@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::{CheckpointError, Result};
-use crate::chunk_pool::Coverage as PoolCoverage;
+use crate::control::chunk_pool::Coverage as PoolCoverage;
 
 /// A half-open range `[offset, offset + size)` of positions in an epoch's permutation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -1,0 +1,21 @@
+//! The pure control logic of a run, free of threads, devices and IO: the ElChe cadence, the
+//! policies' reduce windows and triggers, dispatch and coverage, the overshoot bound, partitions,
+//! the divergence guard, LR schedules, work weighting and the outer optimizers.
+//!
+//! The runtime calls these modules; each is tested on its own.
+
+pub mod chunk_pool;
+pub mod chunk_size;
+pub(crate) mod dispatch;
+pub mod elche;
+pub mod epoch_stream;
+pub(crate) mod eval_rank;
+pub mod guard;
+pub mod logic_error;
+pub mod outer;
+pub mod overshoot;
+pub mod partition;
+pub mod policy;
+pub mod schedule;
+pub mod verdict;
+pub mod weighting;

@@ -1,0 +1,3 @@
+//! The link between the coordinator and the ranks: the wire messages they exchange.
+
+pub(crate) mod wire;

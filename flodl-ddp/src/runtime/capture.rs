@@ -1,0 +1,423 @@
+//! Checkpoints in a running run: what each rank captures at a reduce, how the coordinator
+//! assembles and saves a bundle from it, and how a resumed run is seeded from one.
+//!
+//! A save is taken at a reduce. On the collective backend every rank captures right after its
+//! all-reduce (and outer step), on the host backend with its snapshot; from then until the
+//! coordinator lets it go (`Resume`, or the host backend's `Update`) the rank trains nothing,
+//! so the completions the coordinator has credited and the ranks' positions describe one cut of
+//! the run. A rank's capture holds its inner optimizer state and its position in the chunk it
+//! was training; the lowest live rank also sends the consensus model and its copy of the outer
+//! optimizer (the host backend's consensus and outer optimizer are the coordinator's own).
+//!
+//! The bundle's RNG list stays empty: the runtime draws nothing at run time (epoch permutations
+//! are a pure function of the seed and the epoch, and replicas are seeded at construction), so
+//! there is no generator state to save. A replica with generators of its own (dropout, say)
+//! would have to expose them for an exact resume.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use flodl_tensor::{Stream, Tensor};
+
+use crate::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointStore, ConfigHash, EpochCoverage, OpaqueState,
+    SampleRange, SaveInterval, SaveReason, TensorRecord, TensorSet,
+};
+use crate::control::elche::ElCheState;
+use crate::control::guard::Guard;
+use crate::control::outer::OuterOptimizer;
+use crate::link::wire::{Chunk, HostState};
+use crate::metrics::EpochMetrics;
+use crate::runtime::handle::HostTensor;
+use crate::runtime::trainer::RunConfig;
+use crate::{Error, Result};
+
+/// Names of the tensor sets in a bundle written by the runtime.
+const PARAM: &str = "param";
+const BUFFER: &str = "buffer";
+const OPTIMIZER: &str = "optimizer";
+const OUTER_PREV: &str = "outer.prev";
+const OUTER_VELOCITY: &str = "outer.velocity";
+/// Extras written by the runtime.
+const EXTRA_EPOCHS: &str = "epochs";
+const EXTRA_GUARD: &str = "guard";
+const EXTRA_OPTIMIZER_STEPS: &str = "optimizer_steps";
+
+/// Where and when a run saves checkpoints.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckpointPlan {
+    /// The bundle directory, opened (created, cleared of interrupted saves) when the run
+    /// starts.
+    pub(crate) store: CheckpointStore,
+    /// Periodic saves.
+    pub(crate) interval: SaveInterval,
+}
+
+/// A checkpoint asked for through the handle, taken by the coordinator at its next reduce:
+/// save, or save and stop the run.
+#[derive(Debug, Default)]
+pub(crate) struct SaveRequest(std::sync::atomic::AtomicU8);
+
+impl SaveRequest {
+    const SAVE: u8 = 1;
+    const STOP: u8 = 2;
+
+    /// Asks for a save (and a stop after it when `stop`); a stop asked once stays asked.
+    pub(crate) fn ask(&self, stop: bool) {
+        let want = if stop { Self::STOP } else { Self::SAVE };
+        self.0.fetch_max(want, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// The pending request, cleared: `Some(stop)`.
+    pub(crate) fn take(&self) -> Option<bool> {
+        match self.0.swap(0, std::sync::atomic::Ordering::AcqRel) {
+            0 => None,
+            asked => Some(asked >= Self::STOP),
+        }
+    }
+}
+
+/// What the coordinator asks a rank to capture at a reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CaptureRequest {
+    /// Whether this rank sends the consensus model and its outer optimizer (collective backend).
+    pub(crate) model: bool,
+}
+
+/// A rank's part of a checkpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct RankCapture {
+    /// The inner optimizer state.
+    pub(crate) optimizer: Vec<HostTensor>,
+    /// The inner optimizer's step counter.
+    pub(crate) optimizer_steps: u64,
+    /// The consensus parameters and buffers, when asked for.
+    pub(crate) model: Option<HostState>,
+    /// The outer optimizer's previous parameters and velocity, when asked for and it has run.
+    pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
+    /// The chunk the rank was training and how many of its batches it had trained.
+    pub(crate) position: Option<(Chunk, usize)>,
+}
+
+/// What a rank restores from a checkpoint before it trains.
+#[derive(Debug, Clone)]
+pub(crate) struct RankRestore {
+    /// Its inner optimizer state (empty: keep the fresh one).
+    pub(crate) optimizer: Vec<HostTensor>,
+    /// Its inner optimizer's step counter.
+    pub(crate) optimizer_steps: u64,
+    /// The outer optimizer's previous parameters and velocity, when it had run.
+    pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
+    /// The cohort step to continue from.
+    pub(crate) global_step: u64,
+}
+
+/// A checkpoint decoded for the coordinator of a resumed run.
+#[derive(Debug)]
+pub(crate) struct Resumed {
+    /// The bundle as read (for the model-signature check once the replicas are built).
+    pub(crate) bundle: Checkpoint,
+    /// The consensus to load on every rank.
+    pub(crate) consensus: HostState,
+    /// Each rank's optimizer and outer state.
+    pub(crate) ranks: Vec<RankRestore>,
+    /// ElChe's state, when the run had one.
+    pub(crate) elche: Option<ElCheState>,
+    /// The divergence guard's state.
+    pub(crate) guard: Option<Guard>,
+    /// The epochs completed before the save, with their metrics.
+    pub(crate) epochs: Vec<EpochMetrics>,
+    /// Completed position ranges per open epoch.
+    pub(crate) coverage: Vec<(usize, Vec<SampleRange>)>,
+}
+
+/// Everything except tensors that a bundle records about the run at its cut.
+#[derive(Debug)]
+pub(crate) struct Progress<'a> {
+    pub(crate) reason: SaveReason,
+    pub(crate) global_step: u64,
+    pub(crate) epoch: usize,
+    pub(crate) reduces: u64,
+    pub(crate) elche: Option<ElCheState>,
+    pub(crate) guard: &'a Guard,
+    pub(crate) epochs: &'a [EpochMetrics],
+    pub(crate) coverage: Vec<(usize, Vec<SampleRange>)>,
+}
+
+/// The hash of what a run's trajectory depends on: a bundle resumes only into a run with the
+/// same hash. Left out on purpose: the epoch count (a run may be extended), the devices (a
+/// bundle moves between machines; bitwise equality then needs the same devices), slowdown,
+/// timeouts, prefetching and evaluation.
+pub(crate) fn config_hash(cfg: &RunConfig) -> ConfigHash {
+    ConfigHash::of(&format!(
+        "flodl-run v1; world={}; policy={:?}; backend={:?}; batch={}; samples={}; seed={}; \
+         schedule={:?}; lr_scale={}; gamma={}; outer={:?}; easgd={:?}; clip={:?}; elche={:?}",
+        cfg.world(),
+        cfg.policy,
+        cfg.backend,
+        cfg.batch_size,
+        cfg.dataset.len(),
+        cfg.seed,
+        cfg.schedule,
+        cfg.lr_scale,
+        cfg.gamma,
+        cfg.outer,
+        cfg.easgd,
+        cfg.max_grad_norm,
+        cfg.elche,
+    ))
+}
+
+/// Copies `tensors` to the host with their shapes.
+pub(crate) fn host_tensors(tensors: &[Tensor], stream: &Stream) -> Result<Vec<HostTensor>> {
+    tensors
+        .iter()
+        .map(|t| Ok(HostTensor { shape: t.shape().to_vec(), data: t.to_vec::<f32>(stream)? }))
+        .collect()
+}
+
+/// Writes host values into `tensors`, checking count and sizes first (nothing is written on a
+/// mismatch).
+pub(crate) fn write_host(
+    what: &str,
+    tensors: &mut [Tensor],
+    values: &[HostTensor],
+    stream: &Stream,
+) -> Result<()> {
+    if tensors.len() != values.len() {
+        return Err(Error::ReplicaMismatch(format!(
+            "checkpoint holds {} {what} tensors, the replica {}",
+            values.len(),
+            tensors.len()
+        )));
+    }
+    if let Some((t, v)) = tensors.iter().zip(values).find(|(t, v)| t.shape() != v.shape.as_slice())
+    {
+        return Err(Error::ReplicaMismatch(format!(
+            "{what}: checkpoint shape {:?}, replica shape {:?}",
+            v.shape,
+            t.shape()
+        )));
+    }
+    for (t, v) in tensors.iter_mut().zip(values) {
+        t.copy_from_host(&v.data, stream)?;
+    }
+    Ok(())
+}
+
+/// The outer optimizer's state on the host, once it has run.
+pub(crate) fn outer_state(
+    outer: &OuterOptimizer,
+    stream: &Stream,
+) -> Result<Option<(Vec<HostTensor>, Vec<HostTensor>)>> {
+    match (outer.previous(), outer.velocity()) {
+        (Some(prev), Some(velocity)) => {
+            Ok(Some((host_tensors(prev, stream)?, host_tensors(velocity, stream)?)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Restores an outer optimizer from host values.
+pub(crate) fn restore_outer(
+    outer: &mut OuterOptimizer,
+    state: &(Vec<HostTensor>, Vec<HostTensor>),
+    stream: &Stream,
+) -> Result<()> {
+    let upload = |ts: &[HostTensor]| -> Result<Vec<Tensor>> {
+        ts.iter().map(|t| Ok(Tensor::from_slice(&t.data, &t.shape, stream)?)).collect()
+    };
+    outer.restore(upload(&state.0)?, upload(&state.1)?)?;
+    Ok(())
+}
+
+fn set_of(prefix: &str, tensors: &[HostTensor]) -> Result<TensorSet> {
+    let records = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| TensorRecord::from_f32(format!("{prefix}.{i}"), t.shape.clone(), &t.data))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(TensorSet::from_records(records)?)
+}
+
+fn host_of(set: &TensorSet, prefix: &str) -> Result<Vec<HostTensor>> {
+    set.records()
+        .iter()
+        .filter(|r| r.name().strip_prefix(prefix).is_some_and(|rest| rest.starts_with('.')))
+        .map(|r| {
+            let data = r.to_f32_vec().ok_or_else(|| {
+                CheckpointError::malformed(format!("{} is {}, not f32", r.name(), r.dtype()))
+            })?;
+            Ok(HostTensor { shape: r.shape().to_vec(), data })
+        })
+        .collect()
+}
+
+/// The model signature the replicas of a run define: parameter `i` is `param.i`.
+pub(crate) fn signature(shapes: &[Vec<usize>]) -> crate::checkpoint::ModelSignature {
+    crate::checkpoint::ModelSignature::new(
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| crate::checkpoint::SignatureEntry {
+                name: format!("{PARAM}.{i}"),
+                shape: s.clone(),
+                dtype: crate::checkpoint::StoredDType::F32,
+            })
+            .collect(),
+    )
+}
+
+/// Assembles a bundle from the ranks' captures (indexed by rank; `None` for a dead rank) and
+/// the coordinator's state. `consensus` and `outer` are the host backend's (the collective
+/// backend's come from the capture that holds the model).
+pub(crate) fn assemble(
+    cfg: &RunConfig,
+    shapes: &[Vec<usize>],
+    captures: &[Option<RankCapture>],
+    consensus: Option<&HostState>,
+    outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
+    progress: Progress<'_>,
+) -> Result<Checkpoint> {
+    let from_rank = captures.iter().flatten().find(|c| c.model.is_some());
+    let model = consensus
+        .or_else(|| from_rank.and_then(|c| c.model.as_ref()))
+        .ok_or_else(|| Error::Config("no rank captured the consensus model".into()))?;
+    let outer = outer.or_else(|| from_rank.and_then(|c| c.outer.clone()));
+    let n = model.params.len();
+    if shapes.len() != n + model.buffers.len() {
+        return Err(Error::ReplicaMismatch("captured model does not match the shapes".into()));
+    }
+    let pair = |shapes: &[Vec<usize>], values: &[Vec<f32>]| -> Vec<HostTensor> {
+        shapes
+            .iter()
+            .zip(values)
+            .map(|(s, d)| HostTensor { shape: s.clone(), data: d.clone() })
+            .collect()
+    };
+    let mut ckpt = Checkpoint::new(
+        set_of(PARAM, &pair(&shapes[..n], &model.params))?,
+        cfg.world(),
+        config_hash(cfg),
+    );
+    ckpt.buffers = set_of(BUFFER, &pair(&shapes[n..], &model.buffers))?;
+    ckpt.optimizer = captures
+        .iter()
+        .map(|c| {
+            c.as_ref().map_or_else(|| Ok(TensorSet::new()), |c| set_of(OPTIMIZER, &c.optimizer))
+        })
+        .collect::<Result<_>>()?;
+    if let Some((prev, velocity)) = &outer {
+        let mut set = set_of(OUTER_PREV, prev)?;
+        for r in set_of(OUTER_VELOCITY, velocity)?.records() {
+            set.push(r.clone())?;
+        }
+        ckpt.outer = set;
+    }
+    ckpt.reason = progress.reason;
+    ckpt.global_step = progress.global_step;
+    ckpt.epoch = progress.epoch as u64;
+    ckpt.reduce_version = progress.reduces;
+    ckpt.elche = progress.elche.as_ref().map(OpaqueState::encode).transpose()?;
+    let total = cfg.batches_per_epoch() * cfg.batch_size;
+    ckpt.coverage = progress
+        .coverage
+        .iter()
+        .map(|(epoch, done)| EpochCoverage::with_completed(*epoch as u64, cfg.seed, total, done))
+        .collect::<std::result::Result<_, _>>()?;
+    let mut extras = BTreeMap::new();
+    extras.insert(EXTRA_EPOCHS.to_owned(), OpaqueState::encode(&progress.epochs)?);
+    extras.insert(EXTRA_GUARD.to_owned(), OpaqueState::encode(progress.guard)?);
+    let steps: Vec<u64> =
+        captures.iter().map(|c| c.as_ref().map_or(0, |c| c.optimizer_steps)).collect();
+    extras.insert(EXTRA_OPTIMIZER_STEPS.to_owned(), OpaqueState::encode(&steps)?);
+    ckpt.extras = extras;
+    ckpt.validate()?;
+    Ok(ckpt)
+}
+
+/// Decodes a bundle for a resumed run of `cfg` (world size and configuration already checked).
+pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
+    let params = host_of(&bundle.params, PARAM)?;
+    let buffers = host_of(&bundle.buffers, BUFFER)?;
+    let consensus = HostState {
+        params: params.into_iter().map(|t| t.data).collect(),
+        buffers: buffers.into_iter().map(|t| t.data).collect(),
+    };
+    let outer = {
+        let prev = host_of(&bundle.outer, OUTER_PREV)?;
+        let velocity = host_of(&bundle.outer, OUTER_VELOCITY)?;
+        (!prev.is_empty()).then_some((prev, velocity))
+    };
+    let steps: Vec<u64> = match bundle.extras.get(EXTRA_OPTIMIZER_STEPS) {
+        Some(s) => s.decode()?,
+        None => Vec::new(),
+    };
+    let ranks = (0..cfg.world())
+        .map(|r| {
+            let optimizer = match bundle.optimizer.get(r) {
+                Some(set) => host_of(set, OPTIMIZER)?,
+                None => Vec::new(),
+            };
+            Ok(RankRestore {
+                optimizer,
+                optimizer_steps: steps.get(r).copied().unwrap_or(0),
+                outer: outer.clone(),
+                global_step: bundle.global_step,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let elche = bundle.elche.as_ref().map(OpaqueState::decode::<ElCheState>).transpose()?;
+    let guard = bundle.extras.get(EXTRA_GUARD).map(OpaqueState::decode::<Guard>).transpose()?;
+    let epochs = match bundle.extras.get(EXTRA_EPOCHS) {
+        Some(e) => e.decode::<Vec<EpochMetrics>>()?,
+        None => Vec::new(),
+    };
+    let coverage =
+        bundle.coverage.iter().map(|c| (c.epoch as usize, c.completed().to_vec())).collect();
+    Ok(Resumed { bundle, consensus, ranks, elche, guard, epochs, coverage })
+}
+
+impl Checkpoint {
+    /// The metrics of the epochs a run had completed when it wrote this bundle (empty for a
+    /// bundle no run wrote). A resumed run's final state starts with them.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Malformed`] when the recorded metrics do not decode.
+    pub fn epoch_metrics(&self) -> std::result::Result<Vec<EpochMetrics>, CheckpointError> {
+        match self.extras.get(EXTRA_EPOCHS) {
+            Some(e) => e.decode(),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// Saves `ckpt` in the plan's store: as the newest step bundle, or under `name`.
+pub(crate) fn save(
+    plan: &CheckpointPlan,
+    ckpt: &Checkpoint,
+    name: Option<&str>,
+) -> Result<PathBuf> {
+    let path = match name {
+        Some(name) => plan.store.save_named(name, ckpt)?,
+        None => plan.store.save(ckpt)?,
+    };
+    tracing::info!(path = %path.display(), step = ckpt.global_step, reason = ?ckpt.reason, "checkpoint saved");
+    Ok(path)
+}
+
+/// The partial positions of the captures: `(epoch, trained leading range of the chunk)`.
+pub(crate) fn partial_ranges(
+    captures: &[Option<RankCapture>],
+    batch_size: usize,
+) -> Vec<(usize, SampleRange)> {
+    captures
+        .iter()
+        .flatten()
+        .filter_map(|c| c.position)
+        .filter(|(_, done)| *done > 0)
+        .map(|(chunk, done)| {
+            (chunk.epoch, SampleRange::new(chunk.offset, (done * batch_size).min(chunk.len)))
+        })
+        .collect()
+}

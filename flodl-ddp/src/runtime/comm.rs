@@ -1,0 +1,269 @@
+//! A rank's end of the collective backend: the work-weighted in-place average.
+
+use flodl_nccl::{AbortHandle, HostComm};
+use flodl_tensor::{Device, Stream, Tensor};
+
+use crate::control::weighting::average_weights;
+use crate::{Error, Result};
+
+/// How a rank joins the collective backend, decided before the ranks start.
+#[derive(Debug)]
+pub(crate) enum CommPlan {
+    /// A ready host communicator (CPU ranks, and mixed CPU/GPU worlds).
+    Host(RankComm),
+    /// NCCL: every rank is a GPU and joins the group named by this id inside its own thread.
+    #[cfg(feature = "cuda")]
+    Nccl { id: flodl_nccl::UniqueId, world: usize },
+}
+
+impl CommPlan {
+    /// Joins the group as `rank` on `device` (NCCL: blocks until every rank joined, at most
+    /// `timeout`).
+    ///
+    /// # Errors
+    /// NCCL errors (library missing, timeout, no GPU) and tensor errors.
+    pub(crate) fn join(
+        self,
+        rank: usize,
+        device: Device,
+        timeout: std::time::Duration,
+    ) -> Result<RankComm> {
+        match self {
+            CommPlan::Host(comm) => {
+                let _ = (rank, device, timeout);
+                Ok(comm)
+            }
+            #[cfg(feature = "cuda")]
+            CommPlan::Nccl { id, world } => {
+                let Device::Cuda(ordinal) = device else {
+                    return Err(crate::Error::Config("an NCCL rank must be a GPU".into()));
+                };
+                let comm = flodl_nccl::NcclComm::new(&id, rank, world, ordinal, timeout)?;
+                let stream = Stream::new(device)?;
+                let meta = Tensor::zeros(&[world], flodl_tensor::DType::F32, &stream)?;
+                let fence = flodl_tensor::Event::new(device)?;
+                Ok(RankComm::Device { comm: Box::new(comm), stream, meta, fence })
+            }
+        }
+    }
+}
+
+/// The communicator a rank averages through.
+pub(crate) enum RankComm {
+    /// The in-process host collective: CPU tensors are reduced in place, device tensors
+    /// through host mirrors.
+    Host {
+        /// The communicator.
+        comm: HostComm,
+        /// Host copies of device tensors (empty for CPU ranks).
+        mirrors: Vec<Vec<f32>>,
+    },
+    /// A device collective (NCCL) reducing the tensors in place on a comm stream that is
+    /// fenced after the compute stream's work.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device {
+        /// The communicator.
+        comm: Box<dyn flodl_nccl::Collective>,
+        /// The comm stream.
+        stream: Stream,
+        /// Every rank's step count on the device (one slot per rank).
+        meta: Tensor,
+        /// Recorded on the compute stream; the comm stream waits for it.
+        fence: flodl_tensor::Event,
+    },
+}
+
+impl std::fmt::Debug for RankComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RankComm::Host { comm, .. } => f.debug_tuple("Host").field(comm).finish(),
+            RankComm::Device { comm, .. } => {
+                f.debug_struct("Device").field("rank", &comm.rank()).finish_non_exhaustive()
+            }
+        }
+    }
+}
+
+impl RankComm {
+    /// One communicator per rank for `world` ranks, each waiting at most `timeout`.
+    pub(crate) fn host_group(world: usize, timeout: std::time::Duration) -> Vec<RankComm> {
+        HostComm::group(world)
+            .into_iter()
+            .map(|mut comm| {
+                comm.set_timeout(timeout);
+                RankComm::Host { comm, mirrors: Vec::new() }
+            })
+            .collect()
+    }
+
+    /// A handle that aborts this communicator's group.
+    pub(crate) fn abort_handle(&self) -> AbortHandle {
+        match self {
+            RankComm::Host { comm, .. } => comm.abort_handle(),
+            RankComm::Device { comm, .. } => comm.abort_handle(),
+        }
+    }
+
+    /// Agrees with every rank on the averaging weights of a reduce in which this rank trained
+    /// `steps` batches: every rank's count is gathered (one sum over a slot per rank), then
+    /// [`average_weights`] with exponent `gamma` gives `None` when no rank stepped, else this
+    /// rank's parameter weight `steps^γ / Σ steps^γ` and buffer weight `1 / ranks that stepped`
+    /// (both 0 when it did not step). Every rank computes the same weights from the same counts.
+    /// Every rank must call this, then [`reduce`](Self::reduce) identically, for each reduce.
+    ///
+    /// # Errors
+    /// Collective errors (abort, timeout, peer lost, mismatch); [`Error::Config`] for a bad γ.
+    pub(crate) fn weights(&mut self, steps: usize, gamma: f64) -> Result<Option<(f32, f32)>> {
+        let (rank, world) = match self {
+            RankComm::Host { comm, .. } => (comm.rank(), comm.world_size()),
+            RankComm::Device { comm, .. } => (comm.rank(), comm.world_size()),
+        };
+        let mut host = vec![0.0f32; world];
+        if let Some(slot) = host.get_mut(rank) {
+            // Exact: step counts stay far below 2^24.
+            *slot = steps as f32;
+        }
+        match self {
+            RankComm::Host { comm, .. } => comm.all_reduce_sum_f32(&mut [&mut host[..]])?,
+            RankComm::Device { comm, stream, meta, .. } => {
+                meta.copy_from_host(&host, stream)?;
+                comm.all_reduce_sum(&mut [meta], stream)?;
+                meta.copy_to_host(&mut host, stream)?;
+            }
+        }
+        let all: Vec<u64> = host.iter().map(|&s| s.max(0.0).round() as u64).collect();
+        let weights = average_weights(&all, gamma).map_err(|e| Error::Config(e.to_string()))?;
+        Ok(weights.map(|w| {
+            (
+                w.params.get(rank).copied().unwrap_or(0.0),
+                w.buffers.get(rank).copied().unwrap_or(0.0),
+            )
+        }))
+    }
+
+    /// Replaces `tensors` on every rank by `Σ_r weight_r · tensors_r`, in place.
+    ///
+    /// # Errors
+    /// Collective errors and tensor errors.
+    pub(crate) fn reduce(
+        &mut self,
+        tensors: &mut [Tensor],
+        weight: f32,
+        stream: &Stream,
+    ) -> Result<()> {
+        match self {
+            RankComm::Host { comm, mirrors } => {
+                host_weighted(comm, mirrors, tensors, weight, stream)
+            }
+            RankComm::Device { comm, stream: comm_stream, fence, .. } => {
+                // The comm stream starts after the compute stream's last write; the collective
+                // returns once it has finished on the comm stream, so compute may go on after.
+                fence.record(stream)?;
+                comm_stream.wait_event(fence)?;
+                let mut refs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+                comm.all_reduce_weighted(&mut refs, weight, comm_stream)?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// In-place weighted all-reduce of `tensors` through the host collective.
+fn host_weighted(
+    comm: &mut HostComm,
+    mirrors: &mut Vec<Vec<f32>>,
+    tensors: &mut [Tensor],
+    weight: f32,
+    stream: &Stream,
+) -> Result<()> {
+    if tensors.iter().all(|t| t.device() == Device::Cpu) {
+        let mut slices = Vec::with_capacity(tensors.len());
+        for t in tensors.iter_mut() {
+            slices.push(t.as_mut_slice::<f32>()?);
+        }
+        comm.all_reduce_weighted_f32(&mut slices, weight)?;
+        return Ok(());
+    }
+    mirrors.resize_with(tensors.len(), Vec::new);
+    for (t, m) in tensors.iter().zip(mirrors.iter_mut()) {
+        m.resize(t.numel(), 0.0);
+        t.copy_to_host(m, stream)?;
+    }
+    {
+        let mut slices: Vec<&mut [f32]> =
+            mirrors.iter_mut().take(tensors.len()).map(|m| m.as_mut_slice()).collect();
+        comm.all_reduce_weighted_f32(&mut slices, weight)?;
+    }
+    for (t, m) in tensors.iter_mut().zip(mirrors.iter()) {
+        t.copy_from_host(m, stream)?;
+    }
+    Ok(())
+}
+
+/// How the survivors of a membership change build their next communicator.
+#[derive(Debug, Clone)]
+pub(crate) enum Regroup {
+    /// Shrink the host group to the survivors.
+    Host,
+    /// Join a new NCCL group named by this id (the old one is aborted).
+    #[cfg(feature = "cuda")]
+    Nccl(flodl_nccl::UniqueId),
+}
+
+impl RankComm {
+    /// The communicator of the group formed by `survivors` (ranks of this communicator's group,
+    /// strictly increasing, this rank included), built as `how` says; every survivor calls
+    /// this with the same list. Host: [`HostComm::shrink`], never blocks. NCCL: aborts this
+    /// group and joins the new one as the survivor's position in the list, waiting at most
+    /// `timeout` for the others.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `how` does not fit this communicator; collective errors (a bad
+    /// list, NCCL init failure or timeout) and tensor errors.
+    pub(crate) fn regroup(
+        &self,
+        survivors: &[usize],
+        how: &Regroup,
+        device: Device,
+        timeout: std::time::Duration,
+    ) -> Result<RankComm> {
+        match (self, how) {
+            (RankComm::Host { comm, .. }, Regroup::Host) => {
+                let _ = device;
+                let mut comm = comm.shrink(survivors)?;
+                comm.set_timeout(timeout);
+                Ok(RankComm::Host { comm, mirrors: Vec::new() })
+            }
+            #[cfg(feature = "cuda")]
+            (RankComm::Device { comm, .. }, Regroup::Nccl(id)) => {
+                let me = comm.rank();
+                let rank = survivors.iter().position(|&r| r == me).ok_or_else(|| {
+                    Error::Config(format!("rank {me} is not among the survivors {survivors:?}"))
+                })?;
+                // The old group may still hold a collective that never completes.
+                comm.abort_handle().abort();
+                CommPlan::Nccl { id: id.clone(), world: survivors.len() }
+                    .join(rank, device, timeout)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::Config("a regroup does not match the rank's communicator".into())),
+        }
+    }
+
+    /// Whether a failed reduce may have written part of the tensors (NCCL), so the rank must
+    /// restore them; a host collective fails before it writes anything.
+    pub(crate) fn writes_partially(&self) -> bool {
+        matches!(self, RankComm::Device { .. })
+    }
+
+    /// After a failed reduce: waits until the comm stream no longer touches the tensors (an
+    /// aborted NCCL group's kernels exit), so they can be restored. Its own error is the
+    /// failure already being reported, so it is not returned.
+    pub(crate) fn settle(&self) {
+        if let RankComm::Device { stream, .. } = self
+            && let Err(e) = stream.synchronize()
+        {
+            tracing::debug!(error = %e, "comm stream after a failed reduce");
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! The running run: `DdpHandle` (metrics, abort, join) and what it returns, `TrainedState`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flodl_tensor::{Stream, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::contract::replica::Replica;
+use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
+use crate::runtime::fault::{Aborts, DeadFlags, FaultEvent, RankThread};
+use crate::runtime::trainer::RunConfig;
+use crate::{Error, Result};
+
+/// A tensor on the host: shape and row-major f32 values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostTensor {
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The values, `shape.iter().product()` of them.
+    pub data: Vec<f32>,
+}
+
+/// What a finished run returns: the averaged model and the run's metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainedState {
+    /// The averaged parameters, in the replica's order.
+    pub params: Vec<HostTensor>,
+    /// The averaged buffers, in the replica's order.
+    pub buffers: Vec<HostTensor>,
+    /// Every epoch's metrics, in order.
+    pub epochs: Vec<EpochMetrics>,
+    /// Reduces performed.
+    pub reduces: u64,
+    /// Wall time of the run in milliseconds (replica construction included).
+    pub wall_ms: f64,
+    /// Training wall time in milliseconds: the first batch handed out to the last epoch done
+    /// (replica construction and the final evaluation excluded).
+    pub train_ms: f64,
+    /// Samples trained, all ranks and epochs together.
+    pub samples: usize,
+}
+
+impl TrainedState {
+    /// Training throughput in samples per second (`samples / train_ms`).
+    pub fn throughput(&self) -> f64 {
+        if self.train_ms > 0.0 { self.samples as f64 * 1000.0 / self.train_ms } else { 0.0 }
+    }
+
+    /// The last evaluation of the run, if any.
+    pub fn final_eval(&self) -> Option<crate::EvalMetrics> {
+        self.epochs.iter().rev().find_map(|e| e.eval)
+    }
+}
+
+impl TrainedState {
+    /// Writes the parameters and buffers into `replica` (same architecture) on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::ReplicaMismatch`] when the counts or shapes differ; tensor errors.
+    pub fn load_into(&self, replica: &mut dyn Replica, stream: &Stream) -> Result<()> {
+        load(&self.params, replica.parameters_mut(), "parameters", stream)?;
+        load(&self.buffers, replica.buffers_mut(), "buffers", stream)
+    }
+}
+
+fn load(src: &[HostTensor], dst: &mut [Tensor], what: &str, stream: &Stream) -> Result<()> {
+    if src.len() != dst.len() {
+        return Err(Error::ReplicaMismatch(format!(
+            "state has {} {what}, replica has {}",
+            src.len(),
+            dst.len()
+        )));
+    }
+    for (s, d) in src.iter().zip(dst) {
+        if s.shape != d.shape() {
+            return Err(Error::ReplicaMismatch(format!(
+                "{what}: state shape {:?}, replica shape {:?}",
+                s.shape,
+                d.shape()
+            )));
+        }
+        d.copy_from_host(&s.data, stream)?;
+    }
+    Ok(())
+}
+
+/// The channels and flags a run's threads share with its handle.
+#[derive(Debug, Clone)]
+pub(crate) struct Outlets {
+    /// Epoch metrics, in order (capacity: the number of epochs, so never full).
+    pub(crate) epochs: flume::Sender<EpochMetrics>,
+    /// Reduce events (dropped when the handle does not drain them).
+    pub(crate) reduces: flume::Sender<ReduceEvent>,
+    /// Divergence-guard events (dropped when the handle does not drain them).
+    pub(crate) guards: flume::Sender<GuardEvent>,
+    /// Set to stop the run.
+    pub(crate) cancel: Arc<AtomicBool>,
+    /// A checkpoint asked for at the next reduce.
+    pub(crate) save_now: Arc<crate::runtime::capture::SaveRequest>,
+    /// Rank deaths (dropped when the handle does not drain them).
+    pub(crate) faults: flume::Sender<FaultEvent>,
+    /// Which ranks the coordinator declared dead.
+    pub(crate) dead: DeadFlags,
+}
+
+/// Capacity of the reduce-event queue.
+const REDUCE_QUEUE: usize = 1 << 16;
+
+/// A run in progress: read its metrics while it trains, then [`join`](DdpHandle::join) it.
+///
+/// Dropping the handle without joining aborts the run and waits for its threads.
+#[derive(Debug)]
+pub struct DdpHandle {
+    epochs: flume::Receiver<EpochMetrics>,
+    reduces: flume::Receiver<ReduceEvent>,
+    guards: flume::Receiver<GuardEvent>,
+    cancel: Arc<AtomicBool>,
+    save_now: Arc<crate::runtime::capture::SaveRequest>,
+    checkpointing: bool,
+    aborts: Aborts,
+    main: Option<JoinHandle<Result<TrainedState>>>,
+    workers: Vec<RankThread>,
+    faults: flume::Receiver<FaultEvent>,
+    dead: DeadFlags,
+    /// How long a failed run's `join` waits for a live rank's thread to end.
+    grace: Duration,
+}
+
+impl DdpHandle {
+    /// Spawns the run's threads.
+    pub(crate) fn start(config: Arc<RunConfig>) -> Result<DdpHandle> {
+        let (epochs_tx, epochs) = flume::bounded(config.epochs + 1);
+        let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
+        let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
+        let (faults_tx, faults) = flume::bounded(config.world() + 1);
+        let dead = DeadFlags::new(config.world());
+        let grace = config.stall_timeout;
+        let cancel = Arc::new(AtomicBool::new(false));
+        let save_now = Arc::new(crate::runtime::capture::SaveRequest::default());
+        let checkpointing = config.checkpoints.is_some();
+        let outlets = Outlets {
+            epochs: epochs_tx,
+            reduces: reduces_tx,
+            guards: guards_tx,
+            cancel: cancel.clone(),
+            save_now: save_now.clone(),
+            faults: faults_tx,
+            dead: dead.clone(),
+        };
+        // A lone rank checkpoints through the coordinator (a world of one).
+        let solo = config.world() == 1 && config.checkpoints.is_none() && config.resume.is_none();
+        let (main, workers, aborts) = if solo {
+            let main = crate::runtime::solo::spawn(config, outlets)?;
+            (main, Vec::new(), Aborts::default())
+        } else {
+            crate::runtime::coordinator::spawn(config, outlets)?
+        };
+        Ok(DdpHandle {
+            epochs,
+            reduces,
+            guards,
+            cancel,
+            save_now,
+            checkpointing,
+            aborts,
+            main: Some(main),
+            workers,
+            faults,
+            dead,
+            grace,
+        })
+    }
+
+    /// The epoch metrics emitted since the last call, without waiting.
+    pub fn poll_metrics(&mut self) -> Vec<EpochMetrics> {
+        self.epochs.try_iter().collect()
+    }
+
+    /// The next epoch's metrics, waiting up to `timeout`; `None` on timeout or when the run has
+    /// ended and every epoch was read.
+    pub fn next_metrics(&mut self, timeout: Duration) -> Option<EpochMetrics> {
+        self.epochs.recv_timeout(timeout).ok()
+    }
+
+    /// The reduce events emitted since the last call, without waiting (events are dropped
+    /// when more than 65536 wait unread).
+    pub fn poll_reduce_events(&mut self) -> Vec<ReduceEvent> {
+        self.reduces.try_iter().collect()
+    }
+
+    /// The divergence guard's readings since the last call, without waiting (one per reduce
+    /// when the guard is on and the policy is not `Sync`; dropped when more than 65536 wait
+    /// unread).
+    pub fn poll_guard_events(&mut self) -> Vec<GuardEvent> {
+        self.guards.try_iter().collect()
+    }
+
+    /// Asks for a checkpoint at the next reduce (when the run has a checkpoint directory;
+    /// ignored otherwise).
+    pub fn checkpoint_now(&self) {
+        self.save_now.ask(false);
+    }
+
+    /// Stops the run at its next reduce after saving a checkpoint there; `join` then returns
+    /// [`Error::Stopped`] with the bundle's path (resume from it with
+    /// [`crate::Trainer::resume`]). Without a checkpoint directory this is [`abort`](Self::abort).
+    /// A run with no reduce left finishes normally (its end is saved anyway).
+    pub fn stop_with_checkpoint(&self) {
+        if self.checkpointing {
+            self.save_now.ask(true);
+        } else {
+            self.abort();
+        }
+    }
+
+    /// The ranks declared dead since the last call, without waiting (at most one event per
+    /// rank is ever emitted).
+    pub fn poll_fault_events(&mut self) -> Vec<FaultEvent> {
+        self.faults.try_iter().collect()
+    }
+
+    /// Whether the run has ended (successfully or not); `join` then returns at once.
+    pub fn is_finished(&self) -> bool {
+        self.main.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Stops the run as soon as possible; `join` then returns [`Error::Aborted`] unless the
+    /// run had already finished.
+    pub fn abort(&self) {
+        self.cancel.store(true, Ordering::Release);
+        self.aborts.abort_all();
+    }
+
+    /// Waits for the run to end and returns the averaged model (the final state of the lowest
+    /// live rank).
+    ///
+    /// The threads of live ranks are joined. The thread of a rank declared dead is joined when
+    /// it has already ended, and detached otherwise: a rank stuck forever inside its replica
+    /// cannot be joined, and it exits on its own once its replica returns (its channels are
+    /// closed by then). When the run failed, a live rank's thread (told to stop) is waited for
+    /// at most the stall timeout, then detached the same way.
+    ///
+    /// # Errors
+    /// [`Error::Unrecoverable`] when the ranks' failures leave nothing to go on with; the error
+    /// of the rank that died past [`Trainer::max_failures`](crate::Trainer::max_failures)
+    /// (wrapped in [`Error::Rank`]); a failure while replicas are built; a timeout; or
+    /// [`Error::Aborted`].
+    pub fn join(mut self) -> Result<TrainedState> {
+        self.wait()
+    }
+
+    fn wait(&mut self) -> Result<TrainedState> {
+        let result = match self.main.take() {
+            Some(main) => match main.join() {
+                Ok(r) => r,
+                Err(p) => Err(Error::Panicked { rank: 0, message: panic_message(p.as_ref()) }),
+            },
+            None => Err(Error::Aborted),
+        };
+        if result.is_err() {
+            self.abort();
+        }
+        let deadline = Instant::now() + self.grace;
+        for (rank, w) in self.workers.drain(..).enumerate() {
+            let dead = self.dead.is_dead(rank);
+            let ends = w.handle.is_finished()
+                || (!dead && result.is_ok())
+                || (!dead
+                    && matches!(
+                        w.ended.recv_deadline(deadline),
+                        Err(flume::RecvTimeoutError::Disconnected)
+                    ));
+            if !ends {
+                tracing::warn!(rank, dead, "detaching the thread of a rank that has not ended");
+                continue;
+            }
+            // A worker catches its own panics; a join error here has nothing left to report.
+            let _ = w.handle.join();
+        }
+        result
+    }
+}
+
+impl Drop for DdpHandle {
+    fn drop(&mut self) {
+        if self.main.is_some() {
+            self.abort();
+            let _ = self.wait();
+        }
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Pairs host values with their shapes (parameters first, then buffers).
+pub(crate) fn trained_state(
+    shapes: &[Vec<usize>],
+    state: crate::link::wire::HostState,
+    epochs: Vec<EpochMetrics>,
+    reduces: u64,
+    wall_ms: f64,
+    train_ms: f64,
+) -> Result<TrainedState> {
+    let n = state.params.len();
+    if shapes.len() != n + state.buffers.len() {
+        return Err(Error::ReplicaMismatch(format!(
+            "{} shapes for {} parameters and {} buffers",
+            shapes.len(),
+            n,
+            state.buffers.len()
+        )));
+    }
+    let pair = |shapes: &[Vec<usize>], values: Vec<Vec<f32>>| -> Vec<HostTensor> {
+        shapes.iter().zip(values).map(|(s, data)| HostTensor { shape: s.clone(), data }).collect()
+    };
+    let samples = epochs.iter().map(|e| e.samples).sum();
+    Ok(TrainedState {
+        params: pair(&shapes[..n], state.params),
+        buffers: pair(&shapes[n..], state.buffers),
+        epochs,
+        reduces,
+        wall_ms,
+        train_ms,
+        samples,
+    })
+}

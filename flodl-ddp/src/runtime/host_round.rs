@@ -1,0 +1,411 @@
+//! The host backend's averaging round: collect snapshots under a deadline, average on a helper
+//! thread, hand the average back.
+
+use std::time::{Duration, Instant};
+
+use crate::control::weighting::average_weights;
+use crate::link::wire::{HostState, Window};
+use crate::{Error, Result};
+
+/// A host averaging round (`Idle` is the coordinator's `Reduce::Idle`).
+#[derive(Debug)]
+pub(crate) enum HostRound {
+    /// Waiting for every rank's snapshot until `deadline`.
+    Collecting {
+        round: u64,
+        attempt: u32,
+        deadline: Instant,
+        started: Instant,
+        snaps: Vec<Slot>,
+        plan: RoundPlan,
+    },
+    /// The helper thread is averaging.
+    Computing { round: u64, started: Instant, steps: Vec<usize>, plan: RoundPlan },
+    /// Transient state while moving between the two.
+    Moving,
+}
+
+/// A rank's snapshot in a round being collected.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// Not in yet.
+    Waiting,
+    /// In: the state and the steps it carries.
+    Got(HostState, usize),
+    /// The rank is dead: nothing is expected from it.
+    Gone,
+}
+
+/// What follows a round: the next windows, the evaluation request and the ending window's
+/// planned counts.
+#[derive(Debug, Clone)]
+pub(crate) struct RoundPlan {
+    next: Vec<Window>,
+    eval: Option<usize>,
+    counts: Vec<usize>,
+}
+
+/// Snapshots ready to be averaged.
+#[derive(Debug)]
+pub(crate) struct AverageJob {
+    pub(crate) round: u64,
+    pub(crate) states: Vec<HostState>,
+    pub(crate) steps: Vec<usize>,
+}
+
+/// A finished round, as the coordinator completes it.
+#[derive(Debug)]
+pub(crate) struct RoundDone {
+    pub(crate) round: u64,
+    pub(crate) started: Instant,
+    pub(crate) next: Vec<Window>,
+    pub(crate) eval: Option<usize>,
+    pub(crate) counts: Vec<usize>,
+    pub(crate) steps: Vec<usize>,
+}
+
+impl HostRound {
+    /// A round that collects `world` snapshots until `deadline`.
+    pub(crate) fn new(
+        round: u64,
+        world: usize,
+        deadline: Instant,
+        next: Vec<Window>,
+        eval: Option<usize>,
+        counts: Vec<usize>,
+    ) -> HostRound {
+        HostRound::Collecting {
+            round,
+            attempt: 0,
+            deadline,
+            started: Instant::now(),
+            snaps: (0..world).map(|_| Slot::Waiting).collect(),
+            plan: RoundPlan { next, eval, counts },
+        }
+    }
+
+    /// Time until the snapshot deadline (the maximum while averaging).
+    pub(crate) fn time_left(&self) -> Duration {
+        match self {
+            HostRound::Collecting { deadline, .. } => {
+                deadline.saturating_duration_since(Instant::now())
+            }
+            _ => Duration::MAX,
+        }
+    }
+
+    /// Takes a snapshot (the first per rank of the current attempt wins); returns the job to
+    /// average once every rank's is in.
+    pub(crate) fn collect(
+        &mut self,
+        rank: usize,
+        round: u64,
+        attempt: u32,
+        state: HostState,
+        steps: usize,
+    ) -> Option<AverageJob> {
+        let HostRound::Collecting { round: r, attempt: a, snaps, .. } = self else { return None };
+        if *r != round || *a != attempt {
+            return None;
+        }
+        if let Some(slot @ Slot::Waiting) = snaps.get_mut(rank) {
+            *slot = Slot::Got(state, steps);
+        }
+        self.job_if_complete()
+    }
+
+    /// Stops waiting for `rank`'s snapshot (dropping it if it came): the rank is dead. Returns
+    /// the job to average when the other snapshots are all in.
+    pub(crate) fn retire(&mut self, rank: usize) -> Option<AverageJob> {
+        let HostRound::Collecting { snaps, .. } = self else { return None };
+        if let Some(slot) = snaps.get_mut(rank) {
+            *slot = Slot::Gone;
+        }
+        self.job_if_complete()
+    }
+
+    /// The ranks whose snapshots the current attempt still waits for.
+    pub(crate) fn missing(&self) -> Vec<usize> {
+        match self {
+            HostRound::Collecting { snaps, .. } => {
+                (0..snaps.len()).filter(|&r| matches!(snaps[r], Slot::Waiting)).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The round's number and how long it has been running.
+    pub(crate) fn age(&self) -> Option<(u64, Duration)> {
+        match self {
+            HostRound::Collecting { round, started, .. }
+            | HostRound::Computing { round, started, .. } => Some((*round, started.elapsed())),
+            HostRound::Moving => None,
+        }
+    }
+
+    /// Moves to `Computing` once no snapshot is awaited (and one at least came); the job holds
+    /// the snapshots that came, the round keeps every rank's steps (0 for the dead).
+    fn job_if_complete(&mut self) -> Option<AverageJob> {
+        let HostRound::Collecting { snaps, .. } = self else { return None };
+        if snaps.iter().any(|s| matches!(s, Slot::Waiting))
+            || !snaps.iter().any(|s| matches!(s, Slot::Got(..)))
+        {
+            return None;
+        }
+        let HostRound::Collecting { round, started, snaps, plan, .. } =
+            std::mem::replace(self, HostRound::Moving)
+        else {
+            return None;
+        };
+        let all_steps: Vec<usize> =
+            snaps.iter().map(|s| if let Slot::Got(_, n) = s { *n } else { 0 }).collect();
+        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps
+            .into_iter()
+            .filter_map(|s| if let Slot::Got(state, n) = s { Some((state, n)) } else { None })
+            .unzip();
+        *self = HostRound::Computing { round, started, steps: all_steps, plan };
+        Some(AverageJob { round, states, steps })
+    }
+
+    /// The helper thread finished `round`: the round is done.
+    pub(crate) fn averaged(&mut self, round: u64) -> Option<RoundDone> {
+        if !matches!(self, HostRound::Computing { round: r, .. } if *r == round) {
+            return None;
+        }
+        let HostRound::Computing { round, started, steps, plan } =
+            std::mem::replace(self, HostRound::Moving)
+        else {
+            return None;
+        };
+        Some(RoundDone {
+            round,
+            started,
+            next: plan.next,
+            eval: plan.eval,
+            counts: plan.counts,
+            steps,
+        })
+    }
+
+    /// Soft abort: when the snapshot deadline has passed, drops what was collected and starts a
+    /// new attempt with a fresh deadline; returns the round and the new attempt to request.
+    pub(crate) fn retry_if_late(&mut self, timeout: Duration) -> Option<(u64, u32)> {
+        let HostRound::Collecting { round, attempt, deadline, snaps, .. } = self else {
+            return None;
+        };
+        if Instant::now() < *deadline {
+            return None;
+        }
+        *attempt += 1;
+        *deadline = Instant::now() + timeout;
+        for s in snaps.iter_mut() {
+            if matches!(s, Slot::Got(..)) {
+                *s = Slot::Waiting;
+            }
+        }
+        Some((*round, *attempt))
+    }
+}
+
+/// The work-weighted average of `states` ([`average_weights`] with exponent `gamma`):
+/// parameters weighted by `steps^γ` (ranks with no step excluded), buffers averaged equally over
+/// the ranks that stepped, accumulated in rank order.
+///
+/// # Errors
+/// [`Error::ReplicaMismatch`] when no rank stepped or the states disagree in layout;
+/// [`Error::Config`] for a bad γ.
+pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Result<HostState> {
+    let first =
+        states.first().ok_or_else(|| Error::ReplicaMismatch("no snapshot to average".into()))?;
+    let counts: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
+    let weights = average_weights(&counts, gamma).map_err(|e| Error::Config(e.to_string()))?;
+    let Some(weights) = weights.filter(|_| states.len() == steps.len()) else {
+        return Err(Error::ReplicaMismatch(
+            "a host average needs at least one rank that stepped".into(),
+        ));
+    };
+    let params =
+        weighted(states.iter().map(|s| &s.params).collect(), &weights.params, first.params.len())?;
+    let buffers = weighted(
+        states.iter().map(|s| &s.buffers).collect(),
+        &weights.buffers,
+        first.buffers.len(),
+    )?;
+    Ok(HostState { params, buffers })
+}
+
+/// `max_r ‖W_r − W_avg‖ / ‖W_avg‖` over the parameters of the ranks that stepped (f64
+/// accumulation; 0 when the average is all but zero).
+pub(crate) fn divergence(states: &[HostState], steps: &[usize], avg: &HostState) -> f64 {
+    let post: f64 = avg.params.iter().flatten().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let post = post.sqrt();
+    states
+        .iter()
+        .zip(steps)
+        .filter(|(_, s)| **s > 0)
+        .map(|(state, _)| {
+            let diff: f64 = state
+                .params
+                .iter()
+                .zip(&avg.params)
+                .flat_map(|(a, b)| a.iter().zip(b))
+                .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+                .sum();
+            crate::control::guard::divergence(diff.sqrt(), post)
+        })
+        .fold(0.0, f64::max)
+}
+
+fn weighted(sets: Vec<&Vec<Vec<f32>>>, weights: &[f32], n: usize) -> Result<Vec<Vec<f32>>> {
+    if sets.iter().any(|s| s.len() != n) {
+        return Err(Error::ReplicaMismatch("snapshots hold different numbers of tensors".into()));
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let len = sets[0][i].len();
+        if sets.iter().any(|s| s[i].len() != len) {
+            return Err(Error::ReplicaMismatch(format!("snapshots disagree on tensor {i}'s size")));
+        }
+        let mut acc = vec![0.0f32; len];
+        for (set, &w) in sets.iter().zip(weights) {
+            if w == 0.0 {
+                continue;
+            }
+            for (a, &x) in acc.iter_mut().zip(&set[i]) {
+                *a += w * x;
+            }
+        }
+        out.push(acc);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_xoshiro::Xoshiro256PlusPlus;
+
+    /// The host average against its closed form in f64 (`Σ n_r^γ·W_r / Σ n_r^γ` for
+    /// parameters, the plain mean over ranks that stepped for buffers) on random states, step
+    /// counts (some zero) and exponents γ.
+    #[test]
+    fn average_matches_f64_reference() -> Result<()> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+        for case in 0..60 {
+            let gamma = [0.0, 0.5, 1.0, 2.0][case % 4];
+            let world = rng.random_range(1..6);
+            let sizes: Vec<usize> =
+                (0..rng.random_range(1..4)).map(|_| rng.random_range(1..50)).collect();
+            let mut steps: Vec<usize> = (0..world).map(|_| rng.random_range(0..5)).collect();
+            steps[0] += 1;
+            let states: Vec<HostState> = (0..world)
+                .map(|_| HostState {
+                    params: sizes
+                        .iter()
+                        .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
+                        .collect(),
+                    buffers: vec![(0..3).map(|_| rng.random_range(-1.0..1.0)).collect()],
+                })
+                .collect();
+            let avg = average(&states, &steps, gamma)?;
+            let mass = |k: usize| if k == 0 { 0.0 } else { (k as f64).powf(gamma) };
+            let total: f64 = steps.iter().map(|&s| mass(s)).sum();
+            let movers = steps.iter().filter(|&&s| s > 0).count() as f64;
+            for (i, &n) in sizes.iter().enumerate() {
+                for j in 0..n {
+                    let want: f64 = states
+                        .iter()
+                        .zip(&steps)
+                        .map(|(s, &k)| mass(k) / total * f64::from(s.params[i][j]))
+                        .sum();
+                    assert!(
+                        (f64::from(avg.params[i][j]) - want).abs() < 1e-5,
+                        "γ {gamma}: param {i}[{j}]"
+                    );
+                }
+            }
+            for j in 0..3 {
+                let want: f64 = states
+                    .iter()
+                    .zip(&steps)
+                    .filter(|(_, k)| **k > 0)
+                    .map(|(s, _)| f64::from(s.buffers[0][j]) / movers)
+                    .sum();
+                assert!((f64::from(avg.buffers[0][j]) - want).abs() < 1e-5, "buffer {j}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn late_round_retries_with_a_new_attempt() {
+        let mut r = HostRound::new(3, 2, Instant::now(), vec![], None, vec![]);
+        assert!(r.collect(0, 3, 0, HostState::default(), 1).is_none());
+        assert_eq!(r.retry_if_late(Duration::from_secs(60)), Some((3, 1)));
+        // a snapshot of the aborted attempt no longer counts
+        assert!(r.collect(1, 3, 0, HostState::default(), 1).is_none());
+        assert!(r.collect(0, 3, 1, HostState::default(), 1).is_none());
+        assert!(r.collect(1, 3, 1, HostState::default(), 1).is_some());
+        assert!(r.averaged(3).is_some());
+    }
+
+    /// Snapshots arrive and ranks die in random orders (some dying after their snapshot came):
+    /// the job comes exactly when every live rank's snapshot is in, holds exactly the live
+    /// ranks' snapshots (in rank order), and the finished round reports 0 steps for the others.
+    #[test]
+    fn dead_ranks_are_not_waited_for() -> std::result::Result<(), String> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(23);
+        for case in 0..500 {
+            let world = rng.random_range(1..7);
+            let mut r = HostRound::new(9, world, Instant::now(), vec![], None, vec![]);
+            let mut events: Vec<(usize, bool)> = (0..world).map(|rank| (rank, false)).collect();
+            events.extend((0..world).filter(|_| rng.random_bool(0.3)).map(|rank| (rank, true)));
+            for i in (1..events.len()).rev() {
+                let j = rng.random_range(0..=i);
+                events.swap(i, j);
+            }
+            let (mut sent, mut dead) = (vec![false; world], vec![false; world]);
+            let mut job = None;
+            for (rank, dies) in events {
+                let state = HostState { params: vec![vec![rank as f32]], buffers: vec![] };
+                let out = if dies {
+                    dead[rank] = true;
+                    r.retire(rank)
+                } else {
+                    sent[rank] = true;
+                    r.collect(rank, 9, 0, state, rank + 1)
+                };
+                let live_in: Vec<usize> = (0..world).filter(|&q| sent[q] && !dead[q]).collect();
+                let waiting = (0..world).any(|q| !dead[q] && !sent[q]);
+                match out {
+                    Some(j) if job.is_none() && !waiting && !live_in.is_empty() => {
+                        job = Some((j, live_in));
+                    }
+                    Some(_) => return Err(format!("case {case}: a job too early or twice")),
+                    None if job.is_none() && !waiting && !live_in.is_empty() => {
+                        return Err(format!("case {case}: no job once every live rank is in"));
+                    }
+                    None => {}
+                }
+            }
+            let Some((job, live_in)) = job else {
+                if (0..world).all(|q| dead[q]) {
+                    continue;
+                }
+                return Err(format!("case {case}: never averaged"));
+            };
+            let ranks: Vec<usize> = job.states.iter().map(|s| s.params[0][0] as usize).collect();
+            if ranks != live_in || job.steps != ranks.iter().map(|q| q + 1).collect::<Vec<_>>() {
+                return Err(format!("case {case}: job of {ranks:?}, live and in {live_in:?}"));
+            }
+            let done = r.averaged(9).ok_or(format!("case {case}: not computing"))?;
+            let want: Vec<usize> =
+                (0..world).map(|q| if ranks.contains(&q) { q + 1 } else { 0 }).collect();
+            if done.steps != want {
+                return Err(format!("case {case}: round steps {:?}, want {want:?}", done.steps));
+            }
+        }
+        Ok(())
+    }
+}

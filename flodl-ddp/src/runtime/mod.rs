@@ -1,0 +1,14 @@
+//! The running system: the `Trainer` builder, the handle, the coordinator, the ranks' loops,
+//! fault handling, checkpoint capture and the host averaging round.
+
+pub(crate) mod capture;
+pub(crate) mod comm;
+pub(crate) mod coordinator;
+pub(crate) mod fault;
+pub(crate) mod handle;
+pub(crate) mod host_round;
+pub(crate) mod prefetch;
+pub(crate) mod rank;
+pub(crate) mod solo;
+pub(crate) mod staging;
+pub(crate) mod trainer;

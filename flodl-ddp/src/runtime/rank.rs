@@ -1,0 +1,962 @@
+//! A rank: its replica, stream, prefetcher, batch buffers and communicator, and its loop.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use flodl_data::{BatchPicks, HostBatch};
+use flodl_tensor::{DType, Device, Stream, Tensor, ops};
+
+use crate::contract::replica::{Batch, Replica, ReplicaContext};
+use crate::control::outer::{OuterOptimizer, easgd_blend};
+use crate::link::wire::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window};
+use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
+use crate::runtime::capture::{
+    CaptureRequest, RankCapture, RankRestore, host_tensors, outer_state, restore_outer, write_host,
+};
+use crate::runtime::comm::{CommPlan, RankComm, Regroup};
+use crate::runtime::fault::{Interrupted, Standing, is_group_fault};
+use crate::runtime::prefetch::ChunkFeeds;
+use crate::runtime::staging::{device_batch, upload};
+use crate::runtime::trainer::RunConfig;
+use crate::{Error, Result};
+
+/// How often a waiting rank looks at the cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// Below this, a slowdown wait spins: a sleep overshoots by tens of microseconds.
+const SPIN_BELOW: Duration = Duration::from_micros(300);
+
+/// Holds the rank for `d`, the extra time an emulated slower device would have spent: sleeps
+/// (freeing the core, as a busy accelerator would) and spins only the last stretch, so short
+/// steps are slowed by the right factor.
+fn emulate_slower_device(d: Duration) {
+    let end = Instant::now() + d;
+    if d > SPIN_BELOW {
+        std::thread::sleep(d - SPIN_BELOW / 2);
+    }
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+/// The epoch permutations a rank is currently reading (at most two epochs at a time).
+#[derive(Debug)]
+struct Permutations {
+    len: usize,
+    seed: u64,
+    cache: VecDeque<(usize, Vec<usize>)>,
+}
+
+impl Permutations {
+    fn get(&mut self, epoch: usize) -> &[usize] {
+        if let Some(i) = self.cache.iter().position(|(e, _)| *e == epoch) {
+            return &self.cache[i].1;
+        }
+        if self.cache.len() >= 2 {
+            self.cache.pop_front();
+        }
+        let perm = flodl_data::epoch_permutation(self.len, self.seed, epoch as u64);
+        self.cache.push_back((epoch, perm));
+        self.cache.back().map_or(&[], |(_, p)| p.as_slice())
+    }
+}
+
+/// One rank's training state.
+pub(crate) struct Worker {
+    pub(crate) rank: usize,
+    cfg: Arc<RunConfig>,
+    stream: Stream,
+    replica: Box<dyn Replica>,
+    host: HostBatch,
+    batch: Batch,
+    eval_batches: Vec<Batch>,
+    perms: Permutations,
+    /// The prefetcher and its chunk feeds, when the rank prefetches.
+    feeds: Option<ChunkFeeds>,
+    comm: Option<RankComm>,
+    cancel: Arc<AtomicBool>,
+    /// Collective backend: the parameters before the reduce, kept to measure the divergence
+    /// (allocated at the first measured reduce).
+    pre_reduce: Vec<Tensor>,
+    /// Collective backend: this rank's copy of the outer optimizer.
+    outer: OuterOptimizer,
+    /// Collective backend on NCCL: the buffers before the reduce, restored when it fails.
+    pre_buffers: Vec<Tensor>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("rank", &self.rank).finish_non_exhaustive()
+    }
+}
+
+/// The stream a rank computes on: one thread on a CPU, a new stream on a GPU.
+pub(crate) fn rank_stream(device: Device) -> Result<Stream> {
+    match device {
+        Device::Cpu => Ok(Stream::cpu_with_threads(1)),
+        d => Ok(Stream::new(d)?),
+    }
+}
+
+impl Worker {
+    /// Builds rank `rank`'s replica and buffers (on the calling thread).
+    pub(crate) fn build(
+        rank: usize,
+        cfg: Arc<RunConfig>,
+        comm: Option<CommPlan>,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<Self> {
+        let device = cfg.devices[rank];
+        let stream = rank_stream(device)?;
+        let ctx = ReplicaContext {
+            rank,
+            world: cfg.world(),
+            device,
+            stream: stream.clone(),
+            batch_size: cfg.batch_size,
+            seed: cfg.seed,
+        };
+        let replica = (cfg.factory)(&ctx)?;
+        if let Some(t) = replica
+            .parameters()
+            .iter()
+            .chain(replica.buffers())
+            .find(|t| t.dtype() != DType::F32 || t.device() != device)
+        {
+            return Err(Error::ReplicaMismatch(format!(
+                "parameters and buffers must be f32 on {device}, found {:?} on {}",
+                t.dtype(),
+                t.device()
+            )));
+        }
+        let layout = cfg.dataset.layout().clone();
+        let host = HostBatch::new(&layout, device);
+        let batch = device_batch(&layout, cfg.batch_size, &stream)?;
+        let comm = match comm {
+            Some(plan) => Some(plan.join(rank, device, cfg.stall_timeout)?),
+            None => None,
+        };
+        let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
+        let perms = Permutations { len: cfg.dataset.len(), seed: cfg.seed, cache: VecDeque::new() };
+        let feeds = match cfg.prefetch.depth_on(device) {
+            Some(depth) => Some(ChunkFeeds::new(
+                cfg.dataset.clone(),
+                device,
+                depth,
+                cfg.seed,
+                cfg.stall_timeout,
+            )?),
+            None => None,
+        };
+        Ok(Worker {
+            rank,
+            cfg,
+            stream,
+            replica,
+            host,
+            batch,
+            eval_batches: Vec::new(),
+            perms,
+            feeds,
+            comm,
+            cancel,
+            pre_reduce: Vec::new(),
+            outer,
+            pre_buffers: Vec::new(),
+        })
+    }
+
+    /// Shapes of the parameters then the buffers.
+    pub(crate) fn shapes(&self) -> Vec<Vec<usize>> {
+        self.replica
+            .parameters()
+            .iter()
+            .chain(self.replica.buffers())
+            .map(|t| t.shape().to_vec())
+            .collect()
+    }
+
+    /// Trains one batch: the picks at `offset..offset + batch_size` of `epoch`'s permutation.
+    /// Returns the loss and the step's time in ms (emulated slowdown included).
+    pub(crate) fn train_batch(
+        &mut self,
+        epoch: usize,
+        offset: usize,
+        step: u64,
+    ) -> Result<(f32, f64)> {
+        let bs = self.cfg.batch_size;
+        let perm = self.perms.get(epoch);
+        let picks = perm.get(offset..offset + bs).ok_or_else(|| {
+            Error::Config(format!("batch at {offset} runs past an epoch of {}", perm.len()))
+        })?;
+        if let Some(audit) = &self.cfg.audit {
+            audit(self.rank, epoch, picks);
+        }
+        self.cfg.dataset.fetch(picks, &mut self.host)?;
+        upload(&self.host, &mut self.batch, &self.stream)?;
+        self.train_loaded(step)
+    }
+
+    /// Trains batch `index` of `chunk` (`next`: the chunk queued after it, if any), fetched
+    /// now or taken from the prefetcher. Returns the loss and the step's time in ms, or `None`
+    /// when the rank prefetches and the batch was not ready within a short poll (call again
+    /// after servicing the control channel).
+    ///
+    /// # Errors
+    /// As [`train_batch`](Self::train_batch); when prefetching, [`Error::Timeout`] once the
+    /// batch has been waited for longer than the stall timeout, the batch's fetch or upload
+    /// error, [`Error::Prefetch`] when the prefetcher is out of step.
+    pub(crate) fn train_chunk_batch(
+        &mut self,
+        chunk: Chunk,
+        index: usize,
+        next: Option<Chunk>,
+        step: u64,
+    ) -> Result<Option<(f32, f64)>> {
+        let bs = self.cfg.batch_size;
+        let offset = chunk.offset + index * bs;
+        let Some(feeds) = self.feeds.as_mut() else {
+            return self.train_batch(chunk.epoch, offset, step).map(Some);
+        };
+        let perms = &mut self.perms;
+        let plan = |c: Chunk| chunk_picks(perms, c, bs);
+        match next {
+            Some(next) => feeds.ensure(&[chunk, next], plan)?,
+            None => feeds.ensure(&[chunk], plan)?,
+        }
+        let Some(mut ready) = feeds.next(chunk, index, CANCEL_POLL)? else { return Ok(None) };
+        if index * bs + bs >= chunk.len {
+            feeds.finished(chunk);
+        }
+        let perm = self.perms.get(chunk.epoch);
+        let picks = perm.get(offset..offset + bs).ok_or_else(|| {
+            Error::Config(format!("batch at {offset} runs past an epoch of {}", perm.len()))
+        })?;
+        if ready.keys().len() != picks.len()
+            || ready.keys().iter().zip(picks).any(|(k, &p)| k.sample != p)
+        {
+            return Err(Error::Prefetch(format!(
+                "batch {index} of {chunk:?} holds other samples than its picks"
+            )));
+        }
+        if let Some(audit) = &self.cfg.audit {
+            audit(self.rank, chunk.epoch, picks);
+        }
+        ready.wait(&self.stream)?;
+        self.batch.exchange(ready.tensors_mut())?;
+        // Hands the previous batch's tensors (trained and synchronized) back for reuse.
+        drop(ready);
+        self.train_loaded(step).map(Some)
+    }
+
+    /// Trains the batch in `self.batch` at cohort step `step`: forward, backward, optimizer step,
+    /// then the emulated slowdown. Returns the loss and the step's time in ms.
+    fn train_loaded(&mut self, step: u64) -> Result<(f32, f64)> {
+        let t0 = Instant::now();
+        let loss = self.replica.train_step(&self.batch)?;
+        if let Some(max_norm) = self.cfg.max_grad_norm {
+            self.clip_gradients(max_norm)?;
+        }
+        self.replica.step(self.cfg.lr(step))?;
+        self.stream.synchronize()?;
+        let factor = self.cfg.slowdown(self.rank);
+        if factor > 1.0 {
+            emulate_slower_device(t0.elapsed().mul_f64(factor - 1.0));
+        }
+        Ok((loss, t0.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    /// Scales the gradients so their global L2 norm is at most `max_norm`.
+    fn clip_gradients(&mut self, max_norm: f32) -> Result<()> {
+        let expected = self.replica.parameters().len();
+        let grads = self.replica.gradients_mut();
+        if grads.len() != expected {
+            return Err(Error::ReplicaMismatch(format!(
+                "gradient clipping needs one mutable gradient per parameter ({expected}), the \
+                 replica exposes {}",
+                grads.len()
+            )));
+        }
+        let mut refs: Vec<&mut Tensor> = grads.iter_mut().collect();
+        ops::clip_global_norm(&mut refs, max_norm, &self.stream)?;
+        Ok(())
+    }
+
+    /// The parameters and buffers, copied to the host.
+    pub(crate) fn snapshot(&self) -> Result<HostState> {
+        let read = |ts: &[Tensor]| -> Result<Vec<Vec<f32>>> {
+            ts.iter().map(|t| Ok(t.to_vec::<f32>(&self.stream)?)).collect()
+        };
+        Ok(HostState {
+            params: read(self.replica.parameters())?,
+            buffers: read(self.replica.buffers())?,
+        })
+    }
+
+    /// Overwrites the parameters and buffers with `state`.
+    pub(crate) fn load(&mut self, state: &HostState) -> Result<()> {
+        let stream = self.stream.clone();
+        let write = |ts: &mut [Tensor], vs: &[Vec<f32>]| -> Result<()> {
+            if ts.len() != vs.len() {
+                return Err(Error::ReplicaMismatch(format!(
+                    "state holds {} tensors, replica {}",
+                    vs.len(),
+                    ts.len()
+                )));
+            }
+            for (t, v) in ts.iter_mut().zip(vs) {
+                t.copy_from_host(v, &stream)?;
+            }
+            Ok(())
+        };
+        write(self.replica.parameters_mut(), &state.params)?;
+        write(self.replica.buffers_mut(), &state.buffers)
+    }
+
+    /// Loads the average while keeping what the rank trained since its snapshot: parameters
+    /// become `average + (current − sent)`, buffers the average.
+    pub(crate) fn load_shifted(&mut self, avg: &HostState, sent: &[Vec<f32>]) -> Result<()> {
+        let stream = self.stream.clone();
+        let params = self.replica.parameters_mut();
+        if params.len() != avg.params.len() || params.len() != sent.len() {
+            return Err(Error::ReplicaMismatch("averaged state does not match the replica".into()));
+        }
+        for ((t, a), s) in params.iter_mut().zip(&avg.params).zip(sent) {
+            let mut now = t.to_vec::<f32>(&stream)?;
+            if now.len() != a.len() || now.len() != s.len() {
+                return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
+            }
+            for ((x, a), s) in now.iter_mut().zip(a).zip(s) {
+                *x = a + (*x - s);
+            }
+            t.copy_from_host(&now, &stream)?;
+        }
+        let buffers = self.replica.buffers_mut();
+        if buffers.len() != avg.buffers.len() {
+            return Err(Error::ReplicaMismatch("averaged buffers do not match the replica".into()));
+        }
+        for (t, a) in buffers.iter_mut().zip(&avg.buffers) {
+            t.copy_from_host(a, &stream)?;
+        }
+        Ok(())
+    }
+
+    /// EASGD update: pulls each parameter towards the average by `alpha` (the average shifted
+    /// by `now − sent` when `sent` is given, exactly as [`load_shifted`](Self::load_shifted)
+    /// computes it), and overwrites the buffers.
+    pub(crate) fn load_blended(
+        &mut self,
+        avg: &HostState,
+        sent: Option<&[Vec<f32>]>,
+        alpha: f32,
+    ) -> Result<()> {
+        let stream = self.stream.clone();
+        let params = self.replica.parameters_mut();
+        if params.len() != avg.params.len() || sent.is_some_and(|s| s.len() != params.len()) {
+            return Err(Error::ReplicaMismatch("averaged state does not match the replica".into()));
+        }
+        for (i, t) in params.iter_mut().enumerate() {
+            let a = &avg.params[i];
+            let target = match sent {
+                Some(sent) => {
+                    let now = t.to_vec::<f32>(&stream)?;
+                    if now.len() != a.len() || now.len() != sent[i].len() {
+                        return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
+                    }
+                    now.iter().zip(a).zip(&sent[i]).map(|((x, a), s)| a + (x - s)).collect()
+                }
+                None => a.clone(),
+            };
+            let target = Tensor::from_slice(&target, t.shape(), &stream)?;
+            easgd_blend(std::slice::from_mut(t), std::slice::from_ref(&target), alpha, &stream)?;
+        }
+        let buffers = self.replica.buffers_mut();
+        if buffers.len() != avg.buffers.len() {
+            return Err(Error::ReplicaMismatch("averaged buffers do not match the replica".into()));
+        }
+        for (t, a) in buffers.iter_mut().zip(&avg.buffers) {
+            t.copy_from_host(a, &stream)?;
+        }
+        Ok(())
+    }
+
+    /// Averages with the other ranks through the collective; returns the time it took in ms
+    /// and, when the run measures it and this rank stepped, its divergence
+    /// `‖W_pre − W_post‖ / ‖W_post‖` (from a pre-reduce copy of the parameters).
+    pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<(f64, Option<f64>)> {
+        let t0 = Instant::now();
+        let Some(comm) = self.comm.as_mut() else {
+            return Err(Error::Config("the collective backend has no communicator".into()));
+        };
+        self.stream.synchronize()?;
+        let mut divergence = None;
+        if let Some((wp, wb)) = comm.weights(steps, self.cfg.gamma)? {
+            let measure = self.cfg.measures_divergence() && wp > 0.0;
+            // What a failed collective may leave written: NCCL anything; the host collective
+            // nothing of the failed operation, but the parameters when the buffers' fails.
+            let partial = comm.writes_partially();
+            let restore = partial || !self.replica.buffers().is_empty();
+            if measure || restore {
+                keep_copy(&mut self.pre_reduce, self.replica.parameters(), &self.stream)?;
+            }
+            if partial {
+                keep_copy(&mut self.pre_buffers, self.replica.buffers(), &self.stream)?;
+            }
+            let mut reduced = comm.reduce(self.replica.parameters_mut(), wp, &self.stream);
+            if reduced.is_ok() && !self.replica.buffers().is_empty() {
+                reduced = comm.reduce(self.replica.buffers_mut(), wb, &self.stream);
+            }
+            if let Err(e) = reduced {
+                // The state before the reduce, so the survivors can redo it.
+                comm.settle();
+                if restore {
+                    put_back(self.replica.parameters_mut(), &self.pre_reduce, &self.stream)?;
+                }
+                if partial {
+                    put_back(self.replica.buffers_mut(), &self.pre_buffers, &self.stream)?;
+                }
+                return Err(e);
+            }
+            if measure {
+                divergence =
+                    Some(divergence_of(&self.pre_reduce, self.replica.parameters(), &self.stream)?);
+            }
+            // A round with movers: the outer step, identical on every rank.
+            self.outer.step(self.replica.parameters_mut(), &self.stream)?;
+            if self.outer.resets_inner_state() {
+                self.replica.reset_optimizer(&self.stream)?;
+            }
+        }
+        Ok((t0.elapsed().as_secs_f64() * 1000.0, divergence))
+    }
+
+    /// This rank's checkpoint part: its optimizer state, its position, and the model with the
+    /// outer optimizer when `request.model`.
+    pub(crate) fn capture(
+        &self,
+        request: CaptureRequest,
+        position: Option<(Chunk, usize)>,
+    ) -> Result<RankCapture> {
+        let (model, outer) = if request.model {
+            (Some(self.snapshot()?), outer_state(&self.outer, &self.stream)?)
+        } else {
+            (None, None)
+        };
+        Ok(RankCapture {
+            optimizer: host_tensors(self.replica.optimizer_state(), &self.stream)?,
+            optimizer_steps: self.replica.optimizer_steps(),
+            model,
+            outer,
+            position,
+        })
+    }
+
+    /// Restores the optimizer and outer-optimizer state of a resumed checkpoint.
+    pub(crate) fn restore(&mut self, restore: &RankRestore) -> Result<()> {
+        let stream = self.stream.clone();
+        if !restore.optimizer.is_empty() {
+            write_host(
+                "optimizer",
+                self.replica.optimizer_state_mut(),
+                &restore.optimizer,
+                &stream,
+            )?;
+        }
+        self.replica.set_optimizer_steps(restore.optimizer_steps);
+        if let Some(outer) = &restore.outer {
+            restore_outer(&mut self.outer, outer, &stream)?;
+        }
+        Ok(())
+    }
+
+    /// Evaluates the test dataset, when there is one and the replica supports it.
+    pub(crate) fn evaluate(&mut self) -> Result<Option<EvalMetrics>> {
+        let Some(test) = self.cfg.test.clone() else { return Ok(None) };
+        let bs = self.cfg.batch_size;
+        let layout = test.layout().clone();
+        let mut host = HostBatch::new(&layout, self.stream.device());
+        let (mut loss_sum, mut correct, mut samples) = (0.0, 0, 0);
+        let mut indices = Vec::with_capacity(bs);
+        let mut start = 0;
+        while start < test.len() {
+            let end = (start + bs).min(test.len());
+            let n = end - start;
+            indices.clear();
+            indices.extend(start..end);
+            test.fetch(&indices, &mut host)?;
+            let slot = match self.eval_batches.iter().position(|b| b.len() == n) {
+                Some(i) => i,
+                None => {
+                    self.eval_batches.push(device_batch(&layout, n, &self.stream)?);
+                    self.eval_batches.len() - 1
+                }
+            };
+            let batch = &mut self.eval_batches[slot];
+            upload(&host, batch, &self.stream)?;
+            match self.replica.evaluate_batch(batch)? {
+                Some(e) => {
+                    loss_sum += e.loss_sum;
+                    correct += e.correct;
+                    samples += e.samples;
+                }
+                None => return Ok(None),
+            }
+            start = end;
+        }
+        let div = samples.max(1) as f64;
+        Ok(Some(EvalMetrics { loss: loss_sum / div, accuracy: correct as f64 / div, samples }))
+    }
+}
+
+/// Makes `copy` an exact copy of `tensors` (allocated on first use or when the count changes).
+fn keep_copy(copy: &mut Vec<Tensor>, tensors: &[Tensor], stream: &Stream) -> Result<()> {
+    if copy.len() != tensors.len() {
+        *copy = tensors.iter().map(|t| t.try_clone(stream)).collect::<flodl_tensor::Result<_>>()?;
+    } else {
+        for (c, t) in copy.iter_mut().zip(tensors) {
+            c.copy_from(t, stream)?;
+        }
+    }
+    Ok(())
+}
+
+/// Overwrites `tensors` with the copy [`keep_copy`] made of them.
+fn put_back(tensors: &mut [Tensor], copy: &[Tensor], stream: &Stream) -> Result<()> {
+    if copy.len() != tensors.len() {
+        return Err(Error::ReplicaMismatch(
+            "the pre-reduce copy does not match the replica".into(),
+        ));
+    }
+    for (t, c) in tensors.iter_mut().zip(copy) {
+        t.copy_from(c, stream)?;
+    }
+    Ok(())
+}
+
+/// `‖pre − post‖ / ‖post‖` over a list of tensors.
+fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<f64> {
+    let mut diff_sq = 0.0;
+    for (a, b) in pre.iter().zip(post) {
+        let d = ops::l2_norm_diff(a, b, stream)?;
+        diff_sq += d * d;
+    }
+    let refs: Vec<&Tensor> = post.iter().collect();
+    let post_norm = ops::global_l2_norm(&refs, stream)?;
+    Ok(crate::control::guard::divergence(diff_sq.sqrt(), post_norm))
+}
+
+/// The batches of `chunk`: consecutive `batch_size` slices of its epoch's permutation from its
+/// offset, as many as the rank trains for it (the same picks [`Worker::train_batch`] takes).
+fn chunk_picks(perms: &mut Permutations, chunk: Chunk, bs: usize) -> Result<Vec<BatchPicks>> {
+    let perm = perms.get(chunk.epoch);
+    let end = chunk.offset + chunk.len.div_ceil(bs) * bs;
+    let picks = perm
+        .get(chunk.offset..end)
+        .ok_or_else(|| Error::Config(format!("{chunk:?} runs past an epoch of {}", perm.len())))?;
+    Ok(picks.chunks_exact(bs).map(|p| BatchPicks { picks: p.to_vec(), valid: p.len() }).collect())
+}
+
+/// What a rank's loop does after handling a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Exit,
+}
+
+/// The chunk a rank is working through.
+#[derive(Debug)]
+struct Current {
+    chunk: Chunk,
+    done: usize,
+    work: WorkTally,
+}
+
+/// A rank's position in its reduce window.
+#[derive(Debug)]
+struct WindowState {
+    window: Window,
+    steps: usize,
+    wall_ms: f64,
+    reported: Option<Readiness>,
+    /// Host backend: steps and ms the last snapshot carried.
+    snapshot: Option<(usize, f64)>,
+}
+
+/// A rank's side of the run: trains the chunks it is given and takes part in reduces.
+pub(crate) struct RankLoop {
+    worker: Worker,
+    rx: flume::Receiver<ToWorker>,
+    tx: flume::Sender<ToCoordinator>,
+    queue: VecDeque<Chunk>,
+    current: Option<Current>,
+    win: WindowState,
+    ready: bool,
+    /// Captured for a checkpoint: trains nothing until the coordinator lets it go.
+    paused: bool,
+    works: u64,
+    last_sent: Cell<Instant>,
+    /// Batches of all ranks up to the last reduce (what the schedule is indexed by).
+    global_step: u64,
+    /// Host backend: the parameters of the last snapshot, while the rank may train on.
+    sent_params: Option<Vec<Vec<f32>>>,
+    /// Collective backend: the rank's group and the reduce a group fault interrupted.
+    standing: Standing,
+}
+
+impl RankLoop {
+    /// A loop for `worker`, starting in the window `first`.
+    pub(crate) fn new(
+        worker: Worker,
+        rx: flume::Receiver<ToWorker>,
+        tx: flume::Sender<ToCoordinator>,
+        first: Window,
+    ) -> Self {
+        // Rank 0's replica is the initial state, unless a checkpoint is resumed.
+        let ready = worker.rank == 0 && worker.cfg.resume.is_none();
+        let standing = Standing::new(worker.cfg.world());
+        let win =
+            WindowState { window: first, steps: 0, wall_ms: 0.0, reported: None, snapshot: None };
+        RankLoop {
+            worker,
+            rx,
+            tx,
+            queue: VecDeque::new(),
+            current: None,
+            win,
+            ready,
+            paused: false,
+            works: 0,
+            last_sent: Cell::new(Instant::now()),
+            global_step: 0,
+            sent_params: None,
+            standing,
+        }
+    }
+
+    fn send(&self, msg: ToCoordinator) -> Result<()> {
+        self.last_sent.set(Instant::now());
+        self.tx
+            .send_timeout(msg, self.worker.cfg.stall_timeout)
+            .map_err(|_| Error::Disconnected("coordinator"))
+    }
+
+    /// Runs until the coordinator says finish or stop.
+    pub(crate) fn run(&mut self) -> Result<()> {
+        let rank = self.worker.rank;
+        let initial = if rank == 0 { Some(self.worker.snapshot()?) } else { None };
+        self.send(ToCoordinator::Ready { rank, shapes: self.worker.shapes(), initial })?;
+        self.announce_group()?;
+        loop {
+            loop {
+                match self.rx.try_recv() {
+                    Ok(msg) => {
+                        if self.handle(msg)? == Flow::Exit {
+                            return Ok(());
+                        }
+                    }
+                    Err(flume::TryRecvError::Empty) => break,
+                    Err(flume::TryRecvError::Disconnected) => {
+                        return Err(Error::Disconnected("coordinator"));
+                    }
+                }
+            }
+            if self.worker.cfg_cancelled() {
+                return Ok(());
+            }
+            let training = self.ready && !self.paused && self.standing.interrupted.is_none();
+            if training && self.win.steps < self.win.window.limit && self.has_work() {
+                self.train_one()?;
+                continue;
+            }
+            if training && !self.has_work() && self.win.reported.is_none() {
+                self.report(Readiness::Idle)?;
+            }
+            let msg = self.wait()?;
+            if self.handle(msg)? == Flow::Exit {
+                return Ok(());
+            }
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        self.current.is_some() || !self.queue.is_empty()
+    }
+
+    /// Waits for the next message, up to the stall timeout.
+    fn wait(&self) -> Result<ToWorker> {
+        let deadline = Instant::now() + self.worker.cfg.stall_timeout;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: "a message from the coordinator",
+                    after: self.worker.cfg.stall_timeout,
+                });
+            }
+            match self.rx.recv_timeout(CANCEL_POLL.min(deadline - now)) {
+                Ok(msg) => return Ok(msg),
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    if self.worker.cfg_cancelled() {
+                        return Ok(ToWorker::Stop);
+                    }
+                    self.heartbeat()?;
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Disconnected("coordinator"));
+                }
+            }
+        }
+    }
+
+    /// Tells the coordinator this rank is alive when it has been quiet for a while.
+    fn heartbeat(&self) -> Result<()> {
+        if self.last_sent.get().elapsed() >= self.worker.cfg.heartbeat() {
+            self.send(ToCoordinator::Alive { rank: self.worker.rank })?;
+        }
+        Ok(())
+    }
+
+    fn report(&mut self, why: Readiness) -> Result<()> {
+        self.win.reported = Some(why);
+        self.send(ToCoordinator::Progress {
+            rank: self.worker.rank,
+            round: self.win.window.round,
+            steps: self.win.steps,
+            wall_ms: self.win.wall_ms,
+            why,
+            works: self.works,
+        })
+    }
+
+    fn train_one(&mut self) -> Result<()> {
+        if self.current.is_none() {
+            let Some(chunk) = self.queue.pop_front() else { return Ok(()) };
+            self.current = Some(Current { chunk, done: 0, work: WorkTally::default() });
+        }
+        let Some(cur) = self.current.as_mut() else { return Ok(()) };
+        let bs = self.worker.cfg.batch_size;
+        let step = self.global_step + self.win.steps as u64;
+        let next = self.queue.front().copied();
+        let Some((loss, ms)) = self.worker.train_chunk_batch(cur.chunk, cur.done, next, step)?
+        else {
+            // A prefetched batch not ready yet: the run loop services the control channel
+            // and comes back.
+            return self.heartbeat();
+        };
+        cur.done += 1;
+        cur.work.batches += 1;
+        cur.work.samples += bs;
+        cur.work.loss_sum += f64::from(loss);
+        cur.work.compute_ms += ms;
+        if cur.done * bs >= cur.chunk.len
+            && let Some(mut cur) = self.current.take()
+        {
+            {
+                cur.work.scalars = drain_scalars();
+                self.send(ToCoordinator::ChunkDone {
+                    rank: self.worker.rank,
+                    chunk: cur.chunk,
+                    work: cur.work,
+                })?;
+            }
+        }
+        self.win.steps += 1;
+        self.win.wall_ms += ms;
+        if self.win.reported.is_none() && self.win.steps >= self.win.window.target {
+            self.report(Readiness::Reached)?;
+        }
+        self.heartbeat()
+    }
+
+    /// Starts the window `next` after a reduce; `carried` steps and ms stay in it.
+    fn start_window(&mut self, next: Window, carried: (usize, f64)) -> Result<()> {
+        self.win = WindowState {
+            window: next,
+            steps: carried.0,
+            wall_ms: carried.1,
+            reported: None,
+            snapshot: None,
+        };
+        if self.win.steps >= next.target {
+            self.report(Readiness::Reached)?;
+        }
+        Ok(())
+    }
+
+    fn evaluate_for(&mut self, epoch: Option<usize>) -> Result<()> {
+        if let Some(epoch) = epoch {
+            let eval = self.worker.evaluate()?;
+            self.send(ToCoordinator::Evaluated { epoch, eval })?;
+        }
+        Ok(())
+    }
+
+    /// The chunk in training and how many of its batches are done.
+    fn position(&self) -> Option<(Chunk, usize)> {
+        self.current.as_ref().map(|c| (c.chunk, c.done))
+    }
+
+    /// This rank's checkpoint part, when one is asked for; the rank then pauses.
+    fn capture(&mut self, request: Option<CaptureRequest>) -> Result<Option<Box<RankCapture>>> {
+        let Some(request) = request else { return Ok(None) };
+        self.paused = true;
+        Ok(Some(Box::new(self.worker.capture(request, self.position())?)))
+    }
+
+    fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
+        let rank = self.worker.rank;
+        match msg {
+            ToWorker::Init { state, restore } => {
+                self.worker.load(&state)?;
+                if let Some(restore) = restore {
+                    self.worker.restore(&restore)?;
+                    self.global_step = restore.global_step;
+                }
+                self.ready = true;
+            }
+            ToWorker::Resume => self.paused = false,
+            ToWorker::Work(chunk) => {
+                self.queue.push_back(chunk);
+                self.works += 1;
+                if self.win.reported == Some(Readiness::Idle) {
+                    self.win.reported = None;
+                }
+            }
+            ToWorker::Reduce { next, eval, global_step, capture } => {
+                self.reduce(Interrupted { next, eval, global_step, capture })?;
+            }
+            ToWorker::Snapshot { round, attempt, capture } => {
+                let state = self.worker.snapshot()?;
+                let capture = self.capture(capture)?;
+                self.win.snapshot = Some((self.win.steps, self.win.wall_ms));
+                // Kept to carry over what the rank trains while the round runs (`Async` only:
+                // under `Sync` and `Cadence` the rank waits at its window's end).
+                self.sent_params =
+                    (self.win.steps < self.win.window.limit).then(|| state.params.clone());
+                self.send(ToCoordinator::Snapshot {
+                    rank,
+                    round,
+                    attempt,
+                    state,
+                    steps: self.win.steps,
+                    capture,
+                })?;
+            }
+            ToWorker::Update { state, next, eval, global_step } => {
+                self.global_step = global_step;
+                self.paused = false;
+                let (s, w) = self.win.snapshot.unwrap_or((self.win.steps, self.win.wall_ms));
+                let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
+                // Steps trained since the snapshot stay: average + (now − snapshot).
+                let sent = self.sent_params.take().filter(|_| carried.0 > 0);
+                match (self.worker.cfg.easgd, sent) {
+                    (Some(alpha), sent) => {
+                        self.worker.load_blended(&state, sent.as_deref(), alpha)?;
+                    }
+                    (None, Some(sent)) => self.worker.load_shifted(&state, &sent)?,
+                    (None, None) => self.worker.load(&state)?,
+                }
+                if self.worker.outer.resets_inner_state() {
+                    let stream = self.worker.stream.clone();
+                    self.worker.replica.reset_optimizer(&stream)?;
+                }
+                self.start_window(next, carried)?;
+                self.evaluate_for(eval)?;
+            }
+            ToWorker::Evaluate { epoch } => self.evaluate_for(Some(epoch))?,
+            ToWorker::Finish { capture } => {
+                let state = self.worker.snapshot()?;
+                let capture = self.capture(capture.then_some(CaptureRequest { model: false }))?;
+                self.send(ToCoordinator::Final { rank, state, capture })?;
+                return Ok(Flow::Exit);
+            }
+            ToWorker::Stop => return Ok(Flow::Exit),
+            ToWorker::Ping => {}
+            ToWorker::Regroup { generation, members, how } => {
+                return self.regroup(generation, &members, &how);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Collective backend: averages with the group, then starts the next window. When the
+    /// group breaks (a peer died, the group was aborted or timed out), the parameters and
+    /// buffers are as before the reduce; the rank reports it and waits for the coordinator's
+    /// new membership, after which the reduce is redone.
+    fn reduce(&mut self, what: Interrupted) -> Result<()> {
+        let rank = self.worker.rank;
+        self.global_step = what.global_step;
+        let steps = self.win.steps;
+        let round = self.win.window.round;
+        self.send(ToCoordinator::Reducing { rank, round })?;
+        match self.worker.all_reduce(steps) {
+            Ok((sync_ms, divergence)) => {
+                let capture = self.capture(what.capture)?;
+                self.send(ToCoordinator::Reduced {
+                    rank,
+                    round,
+                    steps,
+                    sync_ms,
+                    divergence,
+                    capture,
+                })?;
+                self.start_window(what.next, (0, 0.0))?;
+                self.evaluate_for(what.eval)
+            }
+            Err(e) if is_group_fault(&e) => {
+                tracing::warn!(rank, round, error = %e, "collective group broke; waiting to regroup");
+                self.standing.interrupted = Some(what);
+                let generation = self.standing.generation;
+                let error = e.to_string();
+                self.send(ToCoordinator::ReduceFailed { rank, round, generation, error })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Builds the communicator of the group `members` (global ranks) and redoes an
+    /// interrupted reduce; exits when this rank is not a member (it was declared dead).
+    fn regroup(&mut self, generation: u64, members: &[usize], how: &Regroup) -> Result<Flow> {
+        let rank = self.worker.rank;
+        if !members.contains(&rank) {
+            return Ok(Flow::Exit);
+        }
+        let positions = self.standing.positions(members).ok_or_else(|| {
+            Error::Config(format!("regroup {members:?} names a rank outside the current group"))
+        })?;
+        if let Some(comm) = self.worker.comm.as_ref() {
+            self.send(ToCoordinator::Joining { rank, generation })?;
+            let device = self.worker.cfg.devices[rank];
+            let next = comm.regroup(&positions, how, device, self.worker.cfg.comm_timeout())?;
+            self.worker.comm = Some(next);
+        }
+        self.standing.members = members.to_vec();
+        self.standing.generation = generation;
+        tracing::info!(rank, generation, ?members, "regrouped");
+        self.announce_group()?;
+        if let Some(what) = self.standing.interrupted.take() {
+            self.reduce(what)?;
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Tells the coordinator how to abort the rank's current collective group.
+    fn announce_group(&self) -> Result<()> {
+        let Some(comm) = self.worker.comm.as_ref() else { return Ok(()) };
+        self.send(ToCoordinator::Joined {
+            rank: self.worker.rank,
+            generation: self.standing.generation,
+            abort: comm.abort_handle(),
+        })
+    }
+}
+
+impl Worker {
+    /// Whether the run was cancelled through its handle.
+    fn cfg_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,81 @@
+//! The single-device driver: one rank, no coordinator, no averaging.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::link::wire::Chunk;
+use crate::metrics::{EpochTally, WorkTally, drain_scalars};
+use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
+use crate::runtime::rank::Worker;
+use crate::runtime::trainer::RunConfig;
+use crate::{Error, Result};
+
+/// Starts the single rank on its own thread.
+pub(crate) fn spawn(
+    cfg: Arc<RunConfig>,
+    outlets: Outlets,
+) -> Result<JoinHandle<Result<TrainedState>>> {
+    std::thread::Builder::new()
+        .name("flodl-rank-0".into())
+        .spawn(move || match catch_unwind(AssertUnwindSafe(|| run(&cfg, &outlets))) {
+            Ok(r) => r,
+            Err(p) => Err(Error::Panicked { rank: 0, message: panic_message(p.as_ref()) }),
+        })
+        .map_err(|e| Error::Config(format!("cannot spawn the rank thread: {e}")))
+}
+
+/// Trains every epoch in permutation order, one batch after the other (an epoch is one chunk
+/// for the prefetcher, the next epoch's prepared while the last batches train).
+fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
+    let start = Instant::now();
+    let mut worker = Worker::build(0, cfg.clone(), None, outlets.cancel.clone())?;
+    let devices = [cfg.devices[0].to_string()];
+    let bs = cfg.batch_size;
+    let mut epochs = Vec::with_capacity(cfg.epochs);
+    let train_start = Instant::now();
+    let mut train_ms = 0.0;
+    let mut step = 0u64;
+    for epoch in 0..cfg.epochs {
+        let t0 = Instant::now();
+        let mut work = WorkTally::default();
+        let chunk = |epoch| Chunk { epoch, offset: 0, len: cfg.batches_per_epoch() * bs };
+        let next = (epoch + 1 < cfg.epochs).then(|| chunk(epoch + 1));
+        for b in 0..cfg.batches_per_epoch() {
+            let (loss, ms) = loop {
+                if outlets.cancel.load(Ordering::Acquire) {
+                    return Err(Error::Aborted);
+                }
+                // `None`: a prefetched batch not ready yet (waited for up to a deadline).
+                if let Some(trained) = worker.train_chunk_batch(chunk(epoch), b, next, step)? {
+                    break trained;
+                }
+            };
+            step += 1;
+            work.batches += 1;
+            work.samples += bs;
+            work.loss_sum += f64::from(loss);
+            work.compute_ms += ms;
+        }
+        work.scalars = drain_scalars();
+        let mut tally = EpochTally::new(1);
+        tally.add(0, &work);
+        let mut metrics = tally.finish(epoch, t0.elapsed().as_secs_f64() * 1000.0, &devices);
+        metrics.at_ms = start.elapsed().as_secs_f64() * 1000.0;
+        train_ms = train_start.elapsed().as_secs_f64() * 1000.0;
+        if cfg.evaluates(epoch) {
+            metrics.eval = worker.evaluate()?;
+        }
+        if let Some(callback) = &cfg.on_epoch {
+            callback(&metrics);
+        }
+        // Capacity is the number of epochs: this never drops.
+        let _ = outlets.epochs.try_send(metrics.clone());
+        epochs.push(metrics);
+    }
+    let state = worker.snapshot()?;
+    let wall_ms = start.elapsed().as_secs_f64() * 1000.0;
+    trained_state(&worker.shapes(), state, epochs, 0, wall_ms, train_ms)
+}

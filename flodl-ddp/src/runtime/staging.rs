@@ -1,0 +1,45 @@
+//! Device batches: allocating them for a dataset layout and filling them from host batches.
+
+use flodl_data::{HostBatch, SampleLayout};
+use flodl_tensor::{DType, Stream, Tensor};
+
+use crate::contract::replica::Batch;
+use crate::{Error, Result};
+
+/// The device shape of `n` samples of a field of `numel` values: `[n]` or `[n, numel]`.
+fn batch_shape(n: usize, numel: usize) -> Vec<usize> {
+    if numel == 1 { vec![n] } else { vec![n, numel] }
+}
+
+/// A device batch of `n` samples laid out like `layout`, zero-filled, on `stream`'s device.
+///
+/// # Errors
+/// [`Error::Config`] for a field dtype other than f32 or i32; tensor errors from allocation.
+pub(crate) fn device_batch(layout: &SampleLayout, n: usize, stream: &Stream) -> Result<Batch> {
+    let mut fields = Vec::with_capacity(layout.fields().len());
+    for f in layout.fields() {
+        if !matches!(f.dtype, DType::F32 | DType::I32) {
+            return Err(Error::Config(format!(
+                "field {} has dtype {:?}; batches carry f32 or i32",
+                f.name, f.dtype
+            )));
+        }
+        fields.push(Tensor::zeros(&batch_shape(n, f.numel()), f.dtype, stream)?);
+    }
+    Batch::new(fields)
+}
+
+/// Copies a host batch into a device batch of the same size and layout.
+///
+/// # Errors
+/// Data errors when the host batch lacks a field or holds another dtype; tensor errors from
+/// the copy (shape mismatch when the sizes differ).
+pub(crate) fn upload(host: &HostBatch, batch: &mut Batch, stream: &Stream) -> Result<()> {
+    for (i, t) in batch.fields_mut().iter_mut().enumerate() {
+        match t.dtype() {
+            DType::I32 => t.copy_from_host(host.i32(i)?, stream)?,
+            _ => t.copy_from_host(host.f32(i)?, stream)?,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,737 @@
+//! The `Trainer` builder: what to train, on which devices, how often to average.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flodl_data::Dataset;
+use flodl_tensor::Device;
+
+use crate::checkpoint::{Checkpoint, CheckpointError, LATEST, SaveInterval};
+use crate::contract::replica::{Replica, ReplicaContext};
+use crate::control::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
+use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
+use crate::control::policy::{Backend, Policy};
+use crate::control::schedule::Schedule;
+use crate::runtime::capture::{CheckpointPlan, Resumed};
+use crate::runtime::handle::DdpHandle;
+use crate::runtime::prefetch::Prefetch;
+use crate::{Error, Result};
+
+/// Builds a rank's replica inside the rank's thread.
+pub(crate) type Factory = Arc<dyn Fn(&ReplicaContext) -> Result<Box<dyn Replica>> + Send + Sync>;
+
+/// Observes every training batch: `(rank, epoch, sample indices)`, called on the rank's thread
+/// before the batch is trained (for data-coverage audits).
+pub type SampleAudit = Arc<dyn Fn(usize, usize, &[usize]) + Send + Sync>;
+
+/// Called with every epoch's metrics (its evaluation included), in order, on the thread that
+/// aggregates them, before [`DdpHandle`] sees them. A panic in it ends the run.
+pub type EpochCallback = Arc<dyn Fn(&crate::EpochMetrics) + Send + Sync>;
+
+/// Which devices the ranks run on: one rank per device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Devices {
+    /// `n` CPU ranks, each a single thread.
+    Cpu(usize),
+    /// One rank per visible CUDA GPU.
+    AllGpus,
+    /// Exactly these devices, in rank order (CPU and GPUs may be mixed).
+    List(Vec<Device>),
+}
+
+impl Devices {
+    /// The devices, one per rank.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the list is empty or `AllGpus` finds none.
+    pub fn resolve(&self) -> Result<Vec<Device>> {
+        let list = match self {
+            Devices::Cpu(n) => vec![Device::Cpu; *n],
+            Devices::AllGpus => (0..flodl_tensor::cuda_device_count()).map(Device::Cuda).collect(),
+            Devices::List(list) => list.clone(),
+        };
+        if list.is_empty() {
+            let why = match self {
+                Devices::AllGpus => flodl_tensor::gpu_skip_reason()
+                    .unwrap_or_else(|| "no CUDA device is visible".into()),
+                _ => "no device given".into(),
+            };
+            return Err(Error::Config(format!("no rank to run: {why}")));
+        }
+        Ok(list)
+    }
+}
+
+/// ElChe's knobs (see `ElChe`): the cadence of `Cadence` and `Async`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ElCheKnobs {
+    /// Batches of the slowest rank per window at the start (default 10).
+    pub anchor: usize,
+    /// Largest anchor the overhead auto-tune may reach (default 100: longer windows cost
+    /// accuracy on short runs, and the auto-tune only grows the anchor).
+    pub max_anchor: usize,
+    /// Fraction of window time a reduce may cost before the anchor grows (default 0.05).
+    pub overhead_target: f64,
+    /// Largest change of a rank's count from one window to the next (default none).
+    pub max_batch_diff: Option<usize>,
+    /// `Async`: batches a rank may train past its count while the others catch up, fixed
+    /// (at most 15). Default: auto, starting at `clamp(batches per epoch / 100, 2, 5)`, one more
+    /// after each `Stable` guard verdict up to `clamp(batches per epoch / 50, 3, 10)`, back to
+    /// the start on `NudgeDown` (see [`crate::control::overshoot::Overshoot`]).
+    pub max_overshoot: Option<usize>,
+    /// Smallest chunk of progressive dispatch, in batches (default 4).
+    pub min_chunk: usize,
+    /// Initial hint: `(slow rank, speed ratio)` so counts are balanced from the first window.
+    pub speed_hint: Option<(usize, f64)>,
+}
+
+impl Default for ElCheKnobs {
+    fn default() -> Self {
+        Self {
+            anchor: 10,
+            max_anchor: 100,
+            overhead_target: 0.05,
+            max_batch_diff: None,
+            max_overshoot: None,
+            min_chunk: 4,
+            speed_hint: None,
+        }
+    }
+}
+
+/// Everything a run needs, checked and frozen by [`Trainer::run`].
+pub(crate) struct RunConfig {
+    pub(crate) factory: Factory,
+    pub(crate) dataset: Arc<dyn Dataset>,
+    pub(crate) test: Option<Arc<dyn Dataset>>,
+    pub(crate) eval_every: usize,
+    pub(crate) eval_rank: crate::EvalRank,
+    pub(crate) on_epoch: Option<EpochCallback>,
+    pub(crate) batch_size: usize,
+    pub(crate) epochs: usize,
+    pub(crate) devices: Vec<Device>,
+    pub(crate) policy: Policy,
+    pub(crate) backend: Backend,
+    pub(crate) seed: u64,
+    pub(crate) schedule: Schedule,
+    pub(crate) lr_scale: f64,
+    pub(crate) elche: ElCheKnobs,
+    pub(crate) slowdown: Vec<f64>,
+    pub(crate) stall_timeout: Duration,
+    pub(crate) snapshot_timeout: Duration,
+    pub(crate) max_stalled_rounds: usize,
+    pub(crate) audit: Option<SampleAudit>,
+    /// Work-weighting exponent γ of the average (mass = steps^γ).
+    pub(crate) gamma: f64,
+    /// The divergence guard (resolved: the default when none was given).
+    pub(crate) guard: Guard,
+    /// The outer optimizer applied to each round's consensus.
+    pub(crate) outer: OuterKind,
+    /// Host backend: the EASGD blend factor α applied on each update, when set.
+    pub(crate) easgd: Option<f32>,
+    /// Per-rank gradient clipping by global norm before each optimizer step, when set.
+    pub(crate) max_grad_norm: Option<f32>,
+    pub(crate) prefetch: Prefetch,
+    /// Where and when checkpoints are saved, when they are.
+    pub(crate) checkpoints: Option<CheckpointPlan>,
+    /// The checkpoint this run resumes from.
+    pub(crate) resume: Option<Arc<Resumed>>,
+    /// How long a rank may be silent, or a reduce pending without it, before it is declared
+    /// dead (see [`Trainer::watchdog`]).
+    pub(crate) watchdog: Duration,
+    /// Ranks that may die before the run stops with the last one's error.
+    pub(crate) max_failures: usize,
+}
+
+impl RunConfig {
+    /// How long a side stays quiet before it says it is alive: well within both the stall
+    /// timeout and the watchdog.
+    pub(crate) fn heartbeat(&self) -> Duration {
+        crate::link::wire::heartbeat(self.stall_timeout.min(self.watchdog))
+    }
+
+    /// How long a collective waits for its peers before it fails (and aborts its group): the
+    /// watchdog deadline.
+    pub(crate) fn comm_timeout(&self) -> Duration {
+        self.watchdog
+    }
+
+    /// Whether reduces measure the replicas' divergence: a guard is on and the policy has
+    /// windows to shrink (not `Sync`).
+    pub(crate) fn measures_divergence(&self) -> bool {
+        self.policy != Policy::Sync && !matches!(self.guard, Guard::Off)
+    }
+
+    /// Ranks in the run.
+    pub(crate) fn world(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Full batches per epoch (the tail smaller than a batch is dropped).
+    pub(crate) fn batches_per_epoch(&self) -> usize {
+        self.dataset.len() / self.batch_size
+    }
+
+    /// The learning rate of a step taken at cohort step `step` (schedule × linear scaling).
+    pub(crate) fn lr(&self, step: u64) -> f32 {
+        (self.schedule.lr(step) * self.lr_scale) as f32
+    }
+
+    /// The slowdown factor of `rank` (1 when none is configured).
+    pub(crate) fn slowdown(&self, rank: usize) -> f64 {
+        self.slowdown.get(rank).copied().unwrap_or(1.0)
+    }
+
+    /// Whether the end of `epoch` is evaluated.
+    pub(crate) fn evaluates(&self, epoch: usize) -> bool {
+        self.test.is_some()
+            && ((epoch + 1).is_multiple_of(self.eval_every) || epoch + 1 == self.epochs)
+    }
+}
+
+impl std::fmt::Debug for RunConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunConfig")
+            .field("batch_size", &self.batch_size)
+            .field("epochs", &self.epochs)
+            .field("devices", &self.devices)
+            .field("policy", &self.policy)
+            .field("backend", &self.backend)
+            .field("seed", &self.seed)
+            .field("schedule", &self.schedule)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a resumed run reads its checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The newest bundle of a checkpoint directory: `latest.fdlck`, or the highest step bundle
+    /// when there is no `latest`.
+    Latest(PathBuf),
+    /// This bundle file.
+    File(PathBuf),
+}
+
+impl ResumeFrom {
+    /// Reads the bundle (format, checksum and invariants checked; compatibility is not).
+    ///
+    /// # Errors
+    /// [`CheckpointError::NotFound`] when there is no bundle; the read errors of
+    /// [`Checkpoint::read`].
+    fn read(&self) -> std::result::Result<Checkpoint, CheckpointError> {
+        let path = match self {
+            ResumeFrom::File(path) => path.clone(),
+            ResumeFrom::Latest(dir) => {
+                let latest = dir.join(format!("{LATEST}.{}", crate::checkpoint::EXTENSION));
+                if latest.is_file() || !dir.is_dir() {
+                    latest
+                } else {
+                    let newest = std::fs::read_dir(dir)
+                        .map_err(|e| CheckpointError::io(dir.clone(), e))?
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter_map(|p| step_of(&p).map(|s| (s, p)))
+                        .max_by_key(|(s, _)| *s);
+                    newest.map_or(latest, |(_, p)| p)
+                }
+            }
+        };
+        if !path.is_file() {
+            return Err(CheckpointError::NotFound { dir: path });
+        }
+        Checkpoint::read(&path)
+    }
+}
+
+/// The step of a `step-<n>.fdlck` path.
+fn step_of(path: &std::path::Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.strip_suffix(&format!(".{}", crate::checkpoint::EXTENSION))?;
+    stem.strip_prefix(crate::checkpoint::STEP_PREFIX)?.parse().ok()
+}
+
+/// The watchdog deadline unless [`Trainer::watchdog`] says otherwise.
+pub(crate) const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
+
+/// The default divergence guard: the trend rule at 0.05, or 0.3 under EASGD blending.
+fn default_guard(easgd: bool) -> Guard {
+    let threshold = if easgd { TREND_THRESHOLD_EASGD } else { TREND_THRESHOLD };
+    Guard::Trend(TrendGuard::new(threshold))
+}
+
+/// Configures and starts a data-parallel training run.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # fn demo(train: Arc<dyn flodl_data::Dataset>) -> flodl_ddp::Result<()> {
+/// use flodl_ddp::{Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, Trainer};
+/// let mlp = MlpConfig::new(&[784, 256, 128, 10], Optimizer::sgd(0.9));
+/// let handle = Trainer::new(Mlp::factory(mlp))
+///     .dataset(train)
+///     .devices(Devices::Cpu(2))
+///     .policy(Policy::Cadence)
+///     .backend(Backend::Collective)
+///     .learning_rate(0.05)
+///     .run()?;
+/// let state = handle.join()?;
+/// # let _ = state; Ok(()) }
+/// ```
+pub struct Trainer {
+    factory: Factory,
+    dataset: Option<Arc<dyn Dataset>>,
+    test: Option<Arc<dyn Dataset>>,
+    eval_every: usize,
+    eval_rank: crate::EvalRank,
+    on_epoch: Option<EpochCallback>,
+    batch_size: usize,
+    epochs: usize,
+    devices: Devices,
+    policy: Policy,
+    backend: Backend,
+    seed: u64,
+    lr: f32,
+    schedule: Option<Schedule>,
+    lr_scale_ratio: f64,
+    elche: ElCheKnobs,
+    slowdown: Vec<f64>,
+    stall_timeout: Duration,
+    snapshot_timeout: Duration,
+    max_stalled_rounds: usize,
+    audit: Option<SampleAudit>,
+    gamma: f64,
+    guard: Option<Guard>,
+    outer: OuterKind,
+    easgd: Option<f32>,
+    max_grad_norm: Option<f32>,
+    prefetch: Prefetch,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_every: SaveInterval,
+    keep_checkpoints: usize,
+    resume: Option<ResumeFrom>,
+    watchdog: Option<Duration>,
+    max_failures: usize,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("batch_size", &self.batch_size)
+            .field("epochs", &self.epochs)
+            .field("devices", &self.devices)
+            .field("policy", &self.policy)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Trainer {
+    /// A trainer whose ranks build their replica with `factory` (called once per rank, inside
+    /// the rank's thread).
+    ///
+    /// Defaults: batch size 64, 1 epoch, 1 CPU rank, `Cadence` on the `Collective` backend,
+    /// seed 42, learning rate 0.01, no test set, no slowdown, stall timeout 120 s, snapshot
+    /// timeout 5 s with 3 retries, [`Prefetch::Auto`], watchdog 30 s, no limit on failed ranks.
+    pub fn new<R, F>(factory: F) -> Trainer
+    where
+        R: Replica + 'static,
+        F: Fn(&ReplicaContext) -> Result<R> + Send + Sync + 'static,
+    {
+        let factory: Factory =
+            Arc::new(move |ctx: &ReplicaContext| Ok(Box::new(factory(ctx)?) as Box<dyn Replica>));
+        Trainer {
+            factory,
+            dataset: None,
+            test: None,
+            eval_every: 1,
+            eval_rank: crate::EvalRank::Fastest,
+            on_epoch: None,
+            batch_size: 64,
+            epochs: 1,
+            devices: Devices::Cpu(1),
+            policy: Policy::Cadence,
+            backend: Backend::Collective,
+            seed: 42,
+            lr: 0.01,
+            schedule: None,
+            lr_scale_ratio: 0.0,
+            elche: ElCheKnobs::default(),
+            slowdown: Vec::new(),
+            stall_timeout: Duration::from_secs(120),
+            snapshot_timeout: Duration::from_secs(5),
+            max_stalled_rounds: 3,
+            audit: None,
+            gamma: crate::control::weighting::DEFAULT_GAMMA,
+            guard: None,
+            outer: OuterKind::Average,
+            easgd: None,
+            max_grad_norm: None,
+            prefetch: Prefetch::Auto,
+            checkpoint_dir: None,
+            checkpoint_every: SaveInterval::every_epochs(1),
+            keep_checkpoints: 3,
+            resume: None,
+            watchdog: None,
+            max_failures: usize::MAX,
+        }
+    }
+
+    /// The training dataset (required).
+    pub fn dataset(mut self, dataset: Arc<dyn Dataset>) -> Trainer {
+        self.dataset = Some(dataset);
+        self
+    }
+
+    /// A test dataset evaluated on the averaged model at the end of every `every`-th epoch and
+    /// of the last one (`every` 0 is taken as 1).
+    pub fn test_dataset(mut self, dataset: Arc<dyn Dataset>, every: usize) -> Trainer {
+        self.test = Some(dataset);
+        self.eval_every = every.max(1);
+        self
+    }
+
+    /// Which rank evaluates the test set (default [`crate::EvalRank::Fastest`]).
+    pub fn eval_rank(mut self, rank: crate::EvalRank) -> Trainer {
+        self.eval_rank = rank;
+        self
+    }
+
+    /// Calls `callback` with every epoch's metrics, evaluation included (see [`EpochCallback`]).
+    pub fn on_epoch(
+        mut self,
+        callback: impl Fn(&crate::EpochMetrics) + Send + Sync + 'static,
+    ) -> Trainer {
+        self.on_epoch = Some(Arc::new(callback));
+        self
+    }
+
+    /// Samples per batch on every rank.
+    pub fn batch_size(mut self, batch_size: usize) -> Trainer {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Passes over the dataset.
+    pub fn epochs(mut self, epochs: usize) -> Trainer {
+        self.epochs = epochs;
+        self
+    }
+
+    /// The ranks' devices.
+    pub fn devices(mut self, devices: Devices) -> Trainer {
+        self.devices = devices;
+        self
+    }
+
+    /// When to average.
+    pub fn policy(mut self, policy: Policy) -> Trainer {
+        self.policy = policy;
+        self
+    }
+
+    /// How to average.
+    pub fn backend(mut self, backend: Backend) -> Trainer {
+        self.backend = backend;
+        self
+    }
+
+    /// The seed of the initial weights and of the epoch permutations.
+    pub fn seed(mut self, seed: u64) -> Trainer {
+        self.seed = seed;
+        self
+    }
+
+    /// The learning rate every rank's optimizer steps with (a constant schedule).
+    pub fn learning_rate(mut self, lr: f32) -> Trainer {
+        self.lr = lr;
+        self.schedule = None;
+        self
+    }
+
+    /// A learning-rate schedule indexed in cohort steps (the batches of all ranks up to the
+    /// last reduce, plus the rank's own since); replaces [`learning_rate`](Self::learning_rate).
+    pub fn schedule(mut self, schedule: Schedule) -> Trainer {
+        self.schedule = Some(schedule);
+        self
+    }
+
+    /// The linear scaling rule: every rate is multiplied by `1 + (ranks − 1)·ratio` (default 0,
+    /// no scaling; 1 scales by the number of ranks).
+    pub fn lr_scale_ratio(mut self, ratio: f64) -> Trainer {
+        self.lr_scale_ratio = ratio;
+        self
+    }
+
+    /// ElChe's knobs.
+    pub fn elche(mut self, knobs: ElCheKnobs) -> Trainer {
+        self.elche = knobs;
+        self
+    }
+
+    /// Per-rank slowdown factors (speed-skew emulation): after each step, rank `r` waits
+    /// `(factors[r] − 1) ×` the step's compute time. Missing ranks run at factor 1.
+    pub fn slowdown(mut self, factors: Vec<f64>) -> Trainer {
+        self.slowdown = factors;
+        self
+    }
+
+    /// How long any rank or the coordinator waits for a peer before the run fails (a rank's
+    /// own liveness is judged by the [`watchdog`](Self::watchdog), at most this long).
+    pub fn stall_timeout(mut self, timeout: Duration) -> Trainer {
+        self.stall_timeout = timeout;
+        self
+    }
+
+    /// Host backend: how long a round waits for snapshots before it is soft-aborted and
+    /// retried, and how many rounds in a row may be (the run then fails).
+    pub fn snapshot_timeout(mut self, timeout: Duration, retries: usize) -> Trainer {
+        self.snapshot_timeout = timeout;
+        self.max_stalled_rounds = retries.max(1);
+        self
+    }
+
+    /// The watchdog deadline: a rank that sends nothing for this long (ranks send a heartbeat
+    /// when otherwise quiet, so silence means it is stuck in its replica), or that has not
+    /// entered a reduce this long after it was called while the others wait in the collective,
+    /// is declared dead; its collective group is aborted and the survivors regroup and go on.
+    /// A collective also gives up on its own after this long (aborting its group), and a rank
+    /// still inside a reduce its peers gave up on is declared dead a quarter of it later. Default
+    /// 30 s, but never more than the stall timeout (a shorter stall timeout lowers it).
+    ///
+    /// The two deadlines divide the waits: the watchdog decides when a *rank* is dead (it is
+    /// the one liveness deadline, for silence and collectives alike); the stall timeout bounds
+    /// every other wait (replicas being built, final states, a full channel, a prefetched
+    /// batch, a rank waiting for the coordinator).
+    pub fn watchdog(mut self, deadline: Duration) -> Trainer {
+        self.watchdog = Some(deadline);
+        self
+    }
+
+    /// How many ranks may die before the run stops (default: no limit; the run goes on while
+    /// a rank is alive). Past the limit the run fails with the error of the rank that died
+    /// last; 0 makes any rank's failure the run's failure.
+    pub fn max_failures(mut self, max: usize) -> Trainer {
+        self.max_failures = max;
+        self
+    }
+
+    /// Calls `audit(rank, epoch, indices)` for every training batch.
+    pub fn sample_audit(mut self, audit: SampleAudit) -> Trainer {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// The work-weighting exponent γ of the average (default 1): a rank that trained `n`
+    /// batches since the last reduce counts with mass `n^γ` (γ = 0: every rank that stepped
+    /// counts equally); a rank with no batch takes no part, and buffers are averaged equally
+    /// over the ranks that stepped. Both backends use the same weights.
+    pub fn gamma(mut self, gamma: f64) -> Trainer {
+        self.gamma = gamma;
+        self
+    }
+
+    /// The divergence guard whose verdicts ElChe obeys (`Cadence` and `Async`; never consulted
+    /// under `Sync`). Default: the trend guard with threshold 0.05 (0.3 with EASGD blending).
+    /// [`Guard::Off`] turns the measurement off.
+    pub fn guard(mut self, guard: Guard) -> Trainer {
+        self.guard = Some(guard);
+        self
+    }
+
+    /// The outer optimizer applied to each round's consensus (default
+    /// [`OuterKind::Average`]): on the collective backend every rank steps its own copy after
+    /// the all-reduce (deterministic, so all stay identical with no extra collective); on the
+    /// host backend the coordinator steps it once before the average is sent back. It is never
+    /// stepped on a round where no rank trained. Under [`OuterKind::Nesterov`] (DiLoCo) every
+    /// rank resets its inner optimizer state after each round.
+    pub fn outer(mut self, outer: OuterKind) -> Trainer {
+        self.outer = outer;
+        self
+    }
+
+    /// EASGD blending on the host backend (meant for `Async`; BEHAVIOUR's default α is 0.5):
+    /// on each update a rank pulls its replica towards the average instead of taking it,
+    /// `W_local ← (1 − α)·W_local + α·W_avg` (`W_avg` shifted by what the rank trained since
+    /// its snapshot, as the plain update is); buffers are overwritten. α = 1 is exactly the
+    /// plain update. The default guard's trend threshold becomes 0.3.
+    pub fn easgd(mut self, alpha: f32) -> Trainer {
+        self.easgd = Some(alpha);
+        self
+    }
+
+    /// Clips each rank's gradients to this global L2 norm before every optimizer step (the
+    /// replica must expose [`Replica::gradients_mut`]; the run fails otherwise).
+    pub fn max_grad_norm(mut self, max_norm: f32) -> Trainer {
+        self.max_grad_norm = Some(max_norm);
+        self
+    }
+
+    /// Whether ranks prepare their batches ahead on a background thread (default
+    /// [`Prefetch::Auto`]: CUDA ranks do, CPU ranks do not). A rank waits for a prefetched batch
+    /// at most the stall timeout.
+    pub fn prefetch(mut self, prefetch: Prefetch) -> Trainer {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Saves checkpoint bundles in `dir` (created if needed): at reduces as
+    /// [`checkpoint_every`](Self::checkpoint_every) says (default: after every epoch), when
+    /// [`DdpHandle::checkpoint_now`] asks, and at the end of the run (see
+    /// [`crate::checkpoint`] for the files). A save is taken at a reduce: every rank captures
+    /// its state right after averaging and trains nothing until the coordinator has assembled
+    /// the bundle (file IO happens after the ranks are released).
+    pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Trainer {
+        self.checkpoint_dir = Some(dir.into());
+        self
+    }
+
+    /// When periodic checkpoints are saved (needs [`checkpoint_dir`](Self::checkpoint_dir)).
+    pub fn checkpoint_every(mut self, interval: SaveInterval) -> Trainer {
+        self.checkpoint_every = interval;
+        self
+    }
+
+    /// How many step bundles the checkpoint directory keeps (default 3, at least 1).
+    pub fn keep_checkpoints(mut self, keep: usize) -> Trainer {
+        self.keep_checkpoints = keep.max(1);
+        self
+    }
+
+    /// Resumes from a checkpoint: the consensus model, every rank's optimizer state, the outer
+    /// optimizer, ElChe, the guard, the cohort step and the epochs' metrics are restored, and
+    /// only the ranges of the open epochs the bundle does not cover are trained. The bundle
+    /// must come from a run with the same world size and configuration (see the run's config
+    /// hash) and the same model; the epoch count may differ. A resumed `Sync` run on the same
+    /// devices ends bitwise equal to the uninterrupted one.
+    pub fn resume(mut self, from: ResumeFrom) -> Trainer {
+        self.resume = Some(from);
+        self
+    }
+
+    /// Checks the configuration and starts the run; returns at once.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
+    /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
+    /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
+    /// backend, a non-positive maximum gradient norm, or no device; [`Error::Checkpoint`] when
+    /// the checkpoint directory cannot be created or listed, or the checkpoint to resume from is
+    /// missing, unreadable, corrupt, or from a run of another
+    /// world size or configuration (a bundle of another model is refused when the replicas are
+    /// built: [`DdpHandle::join`] returns the error).
+    pub fn run(self) -> Result<DdpHandle> {
+        let dataset =
+            self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
+        let devices = self.devices.resolve()?;
+        if self.batch_size == 0 || self.epochs == 0 {
+            return Err(Error::Config("batch size and epochs must be at least 1".into()));
+        }
+        if dataset.len() / self.batch_size < devices.len() {
+            return Err(Error::Config(format!(
+                "{} samples make fewer than one batch of {} per rank for {} ranks",
+                dataset.len(),
+                self.batch_size,
+                devices.len()
+            )));
+        }
+        if let crate::EvalRank::Fixed(rank) = self.eval_rank
+            && rank >= devices.len()
+        {
+            return Err(Error::Config(format!(
+                "eval rank {rank} is not one of the {} ranks",
+                devices.len()
+            )));
+        }
+        if let Some(bad) = self.slowdown.iter().find(|f| !f.is_finite() || **f < 1.0) {
+            return Err(Error::Config(format!("slowdown factors must be >= 1, got {bad}")));
+        }
+        if !self.lr.is_finite() || self.lr < 0.0 {
+            return Err(Error::Config(format!("invalid learning rate {}", self.lr)));
+        }
+        let schedule = self.schedule.unwrap_or(Schedule::Constant { lr: f64::from(self.lr) });
+        schedule.validate().map_err(|e| Error::Config(e.to_string()))?;
+        if !self.lr_scale_ratio.is_finite() || self.lr_scale_ratio < 0.0 {
+            return Err(Error::Config(format!("invalid lr scale ratio {}", self.lr_scale_ratio)));
+        }
+        if self.elche.anchor == 0 || self.elche.min_chunk == 0 {
+            return Err(Error::Config("ElChe anchor and min chunk must be at least 1".into()));
+        }
+        let watchdog = self.watchdog.unwrap_or(DEFAULT_WATCHDOG.min(self.stall_timeout));
+        if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() || watchdog.is_zero() {
+            return Err(Error::Config("timeouts must be positive".into()));
+        }
+        OuterOptimizer::new(self.outer).map_err(|e| Error::Config(e.to_string()))?;
+        if let Some(bad) = self.max_grad_norm.filter(|m| !(m.is_finite() && *m > 0.0)) {
+            return Err(Error::Config(format!("max gradient norm must be > 0, got {bad}")));
+        }
+        if let Some(alpha) = self.easgd {
+            check_easgd_alpha(alpha).map_err(|e| Error::Config(e.to_string()))?;
+            if self.backend != Backend::Host {
+                return Err(Error::Config("EASGD blending needs the host backend".into()));
+            }
+        }
+        crate::control::weighting::work_masses(&[1], self.gamma)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let lr_scale = crate::control::schedule::lr_scale(devices.len(), self.lr_scale_ratio);
+        let config = RunConfig {
+            factory: self.factory,
+            dataset,
+            test: self.test,
+            eval_every: self.eval_every,
+            eval_rank: self.eval_rank,
+            on_epoch: self.on_epoch,
+            batch_size: self.batch_size,
+            epochs: self.epochs,
+            devices,
+            policy: self.policy,
+            backend: self.backend,
+            seed: self.seed,
+            schedule,
+            lr_scale,
+            elche: self.elche,
+            slowdown: self.slowdown,
+            stall_timeout: self.stall_timeout,
+            snapshot_timeout: self.snapshot_timeout,
+            max_stalled_rounds: self.max_stalled_rounds,
+            audit: self.audit,
+            gamma: self.gamma,
+            guard: self.guard.unwrap_or_else(|| default_guard(self.easgd.is_some())),
+            outer: self.outer,
+            easgd: self.easgd,
+            max_grad_norm: self.max_grad_norm,
+            prefetch: self.prefetch,
+            checkpoints: match self.checkpoint_dir {
+                // Opened now: an unusable directory fails the run before anything trains.
+                Some(dir) => Some(CheckpointPlan {
+                    store: crate::checkpoint::CheckpointStore::open(dir, self.keep_checkpoints)?,
+                    interval: self.checkpoint_every,
+                }),
+                None => None,
+            },
+            resume: None,
+            watchdog,
+            max_failures: self.max_failures,
+        };
+        let mut config = config;
+        if let Some(from) = &self.resume {
+            let bundle = from.read()?;
+            if bundle.world_size != config.world() {
+                return Err(CheckpointError::WorldSizeMismatch {
+                    expected: config.world(),
+                    found: bundle.world_size,
+                }
+                .into());
+            }
+            let hash = crate::runtime::capture::config_hash(&config);
+            if bundle.config_hash != hash {
+                return Err(CheckpointError::ConfigMismatch {
+                    expected: hash,
+                    found: bundle.config_hash,
+                }
+                .into());
+            }
+            config.resume = Some(Arc::new(crate::runtime::capture::decode(&config, bundle)?));
+        }
+        DdpHandle::start(Arc::new(config))
+    }
+}
