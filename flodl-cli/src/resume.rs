@@ -3,16 +3,17 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow, bail};
-use flodl_ddp::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, LATEST};
+use flodl_ddp::checkpoint::{self, CheckpointError};
 use flodl_ddp::{Error, ResumeFrom};
 
 /// The bundle a run resumes from, read and checked for integrity (not yet for compatibility).
 #[derive(Debug, Clone)]
 pub(crate) struct ResumePoint {
-    /// `--resume` as given: a directory or a bundle file.
-    pub(crate) given: PathBuf,
-    /// The bundle file that is read (a directory's `latest.fdlck`, else its newest step bundle).
+    /// The bundle file that is read (a directory's `latest.fdlck`, else its newest intact step
+    /// bundle; see `flodl_ddp::checkpoint::locate`).
     pub(crate) bundle: PathBuf,
+    /// Newer bundles of the directory that were passed over, with why.
+    pub(crate) skipped: Vec<(PathBuf, String)>,
     /// The cohort step the bundle was saved at.
     pub(crate) step: u64,
     /// Epochs the bundle's run had completed.
@@ -22,47 +23,35 @@ pub(crate) struct ResumePoint {
 }
 
 impl ResumePoint {
-    /// Finds and reads the bundle `given` names.
+    /// Finds and reads the bundle `given` names, as the library does (and only reading).
     ///
     /// # Errors
     /// The path does not exist, a directory holds no bundle, or the bundle is unreadable or
     /// corrupt (the message names the file).
     pub(crate) fn locate(given: &Path) -> Result<Self> {
-        let bundle = if given.is_dir() {
-            let store = CheckpointStore::open(given, 1).map_err(|e| refusal(given, &e))?;
-            let latest = store.path_of(LATEST);
-            if latest.is_file() {
-                latest
-            } else {
-                let steps = store.steps().map_err(|e| refusal(given, &e))?;
-                match steps.into_iter().last() {
-                    Some((_, path)) => path,
-                    None => bail!("cannot resume from {}: no checkpoint in it", given.display()),
-                }
-            }
-        } else if given.exists() {
-            given.to_owned()
-        } else {
+        if !given.exists() {
             bail!("cannot resume from {}: no such file or directory", given.display());
-        };
-        let ckpt = Checkpoint::read(&bundle).map_err(|e| refusal(&bundle, &e))?;
-        let epochs = ckpt.epoch_metrics().map_err(|e| refusal(&bundle, &e))?;
+        }
+        let found = checkpoint::locate(given).map_err(|e| match e {
+            CheckpointError::NotFound { .. } => {
+                anyhow!("cannot resume from {}: no checkpoint in it", given.display())
+            }
+            e => refusal(given, &e),
+        })?;
+        let epochs = found.checkpoint.epoch_metrics().map_err(|e| refusal(&found.path, &e))?;
         Ok(ResumePoint {
             epochs,
-            given: given.to_owned(),
-            bundle,
-            step: ckpt.global_step,
-            epochs_done: ckpt.epoch,
+            skipped: found.skipped.into_iter().map(|(p, e)| (p, e.to_string())).collect(),
+            step: found.checkpoint.global_step,
+            epochs_done: found.checkpoint.epoch,
+            bundle: found.path,
         })
     }
 
-    /// What the trainer reads: a directory's newest bundle, or the file.
+    /// What the trainer reads: the bundle located here (so the run resumes exactly the bundle
+    /// shown).
     pub(crate) fn source(&self) -> ResumeFrom {
-        if self.given.is_dir() {
-            ResumeFrom::Latest(self.given.clone())
-        } else {
-            ResumeFrom::File(self.given.clone())
-        }
+        ResumeFrom::File(self.bundle.clone())
     }
 }
 
@@ -149,8 +138,8 @@ mod tests {
 
     fn point() -> ResumePoint {
         ResumePoint {
-            given: "ck".into(),
             bundle: "ck/latest.fdlck".into(),
+            skipped: Vec::new(),
             step: 10,
             epochs_done: 1,
             epochs: Vec::new(),

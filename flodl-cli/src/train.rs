@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use flodl_data::mnist::{self, Mnist, Split, Verify};
 use flodl_data::{Dataset, Subset};
-use flodl_ddp::checkpoint::{LATEST, SaveInterval};
+use flodl_ddp::checkpoint::SaveInterval;
 use flodl_ddp::control::schedule::Schedule;
 use flodl_ddp::{
     Backend, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, Policy, Prefetch, ReplicaContext,
@@ -74,6 +74,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
                 point.epochs_done,
                 cfg.epochs
             );
+            for (path, why) in &point.skipped {
+                println!("  skipped {}: {why}", path.display());
+            }
         }
     }
     let outcome =
@@ -543,8 +546,8 @@ pub(crate) fn summarise(
         checkpoint: opts
             .checkpoint_dir
             .as_ref()
-            .map(|d| d.join(format!("{LATEST}.{}", flodl_ddp::checkpoint::EXTENSION)))
-            .filter(|p| p.is_file()),
+            .and_then(|d| flodl_ddp::checkpoint::locate(d).ok())
+            .map(|found| found.path),
         faults: outcome.faults.clone(),
     }
 }

@@ -34,7 +34,9 @@
 //! it over the target and fsyncs the directory, so a crash leaves the previous bundle intact.
 //! [`CheckpointStore`] keeps `step-<global_step>.fdlck` bundles (the newest `keep`) and
 //! `latest.fdlck` (a hard link to the newest step bundle, swapped in atomically).
-//! [`SaveInterval`] says when a periodic save falls due.
+//! [`SaveInterval`] says when a periodic save falls due. [`locate`] finds the bundle to resume
+//! from — a file is itself; in a directory `latest.fdlck` when it reads intact, else the highest
+//! intact step bundle — and only reads; the trainer, the store's loaders and `fdl` all use it.
 //!
 //! # Restoring
 //!
@@ -86,6 +88,7 @@ mod coverage;
 mod error;
 mod format;
 mod interval;
+mod location;
 mod record;
 mod signature;
 mod store;
@@ -96,6 +99,7 @@ pub use coverage::{EpochCoverage, SampleRange, normalise, uncovered};
 pub use error::{CheckpointError, Result};
 pub use format::{FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_META_BYTES, ReadLimits};
 pub use interval::SaveInterval;
+pub use location::{Located, locate, step_bundles};
 pub use record::{StoredDType, TensorRecord, TensorSet};
 pub use signature::{ConfigHash, Expectation, ModelSignature, SignatureEntry};
 pub use store::{

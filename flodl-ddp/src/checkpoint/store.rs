@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::bundle::Checkpoint;
 use super::error::{CheckpointError, Result};
 use super::format::{Encoded, ReadLimits};
+use super::location::{locate, parse_step, step_bundles};
 use super::signature::Expectation;
 
 /// File extension of bundles.
@@ -301,59 +302,16 @@ impl CheckpointStore {
     /// # Errors
     /// [`CheckpointError::Io`] when the directory cannot be listed.
     pub fn steps(&self) -> Result<Vec<(u64, PathBuf)>> {
-        let mut steps: Vec<(u64, PathBuf)> = self
-            .entries()?
-            .into_iter()
-            .filter_map(|name| parse_step(&name).map(|s| (s, self.dir.join(name))))
-            .collect();
-        steps.sort_unstable();
-        Ok(steps)
+        step_bundles(&self.dir)
     }
 
-    /// Loads the newest bundle: `latest`, or the highest step bundle when `latest` is absent.
+    /// Loads the newest bundle as [`locate`] finds it (`latest`, or the highest step bundle
+    /// when `latest` is missing or corrupt) and checks it belongs to the run of `expect`.
     ///
     /// # Errors
-    /// [`CheckpointError::NotFound`] when there is none; otherwise as [`Checkpoint::load`]
-    /// (a corrupt `latest` is an error, not silently skipped).
+    /// As [`locate`], plus [`Checkpoint::check_compatible`]'s mismatches.
     pub fn load_latest(&self, expect: &Expectation) -> Result<Checkpoint> {
-        let latest = self.path_of(LATEST);
-        if latest.is_file() {
-            return Checkpoint::load(&latest, expect);
-        }
-        match self.steps()?.pop() {
-            Some((_, path)) => Checkpoint::load(&path, expect),
-            None => Err(CheckpointError::NotFound { dir: self.dir.clone() }),
-        }
-    }
-
-    /// Loads the newest bundle that is intact and compatible, trying `latest` and then the step
-    /// bundles from newest to oldest. Returns it with the errors of the ones skipped.
-    ///
-    /// # Errors
-    /// [`CheckpointError::NotFound`] when none is present; the newest one's error when none
-    /// loads.
-    pub fn load_newest_valid(
-        &self,
-        expect: &Expectation,
-    ) -> Result<(Checkpoint, Vec<(PathBuf, CheckpointError)>)> {
-        let latest = self.path_of(LATEST);
-        let candidates = latest
-            .is_file()
-            .then_some(latest)
-            .into_iter()
-            .chain(self.steps()?.into_iter().rev().map(|(_, p)| p));
-        let mut skipped = Vec::new();
-        for path in candidates {
-            match Checkpoint::load(&path, expect) {
-                Ok(ckpt) => return Ok((ckpt, skipped)),
-                Err(e) => skipped.push((path, e)),
-            }
-        }
-        if skipped.is_empty() {
-            Err(CheckpointError::NotFound { dir: self.dir.clone() })
-        } else {
-            Err(skipped.swap_remove(0).1)
-        }
+        load_latest(&self.dir, expect)
     }
 
     /// Deletes step bundles older than the newest `keep`.
@@ -379,22 +337,17 @@ impl CheckpointStore {
     }
 }
 
-/// The step number of a file named `step-<n>.fdlck`.
-fn parse_step(file_name: &str) -> Option<u64> {
-    let digits = file_name.strip_prefix(STEP_PREFIX)?.strip_suffix(EXTENSION)?.strip_suffix('.')?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// Loads the newest bundle of the store in `dir` (see [`CheckpointStore::load_latest`]).
+/// Loads the newest bundle in `dir` as [`locate`] finds it and checks it belongs to the run of
+/// `expect`.
 ///
 /// # Errors
-/// As [`CheckpointStore::load_latest`]; [`CheckpointError::NotFound`] when `dir` is missing.
+/// As [`locate`] ([`CheckpointError::NotFound`] when `dir` is missing or holds no bundle),
+/// plus [`Checkpoint::check_compatible`]'s mismatches.
 pub fn load_latest(dir: &Path, expect: &Expectation) -> Result<Checkpoint> {
     if !dir.is_dir() {
         return Err(CheckpointError::NotFound { dir: dir.to_path_buf() });
     }
-    CheckpointStore { dir: dir.to_path_buf(), keep: 1 }.load_latest(expect)
+    let found = locate(dir)?;
+    found.checkpoint.check_compatible(expect)?;
+    Ok(found.checkpoint)
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use flodl_data::Dataset;
 use flodl_tensor::Device;
 
-use crate::checkpoint::{Checkpoint, CheckpointError, LATEST, SaveInterval};
+use crate::checkpoint::{Checkpoint, CheckpointError, SaveInterval};
 use crate::contract::replica::{Replica, ReplicaContext};
 use crate::control::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
 use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
@@ -204,51 +204,36 @@ impl std::fmt::Debug for RunConfig {
     }
 }
 
-/// Where a resumed run reads its checkpoint.
+/// Where a resumed run reads its checkpoint; both go through [`crate::checkpoint::locate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResumeFrom {
-    /// The newest bundle of a checkpoint directory: `latest.fdlck`, or the highest step bundle
-    /// when there is no `latest`.
+    /// The newest intact bundle of a checkpoint directory: `latest.fdlck`, or the highest step
+    /// bundle when `latest` is missing or corrupt.
     Latest(PathBuf),
     /// This bundle file.
     File(PathBuf),
 }
 
 impl ResumeFrom {
-    /// Reads the bundle (format, checksum and invariants checked; compatibility is not).
+    /// The path given.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            ResumeFrom::Latest(path) | ResumeFrom::File(path) => path,
+        }
+    }
+
+    /// Finds and reads the bundle (format, checksum and invariants checked; compatibility is
+    /// not); bundles passed over on the way are logged.
     ///
     /// # Errors
-    /// [`CheckpointError::NotFound`] when there is no bundle; the read errors of
-    /// [`Checkpoint::read`].
+    /// As [`crate::checkpoint::locate`].
     fn read(&self) -> std::result::Result<Checkpoint, CheckpointError> {
-        let path = match self {
-            ResumeFrom::File(path) => path.clone(),
-            ResumeFrom::Latest(dir) => {
-                let latest = dir.join(format!("{LATEST}.{}", crate::checkpoint::EXTENSION));
-                if latest.is_file() || !dir.is_dir() {
-                    latest
-                } else {
-                    let newest = std::fs::read_dir(dir)
-                        .map_err(|e| CheckpointError::io(dir.clone(), e))?
-                        .filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter_map(|p| step_of(&p).map(|s| (s, p)))
-                        .max_by_key(|(s, _)| *s);
-                    newest.map_or(latest, |(_, p)| p)
-                }
-            }
-        };
-        if !path.is_file() {
-            return Err(CheckpointError::NotFound { dir: path });
+        let found = crate::checkpoint::locate(self.path())?;
+        for (path, why) in &found.skipped {
+            tracing::warn!(path = %path.display(), %why, "checkpoint skipped");
         }
-        Checkpoint::read(&path)
+        Ok(found.checkpoint)
     }
-}
-
-/// The step of a `step-<n>.fdlck` path.
-fn step_of(path: &std::path::Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
-    let stem = name.strip_suffix(&format!(".{}", crate::checkpoint::EXTENSION))?;
-    stem.strip_prefix(crate::checkpoint::STEP_PREFIX)?.parse().ok()
 }
 
 /// The watchdog deadline unless [`Trainer::watchdog`] says otherwise.

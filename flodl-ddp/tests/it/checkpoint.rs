@@ -10,7 +10,7 @@ use flodl_ddp::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ConfigHash, EpochCoverage, Expectation,
     HEADER_LEN, MAGIC, MAX_META_BYTES, ModelSignature, OpaqueState, ReadLimits, RngStream,
     SampleRange, SaveInterval, SaveReason, SaveStage, SignatureEntry, StoredDType, TensorRecord,
-    TensorSet, load_latest, normalise, uncovered,
+    TensorSet, load_latest, locate, normalise, uncovered,
 };
 use flodl_ddp::{Chunk, ChunkPool, Tail};
 use flodl_tensor::{DType, Device, Stream, Tensor, bf16, gpu_skip_reason, skip_or_fail};
@@ -639,37 +639,100 @@ fn store_keeps_latest_and_the_newest_steps() -> TestResult {
     Ok(())
 }
 
+/// The names of the files in `dir`, sorted.
+fn listing(dir: &Path) -> Result<Vec<String>, Box<dyn Error>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    Ok(names)
+}
+
+/// `locate` picks `latest` when it reads intact, else the highest intact step bundle (a corrupt
+/// `latest` is skipped), a file is itself, and it never changes the directory (an interrupted
+/// save's temporary file stays); the store's loaders go through it.
 #[test]
-fn load_newest_valid_skips_a_corrupt_latest() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let store = CheckpointStore::open(dir.path(), 4)?;
+fn locate_skips_a_corrupt_latest_and_only_reads() -> TestResult {
+    /// A case: the store's files to corrupt or delete, what `locate(dir)` returns (the step of
+    /// the bundle chosen, `None` for `latest`; or the error it must fail with) and how many
+    /// bundles it skips.
+    type Case = (&'static str, &'static [&'static str], &'static [&'static str], Expect);
+    enum Expect {
+        Picks(Option<u64>, usize),
+        Fails(Accept),
+    }
+    let corrupt = |e: &CheckpointError| matches!(e, CheckpointError::ChecksumMismatch);
+    let not_found = |e: &CheckpointError| matches!(e, CheckpointError::NotFound { .. });
+    let cases: [Case; 6] = [
+        ("intact", &[], &[], Expect::Picks(None, 0)),
+        // latest and step-3 are one bundle (a hard link): both corrupt.
+        ("corrupt newest", &["latest", "step-3"], &[], Expect::Picks(Some(2), 2)),
+        ("corrupt latest only", &["latest"], &[], Expect::Picks(Some(3), 1)),
+        ("no latest", &[], &["latest"], Expect::Picks(Some(3), 0)),
+        ("all corrupt", &["latest", "step-1", "step-2", "step-3"], &[], Expect::Fails(corrupt)),
+        ("empty", &[], &["latest", "step-1", "step-2", "step-3"], Expect::Fails(not_found)),
+    ];
     let base = small_checkpoint()?;
     let expect = expectation_of(&base);
-    for s in [1u64, 2, 3] {
-        let mut c = base.clone();
-        c.global_step = s;
-        store.save(&c)?;
+    for (name, damaged, deleted, want) in cases {
+        let dir = tempfile::tempdir()?;
+        let store = CheckpointStore::open(dir.path(), 4)?;
+        for s in [1u64, 2, 3] {
+            let mut c = base.clone();
+            c.global_step = s;
+            store.save(&c)?;
+        }
+        for file in damaged {
+            let path = store.path_of(file);
+            let mut bytes = std::fs::read(&path)?;
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
+            // A fresh file, so a hard-linked twin is damaged only when listed.
+            std::fs::remove_file(&path)?;
+            std::fs::write(&path, &bytes)?;
+        }
+        for file in deleted {
+            std::fs::remove_file(store.path_of(file))?;
+        }
+        std::fs::write(dir.path().join(".latest.fdlck.tmp-1-0"), b"an interrupted save")?;
+        let before = listing(dir.path())?;
+        match want {
+            Expect::Picks(step, skipped) => {
+                let found = locate(dir.path())?;
+                let path = step.map_or_else(|| store.path_of("latest"), |s| store.step_path(s));
+                if found.path != path || found.skipped.len() != skipped {
+                    return Err(fail(format!(
+                        "{name}: picked {:?} after skipping {:?}",
+                        found.path, found.skipped
+                    )));
+                }
+                if found.checkpoint.global_step != step.unwrap_or(3)
+                    || store.load_latest(&expect)? != found.checkpoint
+                    || load_latest(dir.path(), &expect)? != found.checkpoint
+                {
+                    return Err(fail(format!("{name}: the loaders disagree with locate")));
+                }
+            }
+            Expect::Fails(accept) => {
+                expect_err(locate(dir.path()), accept, name)?;
+                expect_err(store.load_latest(&expect), accept, name)?;
+            }
+        }
+        if listing(dir.path())? != before {
+            return Err(fail(format!("{name}: locating changed the directory")));
+        }
+        // A file is itself, intact or not.
+        let step1 = store.step_path(1);
+        if step1.is_file() {
+            let read = locate(&step1).map(|f| f.path);
+            if damaged.contains(&"step-1") {
+                expect_err(read, corrupt, name)?;
+            } else if read? != step1 {
+                return Err(fail(format!("{name}: a file did not locate itself")));
+            }
+        }
     }
-    // Corrupt the newest bundle (latest and step-3 share it).
-    let path = store.step_path(3);
-    let mut bytes = std::fs::read(&path)?;
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    std::fs::write(&path, &bytes)?;
-    std::fs::write(store.path_of("latest"), &bytes)?;
-    expect_err(
-        store.load_latest(&expect),
-        |e| matches!(e, CheckpointError::ChecksumMismatch),
-        "corrupt latest",
-    )?;
-    let (ckpt, skipped) = store.load_newest_valid(&expect)?;
-    if ckpt.global_step != 2 || skipped.len() != 2 {
-        return Err(fail(format!(
-            "loaded step {} after skipping {}",
-            ckpt.global_step,
-            skipped.len()
-        )));
-    }
+    expect_err(locate(Path::new("/nowhere/at/all")), not_found, "missing path")?;
     Ok(())
 }
 

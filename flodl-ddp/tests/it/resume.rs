@@ -9,9 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flodl_data::Dataset;
-use flodl_ddp::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, SaveInterval, SaveReason,
-};
+use flodl_ddp::checkpoint::{Checkpoint, CheckpointError, SaveInterval, SaveReason, step_bundles};
 use flodl_ddp::control::outer::OuterKind;
 use flodl_ddp::{
     Backend, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, ResumeFrom, TrainedState, Trainer,
@@ -43,9 +41,9 @@ fn bits(state: &TrainedState) -> Vec<u32> {
         .collect()
 }
 
-/// The step bundles in `dir`, oldest first.
+/// The step bundles in `dir`, oldest first (read-only: the runs' directories stay as they are).
 fn steps(dir: &Path) -> Result<Vec<(u64, std::path::PathBuf)>, CheckpointError> {
-    CheckpointStore::open(dir, 1000)?.steps()
+    step_bundles(dir)
 }
 
 /// A `Sync` run on 2 CPU ranks, interrupted (aborted after its first epoch, then resumed from
@@ -116,8 +114,7 @@ fn interrupted_sync_run_resumes_bitwise() -> TestResult {
         assert!(matches!(run.join(), Err(Error::Aborted)), "{backend:?}: stop without a store");
 
         // The end of the run is saved too.
-        let last = CheckpointStore::open(dir.path(), 3)?;
-        let done = Checkpoint::read(&last.path_of("latest"))?;
+        let done = Checkpoint::read(&dir.path().join("latest.fdlck"))?;
         assert_eq!(done.reason, SaveReason::GracefulShutdown);
         assert_eq!(done.epoch, EPOCHS as u64);
     }
