@@ -86,4 +86,5 @@ pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{DdpHandle, HostTensor, TrainedState};
 pub use runtime::prefetch::Prefetch;
-pub use runtime::trainer::{Devices, ElCheKnobs, EpochCallback, ResumeFrom, SampleAudit, Trainer};
+pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, RunSpec};
+pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};

@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 /// The periodic-save rule: save after every `every_reduces`-th reduce and/or after every
 /// `every_epochs`-th completed epoch (`None` turns a trigger off). On-demand saves are separate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct SaveInterval {
     /// Save when the number of completed reduces is a multiple of this.
     pub every_reduces: Option<NonZeroU64>,

@@ -61,12 +61,14 @@ impl ModelSignature {
     }
 }
 
-/// The sha256 of a run's canonical configuration string.
+/// The sha256 of a run's canonical configuration (a run's bundles record
+/// [`RunSpec::compat_hash`](crate::RunSpec::compat_hash)).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ConfigHash(pub [u8; 32]);
 
 impl ConfigHash {
-    /// Hashes a canonical configuration string (the caller decides the canonical form).
+    /// Hashes a canonical configuration string (the caller decides the canonical form; the
+    /// runtime hashes a canonical binary encoding instead, see `RunSpec`).
     pub fn of(canonical_config: &str) -> Self {
         ConfigHash(Sha256::digest(canonical_config.as_bytes()).into())
     }

@@ -26,7 +26,7 @@ pub const OUTER_MOMENTUM: f32 = 0.9;
 pub const EASGD_ALPHA: f32 = 0.5;
 
 /// Which outer optimizer runs on the consensus.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum OuterKind {
     /// The consensus as is.
     Average,

@@ -10,6 +10,7 @@ use crate::control::logic_error::{LogicError, LogicResult};
 
 /// When the replicas are averaged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Policy {
     /// After every step of every rank.
     Sync,
@@ -81,6 +82,7 @@ impl FromStr for Policy {
 
 /// How the replicas are averaged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// In-place weighted all-reduce on the devices (NCCL, or the host collective for CPU ranks).
     #[default]

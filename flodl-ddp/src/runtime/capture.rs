@@ -20,8 +20,8 @@ use std::path::PathBuf;
 use flodl_tensor::{Stream, Tensor};
 
 use crate::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, ConfigHash, EpochCoverage, OpaqueState,
-    SampleRange, SaveInterval, SaveReason, TensorRecord, TensorSet,
+    Checkpoint, CheckpointError, CheckpointStore, EpochCoverage, OpaqueState, SampleRange,
+    SaveInterval, SaveReason, TensorRecord, TensorSet,
 };
 use crate::control::elche::ElCheState;
 use crate::control::guard::Guard;
@@ -142,30 +142,6 @@ pub(crate) struct Progress<'a> {
     pub(crate) guard: &'a Guard,
     pub(crate) epochs: &'a [EpochMetrics],
     pub(crate) coverage: Vec<(usize, Vec<SampleRange>)>,
-}
-
-/// The hash of what a run's trajectory depends on: a bundle resumes only into a run with the
-/// same hash. Left out on purpose: the epoch count (a run may be extended), the devices (a
-/// bundle moves between machines; bitwise equality then needs the same devices), slowdown,
-/// timeouts, prefetching and evaluation.
-pub(crate) fn config_hash(cfg: &RunConfig) -> ConfigHash {
-    ConfigHash::of(&format!(
-        "flodl-run v1; world={}; policy={:?}; backend={:?}; batch={}; samples={}; seed={}; \
-         schedule={:?}; lr_scale={}; gamma={}; outer={:?}; easgd={:?}; clip={:?}; elche={:?}",
-        cfg.world(),
-        cfg.policy,
-        cfg.backend,
-        cfg.batch_size,
-        cfg.dataset.len(),
-        cfg.seed,
-        cfg.schedule,
-        cfg.lr_scale,
-        cfg.gamma,
-        cfg.outer,
-        cfg.easgd,
-        cfg.max_grad_norm,
-        cfg.elche,
-    ))
 }
 
 /// Copies `tensors` to the host with their shapes.
@@ -298,7 +274,7 @@ pub(crate) fn assemble(
     let mut ckpt = Checkpoint::new(
         set_of(PARAM, &pair(&shapes[..n], &model.params))?,
         cfg.world(),
-        config_hash(cfg),
+        cfg.spec.compat_hash()?,
     );
     ckpt.buffers = set_of(BUFFER, &pair(&shapes[n..], &model.buffers))?;
     ckpt.optimizer = captures
@@ -319,11 +295,13 @@ pub(crate) fn assemble(
     ckpt.epoch = progress.epoch as u64;
     ckpt.reduce_version = progress.reduces;
     ckpt.elche = progress.elche.as_ref().map(OpaqueState::encode).transpose()?;
-    let total = cfg.batches_per_epoch() * cfg.batch_size;
+    let total = cfg.batches_per_epoch() * cfg.spec.batch_size;
     ckpt.coverage = progress
         .coverage
         .iter()
-        .map(|(epoch, done)| EpochCoverage::with_completed(*epoch as u64, cfg.seed, total, done))
+        .map(|(epoch, done)| {
+            EpochCoverage::with_completed(*epoch as u64, cfg.spec.seed, total, done)
+        })
         .collect::<std::result::Result<_, _>>()?;
     let mut extras = BTreeMap::new();
     extras.insert(EXTRA_EPOCHS.to_owned(), OpaqueState::encode(&progress.epochs)?);

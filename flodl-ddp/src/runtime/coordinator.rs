@@ -106,12 +106,12 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
 /// copies).
 fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
     let world = cfg.world();
-    if cfg.backend == Backend::Host {
+    if cfg.spec.backend == Backend::Host {
         return Ok((0..world).map(|_| None).collect());
     }
     #[cfg(feature = "cuda")]
-    if cfg.devices.iter().all(|d| matches!(d, flodl_tensor::Device::Cuda(_)))
-        && cfg.devices.iter().collect::<std::collections::HashSet<_>>().len() == world
+    if cfg.spec.devices.iter().all(|d| matches!(d, flodl_tensor::Device::Cuda(_)))
+        && cfg.spec.devices.iter().collect::<std::collections::HashSet<_>>().len() == world
     {
         let id = flodl_nccl::UniqueId::new()?;
         return Ok((0..world).map(|_| Some(CommPlan::Nccl { id: id.clone(), world })).collect());
@@ -133,7 +133,7 @@ fn rank_thread(
     tx: flume::Sender<ToCoordinator>,
     first: Window,
 ) {
-    let timeout = cfg.stall_timeout;
+    let timeout = cfg.spec.stall_timeout;
     let outcome = catch_unwind(AssertUnwindSafe(|| match Worker::build(rank, cfg, comm, cancel) {
         Ok(worker) => {
             let mut lp = RankLoop::new(worker, rx, tx.clone(), first);
@@ -264,8 +264,8 @@ impl Coordinator {
     ) -> Result<Self> {
         let world = cfg.world();
         let batches = cfg.batches_per_epoch();
-        let knobs = &cfg.elche;
-        let elche = match cfg.policy {
+        let knobs = &cfg.spec.elche;
+        let elche = match cfg.spec.policy {
             Policy::Sync => None,
             Policy::Cadence | Policy::Async => {
                 let mut e = ElChe::new(world, knobs.anchor)
@@ -284,18 +284,25 @@ impl Coordinator {
                 Some(e)
             }
         };
-        let cutting = match cfg.policy {
+        let cutting = match cfg.spec.policy {
             Policy::Sync => Cutting::Static,
             _ => Cutting::Progressive { min_chunk: knobs.min_chunk },
         };
         let overshoot =
             knobs.max_overshoot.map_or_else(|| Overshoot::auto(batches), Overshoot::fixed);
-        let guard = cfg.guard.clone();
-        let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
+        let guard = cfg.spec.guard.clone();
+        let outer =
+            OuterOptimizer::new(cfg.spec.outer).map_err(|e| Error::Config(e.to_string()))?;
         let outlets_dead = outlets.dead.clone();
         let mut coord = Coordinator {
-            devices: cfg.devices.iter().map(ToString::to_string).collect(),
-            dispatch: Dispatcher::new(world, cfg.batch_size, batches, cfg.epochs, cutting),
+            devices: cfg.spec.devices.iter().map(ToString::to_string).collect(),
+            dispatch: Dispatcher::new(
+                world,
+                cfg.spec.batch_size,
+                batches,
+                cfg.spec.epochs,
+                cutting,
+            ),
             cfg,
             outlets,
             rx,
@@ -347,21 +354,26 @@ impl Coordinator {
         let epoch = usize::try_from(bundle.epoch).unwrap_or(usize::MAX);
         let world = self.cfg.world();
         let batches = self.cfg.batches_per_epoch();
-        let cutting = match self.cfg.policy {
+        let cutting = match self.cfg.spec.policy {
             Policy::Sync => Cutting::Static,
-            _ => Cutting::Progressive { min_chunk: self.cfg.elche.min_chunk },
+            _ => Cutting::Progressive { min_chunk: self.cfg.spec.elche.min_chunk },
         };
-        self.dispatch =
-            Dispatcher::new(world, self.cfg.batch_size, batches, self.cfg.epochs, cutting)
-                .resume(epoch, &resumed.coverage)
-                .map_err(|e| Error::Config(format!("cannot resume: {e}")))?;
+        self.dispatch = Dispatcher::new(
+            world,
+            self.cfg.spec.batch_size,
+            batches,
+            self.cfg.spec.epochs,
+            cutting,
+        )
+        .resume(epoch, &resumed.coverage)
+        .map_err(|e| Error::Config(format!("cannot resume: {e}")))?;
         if let (Some(e), Some(state)) = (self.elche.as_mut(), &resumed.elche) {
             e.restore(state).map_err(|e| Error::Config(format!("cannot resume ElChe: {e}")))?;
         }
         if let Some(guard) = &resumed.guard {
             self.guard = guard.clone();
         }
-        if self.cfg.backend == Backend::Host
+        if self.cfg.spec.backend == Backend::Host
             && let Some(outer) = resumed.ranks.first().and_then(|r| r.outer.as_ref())
         {
             restore_outer(&mut self.outer, outer, &self.cpu)?;
@@ -385,7 +397,7 @@ impl Coordinator {
                     .and_then(|e| e.counts().get(r).copied())
                     .unwrap_or(1)
                     .max(1);
-                let (target, limit) = match self.cfg.policy {
+                let (target, limit) = match self.cfg.spec.policy {
                     Policy::Sync => (1, 1),
                     Policy::Cadence => (count, count),
                     Policy::Async => (count, count + self.overshoot.current()),
@@ -427,7 +439,7 @@ impl Coordinator {
             t.set(Instant::now());
         }
         match self.to_workers.get(rank) {
-            Some(tx) => match tx.send_timeout(msg, self.cfg.stall_timeout) {
+            Some(tx) => match tx.send_timeout(msg, self.cfg.spec.stall_timeout) {
                 Ok(()) => Ok(()),
                 Err(flume::SendTimeoutError::Disconnected(_)) => {
                     // The rank's thread ended: it is declared dead once its last words are read.
@@ -485,7 +497,7 @@ impl Coordinator {
     /// As [`rank_died`](Self::rank_died); [`Error::Unrecoverable`] when a reduce stays pending
     /// for [`STALLED_REDUCE`] deadlines with every rank alive.
     fn check_liveness(&mut self) -> Result<()> {
-        let after = self.cfg.watchdog;
+        let after = self.cfg.spec.watchdog;
         let pending = match &self.reduce {
             Reduce::Collective { round, acks, .. } => {
                 self.roster.reduce_pending_for().map(|d| (d, acks, *round))
@@ -551,7 +563,7 @@ impl Coordinator {
     /// Waits for every rank's replica, checks they agree, and sends rank 0's weights to all.
     fn startup(&mut self) -> Result<()> {
         let world = self.cfg.world();
-        let deadline = Instant::now() + self.cfg.stall_timeout;
+        let deadline = Instant::now() + self.cfg.spec.stall_timeout;
         let mut ready = vec![false; world];
         let mut initial = None;
         while ready.iter().any(|r| !r) {
@@ -562,7 +574,7 @@ impl Coordinator {
                     if Instant::now() >= deadline {
                         return Err(Error::Timeout {
                             what: "the ranks' replicas",
-                            after: self.cfg.stall_timeout,
+                            after: self.cfg.spec.stall_timeout,
                         });
                     }
                     if self.outlets.cancel.load(Ordering::Acquire) {
@@ -831,7 +843,7 @@ impl Coordinator {
                 .map(|b| if b.pace.1 > 0 { b.pace.0 / b.pace.1 as f64 } else { 0.0 })
                 .collect(),
         };
-        self.cfg.eval_rank.elect(&self.roster.live_ranks(), &ms)
+        self.cfg.spec.eval_rank.elect(&self.roster.live_ranks(), &ms)
     }
 
     /// Starts a reduce when every rank is ready for it, or finishes the run when nothing is left.
@@ -895,7 +907,7 @@ impl Coordinator {
         }
         let lowest = self.roster.lowest();
         let evaluator = self.roster.evaluator();
-        match self.cfg.backend {
+        match self.cfg.spec.backend {
             Backend::Collective => {
                 for rank in self.roster.live_ranks() {
                     let eval = if Some(rank) == evaluator { eval } else { None };
@@ -913,7 +925,7 @@ impl Coordinator {
                 for rank in self.roster.live_ranks() {
                     self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0, capture })?;
                 }
-                let deadline = started + self.cfg.snapshot_timeout;
+                let deadline = started + self.cfg.spec.snapshot_timeout;
                 let mut round =
                     HostRound::new(ending, self.cfg.world(), deadline, next.clone(), eval, counts);
                 for rank in (0..self.cfg.world()).filter(|&r| !self.roster.is_live(r)) {
@@ -950,7 +962,7 @@ impl Coordinator {
         let Reduce::Host(hr) = &mut self.reduce else { return Ok(()) };
         let missing = hr.missing();
         let age = hr.age();
-        let Some((round, attempt)) = hr.retry_if_late(self.cfg.snapshot_timeout) else {
+        let Some((round, attempt)) = hr.retry_if_late(self.cfg.spec.snapshot_timeout) else {
             return Ok(());
         };
         self.stalled += 1;
@@ -959,7 +971,7 @@ impl Coordinator {
             attempt,
             "host averaging round missed its snapshot deadline; retrying"
         );
-        if self.stalled >= self.cfg.max_stalled_rounds {
+        if self.stalled >= self.cfg.spec.max_stalled_rounds {
             if !missing.is_empty() && missing.len() < self.roster.live_ranks().len() {
                 // The ranks that never answered are stuck: the others go on without them.
                 let after = age.map_or(Duration::ZERO, |(_, d)| d);
@@ -1000,7 +1012,7 @@ impl Coordinator {
             tracing::debug!(round, divergence, ?verdict, "divergence guard");
             let _ = self.outlets.guards.try_send(GuardEvent { round, divergence, k_max, verdict });
         }
-        if self.cfg.policy == Policy::Async {
+        if self.cfg.spec.policy == Policy::Async {
             // Stable grows an auto bound, NudgeDown resets it; a guard that is off reads Stable,
             // a reduce it did not measure holds the bound.
             match (divergence, &self.guard) {
@@ -1015,7 +1027,7 @@ impl Coordinator {
         self.dispatch.add_reduce(sync_ms);
         let event = ReduceEvent {
             round,
-            epoch: self.dispatch.oldest().min(self.cfg.epochs.saturating_sub(1)),
+            epoch: self.dispatch.oldest().min(self.cfg.spec.epochs.saturating_sub(1)),
             at_ms: self.start.elapsed().as_secs_f64() * 1000.0,
             anchor: self.elche.as_ref().map_or(1, ElChe::anchor),
             counts,
@@ -1034,7 +1046,7 @@ impl Coordinator {
             self.send(rank, ToWorker::Finish { capture })?;
         }
         let mut parts: Vec<Option<RankCapture>> = vec![None; self.cfg.world()];
-        let deadline = Instant::now() + self.cfg.stall_timeout;
+        let deadline = Instant::now() + self.cfg.spec.stall_timeout;
         let mut finals: Vec<Option<HostState>> = vec![None; self.cfg.world()];
         loop {
             for (gone, done) in self.gone.iter().zip(&finals) {
@@ -1052,7 +1064,7 @@ impl Coordinator {
             if left.is_zero() {
                 return Err(Error::Timeout {
                     what: "the ranks' final states",
-                    after: self.cfg.stall_timeout,
+                    after: self.cfg.spec.stall_timeout,
                 });
             }
             match self.rx.recv_timeout(left.min(TICK)) {
@@ -1073,14 +1085,14 @@ impl Coordinator {
         let lowest = self.roster.lowest().ok_or(Error::Disconnected("every rank thread"))?;
         let state = finals.swap_remove(lowest).ok_or(Error::Disconnected("rank thread"))?;
         if let Some(plan) = &self.cfg.checkpoints {
-            let outer = match self.cfg.backend {
+            let outer = match self.cfg.spec.backend {
                 Backend::Host => outer_state(&self.outer, &self.cpu)?,
                 Backend::Collective => None,
             };
             let progress = Progress {
                 reason: SaveReason::GracefulShutdown,
                 global_step: self.global_step,
-                epoch: self.cfg.epochs,
+                epoch: self.cfg.spec.epochs,
                 reduces: self.reduces,
                 elche: self.elche.as_ref().map(ElChe::state),
                 guard: &self.guard,
@@ -1148,9 +1160,9 @@ impl Coordinator {
         let (Some(c), Some(plan)) = (self.capturing.take(), self.cfg.checkpoints.as_ref()) else {
             return Ok(());
         };
-        let partial = partial_ranges(&c.parts, self.cfg.batch_size);
+        let partial = partial_ranges(&c.parts, self.cfg.spec.batch_size);
         let coverage = self.dispatch.coverage(&partial);
-        let outer = match self.cfg.backend {
+        let outer = match self.cfg.spec.backend {
             Backend::Host => outer_state(&self.outer, &self.cpu)?,
             Backend::Collective => None,
         };
@@ -1186,7 +1198,7 @@ impl Coordinator {
             job.steps.iter_mut().for_each(|s| *s = 1);
         }
         let tx = self.tx.clone();
-        let gamma = self.cfg.gamma;
+        let gamma = self.cfg.spec.gamma;
         let measure = self.cfg.measures_divergence();
         std::thread::Builder::new()
             .name("flodl-host-average".into())
@@ -1256,7 +1268,7 @@ impl Coordinator {
             let _ = tx.try_send(ToWorker::Stop);
         }
         let lone_nccl = self.roster.nccl && survivors.len() == 1;
-        if self.roster.deaths() > self.cfg.max_failures {
+        if self.roster.deaths() > self.cfg.spec.max_failures {
             self.save_failure_bundle(SaveReason::MaxFailureExceeded);
             return Err(rank_error(rank, error));
         }
@@ -1288,7 +1300,7 @@ impl Coordinator {
         if let Some(e) = self.elche.as_mut() {
             e.retire(rank).map_err(|e| Error::Config(e.to_string()))?;
         }
-        match self.cfg.backend {
+        match self.cfg.spec.backend {
             Backend::Collective => self.regroup(&survivors)?,
             Backend::Host => {
                 if let Reduce::Host(hr) = &mut self.reduce

@@ -132,12 +132,12 @@ pub struct DdpHandle {
 impl DdpHandle {
     /// Spawns the run's threads.
     pub(crate) fn start(config: Arc<RunConfig>) -> Result<DdpHandle> {
-        let (epochs_tx, epochs) = flume::bounded(config.epochs + 1);
+        let (epochs_tx, epochs) = flume::bounded(config.spec.epochs + 1);
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
         let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
         let (faults_tx, faults) = flume::bounded(config.world() + 1);
         let dead = DeadFlags::new(config.world());
-        let grace = config.stall_timeout;
+        let grace = config.spec.stall_timeout;
         let cancel = Arc::new(AtomicBool::new(false));
         let save_now = Arc::new(crate::runtime::capture::SaveRequest::default());
         let checkpointing = config.checkpoints.is_some();

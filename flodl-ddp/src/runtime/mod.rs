@@ -10,5 +10,6 @@ pub(crate) mod host_round;
 pub(crate) mod prefetch;
 pub(crate) mod rank;
 pub(crate) mod solo;
+pub(crate) mod spec;
 pub(crate) mod staging;
 pub(crate) mod trainer;

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 ///
 /// Prefetching changes when a batch is prepared, never which samples it holds or in what order:
 /// a run trains the same batches either way (bitwise the same model under `Sync` on CPU ranks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Prefetch {
     /// On for CUDA ranks, with a depth from the device's memory gauge re-evaluated for every
     /// chunk; off for CPU ranks.

@@ -109,15 +109,15 @@ impl Worker {
         comm: Option<CommPlan>,
         cancel: Arc<AtomicBool>,
     ) -> Result<Self> {
-        let device = cfg.devices[rank];
+        let device = cfg.spec.devices[rank];
         let stream = rank_stream(device)?;
         let ctx = ReplicaContext {
             rank,
             world: cfg.world(),
             device,
             stream: stream.clone(),
-            batch_size: cfg.batch_size,
-            seed: cfg.seed,
+            batch_size: cfg.spec.batch_size,
+            seed: cfg.spec.seed,
         };
         let replica = (cfg.factory)(&ctx)?;
         if let Some(t) = replica
@@ -134,20 +134,22 @@ impl Worker {
         }
         let layout = cfg.dataset.layout().clone();
         let host = HostBatch::new(&layout, device);
-        let batch = device_batch(&layout, cfg.batch_size, &stream)?;
+        let batch = device_batch(&layout, cfg.spec.batch_size, &stream)?;
         let comm = match comm {
-            Some(plan) => Some(plan.join(rank, device, cfg.stall_timeout)?),
+            Some(plan) => Some(plan.join(rank, device, cfg.spec.stall_timeout)?),
             None => None,
         };
-        let outer = OuterOptimizer::new(cfg.outer).map_err(|e| Error::Config(e.to_string()))?;
-        let perms = Permutations { len: cfg.dataset.len(), seed: cfg.seed, cache: VecDeque::new() };
-        let feeds = match cfg.prefetch.depth_on(device) {
+        let outer =
+            OuterOptimizer::new(cfg.spec.outer).map_err(|e| Error::Config(e.to_string()))?;
+        let perms =
+            Permutations { len: cfg.dataset.len(), seed: cfg.spec.seed, cache: VecDeque::new() };
+        let feeds = match cfg.spec.prefetch.depth_on(device) {
             Some(depth) => Some(ChunkFeeds::new(
                 cfg.dataset.clone(),
                 device,
                 depth,
-                cfg.seed,
-                cfg.stall_timeout,
+                cfg.spec.seed,
+                cfg.spec.stall_timeout,
             )?),
             None => None,
         };
@@ -187,7 +189,7 @@ impl Worker {
         offset: usize,
         step: u64,
     ) -> Result<(f32, f64)> {
-        let bs = self.cfg.batch_size;
+        let bs = self.cfg.spec.batch_size;
         let perm = self.perms.get(epoch);
         let picks = perm.get(offset..offset + bs).ok_or_else(|| {
             Error::Config(format!("batch at {offset} runs past an epoch of {}", perm.len()))
@@ -216,7 +218,7 @@ impl Worker {
         next: Option<Chunk>,
         step: u64,
     ) -> Result<Option<(f32, f64)>> {
-        let bs = self.cfg.batch_size;
+        let bs = self.cfg.spec.batch_size;
         let offset = chunk.offset + index * bs;
         let Some(feeds) = self.feeds.as_mut() else {
             return self.train_batch(chunk.epoch, offset, step).map(Some);
@@ -257,7 +259,7 @@ impl Worker {
     fn train_loaded(&mut self, step: u64) -> Result<(f32, f64)> {
         let t0 = Instant::now();
         let loss = self.replica.train_step(&self.batch)?;
-        if let Some(max_norm) = self.cfg.max_grad_norm {
+        if let Some(max_norm) = self.cfg.spec.max_grad_norm {
             self.clip_gradients(max_norm)?;
         }
         self.replica.step(self.cfg.lr(step))?;
@@ -393,7 +395,7 @@ impl Worker {
         };
         self.stream.synchronize()?;
         let mut divergence = None;
-        if let Some((wp, wb)) = comm.weights(steps, self.cfg.gamma)? {
+        if let Some((wp, wb)) = comm.weights(steps, self.cfg.spec.gamma)? {
             let measure = self.cfg.measures_divergence() && wp > 0.0;
             // What a failed collective may leave written: NCCL anything; the host collective
             // nothing of the failed operation, but the parameters when the buffers' fails.
@@ -475,7 +477,7 @@ impl Worker {
     /// Evaluates the test dataset, when there is one and the replica supports it.
     pub(crate) fn evaluate(&mut self) -> Result<Option<EvalMetrics>> {
         let Some(test) = self.cfg.test.clone() else { return Ok(None) };
-        let bs = self.cfg.batch_size;
+        let bs = self.cfg.spec.batch_size;
         let layout = test.layout().clone();
         let mut host = HostBatch::new(&layout, self.stream.device());
         let (mut loss_sum, mut correct, mut samples) = (0.0, 0, 0);
@@ -639,7 +641,7 @@ impl RankLoop {
     fn send(&self, msg: ToCoordinator) -> Result<()> {
         self.last_sent.set(Instant::now());
         self.tx
-            .send_timeout(msg, self.worker.cfg.stall_timeout)
+            .send_timeout(msg, self.worker.cfg.spec.stall_timeout)
             .map_err(|_| Error::Disconnected("coordinator"))
     }
 
@@ -687,13 +689,13 @@ impl RankLoop {
 
     /// Waits for the next message, up to the stall timeout.
     fn wait(&self) -> Result<ToWorker> {
-        let deadline = Instant::now() + self.worker.cfg.stall_timeout;
+        let deadline = Instant::now() + self.worker.cfg.spec.stall_timeout;
         loop {
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Timeout {
                     what: "a message from the coordinator",
-                    after: self.worker.cfg.stall_timeout,
+                    after: self.worker.cfg.spec.stall_timeout,
                 });
             }
             match self.rx.recv_timeout(CANCEL_POLL.min(deadline - now)) {
@@ -737,7 +739,7 @@ impl RankLoop {
             self.current = Some(Current { chunk, done: 0, work: WorkTally::default() });
         }
         let Some(cur) = self.current.as_mut() else { return Ok(()) };
-        let bs = self.worker.cfg.batch_size;
+        let bs = self.worker.cfg.spec.batch_size;
         let step = self.global_step + self.win.steps as u64;
         let next = self.queue.front().copied();
         let Some((loss, ms)) = self.worker.train_chunk_batch(cur.chunk, cur.done, next, step)?
@@ -852,7 +854,7 @@ impl RankLoop {
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
                 // Steps trained since the snapshot stay: average + (now − snapshot).
                 let sent = self.sent_params.take().filter(|_| carried.0 > 0);
-                match (self.worker.cfg.easgd, sent) {
+                match (self.worker.cfg.spec.easgd, sent) {
                     (Some(alpha), sent) => {
                         self.worker.load_blended(&state, sent.as_deref(), alpha)?;
                     }
@@ -929,7 +931,7 @@ impl RankLoop {
         })?;
         if let Some(comm) = self.worker.comm.as_ref() {
             self.send(ToCoordinator::Joining { rank, generation })?;
-            let device = self.worker.cfg.devices[rank];
+            let device = self.worker.cfg.spec.devices[rank];
             let next = comm.regroup(&positions, how, device, self.worker.cfg.comm_timeout())?;
             self.worker.comm = Some(next);
         }

@@ -32,17 +32,17 @@ pub(crate) fn spawn(
 fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     let start = Instant::now();
     let mut worker = Worker::build(0, cfg.clone(), None, outlets.cancel.clone())?;
-    let devices = [cfg.devices[0].to_string()];
-    let bs = cfg.batch_size;
-    let mut epochs = Vec::with_capacity(cfg.epochs);
+    let devices = [cfg.spec.devices[0].to_string()];
+    let bs = cfg.spec.batch_size;
+    let mut epochs = Vec::with_capacity(cfg.spec.epochs);
     let train_start = Instant::now();
     let mut train_ms = 0.0;
     let mut step = 0u64;
-    for epoch in 0..cfg.epochs {
+    for epoch in 0..cfg.spec.epochs {
         let t0 = Instant::now();
         let mut work = WorkTally::default();
         let chunk = |epoch| Chunk { epoch, offset: 0, len: cfg.batches_per_epoch() * bs };
-        let next = (epoch + 1 < cfg.epochs).then(|| chunk(epoch + 1));
+        let next = (epoch + 1 < cfg.spec.epochs).then(|| chunk(epoch + 1));
         for b in 0..cfg.batches_per_epoch() {
             let (loss, ms) = loop {
                 if outlets.cancel.load(Ordering::Acquire) {

@@ -16,6 +16,7 @@ use crate::control::schedule::Schedule;
 use crate::runtime::capture::{CheckpointPlan, Resumed};
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
+use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, RunSpec};
 use crate::{Error, Result};
 
 /// Builds a rank's replica inside the rank's thread.
@@ -63,144 +64,71 @@ impl Devices {
     }
 }
 
-/// ElChe's knobs (see `ElChe`): the cadence of `Cadence` and `Async`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ElCheKnobs {
-    /// Batches of the slowest rank per window at the start (default 10).
-    pub anchor: usize,
-    /// Largest anchor the overhead auto-tune may reach (default 100: longer windows cost
-    /// accuracy on short runs, and the auto-tune only grows the anchor).
-    pub max_anchor: usize,
-    /// Fraction of window time a reduce may cost before the anchor grows (default 0.05).
-    pub overhead_target: f64,
-    /// Largest change of a rank's count from one window to the next (default none).
-    pub max_batch_diff: Option<usize>,
-    /// `Async`: batches a rank may train past its count while the others catch up, fixed
-    /// (at most 15). Default: auto, starting at `clamp(batches per epoch / 100, 2, 5)`, one more
-    /// after each `Stable` guard verdict up to `clamp(batches per epoch / 50, 3, 10)`, back to
-    /// the start on `NudgeDown` (see [`crate::control::overshoot::Overshoot`]).
-    pub max_overshoot: Option<usize>,
-    /// Smallest chunk of progressive dispatch, in batches (default 4).
-    pub min_chunk: usize,
-    /// Initial hint: `(slow rank, speed ratio)` so counts are balanced from the first window.
-    pub speed_hint: Option<(usize, f64)>,
-}
-
-impl Default for ElCheKnobs {
-    fn default() -> Self {
-        Self {
-            anchor: 10,
-            max_anchor: 100,
-            overhead_target: 0.05,
-            max_batch_diff: None,
-            max_overshoot: None,
-            min_chunk: 4,
-            speed_hint: None,
-        }
-    }
-}
-
-/// Everything a run needs, checked and frozen by [`Trainer::run`].
+/// A run as [`Trainer::run`] starts it: the spec every process agrees on, plus what only this
+/// process holds.
 pub(crate) struct RunConfig {
+    /// What every process of the run agrees on.
+    pub(crate) spec: RunSpec,
     pub(crate) factory: Factory,
     pub(crate) dataset: Arc<dyn Dataset>,
     pub(crate) test: Option<Arc<dyn Dataset>>,
-    pub(crate) eval_every: usize,
-    pub(crate) eval_rank: crate::EvalRank,
     pub(crate) on_epoch: Option<EpochCallback>,
-    pub(crate) batch_size: usize,
-    pub(crate) epochs: usize,
-    pub(crate) devices: Vec<Device>,
-    pub(crate) policy: Policy,
-    pub(crate) backend: Backend,
-    pub(crate) seed: u64,
-    pub(crate) schedule: Schedule,
-    pub(crate) lr_scale: f64,
-    pub(crate) elche: ElCheKnobs,
-    pub(crate) slowdown: Vec<f64>,
-    pub(crate) stall_timeout: Duration,
-    pub(crate) snapshot_timeout: Duration,
-    pub(crate) max_stalled_rounds: usize,
     pub(crate) audit: Option<SampleAudit>,
-    /// Work-weighting exponent γ of the average (mass = steps^γ).
-    pub(crate) gamma: f64,
-    /// The divergence guard (resolved: the default when none was given).
-    pub(crate) guard: Guard,
-    /// The outer optimizer applied to each round's consensus.
-    pub(crate) outer: OuterKind,
-    /// Host backend: the EASGD blend factor α applied on each update, when set.
-    pub(crate) easgd: Option<f32>,
-    /// Per-rank gradient clipping by global norm before each optimizer step, when set.
-    pub(crate) max_grad_norm: Option<f32>,
-    pub(crate) prefetch: Prefetch,
-    /// Where and when checkpoints are saved, when they are.
+    /// The opened checkpoint store and its interval (from `spec.checkpoint`), when saving.
     pub(crate) checkpoints: Option<CheckpointPlan>,
     /// The checkpoint this run resumes from.
     pub(crate) resume: Option<Arc<Resumed>>,
-    /// How long a rank may be silent, or a reduce pending without it, before it is declared
-    /// dead (see [`Trainer::watchdog`]).
-    pub(crate) watchdog: Duration,
-    /// Ranks that may die before the run stops with the last one's error.
-    pub(crate) max_failures: usize,
 }
 
 impl RunConfig {
     /// How long a side stays quiet before it says it is alive: well within both the stall
     /// timeout and the watchdog.
     pub(crate) fn heartbeat(&self) -> Duration {
-        crate::link::wire::heartbeat(self.stall_timeout.min(self.watchdog))
+        crate::link::wire::heartbeat(self.spec.stall_timeout.min(self.spec.watchdog))
     }
 
     /// How long a collective waits for its peers before it fails (and aborts its group): the
     /// watchdog deadline.
     pub(crate) fn comm_timeout(&self) -> Duration {
-        self.watchdog
+        self.spec.watchdog
     }
 
     /// Whether reduces measure the replicas' divergence: a guard is on and the policy has
     /// windows to shrink (not `Sync`).
     pub(crate) fn measures_divergence(&self) -> bool {
-        self.policy != Policy::Sync && !matches!(self.guard, Guard::Off)
+        self.spec.policy != Policy::Sync && !matches!(self.spec.guard, Guard::Off)
     }
 
     /// Ranks in the run.
     pub(crate) fn world(&self) -> usize {
-        self.devices.len()
+        self.spec.world()
     }
 
     /// Full batches per epoch (the tail smaller than a batch is dropped).
     pub(crate) fn batches_per_epoch(&self) -> usize {
-        self.dataset.len() / self.batch_size
+        self.spec.batches_per_epoch()
     }
 
     /// The learning rate of a step taken at cohort step `step` (schedule × linear scaling).
     pub(crate) fn lr(&self, step: u64) -> f32 {
-        (self.schedule.lr(step) * self.lr_scale) as f32
+        (self.spec.schedule.lr(step) * self.spec.lr_scale) as f32
     }
 
     /// The slowdown factor of `rank` (1 when none is configured).
     pub(crate) fn slowdown(&self, rank: usize) -> f64 {
-        self.slowdown.get(rank).copied().unwrap_or(1.0)
+        self.spec.slowdown.get(rank).copied().unwrap_or(1.0)
     }
 
     /// Whether the end of `epoch` is evaluated.
     pub(crate) fn evaluates(&self, epoch: usize) -> bool {
         self.test.is_some()
-            && ((epoch + 1).is_multiple_of(self.eval_every) || epoch + 1 == self.epochs)
+            && ((epoch + 1).is_multiple_of(self.spec.eval_every) || epoch + 1 == self.spec.epochs)
     }
 }
 
 impl std::fmt::Debug for RunConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunConfig")
-            .field("batch_size", &self.batch_size)
-            .field("epochs", &self.epochs)
-            .field("devices", &self.devices)
-            .field("policy", &self.policy)
-            .field("backend", &self.backend)
-            .field("seed", &self.seed)
-            .field("schedule", &self.schedule)
-            .finish_non_exhaustive()
+        f.debug_struct("RunConfig").field("spec", &self.spec).finish_non_exhaustive()
     }
 }
 
@@ -585,28 +513,26 @@ impl Trainer {
     /// Resumes from a checkpoint: the consensus model, every rank's optimizer state, the outer
     /// optimizer, ElChe, the guard, the cohort step and the epochs' metrics are restored, and
     /// only the ranges of the open epochs the bundle does not cover are trained. The bundle
-    /// must come from a run with the same world size and configuration (see the run's config
-    /// hash) and the same model; the epoch count may differ. A resumed `Sync` run on the same
+    /// must come from a run with the same world size and configuration (the same
+    /// [`RunSpec::compat_hash`]) and the same model; the epoch count may differ. A resumed `Sync` run on the same
     /// devices ends bitwise equal to the uninterrupted one.
     pub fn resume(mut self, from: ResumeFrom) -> Trainer {
         self.resume = Some(from);
         self
     }
 
-    /// Checks the configuration and starts the run; returns at once.
+    /// The run this trainer describes, checked and resolved, without running it: the
+    /// [`RunSpec`] every process of the run must agree on ([`run`](Self::run) runs exactly
+    /// this). Reads nothing from disk (the checkpoint directory and the bundle to resume from
+    /// are looked at by `run`).
     ///
     /// # Errors
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
     /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
     /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
-    /// backend, a non-positive maximum gradient norm, or no device; [`Error::Checkpoint`] when
-    /// the checkpoint directory cannot be created or listed, or the checkpoint to resume from is
-    /// missing, unreadable, corrupt, or from a run of another
-    /// world size or configuration (a bundle of another model is refused when the replicas are
-    /// built: [`DdpHandle::join`] returns the error).
-    pub fn run(self) -> Result<DdpHandle> {
-        let dataset =
-            self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
+    /// backend, a non-positive maximum gradient norm, or no device.
+    pub fn spec(&self) -> Result<RunSpec> {
+        let dataset = self.dataset.as_deref().ok_or_else(missing_dataset)?;
         let devices = self.devices.resolve()?;
         if self.batch_size == 0 || self.epochs == 0 {
             return Err(Error::Config("batch size and epochs must be at least 1".into()));
@@ -633,7 +559,8 @@ impl Trainer {
         if !self.lr.is_finite() || self.lr < 0.0 {
             return Err(Error::Config(format!("invalid learning rate {}", self.lr)));
         }
-        let schedule = self.schedule.unwrap_or(Schedule::Constant { lr: f64::from(self.lr) });
+        let schedule =
+            self.schedule.clone().unwrap_or(Schedule::Constant { lr: f64::from(self.lr) });
         schedule.validate().map_err(|e| Error::Config(e.to_string()))?;
         if !self.lr_scale_ratio.is_finite() || self.lr_scale_ratio < 0.0 {
             return Err(Error::Config(format!("invalid lr scale ratio {}", self.lr_scale_ratio)));
@@ -658,13 +585,7 @@ impl Trainer {
         crate::control::weighting::work_masses(&[1], self.gamma)
             .map_err(|e| Error::Config(e.to_string()))?;
         let lr_scale = crate::control::schedule::lr_scale(devices.len(), self.lr_scale_ratio);
-        let config = RunConfig {
-            factory: self.factory,
-            dataset,
-            test: self.test,
-            eval_every: self.eval_every,
-            eval_rank: self.eval_rank,
-            on_epoch: self.on_epoch,
+        Ok(RunSpec {
             batch_size: self.batch_size,
             epochs: self.epochs,
             devices,
@@ -673,31 +594,59 @@ impl Trainer {
             seed: self.seed,
             schedule,
             lr_scale,
-            elche: self.elche,
-            slowdown: self.slowdown,
+            elche: self.elche.clone(),
+            slowdown: self.slowdown.clone(),
             stall_timeout: self.stall_timeout,
             snapshot_timeout: self.snapshot_timeout,
             max_stalled_rounds: self.max_stalled_rounds,
-            audit: self.audit,
+            watchdog,
             gamma: self.gamma,
-            guard: self.guard.unwrap_or_else(|| default_guard(self.easgd.is_some())),
+            guard: self.guard.clone().unwrap_or_else(|| default_guard(self.easgd.is_some())),
             outer: self.outer,
             easgd: self.easgd,
             max_grad_norm: self.max_grad_norm,
             prefetch: self.prefetch,
-            checkpoints: match self.checkpoint_dir {
-                // Opened now: an unusable directory fails the run before anything trains.
-                Some(dir) => Some(CheckpointPlan {
-                    store: crate::checkpoint::CheckpointStore::open(dir, self.keep_checkpoints)?,
-                    interval: self.checkpoint_every,
-                }),
-                None => None,
-            },
-            resume: None,
-            watchdog,
             max_failures: self.max_failures,
+            eval_every: self.eval_every,
+            eval_rank: self.eval_rank,
+            checkpoint: self.checkpoint_dir.clone().map(|dir| CheckpointSpec {
+                dir,
+                every: self.checkpoint_every,
+                keep: self.keep_checkpoints,
+            }),
+            train: DataSpec::of(dataset),
+            test: self.test.as_deref().map(DataSpec::of),
+        })
+    }
+
+    /// Checks the configuration ([`spec`](Self::spec)) and starts the run; returns at once.
+    ///
+    /// # Errors
+    /// Those of [`spec`](Self::spec); [`Error::Checkpoint`] when the checkpoint directory cannot
+    /// be created or listed, or the checkpoint to resume from is missing, unreadable, corrupt,
+    /// or from a run of another world size or configuration (a bundle of another model is
+    /// refused when the replicas are built: [`DdpHandle::join`] returns the error).
+    pub fn run(self) -> Result<DdpHandle> {
+        let spec = self.spec()?;
+        let dataset = self.dataset.ok_or_else(missing_dataset)?;
+        let checkpoints = match &spec.checkpoint {
+            // Opened now: an unusable directory fails the run before anything trains.
+            Some(c) => Some(CheckpointPlan {
+                store: crate::checkpoint::CheckpointStore::open(&c.dir, c.keep)?,
+                interval: c.every,
+            }),
+            None => None,
         };
-        let mut config = config;
+        let mut config = RunConfig {
+            spec,
+            factory: self.factory,
+            dataset,
+            test: self.test,
+            on_epoch: self.on_epoch,
+            audit: self.audit,
+            checkpoints,
+            resume: None,
+        };
         if let Some(from) = &self.resume {
             let bundle = from.read()?;
             if bundle.world_size != config.world() {
@@ -707,7 +656,7 @@ impl Trainer {
                 }
                 .into());
             }
-            let hash = crate::runtime::capture::config_hash(&config);
+            let hash = config.spec.compat_hash()?;
             if bundle.config_hash != hash {
                 return Err(CheckpointError::ConfigMismatch {
                     expected: hash,
@@ -719,4 +668,9 @@ impl Trainer {
         }
         DdpHandle::start(Arc::new(config))
     }
+}
+
+/// The error of a trainer without a training set.
+fn missing_dataset() -> Error {
+    Error::Config("a training dataset is required".into())
 }

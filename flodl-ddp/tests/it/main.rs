@@ -19,3 +19,4 @@ mod refinements;
 mod resume;
 mod runtime;
 mod schedule;
+mod spec;

@@ -1,0 +1,281 @@
+//! The run specification: what every process of a run must agree on, as plain serde data.
+//!
+//! [`crate::Trainer::spec`] checks a trainer's options and resolves them into a [`RunSpec`]
+//! (devices listed, schedule and guard chosen, linear scaling applied, watchdog defaulted);
+//! [`crate::Trainer::run`] runs exactly that spec. What only one process holds — the replica
+//! factory, the datasets, callbacks, the sample audit, the opened checkpoint store, the bundle
+//! resumed from — stays out of it. A spec serializes with serde (bincode 2 and JSON round-trip
+//! it), so a cluster's processes can exchange and compare it, and hashes from a canonical
+//! encoding: [`RunSpec::hash`] covers all of it, [`RunSpec::compat_hash`] what a checkpoint's
+//! resume depends on.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flodl_data::Dataset;
+use flodl_tensor::Device;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::Result;
+use crate::checkpoint::{CheckpointError, ConfigHash, SaveInterval, StoredDType};
+use crate::control::eval_rank::EvalRank;
+use crate::control::guard::Guard;
+use crate::control::outer::OuterKind;
+use crate::control::policy::{Backend, Policy};
+use crate::control::schedule::Schedule;
+use crate::runtime::prefetch::Prefetch;
+
+/// ElChe's knobs (see `ElChe`): the cadence of `Cadence` and `Async`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ElCheKnobs {
+    /// Batches of the slowest rank per window at the start (default 10).
+    pub anchor: usize,
+    /// Largest anchor the overhead auto-tune may reach (default 100: longer windows cost
+    /// accuracy on short runs, and the auto-tune only grows the anchor).
+    pub max_anchor: usize,
+    /// Fraction of window time a reduce may cost before the anchor grows (default 0.05).
+    pub overhead_target: f64,
+    /// Largest change of a rank's count from one window to the next (default none).
+    pub max_batch_diff: Option<usize>,
+    /// `Async`: batches a rank may train past its count while the others catch up, fixed
+    /// (at most 15). Default: auto, starting at `clamp(batches per epoch / 100, 2, 5)`, one more
+    /// after each `Stable` guard verdict up to `clamp(batches per epoch / 50, 3, 10)`, back to
+    /// the start on `NudgeDown` (see [`crate::control::overshoot::Overshoot`]).
+    pub max_overshoot: Option<usize>,
+    /// Smallest chunk of progressive dispatch, in batches (default 4).
+    pub min_chunk: usize,
+    /// Initial hint: `(slow rank, speed ratio)` so counts are balanced from the first window.
+    pub speed_hint: Option<(usize, f64)>,
+}
+
+impl Default for ElCheKnobs {
+    fn default() -> Self {
+        Self {
+            anchor: 10,
+            max_anchor: 100,
+            overhead_target: 0.05,
+            max_batch_diff: None,
+            max_overshoot: None,
+            min_chunk: 4,
+            speed_hint: None,
+        }
+    }
+}
+
+/// A dataset's identity as every rank must see it: its length and the layout of a sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataSpec {
+    /// Number of samples.
+    pub samples: usize,
+    /// The fields of one sample, in order.
+    pub fields: Vec<FieldSpec>,
+}
+
+/// One field of a sample: name, per-sample shape and element type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldSpec {
+    /// Field name.
+    pub name: String,
+    /// Per-sample shape (`[]` for a scalar).
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: StoredDType,
+}
+
+impl DataSpec {
+    /// The identity of `dataset`.
+    pub fn of(dataset: &dyn Dataset) -> DataSpec {
+        let fields = dataset
+            .layout()
+            .fields()
+            .iter()
+            .map(|f| FieldSpec {
+                name: f.name.clone(),
+                shape: f.shape.clone(),
+                dtype: StoredDType::from(f.dtype),
+            })
+            .collect();
+        DataSpec { samples: dataset.len(), fields }
+    }
+}
+
+/// Where and how often a run saves checkpoint bundles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointSpec {
+    /// The bundle directory.
+    pub dir: PathBuf,
+    /// When periodic saves fall due.
+    pub every: SaveInterval,
+    /// Step bundles kept (at least 1).
+    pub keep: usize,
+}
+
+/// Everything the processes of one run must agree on, resolved and checked
+/// ([`crate::Trainer::spec`] builds it; the fields' meanings are those of the `Trainer` option
+/// of the same name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// Samples per batch on every rank.
+    pub batch_size: usize,
+    /// Passes over the training set.
+    pub epochs: usize,
+    /// One device per rank, in rank order (serialized as `cpu`, `cuda:N`).
+    #[serde(with = "device_names")]
+    pub devices: Vec<Device>,
+    /// When to average.
+    pub policy: Policy,
+    /// How to average.
+    pub backend: Backend,
+    /// Seed of the initial weights and of the epoch permutations.
+    pub seed: u64,
+    /// The learning-rate schedule in cohort steps (a constant rate is `Schedule::Constant`).
+    pub schedule: Schedule,
+    /// The linear-scaling factor every rate is multiplied by (`1 + (ranks − 1)·ratio`).
+    pub lr_scale: f64,
+    /// ElChe's knobs.
+    pub elche: ElCheKnobs,
+    /// Per-rank slowdown factors (missing ranks run at 1).
+    pub slowdown: Vec<f64>,
+    /// How long a wait for a peer lasts before the run fails.
+    pub stall_timeout: Duration,
+    /// Host backend: how long a round waits for snapshots before it is retried.
+    pub snapshot_timeout: Duration,
+    /// Host backend: rounds in a row that may miss the snapshot deadline.
+    pub max_stalled_rounds: usize,
+    /// The liveness deadline of a rank (resolved: at most the stall timeout).
+    pub watchdog: Duration,
+    /// Work-weighting exponent γ of the average (mass = steps^γ).
+    pub gamma: f64,
+    /// The divergence guard (resolved: the default when none was given).
+    pub guard: Guard,
+    /// The outer optimizer applied to each round's consensus.
+    pub outer: OuterKind,
+    /// Host backend: the EASGD blend factor α, when set.
+    pub easgd: Option<f32>,
+    /// Per-rank gradient clipping by global norm, when set.
+    pub max_grad_norm: Option<f32>,
+    /// Whether ranks prepare batches ahead.
+    pub prefetch: Prefetch,
+    /// Ranks that may die before the run stops (`usize::MAX`: no limit).
+    pub max_failures: usize,
+    /// The test set is evaluated after every `eval_every`-th epoch and the last one.
+    pub eval_every: usize,
+    /// Which rank evaluates.
+    pub eval_rank: EvalRank,
+    /// Checkpoint saving, when on.
+    pub checkpoint: Option<CheckpointSpec>,
+    /// The training set.
+    pub train: DataSpec,
+    /// The test set, when there is one.
+    pub test: Option<DataSpec>,
+}
+
+/// What a bundle's resume depends on: the subset of [`RunSpec`] that [`RunSpec::compat_hash`]
+/// covers. Left out on purpose: the epoch count (a run may be extended; a schedule that spans
+/// the epochs still differs), the devices (a bundle moves between machines; bitwise equality
+/// then needs the same devices, and the world size is checked on its own first so its refusal
+/// says so), slowdown, timeouts, the watchdog and failure limit, prefetching, evaluation,
+/// checkpointing, and the guard (its state is restored from the bundle).
+#[derive(Serialize)]
+struct Compat<'a> {
+    world: usize,
+    policy: Policy,
+    backend: Backend,
+    batch_size: usize,
+    train: &'a DataSpec,
+    seed: u64,
+    schedule: &'a Schedule,
+    lr_scale: f64,
+    gamma: f64,
+    outer: OuterKind,
+    easgd: Option<f32>,
+    max_grad_norm: Option<f32>,
+    elche: &'a ElCheKnobs,
+}
+
+/// Domain tags of the two hashes: a new layout of either gets a new tag.
+const SPEC_TAG: &[u8] = b"flodl-run-spec v1\0";
+const COMPAT_TAG: &[u8] = b"flodl-run-compat v2\0";
+
+/// The canonical encoding hashed: bincode 2, little-endian fixed-width integers, pinned here
+/// so that a change of bincode's defaults cannot move a hash.
+fn canonical<T: Serialize>(tag: &[u8], value: &T) -> Result<ConfigHash> {
+    let config = bincode::config::standard().with_little_endian().with_fixed_int_encoding();
+    let bytes = bincode::serde::encode_to_vec(value, config)
+        .map_err(|source| CheckpointError::Encode { what: "run specification", source })?;
+    let mut hasher = Sha256::new();
+    hasher.update(tag);
+    hasher.update(&bytes);
+    Ok(ConfigHash(hasher.finalize().into()))
+}
+
+impl RunSpec {
+    /// Ranks in the run.
+    pub fn world(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Full batches per epoch (the tail smaller than a batch is dropped).
+    pub fn batches_per_epoch(&self) -> usize {
+        self.train.samples / self.batch_size.max(1)
+    }
+
+    /// The hash of the whole spec (sha256 of its canonical encoding): two processes run the
+    /// same run exactly when their specs' hashes are equal.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Encode`] (as [`crate::Error::Checkpoint`]) when the spec does not
+    /// encode.
+    pub fn hash(&self) -> Result<ConfigHash> {
+        canonical(SPEC_TAG, self)
+    }
+
+    /// The hash of what a checkpoint's resume depends on: world size, policy, backend, batch
+    /// size, training-set identity (length and layout), seed, schedule, linear scaling, γ,
+    /// outer optimizer, EASGD, clipping and ElChe's knobs. Left out: the epoch count (a run may
+    /// be extended; a schedule spanning the epochs still differs), devices, slowdown, timeouts,
+    /// failure limits, prefetching, evaluation, checkpointing and the guard (restored from the
+    /// bundle). Bundles record it, and a bundle resumes only into a run with the same one.
+    ///
+    /// # Errors
+    /// As [`RunSpec::hash`].
+    pub fn compat_hash(&self) -> Result<ConfigHash> {
+        canonical(
+            COMPAT_TAG,
+            &Compat {
+                world: self.world(),
+                policy: self.policy,
+                backend: self.backend,
+                batch_size: self.batch_size,
+                train: &self.train,
+                seed: self.seed,
+                schedule: &self.schedule,
+                lr_scale: self.lr_scale,
+                gamma: self.gamma,
+                outer: self.outer,
+                easgd: self.easgd,
+                max_grad_norm: self.max_grad_norm,
+                elche: &self.elche,
+            },
+        )
+    }
+}
+
+/// Devices as their names (`cpu`, `cuda:0`): flodl-tensor has no serde.
+mod device_names {
+    use flodl_tensor::Device;
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(devices: &[Device], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(devices.iter().map(ToString::to_string))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Device>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|name| name.parse::<Device>().map_err(D::Error::custom))
+            .collect()
+    }
+}
