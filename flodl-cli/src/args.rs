@@ -3,6 +3,12 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use flodl_ddp::{Backend, Policy, Prefetch};
+use flodl_tensor::Device;
+use serde::Deserialize;
+
+use crate::config::{ScheduleKind, text};
+use crate::failure::FailAt;
 
 /// Train one model on several devices at once (local SGD with the ElChe cadence).
 #[derive(Debug, Parser)]
@@ -29,24 +35,28 @@ pub(crate) enum Command {
 /// Flags shared by `train` and `bench`: what to train, on which ranks, and how.
 ///
 /// Every flag is optional: a value given here overrides the same key in the `--config` file,
-/// which overrides the built-in default.
-#[derive(Debug, Clone, Default, Args)]
+/// which overrides the built-in default. The file's keys are these flags' names (kebab-case), so
+/// this one declaration serves both: clap parses the flags, serde the file, with the same types.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) struct TrainFlags {
     /// TOML file with any of these keys (kebab-case, e.g. `batch-size = 64`); flags override it.
     #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
     pub(crate) config: Option<PathBuf>,
     /// Number of CPU ranks (default: every GPU, or 2 CPU ranks when there is none).
     #[arg(long, value_name = "N", conflicts_with = "devices")]
     pub(crate) ranks: Option<usize>,
     /// Explicit rank devices, comma separated, e.g. `cpu,cpu,cuda:0`.
-    #[arg(long, value_name = "LIST")]
-    pub(crate) devices: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "text::list")]
+    pub(crate) devices: Option<Vec<Device>>,
     /// When to average: sync, cadence or async (default cadence).
     #[arg(long, value_name = "POLICY")]
-    pub(crate) policy: Option<String>,
+    pub(crate) policy: Option<Policy>,
     /// How to average: collective or host (default collective).
     #[arg(long, value_name = "BACKEND")]
-    pub(crate) backend: Option<String>,
+    pub(crate) backend: Option<Backend>,
     /// Number of epochs (default 10).
     #[arg(long, value_name = "N")]
     pub(crate) epochs: Option<usize>,
@@ -62,7 +72,7 @@ pub(crate) struct TrainFlags {
     /// LR schedule over the run: constant, cosine (down to 0), one-cycle, step (/10 at 50% and
     /// 75%) or exponential (down to 1%) (default cosine).
     #[arg(long, value_name = "SCHEDULE")]
-    pub(crate) schedule: Option<String>,
+    pub(crate) schedule: Option<ScheduleKind>,
     /// Linear LR warmup over the first N epochs (fractions allowed), before the schedule
     /// (default 0).
     #[arg(long, value_name = "N")]
@@ -71,11 +81,13 @@ pub(crate) struct TrainFlags {
     #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,
     /// Per-rank slowdown factors to emulate unequal devices, e.g. `1,2.5`.
-    #[arg(long, value_name = "LIST")]
-    pub(crate) slowdown: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "text::list")]
+    pub(crate) slowdown: Option<Vec<f64>>,
     /// Hidden layer widths of the MLP (default 256,128: a 784-256-128-10 MLP).
-    #[arg(long, value_name = "LIST")]
-    pub(crate) hidden: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "text::list")]
+    pub(crate) hidden: Option<Vec<usize>>,
     /// Directory with the MNIST idx files (default: data/mnist of this repository).
     #[arg(long, value_name = "DIR")]
     pub(crate) data: Option<PathBuf>,
@@ -88,7 +100,8 @@ pub(crate) struct TrainFlags {
     /// Prepare batches ahead on a background thread per rank: auto (GPU ranks only), off, or a
     /// depth N (every rank, CPU ranks too) (default auto).
     #[arg(long, value_name = "MODE")]
-    pub(crate) prefetch: Option<String>,
+    #[serde(default, deserialize_with = "text::optional")]
+    pub(crate) prefetch: Option<Prefetch>,
     /// Seconds a rank may be silent (or miss a reduce) before it is declared dead and the
     /// others go on without it (default 30).
     #[arg(long, value_name = "SECS")]
@@ -99,16 +112,16 @@ pub(crate) struct TrainFlags {
     pub(crate) max_failures: Option<usize>,
     /// Emulate device failures: RANK@BATCH makes that rank's replica fail on its BATCH-th
     /// training batch, e.g. `1@20` or `0@5,1@5` (train only).
-    #[arg(long, value_name = "LIST")]
-    pub(crate) fail_rank: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "text::list")]
+    pub(crate) fail_rank: Option<Vec<FailAt>>,
 }
 
-/// `fdl train`.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct TrainArgs {
-    /// What to train and how.
-    #[command(flatten)]
-    pub(crate) flags: TrainFlags,
+/// Flags of `train` that `bench` has not: evaluation, checkpoints, resume, the run directory.
+/// Keys of the `--config` file too, like [`TrainFlags`].
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) struct RunFlags {
     /// Evaluate on the test set every N epochs (default 1; the last epoch is always evaluated).
     #[arg(long, value_name = "N")]
     pub(crate) eval_every: Option<usize>,
@@ -126,10 +139,10 @@ pub(crate) struct TrainArgs {
     /// Step bundles the checkpoint directory keeps (default 3).
     #[arg(long, value_name = "N")]
     pub(crate) keep_checkpoints: Option<usize>,
-    /// Resume from a checkpoint: a directory (its newest bundle) or a `.fdlck` file. The run
-    /// must have the same ranks, policy, backend, batch size, training set, seed, LR, schedule
-    /// and warmup (every schedule but constant spans --epochs, so only a constant-LR run can be
-    /// given more epochs) and the same model.
+    /// Resume from a checkpoint: a directory (its newest intact bundle) or a `.fdlck` file. The
+    /// run must have the same ranks, policy, backend, batch size, training set, seed, LR,
+    /// schedule and warmup (every schedule but constant spans --epochs, so only a constant-LR
+    /// run can be given more epochs) and the same model.
     #[arg(long, value_name = "PATH")]
     pub(crate) resume: Option<PathBuf>,
     /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).
@@ -138,10 +151,22 @@ pub(crate) struct TrainArgs {
     /// Name of the run (its directory under runs/ when --out is not given).
     #[arg(long, value_name = "NAME")]
     pub(crate) name: Option<String>,
+}
+
+/// `fdl train`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct TrainArgs {
+    /// What to train and how.
+    #[command(flatten)]
+    pub(crate) flags: TrainFlags,
+    /// Evaluation, checkpoints and the run directory.
+    #[command(flatten)]
+    pub(crate) run: RunFlags,
     /// No progress bars, even on a terminal.
     #[arg(long)]
     pub(crate) quiet: bool,
-    /// Print the resolved configuration as JSON and exit without training.
+    /// Print the resolved configuration (with the run specification every rank agrees on) as
+    /// JSON and exit without training.
     #[arg(long)]
     pub(crate) dry_run: bool,
 }

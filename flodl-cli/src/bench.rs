@@ -8,13 +8,13 @@ use anyhow::{Context, Result};
 use flodl_ddp::{Backend, Policy};
 use serde::{Deserialize, Serialize};
 
-use crate::args::BenchArgs;
-use crate::config::{self, RankSpec, RunFlags, RunOptions, TrainConfig};
+use crate::args::{BenchArgs, RunFlags};
+use crate::config::{self, RankSpec, RunOptions, TrainConfig};
 use crate::progress::Display;
 use crate::record::Entry;
 use crate::report;
 use crate::run_dir::{self, RunDir};
-use crate::train::{self, Data, Outcome, Plan};
+use crate::train::{self, Data, Outcome};
 
 /// One row of the bench table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,7 +56,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let (cfg, _) = config::resolve(&args.flags, &RunFlags::default())?;
     // Solo modes renumber the ranks, and a table of runs that lose ranks compares nothing.
     anyhow::ensure!(cfg.fail_rank.is_empty(), "fail-rank is for fdl train, not fdl bench");
-    let base = Plan::new(&cfg)?;
+    let devices = cfg.devices()?;
     let data = Data::load(&cfg)?;
     let (started_at, stamp) = run_dir::utc_now();
     let out =
@@ -65,31 +65,32 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         .with_context(|| format!("cannot create output directory {}", out.display()))?;
     let display = Display::detect(args.quiet);
 
-    let mut modes: Vec<(String, Plan, TrainConfig)> = Vec::new();
+    let mut modes: Vec<(String, TrainConfig)> = Vec::new();
     if !args.no_solo {
-        for (rank, device) in base.devices.iter().enumerate() {
-            let mut solo = cfg.clone();
-            solo.slowdown = cfg.slowdown.get(rank).map(|f| vec![*f]).unwrap_or_default();
-            solo.ranks = RankSpec::Devices(vec![device.to_string()]);
-            let plan = base.with(vec![*device], base.policy, base.backend);
-            modes.push((format!("solo-{rank} ({device})"), plan, solo));
+        for (rank, device) in devices.iter().enumerate() {
+            let solo = TrainConfig {
+                slowdown: cfg.slowdown.get(rank).map(|f| vec![*f]).unwrap_or_default(),
+                ranks: RankSpec::Devices(vec![*device]),
+                ..cfg.clone()
+            };
+            modes.push((format!("solo-{rank} ({device})"), solo));
         }
     }
     for policy in Policy::ALL {
         for backend in Backend::ALL {
-            let plan = base.with(base.devices.clone(), policy, backend);
             let mode_cfg = TrainConfig {
-                policy: policy.to_string(),
-                backend: backend.to_string(),
+                ranks: RankSpec::Devices(devices.clone()),
+                policy,
+                backend,
                 ..cfg.clone()
             };
-            modes.push((format!("{backend}-{policy}"), plan, mode_cfg));
+            modes.push((format!("{backend}-{policy}"), mode_cfg));
         }
     }
 
     let mut rows = Vec::new();
     let count = modes.len();
-    for (i, (mode, plan, mode_cfg)) in modes.into_iter().enumerate() {
+    for (i, (mode, mode_cfg)) in modes.into_iter().enumerate() {
         if display != Display::Silent {
             println!("[{}/{count}] {mode} ...", i + 1);
         }
@@ -114,14 +115,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             out: Some(dir.path().to_owned()),
             name: None,
         };
-        let outcome = train::execute(&mode_cfg, &plan, &data, &opts, None, Display::Silent, |l| {
-            dir.append(l)
-        })
+        let outcome = (|| {
+            let trainer = train::trainer(&mode_cfg, &mode_cfg.devices()?, &data, &opts, None)?;
+            let spec = trainer.spec()?;
+            train::execute(trainer, spec, &opts, None, Display::Silent, |l| dir.append(l))
+        })()
         .with_context(|| format!("bench mode {mode}"))?;
-        let summary = train::summarise(slug, started_at.clone(), &mode_cfg, &opts, &plan, &outcome);
+        let summary = train::summarise(slug, started_at.clone(), &mode_cfg, &opts, &outcome);
         dir.write_summary(&summary)?;
         run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
-        let row = row(mode, &plan, &outcome);
+        let row = row(mode, &outcome);
         if display != Display::Silent {
             println!("      {}", row_summary(&row));
         }
@@ -140,7 +143,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn row(mode: String, plan: &Plan, outcome: &Outcome) -> Row {
+fn row(mode: String, outcome: &Outcome) -> Row {
     let state = &outcome.state;
     let sync: Vec<f64> = outcome
         .lines
@@ -150,7 +153,7 @@ fn row(mode: String, plan: &Plan, outcome: &Outcome) -> Row {
             Entry::Epoch(_) | Entry::Fault(_) => None,
         })
         .collect();
-    let idle = (0..plan.devices.len())
+    let idle = (0..outcome.spec.world())
         .map(|rank| {
             let compute: f64 =
                 state.epochs.iter().filter_map(|e| e.ranks.get(rank)).map(|r| r.compute_ms).sum();
@@ -163,7 +166,7 @@ fn row(mode: String, plan: &Plan, outcome: &Outcome) -> Row {
         .collect();
     Row {
         mode,
-        devices: plan.device_names(),
+        devices: outcome.spec.devices.iter().map(ToString::to_string).collect(),
         loss: state.epochs.last().map(|e| e.avg_loss),
         eval_accuracy: state.final_eval().map(|v| v.accuracy),
         wall_s: state.train_ms / 1000.0,

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use std::path::PathBuf;
 
-use flodl_ddp::{EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent};
+use flodl_ddp::{EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent, RunSpec};
 
 use crate::config::{RunOptions, TrainConfig};
 
@@ -90,6 +90,10 @@ pub(crate) struct Summary {
     /// Ranks declared dead during the run, in order.
     #[serde(default)]
     pub(crate) faults: Vec<FaultEvent>,
+    /// The run specification every rank agreed on (flodl-ddp's `RunSpec`: devices, resolved
+    /// schedule, timeouts, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) spec: Option<RunSpec>,
 }
 
 /// Per-rank totals of a run.

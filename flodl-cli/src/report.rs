@@ -362,6 +362,7 @@ mod tests {
             epochs_restored: 0,
             checkpoint: None,
             faults: Vec::new(),
+            spec: None,
         };
         (summary, lines)
     }

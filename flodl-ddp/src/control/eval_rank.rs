@@ -6,6 +6,7 @@
 /// fastest rank finishes soonest, and under `Cadence`/`Async` ElChe gives it back a shorter
 /// window at the next reduce, so the others do not wait for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EvalRank {
     /// The live rank with the lowest measured time per batch (the lowest live rank until any
     /// is measured; ties go to the lower rank).

@@ -27,6 +27,7 @@ pub const EASGD_ALPHA: f32 = 0.5;
 
 /// Which outer optimizer runs on the consensus.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OuterKind {
     /// The consensus as is.
     Average,

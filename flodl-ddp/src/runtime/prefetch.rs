@@ -16,6 +16,7 @@ use crate::{Error, Result};
 /// Prefetching changes when a batch is prepared, never which samples it holds or in what order:
 /// a run trains the same batches either way (bitwise the same model under `Sync` on CPU ranks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Prefetch {
     /// On for CUDA ranks, with a depth from the device's memory gauge re-evaluated for every
     /// chunk; off for CPU ranks.
@@ -43,6 +44,34 @@ impl Prefetch {
             Prefetch::Auto if device.is_cpu() => None,
             Prefetch::Auto => Some(Depth::default()),
             Prefetch::Depth(n) => Some(Depth::Fixed(n)),
+        }
+    }
+}
+
+impl std::fmt::Display for Prefetch {
+    /// `auto`, `off` or the depth.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Prefetch::Auto => f.write_str("auto"),
+            Prefetch::Off => f.write_str("off"),
+            Prefetch::Depth(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Prefetch {
+    type Err = crate::LogicError;
+
+    /// `auto`, `off` or a depth (a number).
+    fn from_str(s: &str) -> crate::LogicResult<Prefetch> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Prefetch::Auto),
+            "off" => Ok(Prefetch::Off),
+            n => n.parse().map(Prefetch::Depth).map_err(|_| crate::LogicError::Parse {
+                what: "prefetch",
+                input: s.to_string(),
+                expected: "auto, off, or a depth (a number)",
+            }),
         }
     }
 }

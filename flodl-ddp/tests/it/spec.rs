@@ -62,7 +62,11 @@ fn spec_round_trips_through_bincode_and_json() -> TestResult {
         .test_dataset(std::sync::Arc::new(crate::common::mnist(Split::Test)), 2)
         .devices(Devices::List(vec![Device::Cpu, Device::Cuda(1)]))
         .schedule(Schedule::Cosine { lr: 0.1, min_lr: 0.001, total: 100 }.with_warmup(5))
-        .elche(ElCheKnobs { speed_hint: Some((1, 2.5)), max_overshoot: Some(3), ..Default::default() })
+        .elche(ElCheKnobs {
+            speed_hint: Some((1, 2.5)),
+            max_overshoot: Some(3),
+            ..Default::default()
+        })
         .slowdown(vec![1.0, 2.5])
         .snapshot_timeout(Duration::from_millis(1500), 4)
         .watchdog(Duration::from_secs(7))
@@ -89,6 +93,13 @@ fn spec_round_trips_through_bincode_and_json() -> TestResult {
     assert_eq!(value["policy"], "cadence");
     assert_eq!(value["backend"], "host");
     assert_eq!(value["devices"], serde_json::json!(["cpu", "cuda:1"]));
+    assert_eq!(value["prefetch"], serde_json::json!({ "depth": 3 }));
+    assert_eq!(value["eval_rank"], serde_json::json!({ "fixed": 1 }));
+    // Prefetch's text form (`fdl --prefetch`) round-trips too.
+    for prefetch in [Prefetch::Auto, Prefetch::Off, Prefetch::Depth(0), Prefetch::Depth(7)] {
+        assert_eq!(prefetch.to_string().parse::<Prefetch>()?, prefetch);
+    }
+    assert!("lots".parse::<Prefetch>().is_err());
     Ok(())
 }
 
