@@ -29,11 +29,11 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     let (cfg, opts) = config::resolve(&args.flags, &args.run)?;
     let devices = cfg.devices()?;
     let resume = opts.resume.as_deref().map(ResumePoint::locate).transpose()?;
-    if let Some(dir) = &opts.checkpoint_dir {
-        if !args.dry_run {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
-        }
+    if let Some(dir) = &opts.checkpoint_dir
+        && !args.dry_run
+    {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
     }
     let data = Data::load(&cfg)?;
     let trainer = trainer(&cfg, &devices, &data, &opts, resume.as_ref())?;
