@@ -148,7 +148,7 @@ impl RunConfig {
     /// How long a side stays quiet before it says it is alive: well within both the stall
     /// timeout and the watchdog.
     pub(crate) fn heartbeat(&self) -> Duration {
-        crate::link::wire::heartbeat(self.stall_timeout.min(self.watchdog))
+        crate::link::heartbeat(self.stall_timeout.min(self.watchdog))
     }
 
     /// How long a collective waits for its peers before it fails (and aborts its group): the
@@ -608,7 +608,8 @@ impl Trainer {
         self
     }
 
-    /// Checks the configuration and starts the run; returns at once.
+    /// Checks the configuration, starts the run and returns once every rank's replica is built
+    /// and checked against the others (and a resumed bundle), as training begins.
     ///
     /// # Errors
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
@@ -617,8 +618,8 @@ impl Trainer {
     /// backend, a non-positive maximum gradient norm, or no device; [`Error::Checkpoint`] when
     /// the checkpoint directory cannot be created or listed, or the checkpoint to resume from is
     /// missing, unreadable, corrupt, or from a run of another
-    /// world size or configuration (a bundle of another model is refused when the replicas are
-    /// built: [`DdpHandle::join`] returns the error).
+    /// world size, configuration or model; [`Error::Rank`] when a rank's replica cannot be
+    /// built; [`Error::ReplicaMismatch`] when the replicas disagree.
     pub fn run(self) -> Result<DdpHandle> {
         let dataset =
             self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
