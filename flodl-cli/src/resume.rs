@@ -134,6 +134,7 @@ fn is_refusal(error: &CheckpointError) -> bool {
 mod tests {
     use super::*;
 
+    use flodl_ddp::RankFailure;
     use flodl_ddp::checkpoint::SaveReason;
 
     fn point() -> ResumePoint {
@@ -165,7 +166,10 @@ mod tests {
                     reason: SaveReason::AllRanksLost,
                     detail: "every rank died".into(),
                     bundle: Some("ck/failure.fdlck".into()),
-                    last: Some(Box::new(Error::Panicked { rank: 1, message: "boom".into() })),
+                    last: Some(Box::new(Error::Rank {
+                        rank: 1,
+                        failure: RankFailure::panicked("boom"),
+                    })),
                 },
                 None,
                 vec![
@@ -182,7 +186,7 @@ mod tests {
                     bundle: Some("ck/failure.fdlck".into()),
                     last: Some(Box::new(Error::Rank {
                         rank: 0,
-                        source: Box::new(Error::replica("gone")),
+                        failure: RankFailure::from(&Error::replica("gone")),
                     })),
                 },
                 None,

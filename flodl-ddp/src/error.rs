@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use crate::control::logic_error::LogicError;
+
 /// Everything that can go wrong in flodl-ddp.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -9,23 +13,44 @@ pub enum Error {
     /// The trainer was configured with values that cannot run (reported by `run()`).
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// A rank failed; the run stopped and this is the first failure.
-    #[error("rank {rank} failed: {source}")]
+    /// The pure control logic refused a value while the run went on (ElChe, the outer
+    /// optimizer, work weights).
+    #[error(transparent)]
+    Logic(#[from] LogicError),
+    /// A rank failed; the run stopped and this is the failure, as the rank described it.
+    #[error("rank {rank} {failure}")]
     Rank {
         /// The rank that failed.
         rank: usize,
-        /// Why.
+        /// What went wrong, as it travelled from the rank.
         #[source]
-        source: Box<Error>,
+        failure: RankFailure,
     },
-    /// A rank's thread panicked (in the replica or the runtime).
-    #[error("rank {rank} panicked: {message}")]
-    Panicked {
-        /// The rank whose thread panicked.
-        rank: usize,
+    /// The coordinator's own thread panicked.
+    #[error("the coordinator panicked: {message}")]
+    CoordinatorPanicked {
         /// The panic payload, when it is a string.
         message: String,
     },
+    /// A thread of the runtime could not be started.
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        /// Which thread.
+        what: &'static str,
+        /// The operating system's refusal.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A message or state contradicts the protocol between the coordinator and the ranks
+    /// (a batch past its epoch, a regroup naming a stranger, a bundle with no consensus).
+    #[error("protocol violation: {detail}")]
+    Protocol {
+        /// What did not fit.
+        detail: String,
+    },
+    /// The collective backend was asked to reduce on a rank that has no communicator.
+    #[error("the collective backend has no communicator on this rank")]
+    NoCommunicator,
     /// A user replica failed.
     #[error("replica: {0}")]
     Replica(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -46,9 +71,10 @@ pub enum Error {
         /// Rounds that were soft-aborted in a row.
         attempts: usize,
     },
-    /// A runtime thread went away without saying why (its channel disconnected).
-    #[error("the {0} disconnected")]
-    Disconnected(&'static str),
+    /// A peer's end of the link is gone (its thread or process ended, its connection closed)
+    /// without saying why.
+    #[error("{0} is gone")]
+    PeerGone(Peer),
     /// The run was aborted through its handle.
     #[error("run aborted")]
     Aborted,
@@ -92,7 +118,97 @@ pub enum Error {
     },
 }
 
+/// The other end of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Peer {
+    /// The coordinator, seen from a rank.
+    Coordinator,
+    /// One rank, seen from the coordinator.
+    Rank(usize),
+    /// Every rank at once.
+    EveryRank,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Coordinator => write!(f, "the coordinator"),
+            Peer::Rank(rank) => write!(f, "rank {rank}"),
+            Peer::EveryRank => write!(f, "every rank"),
+        }
+    }
+}
+
+/// What kind of failure ended a rank, as it travels over the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The user's replica returned an error.
+    Replica,
+    /// The replica does not match what the runtime or another rank expects.
+    ReplicaMismatch,
+    /// The rank's thread panicked (in the replica or the runtime).
+    Panicked,
+    /// A wait of the rank's passed its deadline.
+    Timeout,
+    /// A tensor operation failed.
+    Tensor,
+    /// A collective operation failed outside a group fault.
+    Collective,
+    /// The data plane failed (a fetch, the prefetcher).
+    Data,
+    /// Reading or restoring a checkpoint part failed.
+    Checkpoint,
+    /// A message contradicted the protocol.
+    Protocol,
+    /// The coordinator went away.
+    PeerGone,
+    /// Anything else the rank's runtime refused.
+    Runtime,
+}
+
+/// A rank's failure described as plain data: its kind and its message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{}: {message}", if self.kind == FailureKind::Panicked { "panicked" } else { "failed" })]
+pub struct RankFailure {
+    /// What kind of failure it was.
+    pub kind: FailureKind,
+    /// The error's message (the panic's payload for [`FailureKind::Panicked`]).
+    pub message: String,
+}
+
+impl RankFailure {
+    /// A panic, with its payload's text.
+    pub fn panicked(message: impl Into<String>) -> RankFailure {
+        RankFailure { kind: FailureKind::Panicked, message: message.into() }
+    }
+}
+
+impl From<&Error> for RankFailure {
+    fn from(error: &Error) -> RankFailure {
+        let kind = match error {
+            Error::Replica(_) => FailureKind::Replica,
+            Error::ReplicaMismatch(_) => FailureKind::ReplicaMismatch,
+            Error::Timeout { .. } => FailureKind::Timeout,
+            Error::Tensor(_) => FailureKind::Tensor,
+            Error::Collective(_) => FailureKind::Collective,
+            Error::Data(_) | Error::Prefetch(_) => FailureKind::Data,
+            Error::Checkpoint(_) => FailureKind::Checkpoint,
+            Error::Protocol { .. } => FailureKind::Protocol,
+            Error::PeerGone(_) => FailureKind::PeerGone,
+            Error::Rank { failure, .. } => return failure.clone(),
+            _ => FailureKind::Runtime,
+        };
+        RankFailure { kind, message: error.to_string() }
+    }
+}
+
 impl Error {
+    /// A protocol violation described by `detail`.
+    pub(crate) fn protocol(detail: impl Into<String>) -> Self {
+        Error::Protocol { detail: detail.into() }
+    }
+
     /// Wraps any error a user replica raises.
     pub fn replica(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Error::Replica(err.into())

@@ -66,6 +66,7 @@ mod link;
 mod metrics;
 mod mlp;
 mod runtime;
+mod state;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 pub use contract::{Batch, BatchEval, FailingReplica, Failure, Replica, ReplicaContext};
@@ -78,13 +79,14 @@ pub use control::logic_error::{LogicError, LogicResult};
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy};
 pub use control::verdict::Verdict;
-pub use error::{Error, Result};
+pub use error::{Error, FailureKind, Peer, RankFailure, Result};
 pub use metrics::{
     EpochMetrics, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report, record_scalar,
 };
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::fault::{FaultCause, FaultEvent};
-pub use runtime::handle::{DdpHandle, HostTensor, TrainedState};
+pub use runtime::handle::{DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
 pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, RunSpec};
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};
+pub use state::HostTensor;

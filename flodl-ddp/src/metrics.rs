@@ -162,7 +162,7 @@ struct RankTally {
 }
 
 /// What a rank reports about a finished piece of work.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct WorkTally {
     /// Batches trained.
     pub(crate) batches: usize,

@@ -26,12 +26,13 @@ impl Step {
 }
 
 /// The steps, in the order `.ci/run` runs them (a test keeps the two equal).
-pub(crate) const STEPS: [Step; 3] = [
+pub(crate) const STEPS: [Step; 4] = [
     Step { title: "format", args: &["fmt", "--all", "--check"] },
     Step {
         title: "lint",
         args: &["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"],
     },
+    Step { title: "no cuda", args: &["check", "--workspace", "--no-default-features"] },
     Step { title: "test", args: &["test", "--workspace", "--release"] },
 ];
 
@@ -131,16 +132,18 @@ mod tests {
                     StepResult::Passed { seconds: 1.25 },
                     StepResult::Failed { seconds: 30.0, code: Some(101) },
                     StepResult::NotRun,
+                    StepResult::NotRun,
                 ],
-                ["ok", "FAILED (exit 101)", "not run"],
+                ["ok", "FAILED (exit 101)", "not run", "not run"],
             ),
             (
                 [
                     StepResult::Passed { seconds: 0.0 },
                     StepResult::Passed { seconds: 2.0 },
+                    StepResult::Passed { seconds: 40.0 },
                     StepResult::Failed { seconds: 3.0, code: None },
                 ],
-                ["ok", "ok", "FAILED (signal)"],
+                ["ok", "ok", "ok", "FAILED (signal)"],
             ),
         ];
         for (results, verdicts) in cases {

@@ -97,8 +97,8 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "pinned prefetch",
-        binary: "flodl-data/prefetch",
-        filters: &["cuda_batches_match_a_synchronous_fetch_in_order"],
+        binary: "flodl-data/it",
+        filters: &["prefetch::cuda_batches_match_a_synchronous_fetch_in_order"],
         gpus: 1,
         serial: false,
     },

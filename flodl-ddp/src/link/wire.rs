@@ -1,22 +1,18 @@
-//! The closed sets of messages between the coordinator and the workers.
+//! The wire messages between the coordinator and the ranks: plain serde data, the same
+//! in-process and across processes.
+//!
+//! Nothing here refers to process-local state: no `Arc`, no abort closures, no boxed errors
+//! (a failure travels as a [`RankFailure`] description). Every message round-trips through
+//! bincode 2 (see the tests below).
 
-use std::sync::Arc;
+use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::error::RankFailure;
 use crate::metrics::{EvalMetrics, WorkTally};
-use crate::runtime::capture::{CaptureRequest, RankCapture, RankRestore};
-
-/// A replica's state on the host: parameters then buffers, each flattened, with shapes.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct HostState {
-    /// Parameter values, in the replica's order.
-    pub(crate) params: Vec<Vec<f32>>,
-    /// Buffer values, in the replica's order.
-    pub(crate) buffers: Vec<Vec<f32>>,
-}
+use crate::state::{HostState, HostTensor};
 
 /// A batch-aligned slice of one epoch's permutation handed to one rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Chunk {
     /// The epoch whose permutation is sliced.
     pub(crate) epoch: usize,
@@ -28,7 +24,7 @@ pub(crate) struct Chunk {
 
 /// A reduce window: how many batches a rank should train before the next reduce (`target`)
 /// and how many it may train at most (`limit`, larger under `Async`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Window {
     /// The window's number (the reduce that ends it has the same number).
     pub(crate) round: u64,
@@ -38,12 +34,64 @@ pub(crate) struct Window {
     pub(crate) limit: usize,
 }
 
-/// Coordinator → worker.
-#[derive(Debug)]
+/// What the coordinator asks a rank to capture at a reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CaptureRequest {
+    /// Whether this rank sends the consensus model and its outer optimizer (collective backend).
+    pub(crate) model: bool,
+}
+
+/// The outer optimizer's previous parameters and velocity.
+pub(crate) type OuterState = (Vec<HostTensor>, Vec<HostTensor>);
+
+/// A rank's part of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RankCapture {
+    /// The inner optimizer state.
+    pub(crate) optimizer: Vec<HostTensor>,
+    /// The inner optimizer's step counter.
+    pub(crate) optimizer_steps: u64,
+    /// The consensus parameters and buffers, when asked for.
+    pub(crate) model: Option<HostState>,
+    /// The outer optimizer's state, when asked for and it has run.
+    pub(crate) outer: Option<OuterState>,
+    /// The chunk the rank was training and how many of its batches it had trained.
+    pub(crate) position: Option<(Chunk, usize)>,
+}
+
+/// What a rank restores from a checkpoint before it trains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RankRestore {
+    /// Its inner optimizer state (empty: keep the fresh one).
+    pub(crate) optimizer: Vec<HostTensor>,
+    /// Its inner optimizer's step counter.
+    pub(crate) optimizer_steps: u64,
+    /// The outer optimizer's state, when it had run.
+    pub(crate) outer: Option<OuterState>,
+    /// The cohort step to continue from.
+    pub(crate) global_step: u64,
+}
+
+/// How the survivors of a membership change build their next communicator.
+///
+/// The NCCL variant exists only in builds with the `cuda` feature; it is the last variant, so
+/// both builds number `Host` alike and a build without it refuses an NCCL regroup as a decode
+/// error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) enum Regroup {
+    /// Shrink the host group to the survivors.
+    Host,
+    /// Join a new NCCL group named by this id (the old one is aborted).
+    #[cfg(feature = "cuda")]
+    Nccl(flodl_nccl::UniqueId),
+}
+
+/// Coordinator → rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum ToWorker {
     /// Load these initial weights (rank 0's, or a resumed checkpoint's consensus with the
     /// rank's own optimizer state), then start.
-    Init { state: Arc<HostState>, restore: Option<Box<RankRestore>> },
+    Init { state: HostState, restore: Option<Box<RankRestore>> },
     /// Train this chunk after the ones already queued.
     Work(Chunk),
     /// Collective backend: average now (all ranks do), then start `next` window at cohort step
@@ -57,7 +105,7 @@ pub(crate) enum ToWorker {
     Resume,
     /// Host backend: load the averaged state, then start `next` window at cohort step
     /// `global_step`; evaluate afterwards when set.
-    Update { state: Arc<HostState>, next: Window, eval: Option<usize>, global_step: u64 },
+    Update { state: HostState, next: Window, eval: Option<usize>, global_step: u64 },
     /// Evaluate now (no reduce pending) and report it for `epoch`.
     Evaluate { epoch: usize },
     /// No more work: send the final state (with a checkpoint part when `capture`) and exit.
@@ -69,11 +117,16 @@ pub(crate) enum ToWorker {
     /// The membership changed: `members` (global ranks, increasing) form collective group
     /// number `generation`, built as `how` says; a rank not listed is dead and exits. A reduce
     /// interrupted by the old group's fault is redone in the new group.
-    Regroup { generation: u64, members: Vec<usize>, how: crate::runtime::comm::Regroup },
+    Regroup { generation: u64, members: Vec<usize>, how: Regroup },
+    /// Abort the rank's collective group of number `generation` or older, now, even while the
+    /// rank is blocked inside a collective. The link acts on this order as it arrives (it fires
+    /// the abort handle the rank armed, see [`crate::link::RankLink::arm_abort`]) and never
+    /// queues it for the rank's loop.
+    AbortGroup { generation: u64 },
 }
 
 /// Why a rank says it is ready for the reduce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Readiness {
     /// It trained its window's target.
     Reached,
@@ -81,14 +134,8 @@ pub(crate) enum Readiness {
     Idle,
 }
 
-/// How long a side of a channel stays quiet before it says it is alive: a quarter of the stall
-/// timeout, at most a second.
-pub(crate) fn heartbeat(stall_timeout: std::time::Duration) -> std::time::Duration {
-    (stall_timeout / 4).min(std::time::Duration::from_secs(1))
-}
-
-/// Worker → coordinator.
-#[derive(Debug)]
+/// Rank → coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum ToCoordinator {
     /// The replica is built; rank 0 sends its initial state, every rank its parameter shapes.
     Ready { rank: usize, shapes: Vec<Vec<usize>>, initial: Option<HostState> },
@@ -118,17 +165,14 @@ pub(crate) enum ToCoordinator {
         steps: usize,
         capture: Option<Box<RankCapture>>,
     },
-    /// The evaluation of `epoch`.
-    Evaluated { epoch: usize, eval: Option<EvalMetrics> },
+    /// The rank's evaluation of `epoch`.
+    Evaluated { rank: usize, epoch: usize, eval: Option<EvalMetrics> },
     /// The final state after [`ToWorker::Finish`] (and checkpoint part, when asked for).
     Final { rank: usize, state: HostState, capture: Option<Box<RankCapture>> },
-    /// Host backend: the helper thread's average for `round`, and the largest divergence of
-    /// a snapshot from it when measured.
-    Averaged { round: u64, state: crate::Result<HostState>, divergence: Option<f64> },
     /// The rank is alive (sent when it has been quiet for a while).
     Alive { rank: usize },
     /// The rank failed and is exiting.
-    Failed { rank: usize, error: Error },
+    Failed { rank: usize, failure: RankFailure },
     /// Collective backend: the rank is entering the collective of the reduce of `round` (it
     /// is silent until the collective returns).
     Reducing { rank: usize, round: u64 },
@@ -139,13 +183,13 @@ pub(crate) enum ToCoordinator {
     /// The rank is building its communicator of group number `generation` (silent until
     /// [`ToCoordinator::Joined`]: an NCCL group waits for every member).
     Joining { rank: usize, generation: u64 },
-    /// The rank joined collective group number `generation`; `abort` aborts that group.
-    Joined { rank: usize, generation: u64, abort: flodl_nccl::AbortHandle },
+    /// The rank joined collective group number `generation` (and armed its link to abort it).
+    Joined { rank: usize, generation: u64 },
 }
 
 impl ToCoordinator {
-    /// The rank that sent the message, if a rank did.
-    pub(crate) fn rank(&self) -> Option<usize> {
+    /// The rank the message says it comes from.
+    pub(crate) fn rank(&self) -> usize {
         match self {
             ToCoordinator::Ready { rank, .. }
             | ToCoordinator::ChunkDone { rank, .. }
@@ -158,8 +202,165 @@ impl ToCoordinator {
             | ToCoordinator::Reducing { rank, .. }
             | ToCoordinator::ReduceFailed { rank, .. }
             | ToCoordinator::Joining { rank, .. }
-            | ToCoordinator::Joined { rank, .. } => Some(*rank),
-            ToCoordinator::Evaluated { .. } | ToCoordinator::Averaged { .. } => None,
+            | ToCoordinator::Evaluated { rank, .. }
+            | ToCoordinator::Joined { rank, .. } => *rank,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::error::FailureKind;
+
+    fn state() -> HostState {
+        HostState {
+            params: vec![vec![1.5, -2.0], vec![f32::MIN_POSITIVE]],
+            buffers: vec![vec![3.0]],
+        }
+    }
+
+    fn capture() -> RankCapture {
+        let t = HostTensor { shape: vec![2], data: vec![0.25, 4.0] };
+        RankCapture {
+            optimizer: vec![t.clone()],
+            optimizer_steps: 17,
+            model: Some(state()),
+            outer: Some((vec![t.clone()], vec![t])),
+            position: Some((Chunk { epoch: 2, offset: 128, len: 64 }, 1)),
+        }
+    }
+
+    /// One of every message each way, with every optional part filled and left out.
+    fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
+        let window = Window { round: 9, target: 4, limit: 6 };
+        let chunk = Chunk { epoch: 1, offset: 640, len: 320 };
+        let restore = RankRestore {
+            optimizer: vec![HostTensor { shape: vec![1], data: vec![7.0] }],
+            optimizer_steps: 3,
+            outer: None,
+            global_step: 88,
+        };
+        let request = Some(CaptureRequest { model: true });
+        let mut scalars = BTreeMap::new();
+        scalars.insert("grad_norm".to_string(), (2.5, 3));
+        let work = WorkTally { batches: 5, samples: 320, loss_sum: 1.25, compute_ms: 9.5, scalars };
+        let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
+        let to_rank = vec![
+            ToWorker::Init { state: state(), restore: Some(Box::new(restore)) },
+            ToWorker::Init { state: HostState::default(), restore: None },
+            ToWorker::Work(chunk),
+            ToWorker::Reduce { next: window, eval: Some(3), global_step: 99, capture: request },
+            ToWorker::Reduce { next: window, eval: None, global_step: 0, capture: None },
+            ToWorker::Snapshot { round: 4, attempt: 2, capture: request },
+            ToWorker::Resume,
+            ToWorker::Update { state: state(), next: window, eval: None, global_step: 12 },
+            ToWorker::Evaluate { epoch: 5 },
+            ToWorker::Finish { capture: true },
+            ToWorker::Stop,
+            ToWorker::Ping,
+            ToWorker::Regroup { generation: 2, members: vec![0, 2], how: Regroup::Host },
+            ToWorker::AbortGroup { generation: u64::MAX },
+        ];
+        let to_coordinator = vec![
+            ToCoordinator::Ready {
+                rank: 0,
+                shapes: vec![vec![2, 3], vec![3]],
+                initial: Some(state()),
+            },
+            ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None },
+            ToCoordinator::ChunkDone { rank: 1, chunk, work },
+            ToCoordinator::Progress {
+                rank: 2,
+                round: 7,
+                steps: 4,
+                wall_ms: 3.5,
+                why: Readiness::Idle,
+                works: 11,
+            },
+            ToCoordinator::Reduced {
+                rank: 0,
+                round: 7,
+                steps: 4,
+                sync_ms: 0.5,
+                divergence: Some(0.01),
+                capture: Some(Box::new(capture())),
+            },
+            ToCoordinator::Snapshot {
+                rank: 1,
+                round: 3,
+                attempt: 1,
+                state: state(),
+                steps: 2,
+                capture: None,
+            },
+            ToCoordinator::Evaluated {
+                rank: 0,
+                epoch: 1,
+                eval: Some(EvalMetrics { loss: 0.1, accuracy: 0.97, samples: 10_000 }),
+            },
+            ToCoordinator::Final { rank: 0, state: state(), capture: Some(Box::new(capture())) },
+            ToCoordinator::Alive { rank: 3 },
+            ToCoordinator::Failed { rank: 2, failure },
+            ToCoordinator::Reducing { rank: 1, round: 8 },
+            ToCoordinator::ReduceFailed { rank: 1, round: 8, generation: 0, error: "lost".into() },
+            ToCoordinator::Joining { rank: 0, generation: 1 },
+            ToCoordinator::Joined { rank: 0, generation: 1 },
+        ];
+        (to_rank, to_coordinator)
+    }
+
+    fn round_trip<T>(msg: &T) -> Result<T, String>
+    where
+        T: Serialize + serde::de::DeserializeOwned,
+    {
+        let config = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(msg, config).map_err(|e| e.to_string())?;
+        let (back, read) =
+            bincode::serde::decode_from_slice(&bytes, config).map_err(|e| e.to_string())?;
+        if read != bytes.len() {
+            return Err(format!("decoded {read} of {} bytes", bytes.len()));
+        }
+        Ok(back)
+    }
+
+    /// Every wire message survives bincode 2 unchanged, and the rank a rank message names is
+    /// kept.
+    #[test]
+    fn every_wire_message_round_trips_through_bincode() -> Result<(), String> {
+        let (to_rank, to_coordinator) = messages();
+        for msg in &to_rank {
+            let back = round_trip(msg)?;
+            if &back != msg {
+                return Err(format!("{msg:?} came back as {back:?}"));
+            }
+        }
+        for msg in &to_coordinator {
+            let back = round_trip(msg)?;
+            if &back != msg || back.rank() != msg.rank() {
+                return Err(format!("{msg:?} came back as {back:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Truncated encodings are refused with an error, never a panic.
+    #[test]
+    fn truncated_messages_are_decode_errors() -> Result<(), String> {
+        let config = bincode::config::standard();
+        let (to_rank, _) = messages();
+        for msg in &to_rank {
+            let bytes = bincode::serde::encode_to_vec(msg, config).map_err(|e| e.to_string())?;
+            for cut in 0..bytes.len() {
+                let decoded: Result<(ToWorker, usize), _> =
+                    bincode::serde::decode_from_slice(&bytes[..cut], config);
+                if decoded.is_ok() {
+                    return Err(format!("{msg:?} decoded from {cut} of {} bytes", bytes.len()));
+                }
+            }
+        }
+        Ok(())
     }
 }

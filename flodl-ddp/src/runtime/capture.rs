@@ -26,10 +26,10 @@ use crate::checkpoint::{
 use crate::control::elche::ElCheState;
 use crate::control::guard::Guard;
 use crate::control::outer::OuterOptimizer;
-use crate::link::wire::{Chunk, HostState};
+use crate::link::wire::{RankCapture, RankRestore};
 use crate::metrics::EpochMetrics;
-use crate::runtime::handle::HostTensor;
 use crate::runtime::trainer::RunConfig;
+use crate::state::{HostState, HostTensor};
 use crate::{Error, Result};
 
 /// Names of the tensor sets in a bundle written by the runtime.
@@ -75,41 +75,6 @@ impl SaveRequest {
             asked => Some(asked >= Self::STOP),
         }
     }
-}
-
-/// What the coordinator asks a rank to capture at a reduce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CaptureRequest {
-    /// Whether this rank sends the consensus model and its outer optimizer (collective backend).
-    pub(crate) model: bool,
-}
-
-/// A rank's part of a checkpoint.
-#[derive(Debug, Clone)]
-pub(crate) struct RankCapture {
-    /// The inner optimizer state.
-    pub(crate) optimizer: Vec<HostTensor>,
-    /// The inner optimizer's step counter.
-    pub(crate) optimizer_steps: u64,
-    /// The consensus parameters and buffers, when asked for.
-    pub(crate) model: Option<HostState>,
-    /// The outer optimizer's previous parameters and velocity, when asked for and it has run.
-    pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
-    /// The chunk the rank was training and how many of its batches it had trained.
-    pub(crate) position: Option<(Chunk, usize)>,
-}
-
-/// What a rank restores from a checkpoint before it trains.
-#[derive(Debug, Clone)]
-pub(crate) struct RankRestore {
-    /// Its inner optimizer state (empty: keep the fresh one).
-    pub(crate) optimizer: Vec<HostTensor>,
-    /// Its inner optimizer's step counter.
-    pub(crate) optimizer_steps: u64,
-    /// The outer optimizer's previous parameters and velocity, when it had run.
-    pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
-    /// The cohort step to continue from.
-    pub(crate) global_step: u64,
 }
 
 /// A checkpoint decoded for the coordinator of a resumed run.
@@ -258,7 +223,7 @@ pub(crate) fn assemble(
     let from_rank = captures.iter().flatten().find(|c| c.model.is_some());
     let model = consensus
         .or_else(|| from_rank.and_then(|c| c.model.as_ref()))
-        .ok_or_else(|| Error::Config("no rank captured the consensus model".into()))?;
+        .ok_or_else(|| Error::protocol("no rank captured the consensus model"))?;
     let outer = outer.or_else(|| from_rank.and_then(|c| c.outer.clone()));
     let n = model.params.len();
     if shapes.len() != n + model.buffers.len() {

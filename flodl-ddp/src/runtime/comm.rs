@@ -4,6 +4,7 @@ use flodl_nccl::{AbortHandle, HostComm};
 use flodl_tensor::{Device, Stream, Tensor};
 
 use crate::control::weighting::average_weights;
+use crate::link::wire::Regroup;
 use crate::{Error, Result};
 
 /// How a rank joins the collective backend, decided before the ranks start.
@@ -36,7 +37,7 @@ impl CommPlan {
             #[cfg(feature = "cuda")]
             CommPlan::Nccl { id, world } => {
                 let Device::Cuda(ordinal) = device else {
-                    return Err(crate::Error::Config("an NCCL rank must be a GPU".into()));
+                    return Err(Error::protocol("an NCCL rank must be a GPU"));
                 };
                 let comm = flodl_nccl::NcclComm::new(&id, rank, world, ordinal, timeout)?;
                 let stream = Stream::new(device)?;
@@ -132,7 +133,7 @@ impl RankComm {
             }
         }
         let all: Vec<u64> = host.iter().map(|&s| s.max(0.0).round() as u64).collect();
-        let weights = average_weights(&all, gamma).map_err(|e| Error::Config(e.to_string()))?;
+        let weights = average_weights(&all, gamma)?;
         Ok(weights.map(|w| {
             (
                 w.params.get(rank).copied().unwrap_or(0.0),
@@ -200,16 +201,6 @@ fn host_weighted(
     Ok(())
 }
 
-/// How the survivors of a membership change build their next communicator.
-#[derive(Debug, Clone)]
-pub(crate) enum Regroup {
-    /// Shrink the host group to the survivors.
-    Host,
-    /// Join a new NCCL group named by this id (the old one is aborted).
-    #[cfg(feature = "cuda")]
-    Nccl(flodl_nccl::UniqueId),
-}
-
 impl RankComm {
     /// The communicator of the group formed by `survivors` (ranks of this communicator's group,
     /// strictly increasing, this rank included), built as `how` says; every survivor calls
@@ -238,7 +229,7 @@ impl RankComm {
             (RankComm::Device { comm, .. }, Regroup::Nccl(id)) => {
                 let me = comm.rank();
                 let rank = survivors.iter().position(|&r| r == me).ok_or_else(|| {
-                    Error::Config(format!("rank {me} is not among the survivors {survivors:?}"))
+                    Error::protocol(format!("rank {me} is not among the survivors {survivors:?}"))
                 })?;
                 // The old group may still hold a collective that never completes.
                 comm.abort_handle().abort();
@@ -246,7 +237,7 @@ impl RankComm {
                     .join(rank, device, timeout)
             }
             #[allow(unreachable_patterns)]
-            _ => Err(Error::Config("a regroup does not match the rank's communicator".into())),
+            _ => Err(Error::protocol("a regroup does not match the rank's communicator")),
         }
     }
 

@@ -8,20 +8,13 @@ use std::time::{Duration, Instant};
 use flodl_tensor::{Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
+use crate::state::{HostState, HostTensor};
+
 use crate::contract::replica::Replica;
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
-use crate::runtime::fault::{Aborts, DeadFlags, FaultEvent, RankThread};
+use crate::runtime::fault::{DeadFlags, FaultEvent, RankThread};
 use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
-
-/// A tensor on the host: shape and row-major f32 values.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostTensor {
-    /// The shape.
-    pub shape: Vec<usize>,
-    /// The values, `shape.iter().product()` of them.
-    pub data: Vec<f32>,
-}
 
 /// What a finished run returns: the averaged model and the run's metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,6 +97,8 @@ pub(crate) struct Outlets {
     pub(crate) faults: flume::Sender<FaultEvent>,
     /// Which ranks the coordinator declared dead.
     pub(crate) dead: DeadFlags,
+    /// Sent once every replica is built and checked and training starts.
+    pub(crate) started: flume::Sender<()>,
 }
 
 /// Capacity of the reduce-event queue.
@@ -120,7 +115,6 @@ pub struct DdpHandle {
     cancel: Arc<AtomicBool>,
     save_now: Arc<crate::runtime::capture::SaveRequest>,
     checkpointing: bool,
-    aborts: Aborts,
     main: Option<JoinHandle<Result<TrainedState>>>,
     workers: Vec<RankThread>,
     faults: flume::Receiver<FaultEvent>,
@@ -130,7 +124,8 @@ pub struct DdpHandle {
 }
 
 impl DdpHandle {
-    /// Spawns the run's threads.
+    /// Spawns the run's threads and waits until every replica is built and checked (so a
+    /// replica that cannot be built, or does not fit the run or its checkpoint, fails here).
     pub(crate) fn start(config: Arc<RunConfig>) -> Result<DdpHandle> {
         let (epochs_tx, epochs) = flume::bounded(config.spec.epochs + 1);
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
@@ -141,6 +136,7 @@ impl DdpHandle {
         let cancel = Arc::new(AtomicBool::new(false));
         let save_now = Arc::new(crate::runtime::capture::SaveRequest::default());
         let checkpointing = config.checkpoints.is_some();
+        let (started_tx, started) = flume::bounded(1);
         let outlets = Outlets {
             epochs: epochs_tx,
             reduces: reduces_tx,
@@ -149,29 +145,38 @@ impl DdpHandle {
             save_now: save_now.clone(),
             faults: faults_tx,
             dead: dead.clone(),
+            started: started_tx,
         };
         // A lone rank checkpoints through the coordinator (a world of one).
         let solo = config.world() == 1 && config.checkpoints.is_none() && config.resume.is_none();
-        let (main, workers, aborts) = if solo {
-            let main = crate::runtime::solo::spawn(config, outlets)?;
-            (main, Vec::new(), Aborts::default())
+        let wait = config.spec.stall_timeout.saturating_mul(2);
+        let (main, workers) = if solo {
+            (crate::runtime::solo::spawn(config, outlets)?, Vec::new())
         } else {
             crate::runtime::coordinator::spawn(config, outlets)?
         };
-        Ok(DdpHandle {
+        let mut handle = DdpHandle {
             epochs,
             reduces,
             guards,
             cancel,
             save_now,
             checkpointing,
-            aborts,
             main: Some(main),
             workers,
             faults,
             dead,
             grace,
-        })
+        };
+        match started.recv_timeout(wait) {
+            Ok(()) => Ok(handle),
+            // The run ended before it started training: its error is the answer.
+            Err(flume::RecvTimeoutError::Disconnected) => handle.wait().and(Err(Error::Aborted)),
+            Err(flume::RecvTimeoutError::Timeout) => {
+                handle.abort();
+                handle.wait().and(Err(Error::Timeout { what: "the ranks' replicas", after: wait }))
+            }
+        }
     }
 
     /// The epoch metrics emitted since the last call, without waiting.
@@ -231,7 +236,6 @@ impl DdpHandle {
     /// run had already finished.
     pub fn abort(&self) {
         self.cancel.store(true, Ordering::Release);
-        self.aborts.abort_all();
     }
 
     /// Waits for the run to end and returns the averaged model (the final state of the lowest
@@ -256,7 +260,7 @@ impl DdpHandle {
         let result = match self.main.take() {
             Some(main) => match main.join() {
                 Ok(r) => r,
-                Err(p) => Err(Error::Panicked { rank: 0, message: panic_message(p.as_ref()) }),
+                Err(p) => Err(Error::CoordinatorPanicked { message: panic_message(p.as_ref()) }),
             },
             None => Err(Error::Aborted),
         };
@@ -307,7 +311,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Pairs host values with their shapes (parameters first, then buffers).
 pub(crate) fn trained_state(
     shapes: &[Vec<usize>],
-    state: crate::link::wire::HostState,
+    state: HostState,
     epochs: Vec<EpochMetrics>,
     reduces: u64,
     wall_ms: f64,

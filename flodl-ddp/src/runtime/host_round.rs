@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::control::weighting::average_weights;
-use crate::link::wire::{HostState, Window};
+use crate::link::wire::Window;
+use crate::state::HostState;
 use crate::{Error, Result};
 
 /// A host averaging round (`Idle` is the coordinator's `Reduce::Idle`).
@@ -218,7 +219,7 @@ pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Resu
     let first =
         states.first().ok_or_else(|| Error::ReplicaMismatch("no snapshot to average".into()))?;
     let counts: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
-    let weights = average_weights(&counts, gamma).map_err(|e| Error::Config(e.to_string()))?;
+    let weights = average_weights(&counts, gamma)?;
     let Some(weights) = weights.filter(|_| states.len() == steps.len()) else {
         return Err(Error::ReplicaMismatch(
             "a host average needs at least one rank that stepped".into(),

@@ -9,6 +9,7 @@ pub(crate) mod handle;
 pub(crate) mod host_round;
 pub(crate) mod prefetch;
 pub(crate) mod rank;
+pub(crate) mod slot;
 pub(crate) mod solo;
 pub(crate) mod spec;
 pub(crate) mod staging;

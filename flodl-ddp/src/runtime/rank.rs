@@ -2,8 +2,8 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flodl_data::{BatchPicks, HostBatch};
@@ -11,20 +11,25 @@ use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
 use crate::contract::replica::{Batch, Replica, ReplicaContext};
 use crate::control::outer::{OuterOptimizer, easgd_blend};
-use crate::link::wire::{Chunk, HostState, Readiness, ToCoordinator, ToWorker, Window};
-use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
-use crate::runtime::capture::{
-    CaptureRequest, RankCapture, RankRestore, host_tensors, outer_state, restore_outer, write_host,
+use crate::error::{Peer, RankFailure};
+use crate::link::wire::{
+    CaptureRequest, Chunk, RankCapture, RankRestore, Readiness, Regroup, ToCoordinator, ToWorker,
+    Window,
 };
-use crate::runtime::comm::{CommPlan, RankComm, Regroup};
-use crate::runtime::fault::{Interrupted, Standing, is_group_fault};
+use crate::link::{LinkError, RankLink};
+use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
+use crate::runtime::capture::{host_tensors, outer_state, restore_outer, write_host};
+use crate::runtime::comm::{CommPlan, RankComm};
+use crate::runtime::fault::{Group, Interrupted, is_group_fault};
+use crate::runtime::handle::panic_message;
 use crate::runtime::prefetch::ChunkFeeds;
 use crate::runtime::staging::{device_batch, upload};
 use crate::runtime::trainer::RunConfig;
+use crate::state::HostState;
 use crate::{Error, Result};
 
-/// How often a waiting rank looks at the cancel flag.
-const CANCEL_POLL: Duration = Duration::from_millis(50);
+/// How long a rank waits for a prefetched batch before it services its link.
+const PREFETCH_POLL: Duration = Duration::from_millis(50);
 
 /// Below this, a slowdown wait spins: a sleep overshoots by tens of microseconds.
 const SPIN_BELOW: Duration = Duration::from_micros(300);
@@ -77,7 +82,6 @@ pub(crate) struct Worker {
     /// The prefetcher and its chunk feeds, when the rank prefetches.
     feeds: Option<ChunkFeeds>,
     comm: Option<RankComm>,
-    cancel: Arc<AtomicBool>,
     /// Collective backend: the parameters before the reduce, kept to measure the divergence
     /// (allocated at the first measured reduce).
     pre_reduce: Vec<Tensor>,
@@ -103,12 +107,7 @@ pub(crate) fn rank_stream(device: Device) -> Result<Stream> {
 
 impl Worker {
     /// Builds rank `rank`'s replica and buffers (on the calling thread).
-    pub(crate) fn build(
-        rank: usize,
-        cfg: Arc<RunConfig>,
-        comm: Option<CommPlan>,
-        cancel: Arc<AtomicBool>,
-    ) -> Result<Self> {
+    pub(crate) fn build(rank: usize, cfg: Arc<RunConfig>, comm: Option<CommPlan>) -> Result<Self> {
         let device = cfg.spec.devices[rank];
         let stream = rank_stream(device)?;
         let ctx = ReplicaContext {
@@ -139,8 +138,7 @@ impl Worker {
             Some(plan) => Some(plan.join(rank, device, cfg.spec.stall_timeout)?),
             None => None,
         };
-        let outer =
-            OuterOptimizer::new(cfg.spec.outer).map_err(|e| Error::Config(e.to_string()))?;
+        let outer = OuterOptimizer::new(cfg.spec.outer)?;
         let perms =
             Permutations { len: cfg.dataset.len(), seed: cfg.spec.seed, cache: VecDeque::new() };
         let feeds = match cfg.spec.prefetch.depth_on(device) {
@@ -164,7 +162,6 @@ impl Worker {
             perms,
             feeds,
             comm,
-            cancel,
             pre_reduce: Vec::new(),
             outer,
             pre_buffers: Vec::new(),
@@ -192,7 +189,7 @@ impl Worker {
         let bs = self.cfg.spec.batch_size;
         let perm = self.perms.get(epoch);
         let picks = perm.get(offset..offset + bs).ok_or_else(|| {
-            Error::Config(format!("batch at {offset} runs past an epoch of {}", perm.len()))
+            Error::protocol(format!("batch at {offset} runs past an epoch of {}", perm.len()))
         })?;
         if let Some(audit) = &self.cfg.audit {
             audit(self.rank, epoch, picks);
@@ -229,13 +226,13 @@ impl Worker {
             Some(next) => feeds.ensure(&[chunk, next], plan)?,
             None => feeds.ensure(&[chunk], plan)?,
         }
-        let Some(mut ready) = feeds.next(chunk, index, CANCEL_POLL)? else { return Ok(None) };
+        let Some(mut ready) = feeds.next(chunk, index, PREFETCH_POLL)? else { return Ok(None) };
         if index * bs + bs >= chunk.len {
             feeds.finished(chunk);
         }
         let perm = self.perms.get(chunk.epoch);
         let picks = perm.get(offset..offset + bs).ok_or_else(|| {
-            Error::Config(format!("batch at {offset} runs past an epoch of {}", perm.len()))
+            Error::protocol(format!("batch at {offset} runs past an epoch of {}", perm.len()))
         })?;
         if ready.keys().len() != picks.len()
             || ready.keys().iter().zip(picks).any(|(k, &p)| k.sample != p)
@@ -318,42 +315,15 @@ impl Worker {
         write(self.replica.buffers_mut(), &state.buffers)
     }
 
-    /// Loads the average while keeping what the rank trained since its snapshot: parameters
-    /// become `average + (current − sent)`, buffers the average.
-    pub(crate) fn load_shifted(&mut self, avg: &HostState, sent: &[Vec<f32>]) -> Result<()> {
-        let stream = self.stream.clone();
-        let params = self.replica.parameters_mut();
-        if params.len() != avg.params.len() || params.len() != sent.len() {
-            return Err(Error::ReplicaMismatch("averaged state does not match the replica".into()));
-        }
-        for ((t, a), s) in params.iter_mut().zip(&avg.params).zip(sent) {
-            let mut now = t.to_vec::<f32>(&stream)?;
-            if now.len() != a.len() || now.len() != s.len() {
-                return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
-            }
-            for ((x, a), s) in now.iter_mut().zip(a).zip(s) {
-                *x = a + (*x - s);
-            }
-            t.copy_from_host(&now, &stream)?;
-        }
-        let buffers = self.replica.buffers_mut();
-        if buffers.len() != avg.buffers.len() {
-            return Err(Error::ReplicaMismatch("averaged buffers do not match the replica".into()));
-        }
-        for (t, a) in buffers.iter_mut().zip(&avg.buffers) {
-            t.copy_from_host(a, &stream)?;
-        }
-        Ok(())
-    }
-
-    /// EASGD update: pulls each parameter towards the average by `alpha` (the average shifted
-    /// by `now − sent` when `sent` is given, exactly as [`load_shifted`](Self::load_shifted)
-    /// computes it), and overwrites the buffers.
-    pub(crate) fn load_blended(
+    /// Host backend: takes the round's average. Each parameter becomes the average shifted by
+    /// what the rank trained since its snapshot (`average + (now − sent)` when `sent` is
+    /// given), or, under EASGD (`blend` = α), is pulled towards that target by α; buffers
+    /// become the average's. An outer optimizer that resets inner state resets it.
+    pub(crate) fn take_average(
         &mut self,
         avg: &HostState,
         sent: Option<&[Vec<f32>]>,
-        alpha: f32,
+        blend: Option<f32>,
     ) -> Result<()> {
         let stream = self.stream.clone();
         let params = self.replica.parameters_mut();
@@ -362,18 +332,38 @@ impl Worker {
         }
         for (i, t) in params.iter_mut().enumerate() {
             let a = &avg.params[i];
-            let target = match sent {
+            if a.len() != t.numel() {
+                return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
+            }
+            let shifted = match sent {
                 Some(sent) => {
                     let now = t.to_vec::<f32>(&stream)?;
-                    if now.len() != a.len() || now.len() != sent[i].len() {
+                    if now.len() != sent[i].len() {
                         return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
                     }
-                    now.iter().zip(a).zip(&sent[i]).map(|((x, a), s)| a + (x - s)).collect()
+                    Some(
+                        now.iter()
+                            .zip(a)
+                            .zip(&sent[i])
+                            .map(|((x, a), s)| a + (x - s))
+                            .collect::<Vec<f32>>(),
+                    )
                 }
-                None => a.clone(),
+                None => None,
             };
-            let target = Tensor::from_slice(&target, t.shape(), &stream)?;
-            easgd_blend(std::slice::from_mut(t), std::slice::from_ref(&target), alpha, &stream)?;
+            let target: &[f32] = shifted.as_deref().unwrap_or(a);
+            match blend {
+                Some(alpha) => {
+                    let target = Tensor::from_slice(target, t.shape(), &stream)?;
+                    easgd_blend(
+                        std::slice::from_mut(t),
+                        std::slice::from_ref(&target),
+                        alpha,
+                        &stream,
+                    )?;
+                }
+                None => t.copy_from_host(target, &stream)?,
+            }
         }
         let buffers = self.replica.buffers_mut();
         if buffers.len() != avg.buffers.len() {
@@ -381,6 +371,20 @@ impl Worker {
         }
         for (t, a) in buffers.iter_mut().zip(&avg.buffers) {
             t.copy_from_host(a, &stream)?;
+        }
+        if self.outer.resets_inner_state() {
+            self.replica.reset_optimizer(&stream)?;
+        }
+        Ok(())
+    }
+
+    /// Builds the communicator of the group whose members sit at `positions` of the current
+    /// one; a rank without a communicator (host backend) has nothing to build.
+    fn regroup_comm(&mut self, positions: &[usize], how: &Regroup) -> Result<()> {
+        if let Some(comm) = self.comm.as_ref() {
+            let device = self.cfg.spec.devices[self.rank];
+            let next = comm.regroup(positions, how, device, self.cfg.comm_timeout())?;
+            self.comm = Some(next);
         }
         Ok(())
     }
@@ -391,7 +395,7 @@ impl Worker {
     pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<(f64, Option<f64>)> {
         let t0 = Instant::now();
         let Some(comm) = self.comm.as_mut() else {
-            return Err(Error::Config("the collective backend has no communicator".into()));
+            return Err(Error::NoCommunicator);
         };
         self.stream.synchronize()?;
         let mut divergence = None;
@@ -555,9 +559,9 @@ fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<f64
 fn chunk_picks(perms: &mut Permutations, chunk: Chunk, bs: usize) -> Result<Vec<BatchPicks>> {
     let perm = perms.get(chunk.epoch);
     let end = chunk.offset + chunk.len.div_ceil(bs) * bs;
-    let picks = perm
-        .get(chunk.offset..end)
-        .ok_or_else(|| Error::Config(format!("{chunk:?} runs past an epoch of {}", perm.len())))?;
+    let picks = perm.get(chunk.offset..end).ok_or_else(|| {
+        Error::protocol(format!("{chunk:?} runs past an epoch of {}", perm.len()))
+    })?;
     Ok(picks.chunks_exact(bs).map(|p| BatchPicks { picks: p.to_vec(), valid: p.len() }).collect())
 }
 
@@ -576,6 +580,16 @@ struct Current {
     work: WorkTally,
 }
 
+/// What a rank's last host snapshot carried, while the round that averages it runs.
+#[derive(Debug)]
+struct Sent {
+    /// Steps and ms of the window at the snapshot.
+    steps: usize,
+    wall_ms: f64,
+    /// The parameters it sent, kept when the rank may train on before the update (`Async`).
+    params: Option<Vec<Vec<f32>>>,
+}
+
 /// A rank's position in its reduce window.
 #[derive(Debug)]
 struct WindowState {
@@ -583,66 +597,118 @@ struct WindowState {
     steps: usize,
     wall_ms: f64,
     reported: Option<Readiness>,
-    /// Host backend: steps and ms the last snapshot carried.
-    snapshot: Option<(usize, f64)>,
+    /// Host backend: the snapshot taken for the pending round.
+    sent: Option<Sent>,
 }
 
-/// A rank's side of the run: trains the chunks it is given and takes part in reduces.
-pub(crate) struct RankLoop {
+impl WindowState {
+    /// The start of `window`, with `carried` steps and ms already in it.
+    fn new(window: Window, carried: (usize, f64)) -> WindowState {
+        WindowState { window, steps: carried.0, wall_ms: carried.1, reported: None, sent: None }
+    }
+}
+
+/// Where a rank's loop stands.
+#[derive(Debug)]
+enum Stage {
+    /// Waiting for the initial weights.
+    Starting,
+    /// Training its window.
+    Training,
+    /// Captured for a checkpoint: trains nothing until the coordinator lets it go.
+    Paused,
+    /// Its group broke inside a reduce: waits for the regroup that redoes it.
+    Interrupted(Interrupted),
+}
+
+/// A rank's side of the run: trains the chunks it is given and takes part in reduces, talking
+/// to the coordinator only through its link.
+pub(crate) struct RankLoop<'a> {
     worker: Worker,
-    rx: flume::Receiver<ToWorker>,
-    tx: flume::Sender<ToCoordinator>,
+    cfg: Arc<RunConfig>,
+    link: &'a dyn RankLink,
+    stage: Stage,
     queue: VecDeque<Chunk>,
     current: Option<Current>,
     win: WindowState,
-    ready: bool,
-    /// Captured for a checkpoint: trains nothing until the coordinator lets it go.
-    paused: bool,
+    /// Chunks received so far (an `Idle` report names it, so a stale one is recognised).
     works: u64,
     last_sent: Cell<Instant>,
     /// Batches of all ranks up to the last reduce (what the schedule is indexed by).
     global_step: u64,
-    /// Host backend: the parameters of the last snapshot, while the rank may train on.
-    sent_params: Option<Vec<Vec<f32>>>,
-    /// Collective backend: the rank's group and the reduce a group fault interrupted.
-    standing: Standing,
+    /// Collective backend: the rank's current group.
+    group: Group,
 }
 
-impl RankLoop {
-    /// A loop for `worker`, starting in the window `first`.
-    pub(crate) fn new(
-        worker: Worker,
-        rx: flume::Receiver<ToWorker>,
-        tx: flume::Sender<ToCoordinator>,
-        first: Window,
-    ) -> Self {
+impl std::fmt::Debug for RankLoop<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankLoop")
+            .field("rank", &self.worker.rank)
+            .field("stage", &self.stage)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A rank's thread: builds the worker, runs its loop over `link`, and reports a failure before
+/// letting go of the communicator and the link (so the coordinator reads the cause before it
+/// sees the rank gone).
+pub(crate) fn run_rank(
+    rank: usize,
+    cfg: Arc<RunConfig>,
+    comm: Option<CommPlan>,
+    link: &dyn RankLink,
+    first: Window,
+) {
+    let wait = cfg.spec.stall_timeout;
+    let outcome = catch_unwind(AssertUnwindSafe(|| match Worker::build(rank, cfg, comm) {
+        Ok(worker) => {
+            let mut lp = RankLoop::new(worker, link, first);
+            let r = lp.run();
+            (r, Some(lp))
+        }
+        Err(e) => (Err(e), None),
+    }));
+    let failure = match &outcome {
+        Ok((Ok(()), _)) => return,
+        Ok((Err(e), _)) => RankFailure::from(e),
+        Err(p) => RankFailure::panicked(panic_message(p.as_ref())),
+    };
+    let _ = link.send(ToCoordinator::Failed { rank, failure }, wait);
+    drop(outcome);
+}
+
+impl<'a> RankLoop<'a> {
+    /// A loop for `worker` over `link`, starting in the window `first`.
+    pub(crate) fn new(worker: Worker, link: &'a dyn RankLink, first: Window) -> Self {
+        let cfg = worker.cfg.clone();
         // Rank 0's replica is the initial state, unless a checkpoint is resumed.
-        let ready = worker.rank == 0 && worker.cfg.resume.is_none();
-        let standing = Standing::new(worker.cfg.world());
-        let win =
-            WindowState { window: first, steps: 0, wall_ms: 0.0, reported: None, snapshot: None };
+        let stage = if worker.rank == 0 && cfg.resume.is_none() {
+            Stage::Training
+        } else {
+            Stage::Starting
+        };
+        let group = Group::new(cfg.world());
         RankLoop {
             worker,
-            rx,
-            tx,
+            cfg,
+            link,
+            stage,
             queue: VecDeque::new(),
             current: None,
-            win,
-            ready,
-            paused: false,
+            win: WindowState::new(first, (0, 0.0)),
             works: 0,
             last_sent: Cell::new(Instant::now()),
             global_step: 0,
-            sent_params: None,
-            standing,
+            group,
         }
     }
 
     fn send(&self, msg: ToCoordinator) -> Result<()> {
         self.last_sent.set(Instant::now());
-        self.tx
-            .send_timeout(msg, self.worker.cfg.spec.stall_timeout)
-            .map_err(|_| Error::Disconnected("coordinator"))
+        self.link.send(msg, self.cfg.spec.stall_timeout).map_err(|e| match e {
+            LinkError::Timeout(after) => Error::Timeout { what: "room on the link", after },
+            LinkError::Gone | LinkError::Full => Error::PeerGone(Peer::Coordinator),
+        })
     }
 
     /// Runs until the coordinator says finish or stop.
@@ -652,23 +718,14 @@ impl RankLoop {
         self.send(ToCoordinator::Ready { rank, shapes: self.worker.shapes(), initial })?;
         self.announce_group()?;
         loop {
-            loop {
-                match self.rx.try_recv() {
-                    Ok(msg) => {
-                        if self.handle(msg)? == Flow::Exit {
-                            return Ok(());
-                        }
-                    }
-                    Err(flume::TryRecvError::Empty) => break,
-                    Err(flume::TryRecvError::Disconnected) => {
-                        return Err(Error::Disconnected("coordinator"));
-                    }
+            while let Some(msg) =
+                self.link.try_recv().map_err(|_| Error::PeerGone(Peer::Coordinator))?
+            {
+                if self.handle(msg)? == Flow::Exit {
+                    return Ok(());
                 }
             }
-            if self.worker.cfg_cancelled() {
-                return Ok(());
-            }
-            let training = self.ready && !self.paused && self.standing.interrupted.is_none();
+            let training = matches!(self.stage, Stage::Training);
             if training && self.win.steps < self.win.window.limit && self.has_work() {
                 self.train_one()?;
                 continue;
@@ -687,35 +744,28 @@ impl RankLoop {
         self.current.is_some() || !self.queue.is_empty()
     }
 
-    /// Waits for the next message, up to the stall timeout.
+    /// Waits for the next message, up to the stall timeout, saying it is alive meanwhile.
     fn wait(&self) -> Result<ToWorker> {
-        let deadline = Instant::now() + self.worker.cfg.spec.stall_timeout;
+        let deadline = Instant::now() + self.cfg.spec.stall_timeout;
         loop {
-            let now = Instant::now();
-            if now >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(Error::Timeout {
                     what: "a message from the coordinator",
-                    after: self.worker.cfg.spec.stall_timeout,
+                    after: self.cfg.spec.stall_timeout,
                 });
             }
-            match self.rx.recv_timeout(CANCEL_POLL.min(deadline - now)) {
+            match self.link.recv(self.cfg.heartbeat().min(left)) {
                 Ok(msg) => return Ok(msg),
-                Err(flume::RecvTimeoutError::Timeout) => {
-                    if self.worker.cfg_cancelled() {
-                        return Ok(ToWorker::Stop);
-                    }
-                    self.heartbeat()?;
-                }
-                Err(flume::RecvTimeoutError::Disconnected) => {
-                    return Err(Error::Disconnected("coordinator"));
-                }
+                Err(LinkError::Timeout(_) | LinkError::Full) => self.heartbeat()?,
+                Err(LinkError::Gone) => return Err(Error::PeerGone(Peer::Coordinator)),
             }
         }
     }
 
     /// Tells the coordinator this rank is alive when it has been quiet for a while.
     fn heartbeat(&self) -> Result<()> {
-        if self.last_sent.get().elapsed() >= self.worker.cfg.heartbeat() {
+        if self.last_sent.get().elapsed() >= self.cfg.heartbeat() {
             self.send(ToCoordinator::Alive { rank: self.worker.rank })?;
         }
         Ok(())
@@ -739,13 +789,12 @@ impl RankLoop {
             self.current = Some(Current { chunk, done: 0, work: WorkTally::default() });
         }
         let Some(cur) = self.current.as_mut() else { return Ok(()) };
-        let bs = self.worker.cfg.spec.batch_size;
+        let bs = self.cfg.spec.batch_size;
         let step = self.global_step + self.win.steps as u64;
         let next = self.queue.front().copied();
         let Some((loss, ms)) = self.worker.train_chunk_batch(cur.chunk, cur.done, next, step)?
         else {
-            // A prefetched batch not ready yet: the run loop services the control channel
-            // and comes back.
+            // A prefetched batch not ready yet: the run loop services the link and comes back.
             return self.heartbeat();
         };
         cur.done += 1;
@@ -756,14 +805,9 @@ impl RankLoop {
         if cur.done * bs >= cur.chunk.len
             && let Some(mut cur) = self.current.take()
         {
-            {
-                cur.work.scalars = drain_scalars();
-                self.send(ToCoordinator::ChunkDone {
-                    rank: self.worker.rank,
-                    chunk: cur.chunk,
-                    work: cur.work,
-                })?;
-            }
+            cur.work.scalars = drain_scalars();
+            let rank = self.worker.rank;
+            self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work })?;
         }
         self.win.steps += 1;
         self.win.wall_ms += ms;
@@ -775,13 +819,7 @@ impl RankLoop {
 
     /// Starts the window `next` after a reduce; `carried` steps and ms stay in it.
     fn start_window(&mut self, next: Window, carried: (usize, f64)) -> Result<()> {
-        self.win = WindowState {
-            window: next,
-            steps: carried.0,
-            wall_ms: carried.1,
-            reported: None,
-            snapshot: None,
-        };
+        self.win = WindowState::new(next, carried);
         if self.win.steps >= next.target {
             self.report(Readiness::Reached)?;
         }
@@ -791,7 +829,7 @@ impl RankLoop {
     fn evaluate_for(&mut self, epoch: Option<usize>) -> Result<()> {
         if let Some(epoch) = epoch {
             let eval = self.worker.evaluate()?;
-            self.send(ToCoordinator::Evaluated { epoch, eval })?;
+            self.send(ToCoordinator::Evaluated { rank: self.worker.rank, epoch, eval })?;
         }
         Ok(())
     }
@@ -804,7 +842,7 @@ impl RankLoop {
     /// This rank's checkpoint part, when one is asked for; the rank then pauses.
     fn capture(&mut self, request: Option<CaptureRequest>) -> Result<Option<Box<RankCapture>>> {
         let Some(request) = request else { return Ok(None) };
-        self.paused = true;
+        self.stage = Stage::Paused;
         Ok(Some(Box::new(self.worker.capture(request, self.position())?)))
     }
 
@@ -817,9 +855,13 @@ impl RankLoop {
                     self.worker.restore(&restore)?;
                     self.global_step = restore.global_step;
                 }
-                self.ready = true;
+                self.stage = Stage::Training;
             }
-            ToWorker::Resume => self.paused = false,
+            ToWorker::Resume => {
+                if matches!(self.stage, Stage::Paused) {
+                    self.stage = Stage::Training;
+                }
+            }
             ToWorker::Work(chunk) => {
                 self.queue.push_back(chunk);
                 self.works += 1;
@@ -833,11 +875,11 @@ impl RankLoop {
             ToWorker::Snapshot { round, attempt, capture } => {
                 let state = self.worker.snapshot()?;
                 let capture = self.capture(capture)?;
-                self.win.snapshot = Some((self.win.steps, self.win.wall_ms));
-                // Kept to carry over what the rank trains while the round runs (`Async` only:
-                // under `Sync` and `Cadence` the rank waits at its window's end).
-                self.sent_params =
-                    (self.win.steps < self.win.window.limit).then(|| state.params.clone());
+                // The parameters are kept to carry over what the rank trains while the round
+                // runs (`Async` only: under `Sync` and `Cadence` it waits at its window's end).
+                let params = (self.win.steps < self.win.window.limit).then(|| state.params.clone());
+                self.win.sent =
+                    Some(Sent { steps: self.win.steps, wall_ms: self.win.wall_ms, params });
                 self.send(ToCoordinator::Snapshot {
                     rank,
                     round,
@@ -849,22 +891,17 @@ impl RankLoop {
             }
             ToWorker::Update { state, next, eval, global_step } => {
                 self.global_step = global_step;
-                self.paused = false;
-                let (s, w) = self.win.snapshot.unwrap_or((self.win.steps, self.win.wall_ms));
+                if matches!(self.stage, Stage::Paused) {
+                    self.stage = Stage::Training;
+                }
+                let sent = self.win.sent.take();
+                let (s, w) = sent
+                    .as_ref()
+                    .map_or((self.win.steps, self.win.wall_ms), |s| (s.steps, s.wall_ms));
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
                 // Steps trained since the snapshot stay: average + (now − snapshot).
-                let sent = self.sent_params.take().filter(|_| carried.0 > 0);
-                match (self.worker.cfg.spec.easgd, sent) {
-                    (Some(alpha), sent) => {
-                        self.worker.load_blended(&state, sent.as_deref(), alpha)?;
-                    }
-                    (None, Some(sent)) => self.worker.load_shifted(&state, &sent)?,
-                    (None, None) => self.worker.load(&state)?,
-                }
-                if self.worker.outer.resets_inner_state() {
-                    let stream = self.worker.stream.clone();
-                    self.worker.replica.reset_optimizer(&stream)?;
-                }
+                let params = sent.and_then(|s| s.params).filter(|_| carried.0 > 0);
+                self.worker.take_average(&state, params.as_deref(), self.cfg.spec.easgd)?;
                 self.start_window(next, carried)?;
                 self.evaluate_for(eval)?;
             }
@@ -876,7 +913,8 @@ impl RankLoop {
                 return Ok(Flow::Exit);
             }
             ToWorker::Stop => return Ok(Flow::Exit),
-            ToWorker::Ping => {}
+            // The link acts on abort orders itself; one that reaches the loop is stale.
+            ToWorker::Ping | ToWorker::AbortGroup { .. } => {}
             ToWorker::Regroup { generation, members, how } => {
                 return self.regroup(generation, &members, &how);
             }
@@ -910,8 +948,8 @@ impl RankLoop {
             }
             Err(e) if is_group_fault(&e) => {
                 tracing::warn!(rank, round, error = %e, "collective group broke; waiting to regroup");
-                self.standing.interrupted = Some(what);
-                let generation = self.standing.generation;
+                self.stage = Stage::Interrupted(what);
+                let generation = self.group.generation;
                 let error = e.to_string();
                 self.send(ToCoordinator::ReduceFailed { rank, round, generation, error })
             }
@@ -926,39 +964,28 @@ impl RankLoop {
         if !members.contains(&rank) {
             return Ok(Flow::Exit);
         }
-        let positions = self.standing.positions(members).ok_or_else(|| {
-            Error::Config(format!("regroup {members:?} names a rank outside the current group"))
+        let positions = self.group.positions(members).ok_or_else(|| {
+            Error::protocol(format!("regroup {members:?} names a rank outside the current group"))
         })?;
-        if let Some(comm) = self.worker.comm.as_ref() {
+        if self.worker.comm.is_some() {
             self.send(ToCoordinator::Joining { rank, generation })?;
-            let device = self.worker.cfg.spec.devices[rank];
-            let next = comm.regroup(&positions, how, device, self.worker.cfg.comm_timeout())?;
-            self.worker.comm = Some(next);
         }
-        self.standing.members = members.to_vec();
-        self.standing.generation = generation;
+        self.worker.regroup_comm(&positions, how)?;
+        self.group = Group { members: members.to_vec(), generation };
         tracing::info!(rank, generation, ?members, "regrouped");
         self.announce_group()?;
-        if let Some(what) = self.standing.interrupted.take() {
+        if let Stage::Interrupted(what) = std::mem::replace(&mut self.stage, Stage::Training) {
             self.reduce(what)?;
         }
         Ok(Flow::Continue)
     }
 
-    /// Tells the coordinator how to abort the rank's current collective group.
+    /// Arms the link to abort the rank's current collective group and tells the coordinator
+    /// the rank joined it.
     fn announce_group(&self) -> Result<()> {
         let Some(comm) = self.worker.comm.as_ref() else { return Ok(()) };
-        self.send(ToCoordinator::Joined {
-            rank: self.worker.rank,
-            generation: self.standing.generation,
-            abort: comm.abort_handle(),
-        })
-    }
-}
-
-impl Worker {
-    /// Whether the run was cancelled through its handle.
-    fn cfg_cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Acquire)
+        let generation = self.group.generation;
+        self.link.arm_abort(generation, comm.abort_handle());
+        self.send(ToCoordinator::Joined { rank: self.worker.rank, generation })
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use crate::error::RankFailure;
 use crate::link::wire::Chunk;
 use crate::metrics::{EpochTally, WorkTally, drain_scalars};
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
@@ -22,16 +23,20 @@ pub(crate) fn spawn(
         .name("flodl-rank-0".into())
         .spawn(move || match catch_unwind(AssertUnwindSafe(|| run(&cfg, &outlets))) {
             Ok(r) => r,
-            Err(p) => Err(Error::Panicked { rank: 0, message: panic_message(p.as_ref()) }),
+            Err(p) => Err(Error::Rank {
+                rank: 0,
+                failure: RankFailure::panicked(panic_message(p.as_ref())),
+            }),
         })
-        .map_err(|e| Error::Config(format!("cannot spawn the rank thread: {e}")))
+        .map_err(|source| Error::Spawn { what: "the rank's thread", source })
 }
 
 /// Trains every epoch in permutation order, one batch after the other (an epoch is one chunk
 /// for the prefetcher, the next epoch's prepared while the last batches train).
 fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     let start = Instant::now();
-    let mut worker = Worker::build(0, cfg.clone(), None, outlets.cancel.clone())?;
+    let mut worker = Worker::build(0, cfg.clone(), None)?;
+    let _ = outlets.started.try_send(());
     let devices = [cfg.spec.devices[0].to_string()];
     let bs = cfg.spec.batch_size;
     let mut epochs = Vec::with_capacity(cfg.spec.epochs);

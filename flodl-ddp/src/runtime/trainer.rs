@@ -84,7 +84,7 @@ impl RunConfig {
     /// How long a side stays quiet before it says it is alive: well within both the stall
     /// timeout and the watchdog.
     pub(crate) fn heartbeat(&self) -> Duration {
-        crate::link::wire::heartbeat(self.spec.stall_timeout.min(self.spec.watchdog))
+        crate::link::heartbeat(self.spec.stall_timeout.min(self.spec.watchdog))
     }
 
     /// How long a collective waits for its peers before it fails (and aborts its group): the
@@ -619,13 +619,15 @@ impl Trainer {
         })
     }
 
-    /// Checks the configuration ([`spec`](Self::spec)) and starts the run; returns at once.
+    /// Checks the configuration ([`spec`](Self::spec)), starts the run and returns once every
+    /// rank's replica is built and checked against the others (and a resumed bundle), as
+    /// training begins.
     ///
     /// # Errors
     /// Those of [`spec`](Self::spec); [`Error::Checkpoint`] when the checkpoint directory cannot
     /// be created or listed, or the checkpoint to resume from is missing, unreadable, corrupt,
-    /// or from a run of another world size or configuration (a bundle of another model is
-    /// refused when the replicas are built: [`DdpHandle::join`] returns the error).
+    /// or from a run of another world size, configuration or model; [`Error::Rank`] when a
+    /// rank's replica cannot be built; [`Error::ReplicaMismatch`] when the replicas disagree.
     pub fn run(self) -> Result<DdpHandle> {
         let spec = self.spec()?;
         let dataset = self.dataset.ok_or_else(missing_dataset)?;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use flodl_data::{Dataset, HostBatch, SampleLayout};
 use flodl_ddp::{
-    Backend, Devices, Error, Mlp, MlpConfig, Optimizer, Policy, Prefetch, SampleAudit, Trainer,
+    Backend, Devices, Error, FailureKind, Mlp, MlpConfig, Optimizer, Policy, Prefetch, SampleAudit,
+    Trainer,
 };
 
 fn trainer(ranks: usize, policy: Policy, backend: Backend, data: Arc<dyn Dataset>) -> Trainer {
@@ -155,11 +156,15 @@ impl Dataset for Faulty {
     }
 }
 
-/// The innermost error of a run's failure (through `Error::Rank`).
-fn root(err: &Error) -> &Error {
+/// Whether a run's failure is a timeout waiting for `what`, on the run's one rank or as a
+/// rank's failure description.
+fn timed_out_on(err: &Error, what: &str) -> bool {
     match err {
-        Error::Rank { source, .. } => root(source),
-        e => e,
+        Error::Timeout { what: w, .. } => *w == what,
+        Error::Rank { failure, .. } => {
+            failure.kind == FailureKind::Timeout && failure.message.contains(what)
+        }
+        _ => false,
     }
 }
 
@@ -186,7 +191,9 @@ fn failing_fetch_ends_the_run_with_a_typed_error() -> TestResult {
                     .err()
                     .ok_or_else(|| format!("{what}: a failing fetch must fail the run"))?;
                 assert!(
-                    matches!(root(&err), Error::Data(flodl_data::Error::Io { .. })),
+                    matches!(&err, Error::Data(flodl_data::Error::Io { .. }))
+                        || matches!(&err, Error::Rank { failure, .. }
+                            if failure.kind == FailureKind::Data),
                     "{what}: {err}"
                 );
             }
@@ -214,10 +221,7 @@ fn starved_rank_times_out() -> TestResult {
             .join()
             .err()
             .ok_or("a starved rank must fail the run")?;
-        assert!(
-            matches!(root(&err), Error::Timeout { what: "a prefetched batch", .. }),
-            "{ranks} ranks: {err}"
-        );
+        assert!(timed_out_on(&err, "a prefetched batch"), "{ranks} ranks: {err}");
     }
     Ok(())
 }
