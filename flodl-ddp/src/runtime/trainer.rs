@@ -514,8 +514,8 @@ impl Trainer {
     /// optimizer, ElChe, the guard, the cohort step and the epochs' metrics are restored, and
     /// only the ranges of the open epochs the bundle does not cover are trained. The bundle
     /// must come from a run with the same world size and configuration (the same
-    /// [`RunSpec::compat_hash`]) and the same model; the epoch count may differ. A resumed `Sync` run on the same
-    /// devices ends bitwise equal to the uninterrupted one.
+    /// [`RunSpec::compat_hash`]) and the same model; the epoch count may differ. A resumed
+    /// `Sync` run on the same devices ends bitwise equal to the uninterrupted one.
     pub fn resume(mut self, from: ResumeFrom) -> Trainer {
         self.resume = Some(from);
         self
