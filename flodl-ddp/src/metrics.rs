@@ -144,9 +144,9 @@ pub(crate) fn drain_scalars() -> BTreeMap<String, (f64, usize)> {
     SCALARS.with(|s| std::mem::take(&mut *s.borrow_mut()))
 }
 
-/// Per-rank, per-epoch accumulation of what ranks report about their chunks.
+/// One epoch's accumulation of what the ranks did: their finished work and the reduces.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct EpochTally {
+pub struct EpochTally {
     ranks: Vec<RankTally>,
     reduces: usize,
     sync_ms: f64,
@@ -161,29 +161,29 @@ struct RankTally {
     scalars: BTreeMap<String, (f64, usize)>,
 }
 
-/// What a rank reports about a finished piece of work.
+/// What a rank reports about a finished piece of work (a chunk).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct WorkTally {
+pub struct WorkTally {
     /// Batches trained.
-    pub(crate) batches: usize,
+    pub batches: usize,
     /// Samples trained.
-    pub(crate) samples: usize,
+    pub samples: usize,
     /// Sum of the batches' mean losses.
-    pub(crate) loss_sum: f64,
+    pub loss_sum: f64,
     /// Time in training steps, milliseconds (emulated slowdown included).
-    pub(crate) compute_ms: f64,
+    pub compute_ms: f64,
     /// User scalars as `name → (sum, count)`.
-    pub(crate) scalars: BTreeMap<String, (f64, usize)>,
+    pub scalars: BTreeMap<String, (f64, usize)>,
 }
 
 impl EpochTally {
     /// An empty tally for `world` ranks.
-    pub(crate) fn new(world: usize) -> Self {
+    pub fn new(world: usize) -> Self {
         Self { ranks: vec![RankTally::default(); world], reduces: 0, sync_ms: 0.0 }
     }
 
     /// Adds a rank's finished work.
-    pub(crate) fn add(&mut self, rank: usize, work: &WorkTally) {
+    pub fn add(&mut self, rank: usize, work: &WorkTally) {
         let Some(t) = self.ranks.get_mut(rank) else { return };
         t.batches += work.batches;
         t.samples += work.samples;
@@ -197,13 +197,13 @@ impl EpochTally {
     }
 
     /// Counts a reduce that completed while this epoch was the oldest unfinished one.
-    pub(crate) fn add_reduce(&mut self, sync_ms: f64) {
+    pub fn add_reduce(&mut self, sync_ms: f64) {
         self.reduces += 1;
         self.sync_ms += sync_ms;
     }
 
-    /// The epoch's metrics (without evaluation).
-    pub(crate) fn finish(&self, epoch: usize, epoch_ms: f64, devices: &[String]) -> EpochMetrics {
+    /// The epoch's metrics (without evaluation), for ranks on `devices`.
+    pub fn finish(&self, epoch: usize, epoch_ms: f64, devices: &[String]) -> EpochMetrics {
         let batches: usize = self.ranks.iter().map(|r| r.batches).sum();
         let samples: usize = self.ranks.iter().map(|r| r.samples).sum();
         let loss_sum: f64 = self.ranks.iter().map(|r| r.loss_sum).sum();

@@ -1,25 +1,67 @@
 //! The coordinator's book of epochs: which chunks were handed out, which came back, which must
 //! be handed out again (a dead rank's), and when an epoch is complete.
+//!
+//! Positions index an epoch's permutation (`0..batches × batch_size`; the `samples % batch_size`
+//! tail is not trained that epoch). A chunk is a contiguous run of whole batches handed to one
+//! rank, which trains its chunks in the order it was handed them.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::checkpoint::SampleRange;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{EpochCoverage, SampleRange};
+use crate::control::logic_error::{LogicError, LogicResult};
 use crate::control::partition;
-use crate::link::wire::Chunk;
+use crate::control::policy::Policy;
 use crate::metrics::{EpochTally, WorkTally};
+
+/// A batch-aligned slice of one epoch's permutation handed to one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Chunk {
+    /// The epoch whose permutation is sliced.
+    pub epoch: usize,
+    /// First position in the permutation.
+    pub offset: usize,
+    /// Number of positions (a whole number of batches).
+    pub len: usize,
+}
+
+impl Chunk {
+    /// One past the last position.
+    pub fn end(&self) -> usize {
+        self.offset + self.len
+    }
+
+    /// Whole batches of `batch_size` in the chunk.
+    pub fn batches(&self, batch_size: usize) -> usize {
+        self.len / batch_size.max(1)
+    }
+}
 
 /// How an epoch is cut into chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cutting {
+pub enum Cutting {
     /// One fixed contiguous share per rank (equal batch counts, remainder to the first ranks):
     /// the same cut every run, so `Sync` is deterministic.
     Static,
-    /// Progressive dispatch: small chunks handed out on demand, sized from ElChe's counts.
+    /// Progressive dispatch: small chunks handed out on demand, sized from ElChe's counts
+    /// (see [`Dispatcher::next_chunk`]).
     Progressive {
         /// Smallest chunk in batches.
         min_chunk: usize,
     },
+}
+
+impl Cutting {
+    /// The cut `policy` trains with: static shares under `Sync` (deterministic runs),
+    /// progressive chunks of at least `min_chunk` batches otherwise.
+    pub fn for_policy(policy: Policy, min_chunk: usize) -> Cutting {
+        match policy {
+            Policy::Sync => Cutting::Static,
+            Policy::Cadence | Policy::Async => Cutting::Progressive { min_chunk },
+        }
+    }
 }
 
 /// A half-open span of permutation positions, `start..end`.
@@ -54,13 +96,14 @@ impl Pool {
 }
 
 /// Every epoch not yet complete, oldest first; pools open on demand, at most one epoch ahead of
-/// the oldest incomplete one.
+/// the oldest incomplete one (under every policy: a rank done with its part of an epoch starts
+/// on the next one instead of idling at the epoch's end).
 ///
 /// A retired (dead) rank is handed nothing more; what it held and had not completed, and under
 /// the static cut what it was still to be handed, is split over the live ranks (static) or put
 /// back in the free spans (progressive), so every position of an epoch is still completed once.
 #[derive(Debug)]
-pub(crate) struct Dispatcher {
+pub struct Dispatcher {
     world: usize,
     batch_size: usize,
     batches: usize,
@@ -76,7 +119,7 @@ pub(crate) struct Dispatcher {
 
 impl Dispatcher {
     /// A book for `epochs` epochs of `batches` full batches of `batch_size` over `world` ranks.
-    pub(crate) fn new(
+    pub fn new(
         world: usize,
         batch_size: usize,
         batches: usize,
@@ -97,69 +140,64 @@ impl Dispatcher {
     }
 
     /// A book that resumes at epoch `oldest`, where `coverage` lists, per epoch, the position
-    /// ranges already completed: only the rest is handed out. Under the static cut each rank is
-    /// handed what is left of its own share, so a resumed `Sync` run trains exactly the
-    /// batches the interrupted one would have.
+    /// ranges already completed (as a checkpoint stores them): only the rest is handed out.
+    /// Under the static cut each rank is handed what is left of its own share, so a resumed
+    /// `Sync` run trains exactly the batches the interrupted one would have.
     ///
     /// # Errors
-    /// A range not aligned to the batch size or past the epoch, or coverage of an epoch before
-    /// `oldest` (coverage of epochs past this book's last is ignored: they are not trained).
-    pub(crate) fn resume(
-        mut self,
-        oldest: usize,
-        coverage: &[(usize, Vec<SampleRange>)],
-    ) -> std::result::Result<Self, String> {
+    /// [`LogicError::InvalidCoverage`] for coverage of another epoch size, a range not aligned
+    /// to the batch size, or coverage of an epoch before `oldest` (coverage of epochs past this
+    /// book's last is ignored: they are not trained); [`LogicError::InvalidValue`] when
+    /// `oldest` is past the last epoch.
+    pub fn resume(mut self, oldest: usize, coverage: &[EpochCoverage]) -> LogicResult<Self> {
         let total = self.batches * self.batch_size;
         if oldest > self.epochs {
-            return Err(format!("resumes at epoch {oldest} of a {}-epoch run", self.epochs));
+            return Err(LogicError::InvalidValue { what: "resumed epoch", value: oldest as f64 });
         }
-        for (epoch, ranges) in coverage {
-            if *epoch >= self.epochs {
+        for c in coverage {
+            let epoch = usize::try_from(c.epoch).unwrap_or(usize::MAX);
+            if epoch >= self.epochs {
                 // A run resumed with fewer epochs than the one that saved never trains it.
                 continue;
             }
-            if *epoch < oldest {
-                return Err(format!(
-                    "coverage of epoch {epoch}, before the resumed epoch {oldest}"
-                ));
+            let bad = |reason| LogicError::InvalidCoverage { epoch, reason };
+            if epoch < oldest {
+                return Err(bad("the epoch is before the resumed one"));
             }
-            let mut spans = Vec::with_capacity(ranges.len());
-            for r in ranges {
-                let end = r.offset.checked_add(r.size).filter(|&e| e <= total);
-                let Some(end) = end else {
-                    return Err(format!("range {r:?} of epoch {epoch} runs past {total}"));
-                };
+            if c.total != total {
+                return Err(bad("the epoch's size differs from this run's"));
+            }
+            let mut spans = Vec::with_capacity(c.completed().len());
+            for r in c.completed() {
                 if r.offset % self.batch_size != 0 || r.size % self.batch_size != 0 {
-                    return Err(format!(
-                        "range {r:?} is not aligned to batches of {}",
-                        self.batch_size
-                    ));
+                    return Err(bad("a range is not aligned to the batch size"));
                 }
-                spans.push((r.offset, end));
+                // Within the total: the coverage is validated when built or decoded.
+                spans.push((r.offset, r.offset + r.size));
             }
-            self.resumed.push((*epoch, spans));
+            self.resumed.push((epoch, spans));
         }
         self.oldest = oldest;
         Ok(self)
     }
 
     /// The oldest epoch not yet complete (`epochs` when all are).
-    pub(crate) fn oldest(&self) -> usize {
+    pub fn oldest(&self) -> usize {
         self.oldest
     }
 
     /// Whether the oldest incomplete epoch is the last one (nothing to stream into after it).
-    pub(crate) fn in_last_epoch(&self) -> bool {
+    pub fn in_last_epoch(&self) -> bool {
         self.oldest + 1 >= self.epochs
     }
 
     /// Whether every epoch is complete.
-    pub(crate) fn all_done(&self) -> bool {
+    pub fn all_done(&self) -> bool {
         self.oldest >= self.epochs
     }
 
     /// Whether `rank` is still handed work (not retired).
-    pub(crate) fn is_live(&self, rank: usize) -> bool {
+    pub fn is_live(&self, rank: usize) -> bool {
         self.live.get(rank).copied().unwrap_or(false)
     }
 
@@ -212,14 +250,16 @@ impl Dispatcher {
         self.pools.iter_mut().find(|p| p.epoch == epoch)
     }
 
-    /// The next chunk for `rank`, if any may be handed out now. `counts` are ElChe's batches per
-    /// window (used to size progressive chunks once `calibrated`).
-    pub(crate) fn next_chunk(
-        &mut self,
-        rank: usize,
-        counts: &[usize],
-        calibrated: bool,
-    ) -> Option<Chunk> {
+    /// The next chunk for `rank`, if any may be handed out now, from the oldest open epoch
+    /// with positions left.
+    ///
+    /// Static cut: the rest of the rank's share, then any dead rank's work. Progressive:
+    /// `counts` are ElChe's batches per window; once `calibrated` a chunk is the rank's share of
+    /// what is left (`ceil(left × counts[r] / Σcounts)`) but at most two of its windows, so
+    /// most of an epoch stays in the pool to follow a change of speed or a death; before, a
+    /// probe of `batches / (world × 10)`. Never under `min_chunk` batches, unless less is left
+    /// in the span it is cut from.
+    pub fn next_chunk(&mut self, rank: usize, counts: &[usize], calibrated: bool) -> Option<Chunk> {
         if !self.is_live(rank) {
             return None;
         }
@@ -233,15 +273,15 @@ impl Dispatcher {
                     pool.assigned[rank].pop_front().or_else(|| pool.free.pop_front())
                 }
                 Cutting::Progressive { min_chunk } => {
-                    let rem: usize = pool.free.iter().map(|s| (s.1 - s.0) / bs).sum();
-                    if rem == 0 {
+                    let left: usize = pool.free.iter().map(|s| (s.1 - s.0) / bs).sum();
+                    if left == 0 {
                         continue;
                     }
                     let mine = counts.get(rank).copied().unwrap_or(1).max(1);
                     let size = if calibrated {
                         let total: usize = counts.iter().sum::<usize>().max(1);
-                        let fair = (rem * mine).div_ceil(total);
-                        (2 * mine).max(min_chunk).min(fair.max(min_chunk))
+                        let fair = (left * mine).div_ceil(total);
+                        fair.min(2 * mine).max(min_chunk)
                     } else {
                         (batches / (world * 10)).max(min_chunk)
                     };
@@ -265,14 +305,14 @@ impl Dispatcher {
 
     /// Credits a completed chunk and its work; `false` (and nothing credited) when `rank` does
     /// not hold it (a retired rank's late report).
-    pub(crate) fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally) -> bool {
+    pub fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally) -> bool {
         let Some(pool) = self.pools.iter_mut().find(|p| p.epoch == chunk.epoch) else {
             return false;
         };
         let Some(held) = pool.held.get_mut(rank) else { return false };
         let Some(i) = held.iter().position(|c| c == chunk) else { return false };
         held.remove(i);
-        pool.done.push((chunk.offset, chunk.offset + chunk.len));
+        pool.done.push((chunk.offset, chunk.end()));
         pool.tally.add(rank, work);
         pool.finished = Some(Instant::now());
         true
@@ -281,7 +321,7 @@ impl Dispatcher {
     /// Retires `rank`: it is handed nothing more, and its unfinished work goes back to the live
     /// ranks (split evenly in batches under the static cut, to the free spans otherwise).
     /// Returns the chunks it held, now re-queued. Retiring twice is a no-op.
-    pub(crate) fn retire(&mut self, rank: usize) -> Vec<Chunk> {
+    pub fn retire(&mut self, rank: usize) -> Vec<Chunk> {
         if !self.is_live(rank) {
             return Vec::new();
         }
@@ -291,8 +331,7 @@ impl Dispatcher {
         let mut requeued = Vec::new();
         for pool in &mut self.pools {
             let held = std::mem::take(&mut pool.held[rank]);
-            let mut orphans: Vec<Span> =
-                held.iter().map(|c| (c.offset, c.offset + c.len)).collect();
+            let mut orphans: Vec<Span> = held.iter().map(|c| (c.offset, c.end())).collect();
             orphans.extend(pool.assigned[rank].drain(..));
             orphans.sort_unstable();
             requeued.extend(held);
@@ -313,7 +352,7 @@ impl Dispatcher {
     }
 
     /// Counts a reduce toward the oldest incomplete epoch.
-    pub(crate) fn add_reduce(&mut self, sync_ms: f64) {
+    pub fn add_reduce(&mut self, sync_ms: f64) {
         let oldest = self.oldest;
         if let Some(pool) = self.pools.iter_mut().find(|p| p.epoch == oldest) {
             pool.tally.add_reduce(sync_ms);
@@ -321,7 +360,7 @@ impl Dispatcher {
     }
 
     /// Removes the oldest epoch if it is complete: its number, tally and wall time in ms.
-    pub(crate) fn pop_complete(&mut self) -> Option<(usize, EpochTally, f64)> {
+    pub fn pop_complete(&mut self) -> Option<(usize, EpochTally, f64)> {
         let oldest = self.oldest;
         let pool = self.pool_mut(oldest)?;
         if !pool.handed_out() || pool.outstanding() {
@@ -337,18 +376,25 @@ impl Dispatcher {
     }
 
     /// Whether any chunk is handed out and not yet completed.
-    pub(crate) fn any_outstanding(&self) -> bool {
+    pub fn any_outstanding(&self) -> bool {
         self.pools.iter().any(Pool::outstanding)
     }
 
-    /// The completed position ranges of every epoch not yet complete (those opened and those
-    /// resumed but not yet opened), plus `partial`: `(epoch, range)`, the leading part of held
-    /// chunks that their ranks report trained. Epochs with nothing done are left out.
-    pub(crate) fn coverage(
+    /// The coverage of every epoch not yet complete (those opened and those resumed but not
+    /// yet opened), as a checkpoint stores it with the permutations' `seed`: the completed
+    /// ranges plus `partial`, `(epoch, range)` leading parts of held chunks that their ranks
+    /// report trained. Epochs with nothing done are left out.
+    ///
+    /// # Errors
+    /// [`crate::checkpoint::CheckpointError::RangeOutOfBounds`] for a partial range past the
+    /// epoch.
+    pub fn coverage(
         &self,
         partial: &[(usize, SampleRange)],
-    ) -> Vec<(usize, Vec<SampleRange>)> {
-        let mut out: Vec<(usize, Vec<SampleRange>)> = Vec::new();
+        seed: u64,
+    ) -> crate::checkpoint::Result<Vec<EpochCoverage>> {
+        let total = self.batches * self.batch_size;
+        let mut out = Vec::new();
         let spans =
             self.pools.iter().map(|p| (p.epoch, &p.done)).chain(
                 self.resumed.iter().filter(|(e, _)| *e >= self.oldest).map(|(e, d)| (*e, d)),
@@ -358,7 +404,7 @@ impl Dispatcher {
                 done.iter().map(|&(s, e)| SampleRange::new(s, e - s)).collect();
             if let Some(pool) = self.pools.iter().find(|p| p.epoch == epoch) {
                 for chunk in pool.held.iter().flatten() {
-                    let (s, e) = (chunk.offset, chunk.offset + chunk.len);
+                    let (s, e) = (chunk.offset, chunk.end());
                     let inside = |r: &SampleRange| r.offset == s && r.offset + r.size <= e;
                     ranges.extend(
                         partial.iter().filter(|(pe, r)| *pe == epoch && inside(r)).map(|(_, r)| *r),
@@ -366,11 +412,11 @@ impl Dispatcher {
                 }
             }
             if !ranges.is_empty() {
-                ranges.sort_unstable();
-                out.push((epoch, ranges));
+                out.push(EpochCoverage::with_completed(epoch as u64, seed, total, &ranges)?);
             }
         }
-        out
+        out.sort_by_key(|c| c.epoch);
+        Ok(out)
     }
 }
 
@@ -423,10 +469,12 @@ mod tests {
     use rand::{RngExt, SeedableRng};
     use rand_xoshiro::Xoshiro256PlusPlus;
 
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
     /// Hands out and completes chunks in a random rank order; every position of every epoch is
     /// handed out exactly once and epochs complete in order.
     #[test]
-    fn every_position_once_per_epoch() -> Result<(), String> {
+    fn every_position_once_per_epoch() -> TestResult {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
         for case in 0..200 {
             let world = rng.random_range(1..6);
@@ -458,22 +506,24 @@ mod tests {
                 } else if let Some(c) = held[r].pop() {
                     let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
                     if !d.complete(r, &c, &w) {
-                        return Err(format!("case {case}: {c:?} not held by rank {r}"));
+                        return Err(format!("case {case}: {c:?} not held by rank {r}").into());
                     }
                 }
                 while let Some((e, tally, _)) = d.pop_complete() {
                     let m = tally.finish(e, 1.0, &[]);
                     if m.samples != batches * bs {
-                        return Err(format!("epoch {e}: {} samples", m.samples));
+                        return Err(format!("epoch {e}: {} samples", m.samples).into());
                     }
                     done.push(e);
                 }
             }
             if !d.all_done() || done != (0..epochs).collect::<Vec<_>>() {
-                return Err(format!("case {case}: epochs done {done:?}"));
+                return Err(format!("case {case}: epochs done {done:?}").into());
             }
             if seen.iter().flatten().any(|&n| n != 1) {
-                return Err(format!("case {case}: a position was not handed out exactly once"));
+                return Err(
+                    format!("case {case}: a position was not handed out exactly once").into()
+                );
             }
         }
         Ok(())
@@ -483,7 +533,7 @@ mod tests {
     /// exactly once by a live rank, a retired rank is handed nothing, and its late report is
     /// refused.
     #[test]
-    fn retired_work_is_completed_once_by_the_living() -> Result<(), String> {
+    fn retired_work_is_completed_once_by_the_living() -> TestResult {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
         for case in 0..300 {
             let world = rng.random_range(2..6);
@@ -512,27 +562,32 @@ mod tests {
                         return Err(format!(
                             "case {case}: requeued {requeued:?}, held {:?}",
                             held[r]
-                        ));
+                        )
+                        .into());
                     }
                     dead[r] = true;
                     // A late report of a dead rank is refused.
                     if let Some(c) = held[r].pop()
                         && d.complete(r, &c, &WorkTally::default())
                     {
-                        return Err(format!("case {case}: a retired rank's chunk was credited"));
+                        return Err(
+                            format!("case {case}: a retired rank's chunk was credited").into()
+                        );
                     }
                     held[r].clear();
                 } else if rng.random_bool(0.5) {
                     if let Some(c) = d.next_chunk(r, &counts, true) {
                         if dead[r] {
-                            return Err(format!("case {case}: retired rank {r} was handed {c:?}"));
+                            return Err(
+                                format!("case {case}: retired rank {r} was handed {c:?}").into()
+                            );
                         }
                         held[r].push(c);
                     }
                 } else if let Some(c) = held[r].pop() {
                     let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
                     if !d.complete(r, &c, &w) {
-                        return Err(format!("case {case}: {c:?} refused"));
+                        return Err(format!("case {case}: {c:?} refused").into());
                     }
                     for n in &mut completed[c.epoch][c.offset..c.offset + c.len] {
                         *n += 1;
@@ -541,10 +596,12 @@ mod tests {
                 while d.pop_complete().is_some() {}
             }
             if !d.all_done() {
-                return Err(format!("case {case}: the run did not finish"));
+                return Err(format!("case {case}: the run did not finish").into());
             }
             if completed.iter().flatten().any(|&n| n != 1) {
-                return Err(format!("case {case}: a position was not completed exactly once"));
+                return Err(
+                    format!("case {case}: a position was not completed exactly once").into()
+                );
             }
         }
         Ok(())
@@ -554,7 +611,7 @@ mod tests {
     /// chunks plus the trained part of held ones): together they complete every position once,
     /// and under the static cut each rank is handed exactly the positions it would have been.
     #[test]
-    fn resume_hands_out_only_the_uncovered_rest() -> Result<(), String> {
+    fn resume_hands_out_only_the_uncovered_rest() -> TestResult {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(13);
         for case in 0..300 {
             let world = rng.random_range(1..5);
@@ -605,7 +662,7 @@ mod tests {
                     }
                 }
             }
-            let coverage = d.coverage(&partial);
+            let coverage = d.coverage(&partial, 42)?;
             let oldest = d.oldest();
             let mut e = Dispatcher::new(world, bs, batches, epochs, cutting)
                 .resume(oldest, &coverage)
@@ -625,7 +682,7 @@ mod tests {
                     for p in c.offset..c.offset + c.len {
                         completed[c.epoch][p] += 1;
                         if cutting == Cutting::Static && owner[c.epoch][p] != usize::MAX {
-                            return Err(format!("case {case}: position {p} trained twice"));
+                            return Err(format!("case {case}: position {p} trained twice").into());
                         }
                         owner[c.epoch][p] = r;
                     }
@@ -633,17 +690,21 @@ mod tests {
                 while e.pop_complete().is_some() {}
             }
             if !e.all_done() {
-                return Err(format!("case {case}: the resumed run did not finish"));
+                return Err(format!("case {case}: the resumed run did not finish").into());
             }
             if completed.iter().flatten().any(|&n| n != 1) {
-                return Err(format!("case {case}: a position was not completed exactly once"));
+                return Err(
+                    format!("case {case}: a position was not completed exactly once").into()
+                );
             }
             if cutting == Cutting::Static {
                 let reference = Dispatcher::new(world, bs, batches, epochs, cutting);
                 for (epoch, owners) in owner.iter().enumerate() {
                     for (index, (s, e)) in reference.shares(world).into_iter().enumerate() {
                         if owners[s..e].iter().any(|&o| o != index) {
-                            return Err(format!("case {case}: epoch {epoch} share {index} moved"));
+                            return Err(
+                                format!("case {case}: epoch {epoch} share {index} moved").into()
+                            );
                         }
                     }
                 }
@@ -655,8 +716,11 @@ mod tests {
     /// A book with fewer epochs than the run that saved the coverage ignores the epochs it will
     /// not train; coverage of an epoch before the resumed one is refused.
     #[test]
-    fn resume_into_fewer_epochs_ignores_the_later_ones() -> Result<(), String> {
-        let covered = vec![(1, vec![SampleRange::new(0, 8)]), (2, vec![SampleRange::new(0, 4)])];
+    fn resume_into_fewer_epochs_ignores_the_later_ones() -> TestResult {
+        let covered = vec![
+            EpochCoverage::with_completed(1, 42, 12, &[SampleRange::new(0, 8)])?,
+            EpochCoverage::with_completed(2, 42, 12, &[SampleRange::new(0, 4)])?,
+        ];
         let mut d = Dispatcher::new(2, 2, 6, 2, Cutting::Progressive { min_chunk: 1 })
             .resume(1, &covered)?;
         let mut trained = Vec::new();

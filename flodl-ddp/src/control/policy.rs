@@ -49,14 +49,17 @@ impl Policy {
         }
     }
 
-    /// A rank's window for the coming reduce, from its ElChe `count` and the overshoot bound.
-    pub fn window(self, count: usize, overshoot: usize) -> Window {
+    /// A rank's window numbered `round`, from its ElChe `count` and the overshoot bound: one
+    /// step under `Sync`, `count` under `Cadence`, `count` and up to `overshoot` more under
+    /// `Async`.
+    pub fn window(self, round: u64, count: usize, overshoot: usize) -> Window {
         let count = count.max(1);
-        match self {
-            Policy::Sync => Window { target: 1, limit: 1 },
-            Policy::Cadence => Window { target: count, limit: count },
-            Policy::Async => Window { target: count, limit: count + overshoot },
-        }
+        let (target, limit) = match self {
+            Policy::Sync => (1, 1),
+            Policy::Cadence => (count, count),
+            Policy::Async => (count, count + overshoot),
+        };
+        Window { round, target, limit }
     }
 }
 
@@ -121,9 +124,12 @@ impl FromStr for Backend {
     }
 }
 
-/// A rank's window: train `target` batches before the reduce, never more than `limit`.
+/// A rank's reduce window: train `target` batches before the reduce (then report ready),
+/// never more than `limit` (larger under `Async`; the rank then waits for the reduce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Window {
+    /// The window's number (the reduce that ends it has the same number).
+    pub round: u64,
     /// Batches that make the rank ready for the reduce.
     pub target: usize,
     /// Batches after which the rank waits for the reduce.

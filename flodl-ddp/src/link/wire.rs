@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::Error;
+pub(crate) use crate::control::{dispatch::Chunk, policy::Window};
 use crate::metrics::{EvalMetrics, WorkTally};
 use crate::runtime::capture::{CaptureRequest, RankCapture, RankRestore};
 
@@ -13,29 +14,6 @@ pub(crate) struct HostState {
     pub(crate) params: Vec<Vec<f32>>,
     /// Buffer values, in the replica's order.
     pub(crate) buffers: Vec<Vec<f32>>,
-}
-
-/// A batch-aligned slice of one epoch's permutation handed to one rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Chunk {
-    /// The epoch whose permutation is sliced.
-    pub(crate) epoch: usize,
-    /// First position in the permutation.
-    pub(crate) offset: usize,
-    /// Number of positions (a whole number of batches).
-    pub(crate) len: usize,
-}
-
-/// A reduce window: how many batches a rank should train before the next reduce (`target`)
-/// and how many it may train at most (`limit`, larger under `Async`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Window {
-    /// The window's number (the reduce that ends it has the same number).
-    pub(crate) round: u64,
-    /// Batches to train before reporting the window reached.
-    pub(crate) target: usize,
-    /// Batches after which the rank stops and waits for the reduce.
-    pub(crate) limit: usize,
 }
 
 /// Coordinator → worker.

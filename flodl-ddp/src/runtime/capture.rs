@@ -127,8 +127,8 @@ pub(crate) struct Resumed {
     pub(crate) guard: Option<Guard>,
     /// The epochs completed before the save, with their metrics.
     pub(crate) epochs: Vec<EpochMetrics>,
-    /// Completed position ranges per open epoch.
-    pub(crate) coverage: Vec<(usize, Vec<SampleRange>)>,
+    /// The coverage of the open epochs.
+    pub(crate) coverage: Vec<EpochCoverage>,
 }
 
 /// Everything except tensors that a bundle records about the run at its cut.
@@ -141,7 +141,7 @@ pub(crate) struct Progress<'a> {
     pub(crate) elche: Option<ElCheState>,
     pub(crate) guard: &'a Guard,
     pub(crate) epochs: &'a [EpochMetrics],
-    pub(crate) coverage: Vec<(usize, Vec<SampleRange>)>,
+    pub(crate) coverage: Vec<EpochCoverage>,
 }
 
 /// The hash of what a run's trajectory depends on: a bundle resumes only into a run with the
@@ -319,12 +319,7 @@ pub(crate) fn assemble(
     ckpt.epoch = progress.epoch as u64;
     ckpt.reduce_version = progress.reduces;
     ckpt.elche = progress.elche.as_ref().map(OpaqueState::encode).transpose()?;
-    let total = cfg.batches_per_epoch() * cfg.batch_size;
-    ckpt.coverage = progress
-        .coverage
-        .iter()
-        .map(|(epoch, done)| EpochCoverage::with_completed(*epoch as u64, cfg.seed, total, done))
-        .collect::<std::result::Result<_, _>>()?;
+    ckpt.coverage = progress.coverage;
     let mut extras = BTreeMap::new();
     extras.insert(EXTRA_EPOCHS.to_owned(), OpaqueState::encode(&progress.epochs)?);
     extras.insert(EXTRA_GUARD.to_owned(), OpaqueState::encode(progress.guard)?);
@@ -373,8 +368,7 @@ pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
         Some(e) => e.decode::<Vec<EpochMetrics>>()?,
         None => Vec::new(),
     };
-    let coverage =
-        bundle.coverage.iter().map(|c| (c.epoch as usize, c.completed().to_vec())).collect();
+    let coverage = bundle.coverage.clone();
     Ok(Resumed { bundle, consensus, ranks, elche, guard, epochs, coverage })
 }
 

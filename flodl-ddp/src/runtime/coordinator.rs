@@ -284,10 +284,7 @@ impl Coordinator {
                 Some(e)
             }
         };
-        let cutting = match cfg.policy {
-            Policy::Sync => Cutting::Static,
-            _ => Cutting::Progressive { min_chunk: knobs.min_chunk },
-        };
+        let cutting = Cutting::for_policy(cfg.policy, knobs.min_chunk);
         let overshoot =
             knobs.max_overshoot.map_or_else(|| Overshoot::auto(batches), Overshoot::fixed);
         let guard = cfg.guard.clone();
@@ -347,10 +344,7 @@ impl Coordinator {
         let epoch = usize::try_from(bundle.epoch).unwrap_or(usize::MAX);
         let world = self.cfg.world();
         let batches = self.cfg.batches_per_epoch();
-        let cutting = match self.cfg.policy {
-            Policy::Sync => Cutting::Static,
-            _ => Cutting::Progressive { min_chunk: self.cfg.elche.min_chunk },
-        };
+        let cutting = Cutting::for_policy(self.cfg.policy, self.cfg.elche.min_chunk);
         self.dispatch =
             Dispatcher::new(world, self.cfg.batch_size, batches, self.cfg.epochs, cutting)
                 .resume(epoch, &resumed.coverage)
@@ -379,18 +373,9 @@ impl Coordinator {
     fn make_windows(&self, round: u64) -> Vec<Window> {
         (0..self.cfg.world())
             .map(|r| {
-                let count = self
-                    .elche
-                    .as_ref()
-                    .and_then(|e| e.counts().get(r).copied())
-                    .unwrap_or(1)
-                    .max(1);
-                let (target, limit) = match self.cfg.policy {
-                    Policy::Sync => (1, 1),
-                    Policy::Cadence => (count, count),
-                    Policy::Async => (count, count + self.overshoot.current()),
-                };
-                Window { round, target, limit }
+                let count =
+                    self.elche.as_ref().and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
+                self.cfg.policy.window(round, count, self.overshoot.current())
             })
             .collect()
     }
@@ -1149,7 +1134,7 @@ impl Coordinator {
             return Ok(());
         };
         let partial = partial_ranges(&c.parts, self.cfg.batch_size);
-        let coverage = self.dispatch.coverage(&partial);
+        let coverage = self.dispatch.coverage(&partial, self.cfg.seed)?;
         let outer = match self.cfg.backend {
             Backend::Host => outer_state(&self.outer, &self.cpu)?,
             Backend::Collective => None,

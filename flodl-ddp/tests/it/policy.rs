@@ -33,12 +33,12 @@ fn names_round_trip() -> TestResult {
 #[test]
 fn windows_and_lookahead() {
     let cases = [
-        (Policy::Sync, Window { target: 1, limit: 1 }, 0, false),
-        (Policy::Cadence, Window { target: 25, limit: 25 }, 0, true),
-        (Policy::Async, Window { target: 25, limit: 28 }, 1, true),
+        (Policy::Sync, Window { round: 7, target: 1, limit: 1 }, 0, false),
+        (Policy::Cadence, Window { round: 7, target: 25, limit: 25 }, 0, true),
+        (Policy::Async, Window { round: 7, target: 25, limit: 28 }, 1, true),
     ];
     for (p, w, look, progressive) in cases {
-        assert_eq!(p.window(25, 3), w, "{p}");
+        assert_eq!(p.window(7, 25, 3), w, "{p}");
         assert_eq!(p.lookahead(), look);
         assert_eq!(p.is_progressive(), progressive);
     }
