@@ -1,5 +1,6 @@
 //! The coordinator's book of epochs: which chunks were handed out, which came back, which must
-//! be handed out again (a dead rank's), and when an epoch is complete.
+//! be handed out again (a dead rank's), how far the consensus holds each rank's work, and when
+//! an epoch is complete.
 //!
 //! Positions index an epoch's permutation (`0..batches × batch_size`; the `samples % batch_size`
 //! tail is not trained that epoch). A chunk is a contiguous run of whole batches handed to one
@@ -67,6 +68,14 @@ impl Cutting {
 /// A half-open span of permutation positions, `start..end`.
 type Span = (usize, usize);
 
+/// A chunk handed out and not yet completed, with where it starts in its rank's stream of
+/// batches (the batches handed to the rank before it).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    chunk: Chunk,
+    first: u64,
+}
+
 /// One epoch's pool of positions.
 #[derive(Debug)]
 struct Pool {
@@ -76,8 +85,8 @@ struct Pool {
     /// Spans anyone may be handed (progressive: the whole epoch at first; both cuts: a dead
     /// rank's work), in position order.
     free: VecDeque<Span>,
-    /// Chunks handed out and not yet completed, per rank.
-    held: Vec<Vec<Chunk>>,
+    /// Chunks handed out and not yet completed, per rank, in the order they were handed.
+    held: Vec<Vec<Held>>,
     /// Completed spans.
     done: Vec<Span>,
     started: Option<Instant>,
@@ -99,9 +108,12 @@ impl Pool {
 /// the oldest incomplete one (under every policy: a rank done with its part of an epoch starts
 /// on the next one instead of idling at the epoch's end).
 ///
-/// A retired (dead) rank is handed nothing more; what it held and had not completed, and under
-/// the static cut what it was still to be handed, is split over the live ranks (static) or put
-/// back in the free spans (progressive), so every position of an epoch is still completed once.
+/// A retired (dead) rank is handed nothing more. What it held and the consensus does not hold
+/// (the batches past those it trained into completed reduces, see [`Dispatcher::add_reduce`]),
+/// and under the static cut what it was still to be handed, is split over the live ranks
+/// (static) or put back in the free spans (progressive); what the consensus holds counts as
+/// completed, by the dead rank. So every position of an epoch is trained into the consensus
+/// once, except a batch a rank trained and died before reducing.
 #[derive(Debug)]
 pub struct Dispatcher {
     world: usize,
@@ -115,6 +127,10 @@ pub struct Dispatcher {
     oldest: usize,
     /// Completed spans of epochs not yet opened (from a resumed checkpoint).
     resumed: Vec<(usize, Vec<Span>)>,
+    /// Per rank: batches handed to it so far, and how many of them the consensus holds (the
+    /// sum of its steps in completed reduces). It trains them in the order handed.
+    handed: Vec<u64>,
+    reduced: Vec<u64>,
 }
 
 impl Dispatcher {
@@ -136,6 +152,8 @@ impl Dispatcher {
             pools: VecDeque::new(),
             oldest: 0,
             resumed: Vec::new(),
+            handed: vec![0; world],
+            reduced: vec![0; world],
         }
     }
 
@@ -266,6 +284,7 @@ impl Dispatcher {
         let bs = self.batch_size;
         let (world, batches) = (self.world, self.batches);
         let cutting = self.cutting;
+        let first = self.handed[rank];
         for epoch in self.oldest..(self.oldest + 2).min(self.epochs) {
             let Some(pool) = self.pool_mut(epoch) else { continue };
             let span = match cutting {
@@ -297,7 +316,8 @@ impl Dispatcher {
             let Some((start, end)) = span else { continue };
             let chunk = Chunk { epoch, offset: start, len: end - start };
             pool.started.get_or_insert_with(Instant::now);
-            pool.held[rank].push(chunk);
+            pool.held[rank].push(Held { chunk, first });
+            self.handed[rank] += chunk.batches(bs) as u64;
             return Some(chunk);
         }
         None
@@ -310,7 +330,7 @@ impl Dispatcher {
             return false;
         };
         let Some(held) = pool.held.get_mut(rank) else { return false };
-        let Some(i) = held.iter().position(|c| c == chunk) else { return false };
+        let Some(i) = held.iter().position(|h| h.chunk == *chunk) else { return false };
         held.remove(i);
         pool.done.push((chunk.offset, chunk.end()));
         pool.tally.add(rank, work);
@@ -318,23 +338,43 @@ impl Dispatcher {
         true
     }
 
-    /// Retires `rank`: it is handed nothing more, and its unfinished work goes back to the live
-    /// ranks (split evenly in batches under the static cut, to the free spans otherwise).
-    /// Returns the chunks it held, now re-queued. Retiring twice is a no-op.
-    pub fn retire(&mut self, rank: usize) -> Vec<Chunk> {
+    /// Retires `rank`: it is handed nothing more. Of each chunk it held, the leading batches
+    /// the consensus holds count as completed (by it, in the epoch's metrics) and the rest goes
+    /// back to the live ranks with what it was still to be handed (split evenly in batches
+    /// under the static cut, to the free spans otherwise). The consensus holds the rank's steps
+    /// in the reduces recorded by [`add_reduce`](Self::add_reduce) plus `pending`: its steps in
+    /// a reduce still in progress that already holds them (its collective returned, or its
+    /// snapshot is being averaged). Returns the re-queued parts of its chunks. Retiring twice
+    /// is a no-op.
+    pub fn retire(&mut self, rank: usize, pending: usize) -> Vec<Chunk> {
         if !self.is_live(rank) {
             return Vec::new();
         }
         self.live[rank] = false;
         let live: Vec<usize> = (0..self.world).filter(|&r| self.live[r]).collect();
         let (bs, cutting) = (self.batch_size, self.cutting);
+        let reduced = self.reduced[rank] + pending as u64;
         let mut requeued = Vec::new();
         for pool in &mut self.pools {
-            let held = std::mem::take(&mut pool.held[rank]);
-            let mut orphans: Vec<Span> = held.iter().map(|c| (c.offset, c.end())).collect();
+            let mut orphans: Vec<Span> = Vec::new();
+            for Held { chunk, first } in std::mem::take(&mut pool.held[rank]) {
+                let batches = chunk.batches(bs);
+                let held = usize::try_from(reduced.saturating_sub(first)).unwrap_or(usize::MAX);
+                let kept = held.min(batches);
+                if kept > 0 {
+                    let end = chunk.offset + kept * bs;
+                    pool.done.push((chunk.offset, end));
+                    pool.tally.add_unreported(rank, kept, kept * bs);
+                    pool.finished = Some(Instant::now());
+                }
+                if kept < batches {
+                    let offset = chunk.offset + kept * bs;
+                    orphans.push((offset, chunk.end()));
+                    requeued.push(Chunk { epoch: chunk.epoch, offset, len: chunk.end() - offset });
+                }
+            }
             orphans.extend(pool.assigned[rank].drain(..));
             orphans.sort_unstable();
-            requeued.extend(held);
             match cutting {
                 Cutting::Static if !live.is_empty() => {
                     for (piece, &to) in split(&orphans, live.len(), bs).into_iter().zip(&live) {
@@ -351,8 +391,15 @@ impl Dispatcher {
         requeued
     }
 
-    /// Counts a reduce toward the oldest incomplete epoch.
-    pub fn add_reduce(&mut self, sync_ms: f64) {
+    /// Records a completed reduce: `steps[r]` batches of rank `r` (trained since its previous
+    /// reduce) are now in the consensus, and the reduce took `sync_ms` (counted toward the
+    /// oldest incomplete epoch).
+    pub fn add_reduce(&mut self, sync_ms: f64, steps: &[usize]) {
+        for (rank, &s) in steps.iter().enumerate() {
+            if self.is_live(rank) {
+                self.reduced[rank] += s as u64;
+            }
+        }
         let oldest = self.oldest;
         if let Some(pool) = self.pools.iter_mut().find(|p| p.epoch == oldest) {
             pool.tally.add_reduce(sync_ms);
@@ -403,7 +450,7 @@ impl Dispatcher {
             let mut ranges: Vec<SampleRange> =
                 done.iter().map(|&(s, e)| SampleRange::new(s, e - s)).collect();
             if let Some(pool) = self.pools.iter().find(|p| p.epoch == epoch) {
-                for chunk in pool.held.iter().flatten() {
+                for Held { chunk, .. } in pool.held.iter().flatten() {
                     let (s, e) = (chunk.offset, chunk.end());
                     let inside = |r: &SampleRange| r.offset == s && r.offset + r.size <= e;
                     ranges.extend(
@@ -557,7 +604,8 @@ mod tests {
                 let r = rng.random_range(0..world);
                 let alive = dead.iter().filter(|&&x| !x).count();
                 if alive > 1 && rng.random_bool(0.01) {
-                    let requeued = d.retire(r);
+                    // No reduce is recorded: everything the rank held goes back.
+                    let requeued = d.retire(r, 0);
                     if !dead[r] && requeued.len() != held[r].len() {
                         return Err(format!(
                             "case {case}: requeued {requeued:?}, held {:?}",
@@ -734,6 +782,222 @@ mod tests {
         assert_eq!(trained.iter().map(|c| c.len).sum::<usize>(), 4, "{trained:?}");
         let early = Dispatcher::new(2, 2, 6, 3, Cutting::Static).resume(2, &covered);
         assert!(early.is_err(), "coverage before the resumed epoch was accepted");
+        Ok(())
+    }
+
+    /// The work of `c`'s batches as a rank reports it when the chunk is done.
+    fn work_of(c: &Chunk, bs: usize) -> WorkTally {
+        WorkTally { batches: c.batches(bs), samples: c.len, ..Default::default() }
+    }
+
+    /// Hand-computed retirements: what the consensus holds of a dead rank's chunks stays done
+    /// and counts for it in the epoch's metrics; only the rest is handed out again.
+    #[test]
+    fn a_dead_ranks_reduced_batches_stay_done() -> TestResult {
+        // (cutting, world, batch size, batches, chunks each rank takes first, reduces of one
+        // step per rank, steps of a reduce in progress, the dead rank, re-queued chunks, the
+        // dead rank's batches in the epoch's metrics)
+        type Case = (Cutting, usize, usize, usize, usize, usize, usize, usize, Vec<Chunk>, usize);
+        let c = |offset, len| Chunk { epoch: 0, offset, len };
+        let progressive = Cutting::Progressive { min_chunk: 4 };
+        let cases: [Case; 6] = [
+            // Static shares of 10 batches of 2: rank 1 holds 20..40 and trained 4 into reduces.
+            (Cutting::Static, 3, 2, 30, 1, 4, 0, 1, vec![c(28, 12)], 4),
+            // ... and a fifth in a reduce its collective finished before it died.
+            (Cutting::Static, 3, 2, 30, 1, 4, 1, 1, vec![c(30, 10)], 5),
+            // Nothing reduced yet: the whole share goes back.
+            (Cutting::Static, 3, 2, 30, 1, 0, 0, 1, vec![c(20, 20)], 0),
+            // The whole share reduced: nothing goes back.
+            (Cutting::Static, 3, 2, 30, 1, 10, 0, 2, vec![], 10),
+            // Progressive probes of 80 / (2 × 10) = 4 batches, two per rank (rank 0: 0..4 and
+            // 8..12): 6 steps reduced cover its first chunk and half its second.
+            (progressive, 2, 1, 80, 2, 6, 0, 0, vec![c(10, 2)], 6),
+            (progressive, 2, 1, 80, 2, 1, 0, 1, vec![c(5, 3), c(12, 4)], 1),
+        ];
+        for (i, (cutting, world, bs, batches, take, reduces, pending, dead, want, mine)) in
+            cases.into_iter().enumerate()
+        {
+            let mut d = Dispatcher::new(world, bs, batches, 1, cutting);
+            let counts = vec![4; world];
+            for _ in 0..take {
+                for r in 0..world {
+                    d.next_chunk(r, &counts, false).ok_or(format!("case {i}: no chunk"))?;
+                }
+            }
+            for _ in 0..reduces {
+                d.add_reduce(0.0, &vec![1; world]);
+            }
+            let requeued = d.retire(dead, pending);
+            if requeued != want {
+                return Err(format!("case {i}: re-queued {requeued:?}, want {want:?}").into());
+            }
+            // The living finish the epoch: every chunk they hold, then what they are handed.
+            let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
+            let live: Vec<usize> = (0..world).filter(|&r| r != dead).collect();
+            for (r, h) in held.iter_mut().enumerate() {
+                if r != dead {
+                    *h = d.pools[0].held[r].iter().map(|h| h.chunk).collect();
+                }
+            }
+            let mut metrics = None;
+            for _ in 0..10_000 {
+                for &r in &live {
+                    if let Some(c) = held[r].pop() {
+                        d.complete(r, &c, &work_of(&c, bs));
+                    } else if let Some(c) = d.next_chunk(r, &counts, true) {
+                        held[r].push(c);
+                    }
+                }
+                if let Some((e, tally, _)) = d.pop_complete() {
+                    metrics = Some(tally.finish(e, 1.0, &[]));
+                    break;
+                }
+            }
+            let m = metrics.ok_or(format!("case {i}: the epoch did not complete"))?;
+            if m.samples != batches * bs || m.ranks[dead].batches != mine {
+                return Err(format!(
+                    "case {i}: {} samples, the dead rank {} batches (want {mine})",
+                    m.samples, m.ranks[dead].batches
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Ranks train their chunks batch by batch in the order handed, reduces at random moments
+    /// put what each live rank trained since its last reduce into the consensus, ranks die at
+    /// random moments (sometimes right after their part of a reduce in progress): every
+    /// position enters the consensus exactly once, except the batches of a dead rank's
+    /// completed chunks it never reduced (counted done, lost); each epoch's metrics count every
+    /// position once, for the rank whose training of it the consensus holds.
+    #[test]
+    fn the_consensus_holds_every_position_once() -> TestResult {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
+        for case in 0..400 {
+            let world = rng.random_range(2..6);
+            let bs = rng.random_range(1..4);
+            let batches = rng.random_range(world..50);
+            let epochs = rng.random_range(1..4);
+            let cutting = if case % 2 == 0 {
+                Cutting::Static
+            } else {
+                Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+            };
+            let counts: Vec<usize> = (0..world).map(|_| rng.random_range(1..6)).collect();
+            let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+            // Per rank: chunks held in the order handed with the batches trained of the first,
+            // and the batches trained since its last reduce: (epoch, offset, in a done chunk).
+            let mut queue: Vec<VecDeque<Chunk>> = vec![VecDeque::new(); world];
+            let mut trained = vec![0usize; world];
+            let mut since: Vec<Vec<(usize, usize, bool)>> = vec![Vec::new(); world];
+            let mut dead = vec![false; world];
+            // Per epoch and position: times in the consensus, the rank that put it there, lost.
+            let mut held_by = vec![vec![Vec::<usize>::new(); batches * bs]; epochs];
+            let mut lost = vec![vec![None::<usize>; batches * bs]; epochs];
+            let mut book = Vec::new();
+            let reduce = |since: &mut [Vec<(usize, usize, bool)>],
+                          held_by: &mut [Vec<Vec<usize>>],
+                          only: Option<usize>| {
+                let mut steps = vec![0; since.len()];
+                for (r, s) in since.iter_mut().enumerate() {
+                    if only.is_some_and(|o| o != r) {
+                        continue;
+                    }
+                    steps[r] = s.len();
+                    for (e, off, _) in s.drain(..) {
+                        for p in off..off + bs {
+                            held_by[e][p].push(r);
+                        }
+                    }
+                }
+                steps
+            };
+            for _ in 0..200_000 {
+                if d.all_done() {
+                    break;
+                }
+                let live: Vec<usize> = (0..world).filter(|&r| !dead[r]).collect();
+                let r = live[rng.random_range(0..live.len())];
+                let roll = rng.random_range(0..100);
+                if roll < 30 {
+                    if queue[r].len() < 2
+                        && let Some(c) = d.next_chunk(r, &counts, case % 4 == 1)
+                    {
+                        queue[r].push_back(c);
+                    }
+                } else if roll < 90 {
+                    let Some(&c) = queue[r].front() else { continue };
+                    since[r].push((c.epoch, c.offset + trained[r] * bs, false));
+                    trained[r] += 1;
+                    if trained[r] == c.batches(bs) {
+                        queue[r].pop_front();
+                        trained[r] = 0;
+                        let done = since[r].len().saturating_sub(c.batches(bs));
+                        since[r][done..].iter_mut().for_each(|b| b.2 = true);
+                        if !d.complete(r, &c, &work_of(&c, bs)) {
+                            return Err(format!("case {case}: {c:?} refused").into());
+                        }
+                    }
+                } else if roll < 99 || live.len() == 1 {
+                    let steps = reduce(&mut since, &mut held_by, None);
+                    d.add_reduce(0.0, &steps);
+                } else {
+                    // A death; half the time its part of a reduce in progress was done.
+                    let pending = if rng.random_bool(0.5) {
+                        reduce(&mut since, &mut held_by, Some(r))[r]
+                    } else {
+                        0
+                    };
+                    for (e, off, done) in since[r].drain(..) {
+                        if done {
+                            (off..off + bs).for_each(|p| lost[e][p] = Some(r));
+                        }
+                    }
+                    d.retire(r, pending);
+                    dead[r] = true;
+                    queue[r].clear();
+                    trained[r] = 0;
+                }
+                while let Some((e, tally, _)) = d.pop_complete() {
+                    book.push(tally.finish(e, 1.0, &[]));
+                }
+            }
+            if !d.all_done() {
+                return Err(format!("case {case}: the run did not finish").into());
+            }
+            // The last reduce, at the end of the run.
+            reduce(&mut since, &mut held_by, None);
+            for (e, positions) in held_by.iter().enumerate() {
+                for (p, by) in positions.iter().enumerate() {
+                    let ok = match (by.as_slice(), lost[e][p]) {
+                        ([_], None) | ([], Some(_)) => true,
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(format!(
+                            "case {case} epoch {e} position {p}: held by {by:?}, lost {:?}",
+                            lost[e][p]
+                        )
+                        .into());
+                    }
+                }
+                for rank in 0..world {
+                    let mine = positions
+                        .iter()
+                        .zip(&lost[e])
+                        .filter(|(by, l)| by.first() == Some(&rank) || **l == Some(rank))
+                        .count();
+                    if book[e].ranks[rank].samples != mine {
+                        return Err(format!(
+                            "case {case} epoch {e}: rank {rank} counted {} samples, trained {mine}",
+                            book[e].ranks[rank].samples
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }

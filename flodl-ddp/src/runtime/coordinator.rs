@@ -997,7 +997,7 @@ impl Coordinator {
         self.stalled = 0;
         self.reduces += 1;
         self.last_sync_ms = sync_ms;
-        self.dispatch.add_reduce(sync_ms);
+        self.dispatch.add_reduce(sync_ms, &steps);
         let event = ReduceEvent {
             round,
             epoch: self.dispatch.oldest().min(self.cfg.epochs.saturating_sub(1)),
@@ -1261,7 +1261,13 @@ impl Coordinator {
             let last = Some(Box::new(rank_error(rank, error)));
             return Err(Error::Unrecoverable { reason, detail, bundle, last });
         }
-        let requeued = self.dispatch.retire(rank);
+        // Its part of a reduce in progress that the consensus holds already counts for it.
+        let pending = match &self.reduce {
+            Reduce::Collective { acks, .. } => acks.get(rank).copied().flatten().map_or(0, |a| a.0),
+            Reduce::Host(hr) => hr.averaging_steps(rank),
+            Reduce::Idle => 0,
+        };
+        let requeued = self.dispatch.retire(rank, pending);
         tracing::debug!(
             rank,
             chunks = requeued.len(),

@@ -1,6 +1,6 @@
 //! The runtime's dispatcher against hand-computed chunk sizes, and a simulated coordinator that
-//! drives it: random ranks, skews, completion orders, deaths and checkpoints through the bundle
-//! format; every sample is trained exactly once per epoch.
+//! drives it: random ranks, skews, completion orders, reduces, deaths and checkpoints through
+//! the bundle format; every sample is trained exactly once per epoch.
 
 use std::collections::VecDeque;
 
@@ -37,7 +37,7 @@ fn epochs_complete_in_order_and_ranks_stream_one_epoch_ahead() -> TestResult {
     assert!(d.in_last_epoch() && !d.all_done());
     // A rank outside the world, or retired, is handed nothing.
     assert_eq!(d.next_chunk(2, &[1, 1], false), None);
-    assert!(d.retire(1).is_empty());
+    assert!(d.retire(1, 0).is_empty());
     assert_eq!(d.next_chunk(1, &[1, 1], false), None);
     let c = d.next_chunk(0, &[1, 1], false).ok_or("no chunk")?;
     assert_eq!(c, Chunk { epoch: 2, offset: 0, len: 8 });
@@ -99,11 +99,15 @@ struct Run {
     checkpoint: bool,
 }
 
-/// A rank of the simulation: its chunks in the order handed with their finish times.
+/// A rank of the simulation: its chunks in the order handed with their finish times, the
+/// batches of its first chunk the consensus holds, and the batches of its completed chunks it
+/// has not reduced yet.
 #[derive(Default)]
 struct SimRank {
     queue: VecDeque<(Chunk, f64)>,
     free_at: f64,
+    front_reduced: usize,
+    done_unreduced: usize,
     alive: bool,
 }
 
@@ -127,7 +131,8 @@ fn through_a_bundle(
     Ok(fresh.resume(oldest, &back.coverage)?)
 }
 
-/// Runs `run`; returns how many times each (epoch, position) was completed.
+/// Runs `run`; returns how many times each (epoch, position) was trained into the book (by a
+/// completed chunk, or the part of a dead rank's chunk the consensus holds).
 fn simulate(
     run: &Run,
     rng: &mut Xoshiro256PlusPlus,
@@ -180,6 +185,8 @@ fn simulate(
         }
         let rank = &mut ranks[r];
         rank.free_at = t;
+        rank.done_unreduced += c.batches(bs) - rank.front_reduced;
+        rank.front_reduced = 0;
         wall[r] += run.speeds[r] * c.batches(bs) as f64;
         steps[r] += c.batches(bs) as u64;
         see(&mut seen, c.epoch, c.offset, c.end());
@@ -187,9 +194,19 @@ fn simulate(
             assert_eq!(epoch, next_epoch, "epochs complete in order");
             next_epoch += 1;
         }
-        // A reduce now and then feeds ElChe.
+        // A reduce now and then: every live rank's batches since its last one, part of its
+        // first chunk included; it feeds ElChe.
         if rng.random_bool(0.3) {
-            d.add_reduce(1.0);
+            let mut reduced = vec![0; w];
+            for (r, rank) in ranks.iter_mut().enumerate().filter(|(_, k)| k.alive) {
+                let front = rank.queue.front().map_or(0, |(c, _)| c.batches(bs));
+                let trained =
+                    rng.random_range(rank.front_reduced..front.max(rank.front_reduced + 1));
+                reduced[r] = rank.done_unreduced + trained - rank.front_reduced;
+                rank.front_reduced = trained;
+                rank.done_unreduced = 0;
+            }
+            d.add_reduce(1.0, &reduced);
             if steps.iter().zip(&ranks).all(|(&s, k)| !k.alive || s > 0) {
                 elche.report_timing(&wall, &steps, 1.0)?;
                 elche.apply_verdict(Verdict::Stable);
@@ -197,7 +214,7 @@ fn simulate(
                 steps.iter_mut().for_each(|x| *x = 0);
             }
         }
-        // A death: the rank's queued work goes back.
+        // A death: what the consensus holds of its first chunk stays, the rest goes back.
         let live = ranks.iter().filter(|k| k.alive).count();
         if run.deaths && live > 1 && rng.random_bool(0.01) {
             let victim = (0..w)
@@ -205,19 +222,27 @@ fn simulate(
                 .nth(rng.random_range(0..live))
                 .ok_or("no rank")?;
             let rank = &mut ranks[victim];
-            let requeued = d.retire(victim);
+            let kept = rank.front_reduced;
+            let requeued = d.retire(victim, 0);
             let held: Vec<Chunk> = rank.queue.drain(..).map(|(c, _)| c).collect();
-            assert_eq!(requeued, held, "re-queued {requeued:?} of {held:?}");
+            if let Some(front) = held.first() {
+                see(&mut seen, front.epoch, front.offset, front.offset + kept * bs);
+            }
+            let back: usize = requeued.iter().map(|c| c.len).sum();
+            let owed: usize = held.iter().map(|c| c.len).sum::<usize>() - kept * bs;
+            assert_eq!(back, owed, "re-queued {requeued:?} of {held:?}, {kept} batches kept");
             rank.alive = false;
             elche.retire(victim)?;
         }
         // A checkpoint at a quiet moment: through a bundle, resume, carry on.
         if run.checkpoint && !checkpointed && ranks.iter().all(|k| k.queue.is_empty()) {
             d = through_a_bundle(&d, run, rng.random())?;
-            for (r, rank) in ranks.iter().enumerate() {
+            for (r, rank) in ranks.iter_mut().enumerate() {
                 if !rank.alive {
-                    d.retire(r);
+                    d.retire(r, 0);
                 }
+                rank.front_reduced = 0;
+                rank.done_unreduced = 0;
             }
             checkpointed = true;
         }
