@@ -58,10 +58,7 @@ impl Cutting {
     /// The cut `policy` trains with: static shares under `Sync` (deterministic runs),
     /// progressive chunks of at least `min_chunk` batches otherwise.
     pub fn for_policy(policy: Policy, min_chunk: usize) -> Cutting {
-        match policy {
-            Policy::Sync => Cutting::Static,
-            Policy::Cadence | Policy::Async => Cutting::Progressive { min_chunk },
-        }
+        if policy.is_progressive() { Cutting::Progressive { min_chunk } } else { Cutting::Static }
     }
 }
 

@@ -17,7 +17,7 @@ use crate::control::elche::ElChe;
 use crate::control::guard::{Guard, ReduceReport};
 use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::control::overshoot::Overshoot;
-use crate::control::policy::{Backend, Policy};
+use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
 use crate::control::verdict::Verdict;
 use crate::link::wire::{HostState, Readiness, ToCoordinator, ToWorker, Window};
 use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
@@ -371,11 +371,12 @@ impl Coordinator {
 
     /// Each rank's window numbered `round`, from the policy and ElChe's counts.
     fn make_windows(&self, round: u64) -> Vec<Window> {
+        let anchor_wall_ms = self.elche.as_ref().map_or(0.0, ElChe::anchor_wall_ms);
         (0..self.cfg.world())
             .map(|r| {
                 let count =
                     self.elche.as_ref().and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
-                self.cfg.policy.window(round, count, self.overshoot.current())
+                self.cfg.policy.window(round, count, self.overshoot.current(), anchor_wall_ms)
             })
             .collect()
     }
@@ -821,17 +822,20 @@ impl Coordinator {
 
     /// Starts a reduce when every rank is ready for it, or finishes the run when nothing is left.
     fn step_reduce(&mut self) -> Result<Option<TrainedState>> {
-        if !matches!(self.reduce, Reduce::Idle) {
-            return Ok(None);
-        }
-        let live = self.roster.live_ranks();
-        if live.iter().any(|&r| self.ranks[r].progress.is_none()) {
-            return Ok(None);
-        }
-        let steps: Vec<usize> = self.ranks.iter().map(|b| b.progress.map_or(0, |p| p.0)).collect();
-        if steps.iter().sum::<usize>() > 0 {
-            self.trigger(&steps)?;
-            return Ok(None);
+        let ready: Vec<Option<usize>> =
+            self.ranks.iter().map(|b| b.progress.map(|p| p.0)).collect();
+        let live: Vec<bool> = (0..ready.len()).map(|r| self.roster.is_live(r)).collect();
+        let busy = !matches!(self.reduce, Reduce::Idle);
+        match should_reduce(&ready, &live, busy).map_err(|e| Error::Config(e.to_string()))? {
+            Trigger::Fire => {
+                let steps: Vec<usize> = ready.iter().map(|s| s.unwrap_or(0)).collect();
+                self.trigger(&steps)?;
+                return Ok(None);
+            }
+            Trigger::Idle => {}
+            Trigger::RoundInFlight | Trigger::NoLiveRank | Trigger::Waiting { .. } => {
+                return Ok(None);
+            }
         }
         if !self.dispatch.all_done() || self.dispatch.any_outstanding() {
             return Ok(None);

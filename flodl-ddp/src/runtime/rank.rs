@@ -765,7 +765,9 @@ impl RankLoop {
         }
         self.win.steps += 1;
         self.win.wall_ms += ms;
-        if self.win.reported.is_none() && self.win.steps >= self.win.window.target {
+        if self.win.reported.is_none()
+            && self.win.window.is_reached(self.win.steps, self.win.wall_ms)
+        {
             self.report(Readiness::Reached)?;
         }
         self.heartbeat()
@@ -780,7 +782,7 @@ impl RankLoop {
             reported: None,
             snapshot: None,
         };
-        if self.win.steps >= next.target {
+        if next.is_reached(self.win.steps, self.win.wall_ms) {
             self.report(Readiness::Reached)?;
         }
         Ok(())
