@@ -903,9 +903,7 @@ mod tests {
                     }
                     steps[r] = s.len();
                     for (e, off, _) in s.drain(..) {
-                        for p in off..off + bs {
-                            held_by[e][p].push(r);
-                        }
+                        held_by[e][off..off + bs].iter_mut().for_each(|by| by.push(r));
                     }
                 }
                 steps
@@ -967,10 +965,7 @@ mod tests {
             reduce(&mut since, &mut held_by, None);
             for (e, positions) in held_by.iter().enumerate() {
                 for (p, by) in positions.iter().enumerate() {
-                    let ok = match (by.as_slice(), lost[e][p]) {
-                        ([_], None) | ([], Some(_)) => true,
-                        _ => false,
-                    };
+                    let ok = matches!((by.as_slice(), lost[e][p]), ([_], None) | ([], Some(_)));
                     if !ok {
                         return Err(format!(
                             "case {case} epoch {e} position {p}: held by {by:?}, lost {:?}",
