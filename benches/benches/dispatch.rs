@@ -1,13 +1,13 @@
-//! Scheduling-logic benchmarks: ElChe's per-reduce update and progressive chunk dispatch.
+//! Scheduling-logic benchmarks: ElChe's per-reduce update and the runtime's chunk dispatch.
 //!
 //! Both are pure CPU logic on the coordinator's thread; the figures are operations per second:
 //! `elche_report` = one `report_timing` plus `apply_verdict` (one reduce's bookkeeping), and
-//! `chunk_dispatch` = one chunk handed out (sized from ElChe), credited back, and the epoch
-//! stream advanced, for 2, 4 and 8 ranks.
+//! `chunk_dispatch` = one chunk handed out by the runtime's `Dispatcher` (progressive, sized
+//! from ElChe's counts), completed, and complete epochs popped, for 2, 4 and 8 ranks.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use flodl_benches::{Unit, bench_name, criterion_config};
-use flodl_ddp::{ChunkSizing, ElChe, EpochStream, Speeds, Tail, Verdict};
+use flodl_ddp::{Cutting, Dispatcher, ElChe, Verdict, WorkTally};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -58,13 +58,11 @@ fn chunk_dispatch(c: &mut Criterion) {
             let (wall, steps) = timings(world, &mut rng, el.counts());
             el.report_timing(&wall, &steps, 1.0).expect("matching lengths");
         }
-        let ms = el.ms_per_batch();
         let counts = el.counts().to_vec();
-        let speeds = Speeds { counts: &counts, ms_per_batch: &ms, informed: true };
-        let sizing = ChunkSizing::default();
-        let fresh =
-            || EpochStream::new(epochs, samples, bs, world, Tail::Drop, 1).expect("valid stream");
-        let mut stream = fresh();
+        let fresh = || {
+            Dispatcher::new(world, bs, samples / bs, epochs, Cutting::Progressive { min_chunk: 4 })
+        };
+        let mut book = fresh();
         let mut rank = 0;
         let id = BenchmarkId::new(
             bench_name("cpu", "chunk_dispatch", Unit::Elements),
@@ -73,13 +71,19 @@ fn chunk_dispatch(c: &mut Criterion) {
         g.bench_function(id, |b| {
             b.iter(|| {
                 rank = (rank + 1) % world;
-                let next = stream.next_chunk(rank, |pool| sizing.batches(rank, pool, &speeds));
-                match next.expect("live rank") {
-                    Some(chunk) => stream.credit(rank, &chunk).expect("held chunk"),
-                    None => stream = fresh(),
+                match book.next_chunk(rank, &counts, true) {
+                    Some(chunk) => {
+                        let work = WorkTally {
+                            batches: chunk.batches(bs),
+                            samples: chunk.len,
+                            ..WorkTally::default()
+                        };
+                        assert!(book.complete(rank, &chunk, &work), "a held chunk");
+                    }
+                    None => book = fresh(),
                 }
-                while stream.pop_finished().expect("valid stream").is_some() {}
-                std::hint::black_box(stream.oldest())
+                while book.pop_complete().is_some() {}
+                std::hint::black_box(book.oldest())
             })
         });
     }

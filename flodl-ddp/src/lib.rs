@@ -70,18 +70,17 @@ mod state;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 pub use contract::{Batch, BatchEval, FailingReplica, Failure, Replica, ReplicaContext};
-pub use control::chunk_pool::{Chunk, ChunkPool, Coverage, Tail};
-pub use control::chunk_size::{ChunkSizing, Speeds, window_allocation};
+pub use control::dispatch::{Chunk, Cutting, Dispatcher};
 pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
-pub use control::epoch_stream::{EpochStream, StreamCoverage};
 pub use control::eval_rank::EvalRank;
 pub use control::logic_error::{LogicError, LogicResult};
 pub use control::overshoot::{Overshoot, OvershootMode};
-pub use control::policy::{Backend, Policy};
+pub use control::policy::{Backend, Policy, Window};
 pub use control::verdict::Verdict;
 pub use error::{Error, FailureKind, Peer, RankFailure, Result};
 pub use metrics::{
-    EpochMetrics, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report, record_scalar,
+    EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report,
+    WorkTally, record_scalar,
 };
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::fault::{FaultCause, FaultEvent};

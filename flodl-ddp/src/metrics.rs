@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 pub struct EpochMetrics {
     /// The epoch, from 0.
     pub epoch: usize,
-    /// Mean training loss over every batch of the epoch (all ranks, batch-weighted).
+    /// Mean training loss over every batch of the epoch (all ranks, batch-weighted; the batches
+    /// of a dead rank that it never reported carry no loss and are left out).
     pub avg_loss: f64,
     /// Wall time of the epoch in milliseconds: first batch handed out to last batch done.
     pub epoch_ms: f64,
@@ -44,16 +45,16 @@ pub struct RankEpochMetrics {
     pub rank: usize,
     /// The device it trains on, as `cpu` or `cuda:N`.
     pub device: String,
-    /// Batches it trained in this epoch.
+    /// Batches it trained in this epoch (a rank that died: those the consensus holds).
     pub batches: usize,
-    /// Samples it trained in this epoch.
+    /// Samples it trained in this epoch (a rank that died: those the consensus holds).
     pub samples: usize,
-    /// Its mean training loss over those batches (0 when it trained none).
+    /// Its mean training loss over the batches it reported (0 when none).
     pub avg_loss: f64,
     /// Time spent in its training steps (forward, backward, optimizer), in milliseconds.
     pub compute_ms: f64,
-    /// Its training throughput in samples per second of compute (`samples / compute_ms`),
-    /// including emulated slowdown.
+    /// Its training throughput in samples per second of compute (`samples / compute_ms`, over
+    /// the samples it reported), including emulated slowdown.
     pub throughput: f64,
     /// Its fraction of the epoch's samples (the shares of all ranks sum to 1).
     pub batch_share: f64,
@@ -144,9 +145,9 @@ pub(crate) fn drain_scalars() -> BTreeMap<String, (f64, usize)> {
     SCALARS.with(|s| std::mem::take(&mut *s.borrow_mut()))
 }
 
-/// Per-rank, per-epoch accumulation of what ranks report about their chunks.
+/// One epoch's accumulation of what the ranks did: their finished work and the reduces.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct EpochTally {
+pub struct EpochTally {
     ranks: Vec<RankTally>,
     reduces: usize,
     sync_ms: f64,
@@ -159,31 +160,44 @@ struct RankTally {
     loss_sum: f64,
     compute_ms: f64,
     scalars: BTreeMap<String, (f64, usize)>,
+    // Of `batches` and `samples`, those of a dead rank that the consensus holds but that it
+    // never reported (no loss, no compute time): left out of its means and throughput.
+    unreported: (usize, usize),
 }
 
-/// What a rank reports about a finished piece of work.
+/// What a rank reports about a finished piece of work (a chunk).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct WorkTally {
+pub struct WorkTally {
     /// Batches trained.
-    pub(crate) batches: usize,
+    pub batches: usize,
     /// Samples trained.
-    pub(crate) samples: usize,
+    pub samples: usize,
     /// Sum of the batches' mean losses.
-    pub(crate) loss_sum: f64,
+    pub loss_sum: f64,
     /// Time in training steps, milliseconds (emulated slowdown included).
-    pub(crate) compute_ms: f64,
+    pub compute_ms: f64,
     /// User scalars as `name → (sum, count)`.
-    pub(crate) scalars: BTreeMap<String, (f64, usize)>,
+    pub scalars: BTreeMap<String, (f64, usize)>,
 }
 
 impl EpochTally {
     /// An empty tally for `world` ranks.
-    pub(crate) fn new(world: usize) -> Self {
+    pub fn new(world: usize) -> Self {
         Self { ranks: vec![RankTally::default(); world], reduces: 0, sync_ms: 0.0 }
     }
 
+    /// Counts `batches` batches (`samples` samples) of a dead rank that the consensus holds
+    /// though the rank never reported them: they count for it, without loss or compute time.
+    pub fn add_unreported(&mut self, rank: usize, batches: usize, samples: usize) {
+        let Some(t) = self.ranks.get_mut(rank) else { return };
+        t.batches += batches;
+        t.samples += samples;
+        t.unreported.0 += batches;
+        t.unreported.1 += samples;
+    }
+
     /// Adds a rank's finished work.
-    pub(crate) fn add(&mut self, rank: usize, work: &WorkTally) {
+    pub fn add(&mut self, rank: usize, work: &WorkTally) {
         let Some(t) = self.ranks.get_mut(rank) else { return };
         t.batches += work.batches;
         t.samples += work.samples;
@@ -197,14 +211,14 @@ impl EpochTally {
     }
 
     /// Counts a reduce that completed while this epoch was the oldest unfinished one.
-    pub(crate) fn add_reduce(&mut self, sync_ms: f64) {
+    pub fn add_reduce(&mut self, sync_ms: f64) {
         self.reduces += 1;
         self.sync_ms += sync_ms;
     }
 
-    /// The epoch's metrics (without evaluation).
-    pub(crate) fn finish(&self, epoch: usize, epoch_ms: f64, devices: &[String]) -> EpochMetrics {
-        let batches: usize = self.ranks.iter().map(|r| r.batches).sum();
+    /// The epoch's metrics (without evaluation), for ranks on `devices`.
+    pub fn finish(&self, epoch: usize, epoch_ms: f64, devices: &[String]) -> EpochMetrics {
+        let reported: usize = self.ranks.iter().map(|r| r.batches - r.unreported.0).sum();
         let samples: usize = self.ranks.iter().map(|r| r.samples).sum();
         let loss_sum: f64 = self.ranks.iter().map(|r| r.loss_sum).sum();
         let ranks = self
@@ -216,9 +230,9 @@ impl EpochTally {
                 device: devices.get(rank).cloned().unwrap_or_default(),
                 batches: t.batches,
                 samples: t.samples,
-                avg_loss: ratio(t.loss_sum, t.batches as f64),
+                avg_loss: ratio(t.loss_sum, (t.batches - t.unreported.0) as f64),
                 compute_ms: t.compute_ms,
-                throughput: ratio(t.samples as f64 * 1000.0, t.compute_ms),
+                throughput: ratio((t.samples - t.unreported.1) as f64 * 1000.0, t.compute_ms),
                 batch_share: ratio(t.samples as f64, samples as f64),
             })
             .collect();
@@ -228,7 +242,7 @@ impl EpochTally {
                 if *count == 0 {
                     continue;
                 }
-                let weight = t.batches.max(1) as f64;
+                let weight = (t.batches - t.unreported.0).max(1) as f64;
                 let e = weighted.entry(name.clone()).or_insert((0.0, 0.0));
                 e.0 += weight * sum / *count as f64;
                 e.1 += weight;
@@ -237,7 +251,7 @@ impl EpochTally {
         let scalars = weighted.into_iter().map(|(k, (s, w))| (k, ratio(s, w))).collect();
         EpochMetrics {
             epoch,
-            avg_loss: ratio(loss_sum, batches as f64),
+            avg_loss: ratio(loss_sum, reported as f64),
             epoch_ms,
             samples,
             throughput: ratio(samples as f64 * 1000.0, epoch_ms),
@@ -299,6 +313,35 @@ mod tests {
         let back: Report = serde_json::from_str(&json).map_err(|e| e.to_string())?;
         if back != Report::Epoch(m) {
             return Err("serde round trip changed the metrics".into());
+        }
+        Ok(())
+    }
+
+    /// A dead rank's unreported batches count in batches, samples and shares, not in its loss
+    /// or throughput.
+    #[test]
+    fn unreported_batches_count_without_loss() -> Result<(), String> {
+        let mut t = EpochTally::new(2);
+        let w = WorkTally {
+            batches: 2,
+            samples: 20,
+            loss_sum: 4.0,
+            compute_ms: 10.0,
+            ..Default::default()
+        };
+        t.add(0, &w);
+        t.add(1, &w);
+        t.add_unreported(1, 3, 30);
+        let m = t.finish(0, 10.0, &[]);
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-12;
+        let r = &m.ranks[1];
+        if (r.batches, r.samples, m.samples) != (5, 50, 70)
+            || !close(r.avg_loss, 2.0)
+            || !close(m.avg_loss, 2.0)
+            || !close(r.throughput, 2000.0)
+            || !close(r.batch_share, 50.0 / 70.0)
+        {
+            return Err(format!("bad metrics {m:?}"));
         }
         Ok(())
     }

@@ -3,7 +3,6 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::{CheckpointError, Result};
-use crate::control::chunk_pool::Coverage as PoolCoverage;
 
 /// A half-open range `[offset, offset + size)` of positions in an epoch's permutation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -158,41 +157,5 @@ impl EpochCoverage {
             )));
         }
         Ok(())
-    }
-}
-
-impl EpochCoverage {
-    /// The coverage of a dispatch pool ([`crate::ChunkPool::coverage`]), with the seed of that
-    /// epoch's permutation.
-    ///
-    /// # Errors
-    /// [`CheckpointError::Malformed`] for a range whose end precedes its start,
-    /// [`CheckpointError::RangeOutOfBounds`] for one past the pool's total.
-    pub fn from_pool(pool: &PoolCoverage, seed: u64) -> Result<Self> {
-        let ranges = pool
-            .done
-            .iter()
-            .map(|&(start, end)| {
-                end.checked_sub(start).map(|size| SampleRange::new(start, size)).ok_or_else(|| {
-                    CheckpointError::malformed(format!("pool range ({start}, {end}) is reversed"))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Self::with_completed(pool.epoch as u64, seed, pool.total, &ranges)
-    }
-
-    /// The coverage in the dispatch pool's form, for [`crate::ChunkPool::resume`].
-    ///
-    /// # Errors
-    /// [`CheckpointError::Malformed`] when the epoch index does not fit a `usize`.
-    pub fn to_pool(&self) -> Result<PoolCoverage> {
-        let epoch = usize::try_from(self.epoch).map_err(|_| {
-            CheckpointError::malformed(format!("epoch {} does not fit a usize", self.epoch))
-        })?;
-        Ok(PoolCoverage {
-            epoch,
-            total: self.total,
-            done: self.completed.iter().map(|r| (r.offset, r.offset + r.size)).collect(),
-        })
     }
 }

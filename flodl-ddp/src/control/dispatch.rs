@@ -1,29 +1,77 @@
 //! The coordinator's book of epochs: which chunks were handed out, which came back, which must
-//! be handed out again (a dead rank's), and when an epoch is complete.
+//! be handed out again (a dead rank's), how far the consensus holds each rank's work, and when
+//! an epoch is complete.
+//!
+//! Positions index an epoch's permutation (`0..batches × batch_size`; the `samples % batch_size`
+//! tail is not trained that epoch). A chunk is a contiguous run of whole batches handed to one
+//! rank, which trains its chunks in the order it was handed them.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::checkpoint::SampleRange;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{EpochCoverage, SampleRange};
+use crate::control::logic_error::{LogicError, LogicResult};
 use crate::control::partition;
-use crate::link::wire::Chunk;
+use crate::control::policy::Policy;
 use crate::metrics::{EpochTally, WorkTally};
+
+/// A batch-aligned slice of one epoch's permutation handed to one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Chunk {
+    /// The epoch whose permutation is sliced.
+    pub epoch: usize,
+    /// First position in the permutation.
+    pub offset: usize,
+    /// Number of positions (a whole number of batches).
+    pub len: usize,
+}
+
+impl Chunk {
+    /// One past the last position.
+    pub fn end(&self) -> usize {
+        self.offset + self.len
+    }
+
+    /// Whole batches of `batch_size` in the chunk.
+    pub fn batches(&self, batch_size: usize) -> usize {
+        self.len / batch_size.max(1)
+    }
+}
 
 /// How an epoch is cut into chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cutting {
+pub enum Cutting {
     /// One fixed contiguous share per rank (equal batch counts, remainder to the first ranks):
     /// the same cut every run, so `Sync` is deterministic.
     Static,
-    /// Progressive dispatch: small chunks handed out on demand, sized from ElChe's counts.
+    /// Progressive dispatch: small chunks handed out on demand, sized from ElChe's counts
+    /// (see [`Dispatcher::next_chunk`]).
     Progressive {
         /// Smallest chunk in batches.
         min_chunk: usize,
     },
 }
 
+impl Cutting {
+    /// The cut `policy` trains with: static shares under `Sync` (deterministic runs),
+    /// progressive chunks of at least `min_chunk` batches otherwise.
+    pub fn for_policy(policy: Policy, min_chunk: usize) -> Cutting {
+        if policy.is_progressive() { Cutting::Progressive { min_chunk } } else { Cutting::Static }
+    }
+}
+
 /// A half-open span of permutation positions, `start..end`.
 type Span = (usize, usize);
+
+/// A chunk handed out and not yet completed, with where it starts in its rank's stream of
+/// batches (the batches handed to the rank before it).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    chunk: Chunk,
+    first: u64,
+}
 
 /// One epoch's pool of positions.
 #[derive(Debug)]
@@ -34,8 +82,8 @@ struct Pool {
     /// Spans anyone may be handed (progressive: the whole epoch at first; both cuts: a dead
     /// rank's work), in position order.
     free: VecDeque<Span>,
-    /// Chunks handed out and not yet completed, per rank.
-    held: Vec<Vec<Chunk>>,
+    /// Chunks handed out and not yet completed, per rank, in the order they were handed.
+    held: Vec<Vec<Held>>,
     /// Completed spans.
     done: Vec<Span>,
     started: Option<Instant>,
@@ -54,13 +102,17 @@ impl Pool {
 }
 
 /// Every epoch not yet complete, oldest first; pools open on demand, at most one epoch ahead of
-/// the oldest incomplete one.
+/// the oldest incomplete one (under every policy: a rank done with its part of an epoch starts
+/// on the next one instead of idling at the epoch's end).
 ///
-/// A retired (dead) rank is handed nothing more; what it held and had not completed, and under
-/// the static cut what it was still to be handed, is split over the live ranks (static) or put
-/// back in the free spans (progressive), so every position of an epoch is still completed once.
+/// A retired (dead) rank is handed nothing more. What it held and the consensus does not hold
+/// (the batches past those it trained into completed reduces, see [`Dispatcher::add_reduce`]),
+/// and under the static cut what it was still to be handed, is split over the live ranks
+/// (static) or put back in the free spans (progressive); what the consensus holds counts as
+/// completed, by the dead rank. So every position of an epoch is trained into the consensus
+/// once, except a batch a rank trained and died before reducing.
 #[derive(Debug)]
-pub(crate) struct Dispatcher {
+pub struct Dispatcher {
     world: usize,
     batch_size: usize,
     batches: usize,
@@ -72,11 +124,15 @@ pub(crate) struct Dispatcher {
     oldest: usize,
     /// Completed spans of epochs not yet opened (from a resumed checkpoint).
     resumed: Vec<(usize, Vec<Span>)>,
+    /// Per rank: batches handed to it so far, and how many of them the consensus holds (the
+    /// sum of its steps in completed reduces). It trains them in the order handed.
+    handed: Vec<u64>,
+    reduced: Vec<u64>,
 }
 
 impl Dispatcher {
     /// A book for `epochs` epochs of `batches` full batches of `batch_size` over `world` ranks.
-    pub(crate) fn new(
+    pub fn new(
         world: usize,
         batch_size: usize,
         batches: usize,
@@ -93,73 +149,70 @@ impl Dispatcher {
             pools: VecDeque::new(),
             oldest: 0,
             resumed: Vec::new(),
+            handed: vec![0; world],
+            reduced: vec![0; world],
         }
     }
 
     /// A book that resumes at epoch `oldest`, where `coverage` lists, per epoch, the position
-    /// ranges already completed: only the rest is handed out. Under the static cut each rank is
-    /// handed what is left of its own share, so a resumed `Sync` run trains exactly the
-    /// batches the interrupted one would have.
+    /// ranges already completed (as a checkpoint stores them): only the rest is handed out.
+    /// Under the static cut each rank is handed what is left of its own share, so a resumed
+    /// `Sync` run trains exactly the batches the interrupted one would have.
     ///
     /// # Errors
-    /// A range not aligned to the batch size or past the epoch, or coverage of an epoch before
-    /// `oldest` (coverage of epochs past this book's last is ignored: they are not trained).
-    pub(crate) fn resume(
-        mut self,
-        oldest: usize,
-        coverage: &[(usize, Vec<SampleRange>)],
-    ) -> std::result::Result<Self, String> {
+    /// [`LogicError::InvalidCoverage`] for coverage of another epoch size, a range not aligned
+    /// to the batch size, or coverage of an epoch before `oldest` (coverage of epochs past this
+    /// book's last is ignored: they are not trained); [`LogicError::InvalidValue`] when
+    /// `oldest` is past the last epoch.
+    pub fn resume(mut self, oldest: usize, coverage: &[EpochCoverage]) -> LogicResult<Self> {
         let total = self.batches * self.batch_size;
         if oldest > self.epochs {
-            return Err(format!("resumes at epoch {oldest} of a {}-epoch run", self.epochs));
+            return Err(LogicError::InvalidValue { what: "resumed epoch", value: oldest as f64 });
         }
-        for (epoch, ranges) in coverage {
-            if *epoch >= self.epochs {
+        for c in coverage {
+            let epoch = usize::try_from(c.epoch).unwrap_or(usize::MAX);
+            if epoch >= self.epochs {
                 // A run resumed with fewer epochs than the one that saved never trains it.
                 continue;
             }
-            if *epoch < oldest {
-                return Err(format!(
-                    "coverage of epoch {epoch}, before the resumed epoch {oldest}"
-                ));
+            let bad = |reason| LogicError::InvalidCoverage { epoch, reason };
+            if epoch < oldest {
+                return Err(bad("the epoch is before the resumed one"));
             }
-            let mut spans = Vec::with_capacity(ranges.len());
-            for r in ranges {
-                let end = r.offset.checked_add(r.size).filter(|&e| e <= total);
-                let Some(end) = end else {
-                    return Err(format!("range {r:?} of epoch {epoch} runs past {total}"));
-                };
+            if c.total != total {
+                return Err(bad("the epoch's size differs from this run's"));
+            }
+            let mut spans = Vec::with_capacity(c.completed().len());
+            for r in c.completed() {
                 if r.offset % self.batch_size != 0 || r.size % self.batch_size != 0 {
-                    return Err(format!(
-                        "range {r:?} is not aligned to batches of {}",
-                        self.batch_size
-                    ));
+                    return Err(bad("a range is not aligned to the batch size"));
                 }
-                spans.push((r.offset, end));
+                // Within the total: the coverage is validated when built or decoded.
+                spans.push((r.offset, r.offset + r.size));
             }
-            self.resumed.push((*epoch, spans));
+            self.resumed.push((epoch, spans));
         }
         self.oldest = oldest;
         Ok(self)
     }
 
     /// The oldest epoch not yet complete (`epochs` when all are).
-    pub(crate) fn oldest(&self) -> usize {
+    pub fn oldest(&self) -> usize {
         self.oldest
     }
 
     /// Whether the oldest incomplete epoch is the last one (nothing to stream into after it).
-    pub(crate) fn in_last_epoch(&self) -> bool {
+    pub fn in_last_epoch(&self) -> bool {
         self.oldest + 1 >= self.epochs
     }
 
     /// Whether every epoch is complete.
-    pub(crate) fn all_done(&self) -> bool {
+    pub fn all_done(&self) -> bool {
         self.oldest >= self.epochs
     }
 
     /// Whether `rank` is still handed work (not retired).
-    pub(crate) fn is_live(&self, rank: usize) -> bool {
+    pub fn is_live(&self, rank: usize) -> bool {
         self.live.get(rank).copied().unwrap_or(false)
     }
 
@@ -212,20 +265,23 @@ impl Dispatcher {
         self.pools.iter_mut().find(|p| p.epoch == epoch)
     }
 
-    /// The next chunk for `rank`, if any may be handed out now. `counts` are ElChe's batches per
-    /// window (used to size progressive chunks once `calibrated`).
-    pub(crate) fn next_chunk(
-        &mut self,
-        rank: usize,
-        counts: &[usize],
-        calibrated: bool,
-    ) -> Option<Chunk> {
+    /// The next chunk for `rank`, if any may be handed out now, from the oldest open epoch
+    /// with positions left.
+    ///
+    /// Static cut: the rest of the rank's share, then any dead rank's work. Progressive:
+    /// `counts` are ElChe's batches per window; once `calibrated` a chunk is the rank's share of
+    /// what is left (`ceil(left × counts[r] / Σcounts)`) but at most two of its windows, so
+    /// most of an epoch stays in the pool to follow a change of speed or a death; before, a
+    /// probe of `batches / (world × 10)`. Never under `min_chunk` batches, unless less is left
+    /// in the span it is cut from.
+    pub fn next_chunk(&mut self, rank: usize, counts: &[usize], calibrated: bool) -> Option<Chunk> {
         if !self.is_live(rank) {
             return None;
         }
         let bs = self.batch_size;
         let (world, batches) = (self.world, self.batches);
         let cutting = self.cutting;
+        let first = self.handed[rank];
         for epoch in self.oldest..(self.oldest + 2).min(self.epochs) {
             let Some(pool) = self.pool_mut(epoch) else { continue };
             let span = match cutting {
@@ -233,15 +289,15 @@ impl Dispatcher {
                     pool.assigned[rank].pop_front().or_else(|| pool.free.pop_front())
                 }
                 Cutting::Progressive { min_chunk } => {
-                    let rem: usize = pool.free.iter().map(|s| (s.1 - s.0) / bs).sum();
-                    if rem == 0 {
+                    let left: usize = pool.free.iter().map(|s| (s.1 - s.0) / bs).sum();
+                    if left == 0 {
                         continue;
                     }
                     let mine = counts.get(rank).copied().unwrap_or(1).max(1);
                     let size = if calibrated {
                         let total: usize = counts.iter().sum::<usize>().max(1);
-                        let fair = (rem * mine).div_ceil(total);
-                        (2 * mine).max(min_chunk).min(fair.max(min_chunk))
+                        let fair = (left * mine).div_ceil(total);
+                        fair.min(2 * mine).max(min_chunk)
                     } else {
                         (batches / (world * 10)).max(min_chunk)
                     };
@@ -257,7 +313,8 @@ impl Dispatcher {
             let Some((start, end)) = span else { continue };
             let chunk = Chunk { epoch, offset: start, len: end - start };
             pool.started.get_or_insert_with(Instant::now);
-            pool.held[rank].push(chunk);
+            pool.held[rank].push(Held { chunk, first });
+            self.handed[rank] += chunk.batches(bs) as u64;
             return Some(chunk);
         }
         None
@@ -265,37 +322,56 @@ impl Dispatcher {
 
     /// Credits a completed chunk and its work; `false` (and nothing credited) when `rank` does
     /// not hold it (a retired rank's late report).
-    pub(crate) fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally) -> bool {
+    pub fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally) -> bool {
         let Some(pool) = self.pools.iter_mut().find(|p| p.epoch == chunk.epoch) else {
             return false;
         };
         let Some(held) = pool.held.get_mut(rank) else { return false };
-        let Some(i) = held.iter().position(|c| c == chunk) else { return false };
+        let Some(i) = held.iter().position(|h| h.chunk == *chunk) else { return false };
         held.remove(i);
-        pool.done.push((chunk.offset, chunk.offset + chunk.len));
+        pool.done.push((chunk.offset, chunk.end()));
         pool.tally.add(rank, work);
         pool.finished = Some(Instant::now());
         true
     }
 
-    /// Retires `rank`: it is handed nothing more, and its unfinished work goes back to the live
-    /// ranks (split evenly in batches under the static cut, to the free spans otherwise).
-    /// Returns the chunks it held, now re-queued. Retiring twice is a no-op.
-    pub(crate) fn retire(&mut self, rank: usize) -> Vec<Chunk> {
+    /// Retires `rank`: it is handed nothing more. Of each chunk it held, the leading batches
+    /// the consensus holds count as completed (by it, in the epoch's metrics) and the rest goes
+    /// back to the live ranks with what it was still to be handed (split evenly in batches
+    /// under the static cut, to the free spans otherwise). The consensus holds the rank's steps
+    /// in the reduces recorded by [`add_reduce`](Self::add_reduce) plus `pending`: its steps in
+    /// a reduce still in progress that already holds them (its collective returned, or its
+    /// snapshot is being averaged). Returns the re-queued parts of its chunks. Retiring twice
+    /// is a no-op.
+    pub fn retire(&mut self, rank: usize, pending: usize) -> Vec<Chunk> {
         if !self.is_live(rank) {
             return Vec::new();
         }
         self.live[rank] = false;
         let live: Vec<usize> = (0..self.world).filter(|&r| self.live[r]).collect();
         let (bs, cutting) = (self.batch_size, self.cutting);
+        let reduced = self.reduced[rank] + pending as u64;
         let mut requeued = Vec::new();
         for pool in &mut self.pools {
-            let held = std::mem::take(&mut pool.held[rank]);
-            let mut orphans: Vec<Span> =
-                held.iter().map(|c| (c.offset, c.offset + c.len)).collect();
+            let mut orphans: Vec<Span> = Vec::new();
+            for Held { chunk, first } in std::mem::take(&mut pool.held[rank]) {
+                let batches = chunk.batches(bs);
+                let held = usize::try_from(reduced.saturating_sub(first)).unwrap_or(usize::MAX);
+                let kept = held.min(batches);
+                if kept > 0 {
+                    let end = chunk.offset + kept * bs;
+                    pool.done.push((chunk.offset, end));
+                    pool.tally.add_unreported(rank, kept, kept * bs);
+                    pool.finished = Some(Instant::now());
+                }
+                if kept < batches {
+                    let offset = chunk.offset + kept * bs;
+                    orphans.push((offset, chunk.end()));
+                    requeued.push(Chunk { epoch: chunk.epoch, offset, len: chunk.end() - offset });
+                }
+            }
             orphans.extend(pool.assigned[rank].drain(..));
             orphans.sort_unstable();
-            requeued.extend(held);
             match cutting {
                 Cutting::Static if !live.is_empty() => {
                     for (piece, &to) in split(&orphans, live.len(), bs).into_iter().zip(&live) {
@@ -312,8 +388,15 @@ impl Dispatcher {
         requeued
     }
 
-    /// Counts a reduce toward the oldest incomplete epoch.
-    pub(crate) fn add_reduce(&mut self, sync_ms: f64) {
+    /// Records a completed reduce: `steps[r]` batches of rank `r` (trained since its previous
+    /// reduce) are now in the consensus, and the reduce took `sync_ms` (counted toward the
+    /// oldest incomplete epoch).
+    pub fn add_reduce(&mut self, sync_ms: f64, steps: &[usize]) {
+        for (rank, &s) in steps.iter().enumerate() {
+            if self.is_live(rank) {
+                self.reduced[rank] += s as u64;
+            }
+        }
         let oldest = self.oldest;
         if let Some(pool) = self.pools.iter_mut().find(|p| p.epoch == oldest) {
             pool.tally.add_reduce(sync_ms);
@@ -321,7 +404,7 @@ impl Dispatcher {
     }
 
     /// Removes the oldest epoch if it is complete: its number, tally and wall time in ms.
-    pub(crate) fn pop_complete(&mut self) -> Option<(usize, EpochTally, f64)> {
+    pub fn pop_complete(&mut self) -> Option<(usize, EpochTally, f64)> {
         let oldest = self.oldest;
         let pool = self.pool_mut(oldest)?;
         if !pool.handed_out() || pool.outstanding() {
@@ -337,18 +420,25 @@ impl Dispatcher {
     }
 
     /// Whether any chunk is handed out and not yet completed.
-    pub(crate) fn any_outstanding(&self) -> bool {
+    pub fn any_outstanding(&self) -> bool {
         self.pools.iter().any(Pool::outstanding)
     }
 
-    /// The completed position ranges of every epoch not yet complete (those opened and those
-    /// resumed but not yet opened), plus `partial`: `(epoch, range)`, the leading part of held
-    /// chunks that their ranks report trained. Epochs with nothing done are left out.
-    pub(crate) fn coverage(
+    /// The coverage of every epoch not yet complete (those opened and those resumed but not
+    /// yet opened), as a checkpoint stores it with the permutations' `seed`: the completed
+    /// ranges plus `partial`, `(epoch, range)` leading parts of held chunks that their ranks
+    /// report trained. Epochs with nothing done are left out.
+    ///
+    /// # Errors
+    /// [`crate::checkpoint::CheckpointError::RangeOutOfBounds`] for a partial range past the
+    /// epoch.
+    pub fn coverage(
         &self,
         partial: &[(usize, SampleRange)],
-    ) -> Vec<(usize, Vec<SampleRange>)> {
-        let mut out: Vec<(usize, Vec<SampleRange>)> = Vec::new();
+        seed: u64,
+    ) -> crate::checkpoint::Result<Vec<EpochCoverage>> {
+        let total = self.batches * self.batch_size;
+        let mut out = Vec::new();
         let spans =
             self.pools.iter().map(|p| (p.epoch, &p.done)).chain(
                 self.resumed.iter().filter(|(e, _)| *e >= self.oldest).map(|(e, d)| (*e, d)),
@@ -357,8 +447,8 @@ impl Dispatcher {
             let mut ranges: Vec<SampleRange> =
                 done.iter().map(|&(s, e)| SampleRange::new(s, e - s)).collect();
             if let Some(pool) = self.pools.iter().find(|p| p.epoch == epoch) {
-                for chunk in pool.held.iter().flatten() {
-                    let (s, e) = (chunk.offset, chunk.offset + chunk.len);
+                for Held { chunk, .. } in pool.held.iter().flatten() {
+                    let (s, e) = (chunk.offset, chunk.end());
                     let inside = |r: &SampleRange| r.offset == s && r.offset + r.size <= e;
                     ranges.extend(
                         partial.iter().filter(|(pe, r)| *pe == epoch && inside(r)).map(|(_, r)| *r),
@@ -366,11 +456,11 @@ impl Dispatcher {
                 }
             }
             if !ranges.is_empty() {
-                ranges.sort_unstable();
-                out.push((epoch, ranges));
+                out.push(EpochCoverage::with_completed(epoch as u64, seed, total, &ranges)?);
             }
         }
-        out
+        out.sort_by_key(|c| c.epoch);
+        Ok(out)
     }
 }
 
@@ -423,10 +513,12 @@ mod tests {
     use rand::{RngExt, SeedableRng};
     use rand_xoshiro::Xoshiro256PlusPlus;
 
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
     /// Hands out and completes chunks in a random rank order; every position of every epoch is
     /// handed out exactly once and epochs complete in order.
     #[test]
-    fn every_position_once_per_epoch() -> Result<(), String> {
+    fn every_position_once_per_epoch() -> TestResult {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
         for case in 0..200 {
             let world = rng.random_range(1..6);
@@ -458,22 +550,24 @@ mod tests {
                 } else if let Some(c) = held[r].pop() {
                     let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
                     if !d.complete(r, &c, &w) {
-                        return Err(format!("case {case}: {c:?} not held by rank {r}"));
+                        return Err(format!("case {case}: {c:?} not held by rank {r}").into());
                     }
                 }
                 while let Some((e, tally, _)) = d.pop_complete() {
                     let m = tally.finish(e, 1.0, &[]);
                     if m.samples != batches * bs {
-                        return Err(format!("epoch {e}: {} samples", m.samples));
+                        return Err(format!("epoch {e}: {} samples", m.samples).into());
                     }
                     done.push(e);
                 }
             }
             if !d.all_done() || done != (0..epochs).collect::<Vec<_>>() {
-                return Err(format!("case {case}: epochs done {done:?}"));
+                return Err(format!("case {case}: epochs done {done:?}").into());
             }
             if seen.iter().flatten().any(|&n| n != 1) {
-                return Err(format!("case {case}: a position was not handed out exactly once"));
+                return Err(
+                    format!("case {case}: a position was not handed out exactly once").into()
+                );
             }
         }
         Ok(())
@@ -483,7 +577,7 @@ mod tests {
     /// exactly once by a live rank, a retired rank is handed nothing, and its late report is
     /// refused.
     #[test]
-    fn retired_work_is_completed_once_by_the_living() -> Result<(), String> {
+    fn retired_work_is_completed_once_by_the_living() -> TestResult {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
         for case in 0..300 {
             let world = rng.random_range(2..6);
@@ -507,32 +601,38 @@ mod tests {
                 let r = rng.random_range(0..world);
                 let alive = dead.iter().filter(|&&x| !x).count();
                 if alive > 1 && rng.random_bool(0.01) {
-                    let requeued = d.retire(r);
+                    // No reduce is recorded: everything the rank held goes back.
+                    let requeued = d.retire(r, 0);
                     if !dead[r] && requeued.len() != held[r].len() {
                         return Err(format!(
                             "case {case}: requeued {requeued:?}, held {:?}",
                             held[r]
-                        ));
+                        )
+                        .into());
                     }
                     dead[r] = true;
                     // A late report of a dead rank is refused.
                     if let Some(c) = held[r].pop()
                         && d.complete(r, &c, &WorkTally::default())
                     {
-                        return Err(format!("case {case}: a retired rank's chunk was credited"));
+                        return Err(
+                            format!("case {case}: a retired rank's chunk was credited").into()
+                        );
                     }
                     held[r].clear();
                 } else if rng.random_bool(0.5) {
                     if let Some(c) = d.next_chunk(r, &counts, true) {
                         if dead[r] {
-                            return Err(format!("case {case}: retired rank {r} was handed {c:?}"));
+                            return Err(
+                                format!("case {case}: retired rank {r} was handed {c:?}").into()
+                            );
                         }
                         held[r].push(c);
                     }
                 } else if let Some(c) = held[r].pop() {
                     let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
                     if !d.complete(r, &c, &w) {
-                        return Err(format!("case {case}: {c:?} refused"));
+                        return Err(format!("case {case}: {c:?} refused").into());
                     }
                     for n in &mut completed[c.epoch][c.offset..c.offset + c.len] {
                         *n += 1;
@@ -541,10 +641,12 @@ mod tests {
                 while d.pop_complete().is_some() {}
             }
             if !d.all_done() {
-                return Err(format!("case {case}: the run did not finish"));
+                return Err(format!("case {case}: the run did not finish").into());
             }
             if completed.iter().flatten().any(|&n| n != 1) {
-                return Err(format!("case {case}: a position was not completed exactly once"));
+                return Err(
+                    format!("case {case}: a position was not completed exactly once").into()
+                );
             }
         }
         Ok(())
@@ -554,7 +656,7 @@ mod tests {
     /// chunks plus the trained part of held ones): together they complete every position once,
     /// and under the static cut each rank is handed exactly the positions it would have been.
     #[test]
-    fn resume_hands_out_only_the_uncovered_rest() -> Result<(), String> {
+    fn resume_hands_out_only_the_uncovered_rest() -> TestResult {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(13);
         for case in 0..300 {
             let world = rng.random_range(1..5);
@@ -605,7 +707,7 @@ mod tests {
                     }
                 }
             }
-            let coverage = d.coverage(&partial);
+            let coverage = d.coverage(&partial, 42)?;
             let oldest = d.oldest();
             let mut e = Dispatcher::new(world, bs, batches, epochs, cutting)
                 .resume(oldest, &coverage)
@@ -625,7 +727,7 @@ mod tests {
                     for p in c.offset..c.offset + c.len {
                         completed[c.epoch][p] += 1;
                         if cutting == Cutting::Static && owner[c.epoch][p] != usize::MAX {
-                            return Err(format!("case {case}: position {p} trained twice"));
+                            return Err(format!("case {case}: position {p} trained twice").into());
                         }
                         owner[c.epoch][p] = r;
                     }
@@ -633,17 +735,21 @@ mod tests {
                 while e.pop_complete().is_some() {}
             }
             if !e.all_done() {
-                return Err(format!("case {case}: the resumed run did not finish"));
+                return Err(format!("case {case}: the resumed run did not finish").into());
             }
             if completed.iter().flatten().any(|&n| n != 1) {
-                return Err(format!("case {case}: a position was not completed exactly once"));
+                return Err(
+                    format!("case {case}: a position was not completed exactly once").into()
+                );
             }
             if cutting == Cutting::Static {
                 let reference = Dispatcher::new(world, bs, batches, epochs, cutting);
                 for (epoch, owners) in owner.iter().enumerate() {
                     for (index, (s, e)) in reference.shares(world).into_iter().enumerate() {
                         if owners[s..e].iter().any(|&o| o != index) {
-                            return Err(format!("case {case}: epoch {epoch} share {index} moved"));
+                            return Err(
+                                format!("case {case}: epoch {epoch} share {index} moved").into()
+                            );
                         }
                     }
                 }
@@ -655,8 +761,11 @@ mod tests {
     /// A book with fewer epochs than the run that saved the coverage ignores the epochs it will
     /// not train; coverage of an epoch before the resumed one is refused.
     #[test]
-    fn resume_into_fewer_epochs_ignores_the_later_ones() -> Result<(), String> {
-        let covered = vec![(1, vec![SampleRange::new(0, 8)]), (2, vec![SampleRange::new(0, 4)])];
+    fn resume_into_fewer_epochs_ignores_the_later_ones() -> TestResult {
+        let covered = vec![
+            EpochCoverage::with_completed(1, 42, 12, &[SampleRange::new(0, 8)])?,
+            EpochCoverage::with_completed(2, 42, 12, &[SampleRange::new(0, 4)])?,
+        ];
         let mut d = Dispatcher::new(2, 2, 6, 2, Cutting::Progressive { min_chunk: 1 })
             .resume(1, &covered)?;
         let mut trained = Vec::new();
@@ -670,6 +779,217 @@ mod tests {
         assert_eq!(trained.iter().map(|c| c.len).sum::<usize>(), 4, "{trained:?}");
         let early = Dispatcher::new(2, 2, 6, 3, Cutting::Static).resume(2, &covered);
         assert!(early.is_err(), "coverage before the resumed epoch was accepted");
+        Ok(())
+    }
+
+    /// The work of `c`'s batches as a rank reports it when the chunk is done.
+    fn work_of(c: &Chunk, bs: usize) -> WorkTally {
+        WorkTally { batches: c.batches(bs), samples: c.len, ..Default::default() }
+    }
+
+    /// Hand-computed retirements: what the consensus holds of a dead rank's chunks stays done
+    /// and counts for it in the epoch's metrics; only the rest is handed out again.
+    #[test]
+    fn a_dead_ranks_reduced_batches_stay_done() -> TestResult {
+        // (cutting, world, batch size, batches, chunks each rank takes first, reduces of one
+        // step per rank, steps of a reduce in progress, the dead rank, re-queued chunks, the
+        // dead rank's batches in the epoch's metrics)
+        type Case = (Cutting, usize, usize, usize, usize, usize, usize, usize, Vec<Chunk>, usize);
+        let c = |offset, len| Chunk { epoch: 0, offset, len };
+        let progressive = Cutting::Progressive { min_chunk: 4 };
+        let cases: [Case; 6] = [
+            // Static shares of 10 batches of 2: rank 1 holds 20..40 and trained 4 into reduces.
+            (Cutting::Static, 3, 2, 30, 1, 4, 0, 1, vec![c(28, 12)], 4),
+            // ... and a fifth in a reduce its collective finished before it died.
+            (Cutting::Static, 3, 2, 30, 1, 4, 1, 1, vec![c(30, 10)], 5),
+            // Nothing reduced yet: the whole share goes back.
+            (Cutting::Static, 3, 2, 30, 1, 0, 0, 1, vec![c(20, 20)], 0),
+            // The whole share reduced: nothing goes back.
+            (Cutting::Static, 3, 2, 30, 1, 10, 0, 2, vec![], 10),
+            // Progressive probes of 80 / (2 × 10) = 4 batches, two per rank (rank 0: 0..4 and
+            // 8..12): 6 steps reduced cover its first chunk and half its second.
+            (progressive, 2, 1, 80, 2, 6, 0, 0, vec![c(10, 2)], 6),
+            (progressive, 2, 1, 80, 2, 1, 0, 1, vec![c(5, 3), c(12, 4)], 1),
+        ];
+        for (i, (cutting, world, bs, batches, take, reduces, pending, dead, want, mine)) in
+            cases.into_iter().enumerate()
+        {
+            let mut d = Dispatcher::new(world, bs, batches, 1, cutting);
+            let counts = vec![4; world];
+            for _ in 0..take {
+                for r in 0..world {
+                    d.next_chunk(r, &counts, false).ok_or(format!("case {i}: no chunk"))?;
+                }
+            }
+            for _ in 0..reduces {
+                d.add_reduce(0.0, &vec![1; world]);
+            }
+            let requeued = d.retire(dead, pending);
+            if requeued != want {
+                return Err(format!("case {i}: re-queued {requeued:?}, want {want:?}").into());
+            }
+            // The living finish the epoch: every chunk they hold, then what they are handed.
+            let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
+            let live: Vec<usize> = (0..world).filter(|&r| r != dead).collect();
+            for (r, h) in held.iter_mut().enumerate() {
+                if r != dead {
+                    *h = d.pools[0].held[r].iter().map(|h| h.chunk).collect();
+                }
+            }
+            let mut metrics = None;
+            for _ in 0..10_000 {
+                for &r in &live {
+                    if let Some(c) = held[r].pop() {
+                        d.complete(r, &c, &work_of(&c, bs));
+                    } else if let Some(c) = d.next_chunk(r, &counts, true) {
+                        held[r].push(c);
+                    }
+                }
+                if let Some((e, tally, _)) = d.pop_complete() {
+                    metrics = Some(tally.finish(e, 1.0, &[]));
+                    break;
+                }
+            }
+            let m = metrics.ok_or(format!("case {i}: the epoch did not complete"))?;
+            if m.samples != batches * bs || m.ranks[dead].batches != mine {
+                return Err(format!(
+                    "case {i}: {} samples, the dead rank {} batches (want {mine})",
+                    m.samples, m.ranks[dead].batches
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Ranks train their chunks batch by batch in the order handed, reduces at random moments
+    /// put what each live rank trained since its last reduce into the consensus, ranks die at
+    /// random moments (sometimes right after their part of a reduce in progress): every
+    /// position enters the consensus exactly once, except the batches of a dead rank's
+    /// completed chunks it never reduced (counted done, lost); each epoch's metrics count every
+    /// position once, for the rank whose training of it the consensus holds.
+    #[test]
+    fn the_consensus_holds_every_position_once() -> TestResult {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
+        for case in 0..400 {
+            let world = rng.random_range(2..6);
+            let bs = rng.random_range(1..4);
+            let batches = rng.random_range(world..50);
+            let epochs = rng.random_range(1..4);
+            let cutting = if case % 2 == 0 {
+                Cutting::Static
+            } else {
+                Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+            };
+            let counts: Vec<usize> = (0..world).map(|_| rng.random_range(1..6)).collect();
+            let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+            // Per rank: chunks held in the order handed with the batches trained of the first,
+            // and the batches trained since its last reduce: (epoch, offset, in a done chunk).
+            let mut queue: Vec<VecDeque<Chunk>> = vec![VecDeque::new(); world];
+            let mut trained = vec![0usize; world];
+            let mut since: Vec<Vec<(usize, usize, bool)>> = vec![Vec::new(); world];
+            let mut dead = vec![false; world];
+            // Per epoch and position: times in the consensus, the rank that put it there, lost.
+            let mut held_by = vec![vec![Vec::<usize>::new(); batches * bs]; epochs];
+            let mut lost = vec![vec![None::<usize>; batches * bs]; epochs];
+            let mut book = Vec::new();
+            let reduce = |since: &mut [Vec<(usize, usize, bool)>],
+                          held_by: &mut [Vec<Vec<usize>>],
+                          only: Option<usize>| {
+                let mut steps = vec![0; since.len()];
+                for (r, s) in since.iter_mut().enumerate() {
+                    if only.is_some_and(|o| o != r) {
+                        continue;
+                    }
+                    steps[r] = s.len();
+                    for (e, off, _) in s.drain(..) {
+                        held_by[e][off..off + bs].iter_mut().for_each(|by| by.push(r));
+                    }
+                }
+                steps
+            };
+            for _ in 0..200_000 {
+                if d.all_done() {
+                    break;
+                }
+                let live: Vec<usize> = (0..world).filter(|&r| !dead[r]).collect();
+                let r = live[rng.random_range(0..live.len())];
+                let roll = rng.random_range(0..100);
+                if roll < 30 {
+                    if queue[r].len() < 2
+                        && let Some(c) = d.next_chunk(r, &counts, case % 4 == 1)
+                    {
+                        queue[r].push_back(c);
+                    }
+                } else if roll < 90 {
+                    let Some(&c) = queue[r].front() else { continue };
+                    since[r].push((c.epoch, c.offset + trained[r] * bs, false));
+                    trained[r] += 1;
+                    if trained[r] == c.batches(bs) {
+                        queue[r].pop_front();
+                        trained[r] = 0;
+                        let done = since[r].len().saturating_sub(c.batches(bs));
+                        since[r][done..].iter_mut().for_each(|b| b.2 = true);
+                        if !d.complete(r, &c, &work_of(&c, bs)) {
+                            return Err(format!("case {case}: {c:?} refused").into());
+                        }
+                    }
+                } else if roll < 99 || live.len() == 1 {
+                    let steps = reduce(&mut since, &mut held_by, None);
+                    d.add_reduce(0.0, &steps);
+                } else {
+                    // A death; half the time its part of a reduce in progress was done.
+                    let pending = if rng.random_bool(0.5) {
+                        reduce(&mut since, &mut held_by, Some(r))[r]
+                    } else {
+                        0
+                    };
+                    for (e, off, done) in since[r].drain(..) {
+                        if done {
+                            (off..off + bs).for_each(|p| lost[e][p] = Some(r));
+                        }
+                    }
+                    d.retire(r, pending);
+                    dead[r] = true;
+                    queue[r].clear();
+                    trained[r] = 0;
+                }
+                while let Some((e, tally, _)) = d.pop_complete() {
+                    book.push(tally.finish(e, 1.0, &[]));
+                }
+            }
+            if !d.all_done() {
+                return Err(format!("case {case}: the run did not finish").into());
+            }
+            // The last reduce, at the end of the run.
+            reduce(&mut since, &mut held_by, None);
+            for (e, positions) in held_by.iter().enumerate() {
+                for (p, by) in positions.iter().enumerate() {
+                    let ok = matches!((by.as_slice(), lost[e][p]), ([_], None) | ([], Some(_)));
+                    if !ok {
+                        return Err(format!(
+                            "case {case} epoch {e} position {p}: held by {by:?}, lost {:?}",
+                            lost[e][p]
+                        )
+                        .into());
+                    }
+                }
+                for rank in 0..world {
+                    let mine = positions
+                        .iter()
+                        .zip(&lost[e])
+                        .filter(|(by, l)| by.first() == Some(&rank) || **l == Some(rank))
+                        .count();
+                    if book[e].ranks[rank].samples != mine {
+                        return Err(format!(
+                            "case {case} epoch {e}: rank {rank} counted {} samples, trained {mine}",
+                            book[e].ranks[rank].samples
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -389,7 +389,8 @@ impl ElChe {
     }
 
     /// Expected wall time of one window in ms (`anchor × anchor rank's ms/batch`), 0 until
-    /// calibrated. The `Cadence` wall-time trigger fires when every rank has computed this long.
+    /// calibrated. A `Cadence` rank is ready for the reduce once it has computed this long,
+    /// even short of its count (the window's wall budget, [`crate::Policy::window`]).
     pub fn anchor_wall_ms(&self) -> f64 {
         if !self.is_calibrated() {
             return 0.0;

@@ -4,11 +4,8 @@
 //!
 //! The runtime calls these modules; each is tested on its own.
 
-pub mod chunk_pool;
-pub mod chunk_size;
-pub(crate) mod dispatch;
+pub mod dispatch;
 pub mod elche;
-pub mod epoch_stream;
 pub(crate) mod eval_rank;
 pub mod guard;
 pub mod logic_error;

@@ -1,11 +1,12 @@
-//! When to average (`Policy`), how (`Backend`), and the pure reduce-trigger and throttle rules.
+//! When to average (`Policy`), how (`Backend`), each rank's reduce `Window` and the reduce
+//! trigger.
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::elche::Membership;
 use crate::control::logic_error::{LogicError, LogicResult};
 
 /// When the replicas are averaged.
@@ -14,7 +15,9 @@ use crate::control::logic_error::{LogicError, LogicResult};
 pub enum Policy {
     /// After every step of every rank.
     Sync,
-    /// When every rank has finished its ElChe window (ranks are held at the barrier).
+    /// When every rank has finished its ElChe window: its count, or (once ElChe is
+    /// calibrated) the anchor rank's window of compute time, whichever comes first (ranks are
+    /// held at the barrier).
     #[default]
     Cadence,
     /// When every rank has reached its ElChe count; ranks keep training up to `count +
@@ -41,23 +44,27 @@ impl Policy {
         !matches!(self, Policy::Sync)
     }
 
-    /// Epochs a rank may work past the oldest unfinished one: 0 (an epoch barrier) for the
-    /// barrier-paced `Sync` and `Cadence`, 1 for `Async`.
-    pub fn lookahead(self) -> usize {
-        match self {
-            Policy::Sync | Policy::Cadence => 0,
-            Policy::Async => 1,
-        }
-    }
-
-    /// A rank's window for the coming reduce, from its ElChe `count` and the overshoot bound.
-    pub fn window(self, count: usize, overshoot: usize) -> Window {
+    /// A rank's window numbered `round`, from its ElChe `count`, the overshoot bound and
+    /// ElChe's `anchor_wall_ms` (0 until calibrated): one step under `Sync`; `count` under
+    /// `Cadence`, or less once the rank has computed `anchor_wall_ms`; `count` and up to
+    /// `overshoot` more under `Async`.
+    ///
+    /// The `Cadence` rule is the union of [0.5]'s (ready once the compute time reaches the
+    /// anchor's window wall time) and [0.6+]'s (ready at the count): wall time alone makes a
+    /// rank that turned out faster than estimated idle at its count until its clock catches up;
+    /// the count alone makes everyone wait for a rank that turned out slower. With both, the
+    /// reduce fires at the earliest moment every rank has done its share of work or a window's
+    /// worth of time.
+    pub fn window(self, round: u64, count: usize, overshoot: usize, anchor_wall_ms: f64) -> Window {
         let count = count.max(1);
-        match self {
-            Policy::Sync => Window { target: 1, limit: 1 },
-            Policy::Cadence => Window { target: count, limit: count },
-            Policy::Async => Window { target: count, limit: count + overshoot },
-        }
+        let (target, limit) = match self {
+            Policy::Sync => (1, 1),
+            Policy::Cadence => (count, count),
+            Policy::Async => (count, count + overshoot),
+        };
+        let wall = (self == Policy::Cadence && anchor_wall_ms.is_finite() && anchor_wall_ms > 0.0)
+            .then(|| Duration::from_secs_f64(anchor_wall_ms / 1000.0));
+        Window { round, target, limit, wall }
     }
 }
 
@@ -123,28 +130,30 @@ impl FromStr for Backend {
     }
 }
 
-/// A rank's window: train `target` batches before the reduce, never more than `limit`.
+/// A rank's reduce window: train `target` batches (or compute for `wall`) before the reduce,
+/// then report ready; never more than `limit` batches (larger under `Async`; the rank then
+/// waits for the reduce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Window {
+    /// The window's number (the reduce that ends it has the same number).
+    pub round: u64,
     /// Batches that make the rank ready for the reduce.
     pub target: usize,
     /// Batches after which the rank waits for the reduce.
     pub limit: usize,
+    /// Compute time that makes the rank ready short of `target` (`Cadence` once ElChe is
+    /// calibrated); `None`: the count alone.
+    pub wall: Option<Duration>,
 }
 
-/// What the cohort has done since the last reduce, per rank.
-#[derive(Debug, Clone, Copy)]
-pub struct Cohort<'a> {
-    /// Steps trained since the last reduce.
-    pub steps: &'a [u64],
-    /// Compute wall time in ms since the last reduce.
-    pub compute_ms: &'a [f64],
-    /// ElChe's window counts.
-    pub counts: &'a [usize],
-    /// Which ranks are alive (retired ranks are ignored).
-    pub membership: &'a [Membership],
-    /// ElChe's `anchor_wall_ms()` (0 until calibrated).
-    pub anchor_wall_ms: f64,
+impl Window {
+    /// Whether a rank that trained `steps` batches in `compute_ms` of compute time in this
+    /// window is ready for the reduce: it reached `target`, or it trained at least one batch and
+    /// computed for `wall`.
+    pub fn is_reached(&self, steps: usize, compute_ms: f64) -> bool {
+        steps >= self.target
+            || (steps >= 1 && self.wall.is_some_and(|w| compute_ms >= w.as_secs_f64() * 1000.0))
+    }
 }
 
 /// The reduce trigger's answer.
@@ -152,105 +161,58 @@ pub struct Cohort<'a> {
 pub enum Trigger {
     /// Reduce now.
     Fire,
-    /// The previous round has not finished (host round in progress, or collective acks
-    /// pending).
+    /// The previous reduce has not finished.
     RoundInFlight,
     /// Every rank is retired.
     NoLiveRank,
-    /// This rank (the first found) is not ready yet.
+    /// This rank (the first found) has not said it is ready yet.
     Waiting {
         /// The rank that holds the reduce back.
         rank: usize,
     },
+    /// Every live rank is ready and none trained a step since the last reduce: nothing to
+    /// average (the run may be over).
+    Idle,
 }
 
-/// Whether to reduce now, as a pure function of the cohort's progress.
+/// Whether to reduce now, from what the live ranks said since the last reduce: `ready[r]` is
+/// the steps rank `r` trained when it reported ready (it reached its [`Window`], see
+/// [`Window::is_reached`], or ran out of work), `None` while it has not; `live[r]` is false for
+/// a retired rank, which is ignored.
 ///
-/// Every live rank must have trained at least one step (a rank still in data setup would
-/// deadlock a collective). Then:
-/// * `Sync`: fire.
-/// * `Async`: every live rank has reached its count (overshoot is intended).
-/// * `Cadence`: every live rank is *done*: it reached its count, **or**, once ElChe is
-///   calibrated, its compute time reached `anchor_wall_ms`. The [0.5] rule (wall time only) makes
-///   a rank that turned out faster than estimated idle at its count until its clock catches up;
-///   the [0.6+] rule (count only) makes everyone wait for a rank that turned out slower. The
-///   per-rank union fires at the earliest moment every rank has done either its share of work
-///   or a window's worth of time.
+/// The reduce fires once every live rank is ready and at least one trained a step. A rank that
+/// trained none joins with weight zero: it is ready only when waiting for work, servicing its
+/// messages, so it cannot hold a collective up.
 ///
 /// # Errors
 /// [`LogicError::WorldMismatch`] when the slices differ in length.
 pub fn should_reduce(
-    policy: Policy,
-    cohort: &Cohort<'_>,
+    ready: &[Option<usize>],
+    live: &[bool],
     round_in_flight: bool,
 ) -> LogicResult<Trigger> {
-    let w = cohort.membership.len();
-    for (what, len) in [
-        ("steps", cohort.steps.len()),
-        ("compute_ms", cohort.compute_ms.len()),
-        ("counts", cohort.counts.len()),
-    ] {
-        if len != w {
-            return Err(LogicError::WorldMismatch { what, expected: w, got: len });
-        }
+    if ready.len() != live.len() {
+        return Err(LogicError::WorldMismatch {
+            what: "ready",
+            expected: live.len(),
+            got: ready.len(),
+        });
     }
     if round_in_flight {
         return Ok(Trigger::RoundInFlight);
     }
-    let mut live = (0..w).filter(|&r| cohort.membership[r] == Membership::Alive).peekable();
-    if live.peek().is_none() {
-        return Ok(Trigger::NoLiveRank);
-    }
-    for r in live {
-        let steps = cohort.steps[r];
-        let count = cohort.counts[r].max(1) as u64;
-        let ready = steps >= 1
-            && match policy {
-                Policy::Sync => true,
-                Policy::Async => steps >= count,
-                Policy::Cadence => {
-                    steps >= count
-                        || (cohort.anchor_wall_ms > 0.0
-                            && cohort.compute_ms[r] >= cohort.anchor_wall_ms)
-                }
-            };
-        if !ready {
-            return Ok(Trigger::Waiting { rank: r });
+    let mut stepped = false;
+    let mut any = false;
+    for (rank, steps) in ready.iter().enumerate().filter(|&(r, _)| live[r]) {
+        any = true;
+        match steps {
+            None => return Ok(Trigger::Waiting { rank }),
+            Some(s) => stepped |= *s > 0,
         }
     }
-    Ok(Trigger::Fire)
-}
-
-/// The ranks to throttle now (host backend only).
-///
-/// With `max_batch_diff = Some(d)`, a live rank more than `d` steps ahead of the slowest live
-/// rank is throttled once per window (`already[r]` marks ranks throttled since the last reduce;
-/// the caller resets it after each reduce). The collective backend never throttles: the
-/// collective is its only rendezvous, and a throttled rank would deadlock it.
-///
-/// # Errors
-/// [`LogicError::WorldMismatch`] when the slices differ in length.
-pub fn throttle(
-    backend: Backend,
-    max_batch_diff: Option<usize>,
-    steps: &[u64],
-    membership: &[Membership],
-    already: &[bool],
-) -> LogicResult<Vec<usize>> {
-    let w = membership.len();
-    for (what, len) in [("steps", steps.len()), ("already", already.len())] {
-        if len != w {
-            return Err(LogicError::WorldMismatch { what, expected: w, got: len });
-        }
-    }
-    let (Backend::Host, Some(d)) = (backend, max_batch_diff) else { return Ok(Vec::new()) };
-    let live: Vec<usize> = (0..w).filter(|&r| membership[r] == Membership::Alive).collect();
-    let Some(min) = live.iter().map(|&r| steps[r]).min() else { return Ok(Vec::new()) };
-    Ok(live.into_iter().filter(|&r| !already[r] && steps[r] > min + d as u64).collect())
-}
-
-/// True when every rank should be throttled right after the host round requested snapshots:
-/// under `Sync` on the host backend nobody may train on parameters about to be overwritten.
-pub fn throttle_all_on_request(policy: Policy, backend: Backend) -> bool {
-    policy == Policy::Sync && backend == Backend::Host
+    Ok(match (any, stepped) {
+        (false, _) => Trigger::NoLiveRank,
+        (true, true) => Trigger::Fire,
+        (true, false) => Trigger::Idle,
+    })
 }

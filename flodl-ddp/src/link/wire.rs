@@ -7,32 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use crate::control::{dispatch::Chunk, policy::Window};
 use crate::error::RankFailure;
 use crate::metrics::{EvalMetrics, WorkTally};
 use crate::state::{HostState, HostTensor};
-
-/// A batch-aligned slice of one epoch's permutation handed to one rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Chunk {
-    /// The epoch whose permutation is sliced.
-    pub(crate) epoch: usize,
-    /// First position in the permutation.
-    pub(crate) offset: usize,
-    /// Number of positions (a whole number of batches).
-    pub(crate) len: usize,
-}
-
-/// A reduce window: how many batches a rank should train before the next reduce (`target`)
-/// and how many it may train at most (`limit`, larger under `Async`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Window {
-    /// The window's number (the reduce that ends it has the same number).
-    pub(crate) round: u64,
-    /// Batches to train before reporting the window reached.
-    pub(crate) target: usize,
-    /// Batches after which the rank stops and waits for the reduce.
-    pub(crate) limit: usize,
-}
 
 /// What the coordinator asks a rank to capture at a reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,7 +213,12 @@ mod tests {
 
     /// One of every message each way, with every optional part filled and left out.
     fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
-        let window = Window { round: 9, target: 4, limit: 6 };
+        let window = Window {
+            round: 9,
+            target: 4,
+            limit: 6,
+            wall: Some(std::time::Duration::from_millis(12)),
+        };
         let chunk = Chunk { epoch: 1, offset: 640, len: 320 };
         let restore = RankRestore {
             optimizer: vec![HostTensor { shape: vec![1], data: vec![7.0] }],

@@ -92,8 +92,8 @@ pub(crate) struct Resumed {
     pub(crate) guard: Option<Guard>,
     /// The epochs completed before the save, with their metrics.
     pub(crate) epochs: Vec<EpochMetrics>,
-    /// Completed position ranges per open epoch.
-    pub(crate) coverage: Vec<(usize, Vec<SampleRange>)>,
+    /// The coverage of the open epochs.
+    pub(crate) coverage: Vec<EpochCoverage>,
 }
 
 /// Everything except tensors that a bundle records about the run at its cut.
@@ -106,7 +106,7 @@ pub(crate) struct Progress<'a> {
     pub(crate) elche: Option<ElCheState>,
     pub(crate) guard: &'a Guard,
     pub(crate) epochs: &'a [EpochMetrics],
-    pub(crate) coverage: Vec<(usize, Vec<SampleRange>)>,
+    pub(crate) coverage: Vec<EpochCoverage>,
 }
 
 /// Copies `tensors` to the host with their shapes.
@@ -260,14 +260,7 @@ pub(crate) fn assemble(
     ckpt.epoch = progress.epoch as u64;
     ckpt.reduce_version = progress.reduces;
     ckpt.elche = progress.elche.as_ref().map(OpaqueState::encode).transpose()?;
-    let total = cfg.batches_per_epoch() * cfg.spec.batch_size;
-    ckpt.coverage = progress
-        .coverage
-        .iter()
-        .map(|(epoch, done)| {
-            EpochCoverage::with_completed(*epoch as u64, cfg.spec.seed, total, done)
-        })
-        .collect::<std::result::Result<_, _>>()?;
+    ckpt.coverage = progress.coverage;
     let mut extras = BTreeMap::new();
     extras.insert(EXTRA_EPOCHS.to_owned(), OpaqueState::encode(&progress.epochs)?);
     extras.insert(EXTRA_GUARD.to_owned(), OpaqueState::encode(progress.guard)?);
@@ -316,8 +309,7 @@ pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
         Some(e) => e.decode::<Vec<EpochMetrics>>()?,
         None => Vec::new(),
     };
-    let coverage =
-        bundle.coverage.iter().map(|c| (c.epoch as usize, c.completed().to_vec())).collect();
+    let coverage = bundle.coverage.clone();
     Ok(Resumed { bundle, consensus, ranks, elche, guard, epochs, coverage })
 }
 

@@ -17,7 +17,7 @@ use crate::control::elche::ElChe;
 use crate::control::guard::{Guard, ReduceReport};
 use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::control::overshoot::Overshoot;
-use crate::control::policy::{Backend, Policy};
+use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
 use crate::control::verdict::Verdict;
 use crate::error::{Peer, RankFailure};
 use crate::link::wire::{
@@ -80,8 +80,10 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
     }
     let mut workers = Vec::with_capacity(world);
     for ((rank, comm), end) in comms.into_iter().enumerate().zip(ends) {
-        let first =
-            coord.slots.get(rank).map_or(Window { round: 1, target: 1, limit: 1 }, |s| s.window);
+        let first = coord
+            .slots
+            .get(rank)
+            .map_or(Window { round: 1, target: 1, limit: 1, wall: None }, |s| s.window);
         let cfg = cfg.clone();
         let (alive, ended) = flume::bounded::<()>(1);
         let handle = std::thread::Builder::new()
@@ -282,10 +284,7 @@ impl std::fmt::Debug for Coordinator {
 
 /// The cutting rule of a policy's dispatch.
 fn cutting(cfg: &RunConfig) -> Cutting {
-    match cfg.spec.policy {
-        Policy::Sync => Cutting::Static,
-        _ => Cutting::Progressive { min_chunk: cfg.spec.elche.min_chunk },
-    }
+    Cutting::for_policy(cfg.spec.policy, cfg.spec.elche.min_chunk)
 }
 
 impl Coordinator {
@@ -323,7 +322,7 @@ impl Coordinator {
             optimizer: OuterOptimizer::new(cfg.spec.outer)?,
             cpu: Stream::cpu_with_threads(1),
         };
-        let placeholder = vec![Window { round: 1, target: 1, limit: 1 }; world];
+        let placeholder = vec![Window { round: 1, target: 1, limit: 1, wall: None }; world];
         let slots = Slots::new(placeholder, outlets.dead.clone());
         let mut coord = Coordinator {
             devices: cfg.spec.devices.iter().map(ToString::to_string).collect(),
@@ -399,21 +398,13 @@ impl Coordinator {
 
     /// Each rank's window numbered `round`, from the policy and ElChe's counts.
     fn make_windows(&self, round: u64) -> Vec<Window> {
+        let elche = self.cadence.elche.as_ref();
+        let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
+        let overshoot = self.cadence.overshoot.current();
         (0..self.cfg.world())
             .map(|r| {
-                let count = self
-                    .cadence
-                    .elche
-                    .as_ref()
-                    .and_then(|e| e.counts().get(r).copied())
-                    .unwrap_or(1)
-                    .max(1);
-                let (target, limit) = match self.cfg.spec.policy {
-                    Policy::Sync => (1, 1),
-                    Policy::Cadence => (count, count),
-                    Policy::Async => (count, count + self.cadence.overshoot.current()),
-                };
-                Window { round, target, limit }
+                let count = elche.and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
+                self.cfg.spec.policy.window(round, count, overshoot, anchor_wall_ms)
             })
             .collect()
     }
@@ -874,17 +865,20 @@ impl Coordinator {
     /// Starts a reduce when every rank is ready for it; true when nothing is left to train
     /// (the run finishes).
     fn step_reduce(&mut self) -> Result<bool> {
-        if !matches!(self.reduce, Reduce::Idle) {
-            return Ok(false);
-        }
-        let live = self.slots.live_ranks();
-        if live.iter().any(|&r| self.slots.get(r).is_none_or(|s| s.ready.is_none())) {
-            return Ok(false);
-        }
-        let steps: Vec<usize> = self.slots.iter().map(|s| s.ready.map_or(0, |r| r.steps)).collect();
-        if steps.iter().sum::<usize>() > 0 {
-            self.trigger(&steps)?;
-            return Ok(false);
+        let ready: Vec<Option<usize>> =
+            self.slots.iter().map(|s| s.ready.map(|r| r.steps)).collect();
+        let live: Vec<bool> = (0..ready.len()).map(|r| self.slots.is_live(r)).collect();
+        let busy = !matches!(self.reduce, Reduce::Idle);
+        match should_reduce(&ready, &live, busy)? {
+            Trigger::Fire => {
+                let steps: Vec<usize> = ready.iter().map(|s| s.unwrap_or(0)).collect();
+                self.trigger(&steps)?;
+                return Ok(false);
+            }
+            Trigger::Idle => {}
+            Trigger::RoundInFlight | Trigger::NoLiveRank | Trigger::Waiting { .. } => {
+                return Ok(false);
+            }
         }
         if !self.dispatch.all_done() || self.dispatch.any_outstanding() {
             return Ok(false);
@@ -1086,7 +1080,7 @@ impl Coordinator {
         self.rounds.stalled = 0;
         self.rounds.reduces += 1;
         self.rounds.last_sync_ms = sync_ms;
-        self.dispatch.add_reduce(sync_ms);
+        self.dispatch.add_reduce(sync_ms, &steps);
         let event = ReduceEvent {
             round,
             epoch: self.dispatch.oldest().min(self.cfg.spec.epochs.saturating_sub(1)),
@@ -1202,7 +1196,7 @@ impl Coordinator {
             return Ok(());
         };
         let partial = partial_ranges(&c.parts, self.cfg.spec.batch_size);
-        let coverage = self.dispatch.coverage(&partial);
+        let coverage = self.dispatch.coverage(&partial, self.cfg.spec.seed)?;
         let outer = match self.cfg.spec.backend {
             Backend::Host => outer_state(&self.outer.optimizer, &self.outer.cpu)?,
             Backend::Collective => None,
@@ -1273,12 +1267,7 @@ impl Coordinator {
             // Asked again from another live rank.
             self.eval = Evaluation::Idle;
         }
-        let window = self.slots.get(rank).map(|s| s.window).unwrap_or(Window {
-            round: 0,
-            target: 1,
-            limit: 1,
-        });
-        self.slots.bury(rank, window);
+        self.slots.bury(rank);
         let survivors = self.slots.live_ranks();
         tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
         // At most one event per rank: the queue holds a slot per rank.
@@ -1312,7 +1301,13 @@ impl Coordinator {
             let last = Some(Box::new(error));
             return Err(Error::Unrecoverable { reason, detail, bundle, last });
         }
-        let requeued = self.dispatch.retire(rank);
+        // Its part of a reduce in progress that the consensus holds already counts for it.
+        let pending = match &self.reduce {
+            Reduce::Collective { acks, .. } => acks.get(rank).copied().flatten().map_or(0, |a| a.0),
+            Reduce::Host(hr) => hr.averaging_steps(rank),
+            Reduce::Idle => 0,
+        };
+        let requeued = self.dispatch.retire(rank, pending);
         tracing::debug!(
             rank,
             chunks = requeued.len(),

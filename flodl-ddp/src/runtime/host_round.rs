@@ -125,6 +125,15 @@ impl HostRound {
         self.job_if_complete()
     }
 
+    /// The steps of `rank` that the average being computed holds (0 while snapshots are
+    /// collected: a dead rank's is dropped then).
+    pub(crate) fn averaging_steps(&self, rank: usize) -> usize {
+        match self {
+            HostRound::Computing { steps, .. } => steps.get(rank).copied().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     /// The ranks whose snapshots the current attempt still waits for.
     pub(crate) fn missing(&self) -> Vec<usize> {
         match self {

@@ -811,7 +811,9 @@ impl<'a> RankLoop<'a> {
         }
         self.win.steps += 1;
         self.win.wall_ms += ms;
-        if self.win.reported.is_none() && self.win.steps >= self.win.window.target {
+        if self.win.reported.is_none()
+            && self.win.window.is_reached(self.win.steps, self.win.wall_ms)
+        {
             self.report(Readiness::Reached)?;
         }
         self.heartbeat()
@@ -820,7 +822,7 @@ impl<'a> RankLoop<'a> {
     /// Starts the window `next` after a reduce; `carried` steps and ms stay in it.
     fn start_window(&mut self, next: Window, carried: (usize, f64)) -> Result<()> {
         self.win = WindowState::new(next, carried);
-        if self.win.steps >= next.target {
+        if next.is_reached(self.win.steps, self.win.wall_ms) {
             self.report(Readiness::Reached)?;
         }
         Ok(())

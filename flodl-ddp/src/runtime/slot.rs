@@ -161,10 +161,10 @@ impl Slots {
     }
 
     /// Declares `rank` dead; false when it already was (or is no rank).
-    pub(crate) fn bury(&mut self, rank: usize, window: Window) -> bool {
+    pub(crate) fn bury(&mut self, rank: usize) -> bool {
         match self.slots.get_mut(rank) {
             Some(slot) if slot.standing != Standing::Dead => {
-                *slot = RankSlot { standing: Standing::Dead, ..RankSlot::new(window) };
+                *slot = RankSlot { standing: Standing::Dead, ..RankSlot::new(slot.window) };
                 self.dead.mark(rank);
                 true
             }
@@ -265,7 +265,7 @@ mod tests {
     use rand_xoshiro::Xoshiro256PlusPlus;
 
     fn window() -> Window {
-        Window { round: 1, target: 1, limit: 1 }
+        Window { round: 1, target: 1, limit: 1, wall: None }
     }
 
     /// Random deaths: the slots' live ranks, lowest rank and death count follow a plain vector
@@ -283,7 +283,7 @@ mod tests {
             for _ in 0..20 {
                 let rank = rng.random_range(0..world + 1);
                 let was = alive.get(rank).copied().unwrap_or(false);
-                if slots.bury(rank, window()) != was {
+                if slots.bury(rank) != was {
                     return Err(format!("case {case}: bury({rank}) when alive = {was}"));
                 }
                 if let Some(a) = alive.get_mut(rank) {

@@ -12,7 +12,7 @@ use flodl_ddp::checkpoint::{
     SampleRange, SaveInterval, SaveReason, SaveStage, SignatureEntry, StoredDType, TensorRecord,
     TensorSet, load_latest, locate, normalise, uncovered,
 };
-use flodl_ddp::{Chunk, ChunkPool, Tail};
+use flodl_ddp::{Chunk, Cutting, Dispatcher, WorkTally};
 use flodl_tensor::{DType, Device, Stream, Tensor, bf16, gpu_skip_reason, skip_or_fail};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -1087,54 +1087,68 @@ fn save_interval_matches_hand_computed_schedules() -> TestResult {
 }
 
 #[test]
-fn a_resumed_pool_dispatches_exactly_the_uncovered_ranges() -> TestResult {
+fn a_resumed_dispatcher_hands_out_exactly_the_uncovered_ranges() -> TestResult {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(606);
     for case in 0..200 {
         let world = rng.random_range(1..5usize);
         let batch = rng.random_range(1..9usize);
-        let samples = rng.random_range(0..400usize);
-        let tail = if rng.random::<bool>() { Tail::Keep } else { Tail::Drop };
-        let mut pool = ChunkPool::new(case, samples, batch, world, tail)?;
-        // Hand out chunks, credit some, leave others in flight at the "crash".
+        let batches = rng.random_range(0..50usize);
+        let cutting = if rng.random::<bool>() {
+            Cutting::Static
+        } else {
+            Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+        };
+        let mut book = Dispatcher::new(world, batch, batches, 1, cutting);
+        // Hand out chunks, complete some, leave others in flight at the "crash".
         let mut held: Vec<(usize, Chunk)> = Vec::new();
         for _ in 0..rng.random_range(0..30) {
             let rank = rng.random_range(0..world);
-            if let Some(chunk) = pool.take(rank, rng.random_range(1..4))? {
+            if let Some(chunk) = book.next_chunk(rank, &vec![2; world], rng.random()) {
                 held.push((rank, chunk));
             }
         }
         for (rank, chunk) in &held {
             if rng.random_range(0..3) > 0 {
-                pool.credit(*rank, chunk)?;
+                let work = WorkTally { batches: chunk.batches(batch), ..Default::default() };
+                book.complete(*rank, chunk, &work);
             }
         }
         let seed = rng.random();
-        let saved = EpochCoverage::from_pool(&pool.coverage(), seed)?;
+        let saved = book.coverage(&[], seed)?;
         let mut ckpt = small_checkpoint()?;
-        ckpt.coverage = vec![saved.clone()];
+        ckpt.coverage = saved.clone();
         let back = Checkpoint::from_bytes(&ckpt.to_bytes()?)?;
-        let restored = back
-            .coverage_of(case as u64)
-            .ok_or_else(|| fail(format!("case {case}: coverage lost")))?;
-        if restored != &saved || restored.seed != seed {
+        if back.coverage != saved || back.coverage.iter().any(|c| c.seed != seed) {
             return Err(fail(format!("case {case}: coverage changed in the bundle")));
         }
-        // Drain the resumed pool: it must hand out exactly the uncovered positions, once each.
-        let mut resumed = ChunkPool::resume(&restored.to_pool()?, batch, world, tail)?;
+        // Drain the resumed book: it hands out exactly the uncovered positions, once each.
+        let total = batches * batch;
+        let restored = back.coverage_of(0).cloned();
+        let completed = restored.as_ref().map_or(&[][..], |c| c.completed());
+        let uncovered_now = uncovered(completed, total)?;
+        let mut resumed =
+            Dispatcher::new(world, batch, batches, 1, cutting).resume(0, &back.coverage)?;
         let mut dispatched = Vec::new();
-        while let Some(chunk) = resumed.take(rng.random_range(0..world), rng.random_range(1..4))? {
-            dispatched.push(SampleRange::new(chunk.offset, chunk.len));
+        let mut ranks: Vec<usize> = (0..world).collect();
+        loop {
+            let before = dispatched.len();
+            ranks.sort_by_key(|_| rng.random::<u32>());
+            for &rank in &ranks {
+                if let Some(chunk) = resumed.next_chunk(rank, &vec![2; world], true) {
+                    dispatched.push(SampleRange::new(chunk.offset, chunk.len));
+                }
+            }
+            if dispatched.len() == before {
+                break;
+            }
         }
-        let total = restored.total;
         let mut seen = vec![0u32; total];
-        for r in restored.completed().iter().chain(&dispatched) {
+        for r in completed.iter().chain(&dispatched) {
             seen[r.offset..r.offset + r.size].iter_mut().for_each(|c| *c += 1);
         }
-        if normalise(&dispatched, total)? != restored.uncovered() || seen.iter().any(|&c| c != 1) {
+        if normalise(&dispatched, total)? != uncovered_now || seen.iter().any(|&c| c != 1) {
             return Err(fail(format!(
-                "case {case}: done {:?}, uncovered {:?}, dispatched {dispatched:?}",
-                restored.completed(),
-                restored.uncovered()
+                "case {case}: done {completed:?}, uncovered {uncovered_now:?}, dispatched {dispatched:?}"
             )));
         }
     }

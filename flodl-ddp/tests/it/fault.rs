@@ -9,8 +9,9 @@ use std::time::Duration;
 use flodl_data::{Dataset, Split, Subset};
 use flodl_ddp::checkpoint::{Checkpoint, SaveReason};
 use flodl_ddp::{
-    Backend, Batch, DdpHandle, Devices, Error, FaultCause, FaultEvent, Mlp, MlpConfig, Optimizer,
-    Policy, Replica, ReplicaContext, Result, SampleAudit, TrainedState, Trainer,
+    Backend, Batch, DdpHandle, Devices, Error, FailingReplica, Failure, FaultCause, FaultEvent,
+    Mlp, MlpConfig, Optimizer, Policy, Replica, ReplicaContext, Result, SampleAudit, TrainedState,
+    Trainer,
 };
 use flodl_tensor::Tensor;
 use rand::{RngExt, SeedableRng};
@@ -296,6 +297,57 @@ fn survivors_finish_after_a_death_in_every_mode() -> TestResult {
             assert!(accuracy >= clean - MAX_DROP, "{what}: accuracy {accuracy}, clean {clean}");
             assert!(after >= 1, "{what}: no epoch after the death");
         }
+    }
+    Ok(())
+}
+
+/// Under `Sync` (3 CPU ranks, batches of 64) a rank that fails at its 100th step has had its
+/// first 99 batches averaged into the consensus: the survivors train only the rest of its
+/// share, so no sample but those of the failed batch is trained twice, and the epoch's metrics
+/// (and the final state) count the 99 batches for the dead rank, on both backends.
+#[test]
+fn the_survivors_retrain_only_what_the_consensus_lacks() -> TestResult {
+    const BATCH: usize = 64;
+    const SHARE: usize = 120;
+    let samples = 3 * SHARE * BATCH;
+    for backend in BACKENDS {
+        let what = format!("Sync {backend:?}");
+        let seen: Arc<Mutex<Vec<Vec<u32>>>> = Arc::new(Mutex::new(vec![vec![0; samples]; 3]));
+        let log = seen.clone();
+        let audit: SampleAudit = Arc::new(move |rank, _epoch, picks: &[usize]| {
+            let mut s = log.lock().unwrap_or_else(|e| e.into_inner());
+            picks.iter().for_each(|&p| s[rank][p] += 1);
+        });
+        let factory = move |ctx: &ReplicaContext| -> Result<FailingReplica<Mlp>> {
+            let cfg = MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9));
+            let inner = Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?;
+            Ok(FailingReplica::new(inner, (ctx.rank == 1).then_some(100), Failure::Error))
+        };
+        let handle = Trainer::new(factory)
+            .dataset(train_subset(samples))
+            .batch_size(BATCH)
+            .epochs(1)
+            .devices(Devices::Cpu(3))
+            .policy(Policy::Sync)
+            .backend(backend)
+            .learning_rate(0.05)
+            .sample_audit(audit)
+            .stall_timeout(Duration::from_secs(20))
+            .watchdog(Duration::from_secs(3))
+            .run()?;
+        let (state, events) = finish(handle)?;
+        one_fault(&events, 1, &what)?;
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let twice = (0..samples).filter(|&p| seen[1][p] > 0 && seen[0][p] + seen[2][p] > 0).count();
+        let missed = (0..samples).filter(|&p| seen.iter().all(|s| s[p] == 0)).count();
+        assert!(twice <= BATCH, "{what}: {twice} samples trained by the dead rank and again");
+        assert_eq!(missed, 0, "{what}: samples never trained");
+        let epoch = state.epochs.first().ok_or("no epoch")?;
+        let batches: Vec<usize> = epoch.ranks.iter().map(|r| r.batches).collect();
+        assert_eq!(batches[1], 99, "{what}: the dead rank's batches {batches:?}");
+        assert_eq!(batches.iter().sum::<usize>(), 3 * SHARE, "{what}: batches {batches:?}");
+        assert_eq!(epoch.ranks[1].samples, 99 * BATCH, "{what}");
+        assert_eq!(state.samples, samples, "{what}: samples in the final state");
     }
     Ok(())
 }

@@ -1,11 +1,9 @@
 //! flodl-ddp's integration tests: one binary, a module per subject.
 
 mod checkpoint;
-mod chunk_pool;
-mod chunk_size;
 mod common;
+mod dispatch;
 mod elche;
-mod epoch_stream;
 mod eval;
 mod fault;
 mod gpu;

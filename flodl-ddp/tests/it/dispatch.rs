@@ -1,0 +1,281 @@
+//! The runtime's dispatcher against hand-computed chunk sizes, and a simulated coordinator that
+//! drives it: random ranks, skews, completion orders, reduces, deaths and checkpoints through
+//! the bundle format; every sample is trained exactly once per epoch.
+
+use std::collections::VecDeque;
+
+use flodl_ddp::checkpoint::{Checkpoint, ConfigHash, TensorRecord, TensorSet};
+use flodl_ddp::{Chunk, Cutting, Dispatcher, ElChe, Verdict, WorkTally};
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+use crate::common::TestResult;
+
+/// What a rank reports for a finished chunk.
+fn work(c: &Chunk, bs: usize) -> WorkTally {
+    WorkTally { batches: c.batches(bs), samples: c.len, ..Default::default() }
+}
+
+#[test]
+fn epochs_complete_in_order_and_ranks_stream_one_epoch_ahead() -> TestResult {
+    // 3 epochs of 4 batches of 2, two ranks, chunks of at least 4 batches.
+    let mut d = Dispatcher::new(2, 2, 4, 3, Cutting::Progressive { min_chunk: 4 });
+    let a = d.next_chunk(0, &[1, 1], false).ok_or("no chunk")?;
+    assert_eq!(a, Chunk { epoch: 0, offset: 0, len: 8 });
+    // Epoch 0 is handed out: rank 1 streams into epoch 1, and no further.
+    let b = d.next_chunk(1, &[1, 1], false).ok_or("no chunk")?;
+    assert_eq!(b, Chunk { epoch: 1, offset: 0, len: 8 });
+    assert_eq!(d.next_chunk(1, &[1, 1], false), None);
+    // Epoch 1 completes first but is only popped after epoch 0.
+    assert!(d.complete(1, &b, &work(&b, 2)));
+    assert!(d.pop_complete().is_none());
+    assert!(!d.complete(1, &a, &work(&a, 2)), "a chunk another rank holds was credited");
+    assert!(d.complete(0, &a, &work(&a, 2)));
+    let popped: Vec<usize> = std::iter::from_fn(|| d.pop_complete().map(|p| p.0)).collect();
+    assert_eq!(popped, [0, 1]);
+    assert_eq!(d.oldest(), 2);
+    assert!(d.in_last_epoch() && !d.all_done());
+    // A rank outside the world, or retired, is handed nothing.
+    assert_eq!(d.next_chunk(2, &[1, 1], false), None);
+    assert!(d.retire(1, 0).is_empty());
+    assert_eq!(d.next_chunk(1, &[1, 1], false), None);
+    let c = d.next_chunk(0, &[1, 1], false).ok_or("no chunk")?;
+    assert_eq!(c, Chunk { epoch: 2, offset: 0, len: 8 });
+    Ok(())
+}
+
+#[test]
+fn chunk_sizes_follow_the_documented_rule() -> TestResult {
+    // (world, batches, min chunk, counts, calibrated, batches taken first by rank 1 in probes
+    // of max(min chunk, batches / 20), the batches of rank 0's next chunk)
+    type Case = (usize, usize, usize, &'static [usize], bool, usize, usize);
+    let cases: [Case; 7] = [
+        // Uncalibrated probe: 800 / (2 × 10) = 40.
+        (2, 800, 4, &[10, 10], false, 0, 40),
+        // 64 / 20 = 3: the 4-batch floor.
+        (2, 64, 4, &[10, 10], false, 0, 4),
+        // Never more than is left.
+        (2, 2, 4, &[10, 10], false, 0, 2),
+        // Calibrated 25:10: ceil(800 × 25 / 35) = 572, capped at two windows (50).
+        (2, 800, 4, &[25, 10], true, 0, 50),
+        // 10 left: ceil(10 × 25 / 35) = 8 (under two windows).
+        (2, 40, 1, &[25, 10], true, 30, 8),
+        // 2 left: ceil(2 × 25 / 35) = 2.
+        (2, 32, 1, &[25, 10], true, 30, 2),
+        // 2 left: ceil(2 × 25 / 35) = 2, floor 4, but only 2 are left.
+        (2, 34, 4, &[25, 10], true, 32, 2),
+    ];
+    for (i, &(world, batches, min_chunk, counts, calibrated, first, want)) in
+        cases.iter().enumerate()
+    {
+        let bs = 8;
+        let mut d = Dispatcher::new(world, bs, batches, 1, Cutting::Progressive { min_chunk });
+        let mut taken = 0;
+        while taken < first {
+            let c = d.next_chunk(1, &[1, 1], false).ok_or("no chunk")?;
+            taken += c.batches(bs);
+        }
+        assert_eq!(taken, first, "case {i}: rank 1 took {taken}");
+        let c = d.next_chunk(0, counts, calibrated).ok_or("no chunk")?;
+        assert_eq!(c.batches(bs), want, "case {i}: {c:?}");
+    }
+    // The static cut: one share per rank, equal batches, the first ranks one more.
+    let mut d = Dispatcher::new(3, 2, 10, 1, Cutting::Static);
+    let shares: Vec<Chunk> = (0..3).filter_map(|r| d.next_chunk(r, &[1; 3], false)).collect();
+    let want = [(0, 8), (8, 6), (14, 6)].map(|(offset, len)| Chunk { epoch: 0, offset, len });
+    assert_eq!(shares, want);
+    Ok(())
+}
+
+/// One simulated run.
+struct Run {
+    world: usize,
+    epochs: usize,
+    batches: usize,
+    bs: usize,
+    cutting: Cutting,
+    speeds: Vec<f64>,
+    deaths: bool,
+    checkpoint: bool,
+}
+
+/// A rank of the simulation: its chunks in the order handed with their finish times, the
+/// batches of its first chunk the consensus holds, and the batches of its completed chunks it
+/// has not reduced yet.
+#[derive(Default)]
+struct SimRank {
+    queue: VecDeque<(Chunk, f64)>,
+    free_at: f64,
+    front_reduced: usize,
+    done_unreduced: usize,
+    alive: bool,
+}
+
+/// A checkpoint of the dispatcher's coverage through the bundle format, and a book resumed
+/// from it.
+fn through_a_bundle(
+    d: &Dispatcher,
+    run: &Run,
+    seed: u64,
+) -> Result<Dispatcher, Box<dyn std::error::Error>> {
+    let params = TensorSet::from_records(vec![TensorRecord::from_f32("w", vec![1], &[1.0])?])?;
+    let mut ckpt = Checkpoint::new(params, run.world, ConfigHash::of("dispatch"));
+    ckpt.epoch = d.oldest() as u64;
+    ckpt.coverage = d.coverage(&[], seed)?;
+    let back = Checkpoint::from_bytes(&ckpt.to_bytes()?)?;
+    if back.coverage != ckpt.coverage {
+        return Err("the coverage changed in the bundle".into());
+    }
+    let oldest = usize::try_from(back.epoch)?;
+    let fresh = Dispatcher::new(run.world, run.bs, run.batches, run.epochs, run.cutting);
+    Ok(fresh.resume(oldest, &back.coverage)?)
+}
+
+/// Runs `run`; returns how many times each (epoch, position) was trained into the book (by a
+/// completed chunk, or the part of a dead rank's chunk the consensus holds).
+fn simulate(
+    run: &Run,
+    rng: &mut Xoshiro256PlusPlus,
+) -> Result<Vec<Vec<u32>>, Box<dyn std::error::Error>> {
+    let (w, bs) = (run.world, run.bs);
+    let mut d = Dispatcher::new(w, bs, run.batches, run.epochs, run.cutting);
+    let mut elche = ElChe::new(w, 4)?;
+    let mut seen = vec![vec![0u32; run.batches * bs]; run.epochs];
+    let mut ranks: Vec<SimRank> =
+        (0..w).map(|_| SimRank { alive: true, ..SimRank::default() }).collect();
+    let (mut wall, mut steps) = (vec![0.0; w], vec![0u64; w]);
+    let mut next_epoch = 0;
+    let mut checkpointed = false;
+    let see = |seen: &mut Vec<Vec<u32>>, epoch: usize, from: usize, to: usize| {
+        for (p, n) in seen[epoch].iter_mut().enumerate().take(to).skip(from) {
+            *n += 1;
+            assert_eq!(*n, 1, "epoch {epoch} position {p} trained twice");
+        }
+    };
+    for _ in 0..200_000 {
+        if d.all_done() {
+            return Ok(seen);
+        }
+        // Keep every live rank fed with up to two chunks.
+        for (r, rank) in ranks.iter_mut().enumerate().filter(|(_, k)| k.alive) {
+            while rank.queue.len() < 2 {
+                let oldest = d.oldest();
+                let informed = elche.is_calibrated();
+                let Some(c) = d.next_chunk(r, elche.counts(), informed) else { break };
+                assert!(c.epoch <= oldest + 1, "chunk past the next epoch");
+                let cost: f64 = (0..c.batches(bs))
+                    .map(|_| run.speeds[r] * (1.0 + rng.random_range(-0.2..0.2)))
+                    .sum();
+                let start = rank.queue.back().map_or(rank.free_at, |&(_, t)| t);
+                rank.queue.push_back((c, start + cost));
+            }
+        }
+        // Complete the earliest chunk (random order among near-ties).
+        let next = (0..w)
+            .filter_map(|r| {
+                ranks[r].queue.front().map(|&(_, t)| (r, t + rng.random_range(0.0..0.5)))
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((r, _)) = next else {
+            return Err("no work in flight but the run is unfinished".into());
+        };
+        let (c, t) = ranks[r].queue.pop_front().ok_or("empty queue")?;
+        if !d.complete(r, &c, &work(&c, bs)) {
+            return Err(format!("{c:?} of rank {r} refused").into());
+        }
+        let rank = &mut ranks[r];
+        rank.free_at = t;
+        rank.done_unreduced += c.batches(bs) - rank.front_reduced;
+        rank.front_reduced = 0;
+        wall[r] += run.speeds[r] * c.batches(bs) as f64;
+        steps[r] += c.batches(bs) as u64;
+        see(&mut seen, c.epoch, c.offset, c.end());
+        while let Some((epoch, _, _)) = d.pop_complete() {
+            assert_eq!(epoch, next_epoch, "epochs complete in order");
+            next_epoch += 1;
+        }
+        // A reduce now and then: every live rank's batches since its last one, part of its
+        // first chunk included; it feeds ElChe.
+        if rng.random_bool(0.3) {
+            let mut reduced = vec![0; w];
+            for (r, rank) in ranks.iter_mut().enumerate().filter(|(_, k)| k.alive) {
+                let front = rank.queue.front().map_or(0, |(c, _)| c.batches(bs));
+                let trained =
+                    rng.random_range(rank.front_reduced..front.max(rank.front_reduced + 1));
+                reduced[r] = rank.done_unreduced + trained - rank.front_reduced;
+                rank.front_reduced = trained;
+                rank.done_unreduced = 0;
+            }
+            d.add_reduce(1.0, &reduced);
+            if steps.iter().zip(&ranks).all(|(&s, k)| !k.alive || s > 0) {
+                elche.report_timing(&wall, &steps, 1.0)?;
+                elche.apply_verdict(Verdict::Stable);
+                wall.iter_mut().for_each(|x| *x = 0.0);
+                steps.iter_mut().for_each(|x| *x = 0);
+            }
+        }
+        // A death: what the consensus holds of its first chunk stays, the rest goes back.
+        let live = ranks.iter().filter(|k| k.alive).count();
+        if run.deaths && live > 1 && rng.random_bool(0.01) {
+            let victim = (0..w)
+                .filter(|&r| ranks[r].alive)
+                .nth(rng.random_range(0..live))
+                .ok_or("no rank")?;
+            let rank = &mut ranks[victim];
+            let kept = rank.front_reduced;
+            let requeued = d.retire(victim, 0);
+            let held: Vec<Chunk> = rank.queue.drain(..).map(|(c, _)| c).collect();
+            if let Some(front) = held.first() {
+                see(&mut seen, front.epoch, front.offset, front.offset + kept * bs);
+            }
+            let back: usize = requeued.iter().map(|c| c.len).sum();
+            let owed: usize = held.iter().map(|c| c.len).sum::<usize>() - kept * bs;
+            assert_eq!(back, owed, "re-queued {requeued:?} of {held:?}, {kept} batches kept");
+            rank.alive = false;
+            elche.retire(victim)?;
+        }
+        // A checkpoint at a quiet moment: through a bundle, resume, carry on.
+        if run.checkpoint && !checkpointed && ranks.iter().all(|k| k.queue.is_empty()) {
+            d = through_a_bundle(&d, run, rng.random())?;
+            for (r, rank) in ranks.iter_mut().enumerate() {
+                if !rank.alive {
+                    d.retire(r, 0);
+                }
+                rank.front_reduced = 0;
+                rank.done_unreduced = 0;
+            }
+            checkpointed = true;
+        }
+    }
+    Err("simulation did not finish".into())
+}
+
+#[test]
+fn every_sample_exactly_once_per_epoch_under_skew() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(2026);
+    for case in 0..150 {
+        let world = rng.random_range(1..9usize);
+        let batches = rng.random_range(world..200);
+        let run = Run {
+            world,
+            epochs: rng.random_range(1..4),
+            batches,
+            bs: rng.random_range(1..17),
+            cutting: if rng.random_bool(0.5) {
+                Cutting::Static
+            } else {
+                Cutting::Progressive { min_chunk: rng.random_range(1..6) }
+            },
+            speeds: (0..world).map(|_| rng.random_range(1.0..8.0)).collect(),
+            deaths: rng.random_bool(0.5),
+            checkpoint: rng.random_bool(0.5),
+        };
+        let seen = simulate(&run, &mut rng)?;
+        for (e, epoch) in seen.iter().enumerate() {
+            if let Some(p) = epoch.iter().position(|&n| n != 1) {
+                return Err(format!("case {case} epoch {e} position {p}: {}", epoch[p]).into());
+            }
+        }
+    }
+    Ok(())
+}
