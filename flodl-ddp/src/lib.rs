@@ -63,7 +63,6 @@ pub mod contract;
 pub mod control;
 mod error;
 mod link;
-mod metrics;
 mod mlp;
 mod runtime;
 mod state;
@@ -74,14 +73,14 @@ pub use control::dispatch::{Chunk, Cutting, Dispatcher};
 pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
 pub use control::eval_rank::EvalRank;
 pub use control::logic_error::{LogicError, LogicResult};
+pub use control::metrics::{
+    EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report,
+    WorkTally, record_scalar,
+};
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::verdict::Verdict;
 pub use error::{Error, FailureKind, Peer, RankFailure, Result};
-pub use metrics::{
-    EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report,
-    WorkTally, record_scalar,
-};
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{DdpHandle, TrainedState};

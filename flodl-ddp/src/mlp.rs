@@ -213,11 +213,14 @@ impl Mlp {
             dataset.fetch(&indices, &mut host)?;
             let n = end - start;
             if batch.as_ref().map(Batch::len) != Some(n) {
-                batch =
-                    Some(crate::runtime::staging::device_batch(dataset.layout(), n, &self.stream)?);
+                batch = Some(crate::contract::staging::device_batch(
+                    dataset.layout(),
+                    n,
+                    &self.stream,
+                )?);
             }
             let Some(b) = batch.as_mut() else { break };
-            crate::runtime::staging::upload(&host, b, &self.stream)?;
+            crate::contract::staging::upload(&host, b, &self.stream)?;
             if let Some(e) = self.evaluate_batch(b)? {
                 loss_sum += e.loss_sum;
                 correct += e.correct;

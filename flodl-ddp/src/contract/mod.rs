@@ -3,6 +3,7 @@
 
 pub(crate) mod failing;
 pub(crate) mod replica;
+pub(crate) mod staging;
 
 pub use failing::{FailingReplica, Failure};
 pub use replica::{Batch, BatchEval, Replica, ReplicaContext};

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{EpochCoverage, SampleRange};
 use crate::control::logic_error::{LogicError, LogicResult};
+use crate::control::metrics::{EpochTally, WorkTally};
 use crate::control::partition;
 use crate::control::policy::Policy;
-use crate::metrics::{EpochTally, WorkTally};
 
 /// A batch-aligned slice of one epoch's permutation handed to one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ pub mod elche;
 pub(crate) mod eval_rank;
 pub mod guard;
 pub mod logic_error;
+pub(crate) mod metrics;
 pub mod outer;
 pub mod overshoot;
 pub mod partition;

@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::metrics::{EvalMetrics, WorkTally};
 pub(crate) use crate::control::{dispatch::Chunk, policy::Window};
 use crate::error::RankFailure;
-use crate::metrics::{EvalMetrics, WorkTally};
 use crate::state::{HostState, HostTensor};
 
 /// What the coordinator asks a rank to capture at a reduce.

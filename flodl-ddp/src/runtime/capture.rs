@@ -25,9 +25,9 @@ use crate::checkpoint::{
 };
 use crate::control::elche::ElCheState;
 use crate::control::guard::Guard;
+use crate::control::metrics::EpochMetrics;
 use crate::control::outer::OuterOptimizer;
 use crate::link::wire::{RankCapture, RankRestore};
-use crate::metrics::EpochMetrics;
 use crate::runtime::trainer::RunConfig;
 use crate::state::{HostState, HostTensor};
 use crate::{Error, Result};

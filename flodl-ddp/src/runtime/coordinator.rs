@@ -15,6 +15,7 @@ use crate::checkpoint::{Checkpoint, SaveReason};
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
 use crate::control::guard::{Guard, ReduceReport};
+use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::control::overshoot::Overshoot;
 use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
@@ -24,7 +25,6 @@ use crate::link::wire::{
     CaptureRequest, RankCapture, Readiness, Regroup, ToCoordinator, ToWorker, Window,
 };
 use crate::link::{CoordinatorLink, Inbound, LinkError, local};
-use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::runtime::capture::{
     Progress, Resumed, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::state::{HostState, HostTensor};
 
 use crate::contract::replica::Replica;
-use crate::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
+use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::runtime::fault::{DeadFlags, FaultEvent, RankThread};
 use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};

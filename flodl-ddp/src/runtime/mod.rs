@@ -12,5 +12,4 @@ pub(crate) mod rank;
 pub(crate) mod slot;
 pub(crate) mod solo;
 pub(crate) mod spec;
-pub(crate) mod staging;
 pub(crate) mod trainer;

@@ -10,6 +10,8 @@ use flodl_data::{BatchPicks, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
 use crate::contract::replica::{Batch, Replica, ReplicaContext};
+use crate::contract::staging::{device_batch, upload};
+use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::control::outer::{OuterOptimizer, easgd_blend};
 use crate::error::{Peer, RankFailure};
 use crate::link::wire::{
@@ -17,13 +19,11 @@ use crate::link::wire::{
     Window,
 };
 use crate::link::{LinkError, RankLink};
-use crate::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::runtime::capture::{host_tensors, outer_state, restore_outer, write_host};
 use crate::runtime::comm::{CommPlan, RankComm};
 use crate::runtime::fault::{Group, Interrupted, is_group_fault};
 use crate::runtime::handle::panic_message;
 use crate::runtime::prefetch::ChunkFeeds;
-use crate::runtime::staging::{device_batch, upload};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};

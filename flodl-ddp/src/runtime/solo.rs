@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use crate::control::metrics::{EpochTally, WorkTally, drain_scalars};
 use crate::error::RankFailure;
 use crate::link::wire::Chunk;
-use crate::metrics::{EpochTally, WorkTally, drain_scalars};
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::rank::Worker;
 use crate::runtime::trainer::RunConfig;
