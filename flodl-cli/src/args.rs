@@ -70,7 +70,7 @@ pub(crate) struct TrainFlags {
     /// Seed of the initial weights and of the data permutation (default 42).
     #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,
-    /// Per-rank slowdown factors to emulate unequal devices, e.g. `1,2.5`.
+    /// Per-rank slowdown factors to emulate unequal devices, one per rank, e.g. `1,2.5`.
     #[arg(long, value_name = "LIST")]
     pub(crate) slowdown: Option<String>,
     /// Hidden layer widths of the MLP (default 256,128: a 784-256-128-10 MLP).

@@ -134,7 +134,7 @@ impl Plan {
     /// Parses and checks the rank devices, policy and backend of `cfg`.
     ///
     /// # Errors
-    /// An unknown device, policy or backend name; more slowdown factors than ranks.
+    /// An unknown device, policy or backend name; slowdown factors other than one per rank.
     pub(crate) fn new(cfg: &TrainConfig) -> Result<Self> {
         let devices = match &cfg.ranks {
             RankSpec::Auto if flodl_tensor::cuda_device_count() > 0 => Devices::AllGpus,
@@ -159,8 +159,12 @@ impl Plan {
                 .unwrap_or_else(|| format!("{gpus} CUDA device(s) visible"));
             bail!("devices: {missing} is not available ({why})");
         }
-        if cfg.slowdown.len() > devices.len() {
-            bail!("slowdown: {} factors given for {} rank(s)", cfg.slowdown.len(), devices.len());
+        if !cfg.slowdown.is_empty() && cfg.slowdown.len() != devices.len() {
+            bail!(
+                "slowdown: {} factors given for {} rank(s) (give one per rank)",
+                cfg.slowdown.len(),
+                devices.len()
+            );
         }
         if let Some(f) = cfg.fail_rank.iter().find(|f| f.rank >= devices.len()) {
             bail!("fail-rank: {f} names rank {}, but there are {} rank(s)", f.rank, devices.len());
@@ -598,13 +602,14 @@ mod tests {
     }
 
     #[test]
-    fn plan_rejects_unknown_names_and_extra_slowdowns() {
+    fn plan_rejects_unknown_names_and_slowdowns_not_one_per_rank() {
         let base = TrainConfig { ranks: RankSpec::CpuRanks(2), ..TrainConfig::defaults() };
         let cases = [
             (TrainConfig { policy: "often".into(), ..base.clone() }, "policy"),
             (TrainConfig { backend: "pigeon".into(), ..base.clone() }, "backend"),
             (TrainConfig { ranks: RankSpec::Devices(vec!["tpu".into()]), ..base.clone() }, "tpu"),
             (TrainConfig { slowdown: vec![1.0, 2.0, 3.0], ..base.clone() }, "slowdown"),
+            (TrainConfig { slowdown: vec![2.0], ..base.clone() }, "slowdown"),
             (TrainConfig { schedule: "zigzag".into(), ..base.clone() }, "schedule"),
             (
                 TrainConfig { ranks: RankSpec::Devices(vec!["cuda:99".into()]), ..base.clone() },

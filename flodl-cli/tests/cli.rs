@@ -312,6 +312,10 @@ fn bad_flags_and_configs_fail_with_one_line() -> Result {
             vec!["train".into(), "--ranks".into(), "2".into(), "--slowdown".into(), "1,2,3".into()],
             vec!["slowdown", "3"],
         ),
+        (
+            vec!["train".into(), "--ranks".into(), "3".into(), "--slowdown".into(), "1,2".into()],
+            vec!["slowdown", "2 factors", "3 rank"],
+        ),
         (vec!["train".into(), "--ranks".into(), "0".into()], vec!["ranks"]),
         (vec!["train".into(), "--lr".into(), "-1".into()], vec!["lr"]),
         (vec!["train".into(), "--schedule".into(), "zigzag".into()], vec!["schedule"]),

@@ -9,6 +9,14 @@ pub enum Error {
     /// The trainer was configured with values that cannot run (reported by `run()`).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// [`crate::Trainer::slowdown`] was given a number of factors other than one per rank.
+    #[error("slowdown: {factors} factors given for {ranks} ranks (give one per rank, or none)")]
+    SlowdownCount {
+        /// Factors given.
+        factors: usize,
+        /// Ranks in the run.
+        ranks: usize,
+    },
     /// A rank failed; the run stopped and this is the first failure.
     #[error("rank {rank} failed: {source}")]
     Rank {

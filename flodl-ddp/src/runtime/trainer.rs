@@ -469,7 +469,8 @@ impl Trainer {
     }
 
     /// Per-rank slowdown factors (speed-skew emulation): after each step, rank `r` waits
-    /// `(factors[r] − 1) ×` the step's compute time. Missing ranks run at factor 1.
+    /// `(factors[r] − 1) ×` the step's compute time. One factor per rank, or none (every rank
+    /// at full speed); `run` refuses any other count with [`Error::SlowdownCount`].
     pub fn slowdown(mut self, factors: Vec<f64>) -> Trainer {
         self.slowdown = factors;
         self
@@ -618,7 +619,8 @@ impl Trainer {
     /// the checkpoint directory cannot be created or listed, or the checkpoint to resume from is
     /// missing, unreadable, corrupt, or from a run of another
     /// world size or configuration (a bundle of another model is refused when the replicas are
-    /// built: [`DdpHandle::join`] returns the error).
+    /// built: [`DdpHandle::join`] returns the error); [`Error::SlowdownCount`] when the slowdown
+    /// factors are not one per rank.
     pub fn run(self) -> Result<DdpHandle> {
         let dataset =
             self.dataset.ok_or_else(|| Error::Config("a training dataset is required".into()))?;
@@ -644,6 +646,12 @@ impl Trainer {
         }
         if let Some(bad) = self.slowdown.iter().find(|f| !f.is_finite() || **f < 1.0) {
             return Err(Error::Config(format!("slowdown factors must be >= 1, got {bad}")));
+        }
+        if !self.slowdown.is_empty() && self.slowdown.len() != devices.len() {
+            return Err(Error::SlowdownCount {
+                factors: self.slowdown.len(),
+                ranks: devices.len(),
+            });
         }
         if !self.lr.is_finite() || self.lr < 0.0 {
             return Err(Error::Config(format!("invalid learning rate {}", self.lr)));
