@@ -78,7 +78,7 @@ pub use control::logic_error::{LogicError, LogicResult};
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy};
 pub use control::verdict::Verdict;
-pub use error::{Error, Result};
+pub use error::{Divergence, Error, Result};
 pub use metrics::{
     EpochMetrics, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report, record_scalar,
 };

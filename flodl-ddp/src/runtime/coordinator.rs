@@ -746,6 +746,12 @@ impl Coordinator {
                 self.emit_ready();
             }
             ToCoordinator::Failed { rank, error } => {
+                if matches!(error, Error::Diverged { .. }) {
+                    // No fault of the rank: every rank would die of it in turn. The run stops,
+                    // keeping its last good bundle.
+                    let bundle = self.save_failure_bundle(SaveReason::Diverged);
+                    return Err(error.with_failure_bundle(bundle));
+                }
                 let cause = match &error {
                     Error::Panicked { message, .. } => {
                         FaultCause::Panicked { message: message.clone() }
@@ -1403,7 +1409,7 @@ const FUTILE_ATTEMPTS: usize = 3;
 /// A rank's error as the run reports it.
 fn rank_error(rank: usize, error: Error) -> Error {
     match error {
-        Error::Panicked { .. } => error,
+        Error::Panicked { .. } | Error::Diverged { .. } => error,
         e => Error::Rank { rank, source: Box::new(e) },
     }
 }

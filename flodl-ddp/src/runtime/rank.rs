@@ -17,6 +17,7 @@ use crate::runtime::capture::{
     CaptureRequest, RankCapture, RankRestore, host_tensors, outer_state, restore_outer, write_host,
 };
 use crate::runtime::comm::{CommPlan, RankComm, Regroup};
+use crate::runtime::divergence::{check_loss, check_parameters, check_snapshot};
 use crate::runtime::fault::{Interrupted, Standing, is_group_fault};
 use crate::runtime::prefetch::ChunkFeeds;
 use crate::runtime::staging::{device_batch, upload};
@@ -257,6 +258,7 @@ impl Worker {
     fn train_loaded(&mut self, step: u64) -> Result<(f32, f64)> {
         let t0 = Instant::now();
         let loss = self.replica.train_step(&self.batch)?;
+        check_loss(loss, self.rank, step)?;
         if let Some(max_norm) = self.cfg.max_grad_norm {
             self.clip_gradients(max_norm)?;
         }
@@ -830,6 +832,8 @@ impl RankLoop {
             }
             ToWorker::Snapshot { round, attempt, capture } => {
                 let state = self.worker.snapshot()?;
+                let step = self.global_step + self.win.steps as u64;
+                check_snapshot(&state, rank, step)?;
                 let capture = self.capture(capture)?;
                 self.win.snapshot = Some((self.win.steps, self.win.wall_ms));
                 // Kept to carry over what the rank trains while the round runs (`Async` only:
@@ -894,6 +898,8 @@ impl RankLoop {
         self.send(ToCoordinator::Reducing { rank, round })?;
         match self.worker.all_reduce(steps) {
             Ok((sync_ms, divergence)) => {
+                let (params, stream) = (self.worker.replica.parameters(), &self.worker.stream);
+                check_parameters(params, rank, what.global_step, stream)?;
                 let capture = self.capture(what.capture)?;
                 self.send(ToCoordinator::Reduced {
                     rank,

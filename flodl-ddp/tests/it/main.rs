@@ -4,6 +4,7 @@ mod checkpoint;
 mod chunk_pool;
 mod chunk_size;
 mod common;
+mod divergence;
 mod elche;
 mod epoch_stream;
 mod eval;
