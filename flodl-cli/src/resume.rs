@@ -88,7 +88,7 @@ fn refusal(bundle: &Path, error: &CheckpointError) -> anyhow::Error {
 }
 
 /// Turns a library error into the CLI's error: a checkpoint refusal names the bundle resumed
-/// from, and an unrecoverable run names its failure bundle.
+/// from, and an unrecoverable or diverged run names its failure bundle.
 pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Error {
     match (error, resume) {
         (Error::Checkpoint(e), Some(point)) if is_refusal(&e) => refusal(&point.bundle, &e),
@@ -105,6 +105,11 @@ pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Err
                 path.display()
             )
         }
+        (Error::Diverged { rank, step, cause, bundle: Some(path) }, _) => anyhow!(
+            "training diverged on rank {rank} at step {step}: {cause}; the last good state is \
+             saved in {}",
+            path.display()
+        ),
         (Error::Stopped { bundle }, _) => {
             anyhow::Error::new(crate::interrupt::Interrupted { bundle: Some(bundle) })
         }
@@ -191,6 +196,16 @@ mod tests {
                 },
                 None,
                 vec!["alive, failed: replica: gone; its state is saved in ck/failure.fdlck"],
+            ),
+            (
+                Error::Diverged {
+                    rank: 1,
+                    step: 12,
+                    cause: flodl_ddp::Divergence::Loss(f32::NAN),
+                    bundle: Some("ck/failure.fdlck".into()),
+                },
+                None,
+                vec!["diverged on rank 1 at step 12", "loss is NaN", "ck/failure.fdlck"],
             ),
             (Error::Aborted, Some(point()), vec!["training failed", "run aborted"]),
         ];

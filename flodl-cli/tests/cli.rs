@@ -312,6 +312,10 @@ fn bad_flags_and_configs_fail_with_one_line() -> Result {
             vec!["train".into(), "--ranks".into(), "2".into(), "--slowdown".into(), "1,2,3".into()],
             vec!["slowdown", "3"],
         ),
+        (
+            vec!["train".into(), "--ranks".into(), "3".into(), "--slowdown".into(), "1,2".into()],
+            vec!["slowdown", "2 factors", "3 rank"],
+        ),
         (vec!["train".into(), "--ranks".into(), "0".into()], vec!["ranks"]),
         (vec!["train".into(), "--lr".into(), "-1".into()], vec!["lr"]),
         (vec!["train".into(), "--schedule".into(), "zigzag".into()], vec!["schedule"]),
@@ -574,6 +578,37 @@ fn rank_deaths_are_shown_and_recorded_and_a_lost_run_names_its_failure_bundle() 
         .filter_map(|v| v["rank"].as_u64())
         .collect();
     assert_eq!(dead.len(), 2, "{metrics}");
+    Ok(())
+}
+
+/// `--lr 1e30` trains on NaN within a few steps: the run stops with one line naming the rank
+/// and the step and exits non-zero; with a checkpoint directory it keeps its last good state
+/// (here the starting one, finite) in `failure.fdlck`.
+#[test]
+fn a_diverging_run_fails_in_one_line_and_keeps_its_last_good_bundle() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let p = |p: &Path| p.to_str().map(str::to_owned).ok_or("non-UTF-8 temp path");
+    let ck = tmp.path().join("ck");
+    for (run, extra) in [("run", vec!["--checkpoint-dir", &p(&ck)?]), ("plain", vec![])] {
+        let out = p(&tmp.path().join(run))?;
+        let mut args = vec!["train", "--out", &out, "--lr", "1e30"];
+        args.extend(SMALL);
+        args.extend(extra.iter().copied());
+        let o = fdl(&args)?;
+        let mut needles = vec!["training diverged on rank ", " at step "];
+        if !extra.is_empty() {
+            needles.push("failure.fdlck");
+        }
+        assert_one_line_error(&o, &needles, run);
+    }
+    let failure = flodl_ddp::checkpoint::Checkpoint::read(&ck.join("failure.fdlck"))?;
+    assert_eq!(failure.reason, flodl_ddp::checkpoint::SaveReason::Diverged);
+    let finite = failure
+        .params
+        .records()
+        .iter()
+        .all(|r| r.to_f32_vec().is_some_and(|v| v.iter().all(|x| x.is_finite())));
+    assert!(finite, "the failure bundle holds a non-finite model");
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! The crate's error type.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,29 @@ pub enum Error {
     /// The trainer was configured with values that cannot run (reported by `run()`).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// [`crate::Trainer::slowdown`] was given a number of factors other than one per rank.
+    #[error("slowdown: {factors} factors given for {ranks} ranks (give one per rank, or none)")]
+    SlowdownCount {
+        /// Factors given.
+        factors: usize,
+        /// Ranks in the run.
+        ranks: usize,
+    },
+    /// Training diverged numerically: a rank's loss, or its parameters at a reduce, are not
+    /// finite. The run stops (a divergence is no fault of one rank: every rank would die of it in
+    /// turn); with a checkpoint directory it first re-saves its last good bundle (or its starting
+    /// state) as `failure.fdlck`.
+    #[error("training diverged on rank {rank} at step {step}: {cause}")]
+    Diverged {
+        /// The rank that found it.
+        rank: usize,
+        /// The rank's cohort step (the schedule's index) when it found it.
+        step: u64,
+        /// What was not finite.
+        cause: Divergence,
+        /// The failure bundle holding the last good state, when one was written.
+        bundle: Option<PathBuf>,
+    },
     /// The pure control logic refused a value while the run went on (ElChe, the outer
     /// optimizer, work weights).
     #[error(transparent)]
@@ -212,6 +236,26 @@ impl Error {
     /// Wraps any error a user replica raises.
     pub fn replica(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Error::Replica(err.into())
+    }
+}
+
+/// What was not finite when training diverged ([`Error::Diverged`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Divergence {
+    /// The loss of a training step (its value: NaN or infinite).
+    Loss(f32),
+    /// The parameters: after a collective reduce, or in the snapshot a rank sends to a host
+    /// average.
+    Parameters,
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Divergence::Loss(loss) => write!(f, "its loss is {loss}"),
+            Divergence::Parameters => write!(f, "its parameters are not finite at a reduce"),
+        }
     }
 }
 

@@ -80,7 +80,7 @@ pub use control::metrics::{
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::verdict::Verdict;
-pub use error::{Error, FailureKind, Peer, RankFailure, Result};
+pub use error::{Divergence, Error, FailureKind, Peer, RankFailure, Result};
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{DdpHandle, TrainedState};

@@ -32,6 +32,9 @@ pub enum SaveReason {
         /// What happened.
         detail: String,
     },
+    /// Training diverged (a loss or the parameters were not finite): the bundle is the last
+    /// good state.
+    Diverged,
 }
 
 /// A named random-number-generator state as raw `u64` words (e.g. a rank's Xoshiro256++).

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::control::metrics::{EvalMetrics, WorkTally};
 pub(crate) use crate::control::{dispatch::Chunk, policy::Window};
-use crate::error::RankFailure;
+use crate::error::{Divergence, RankFailure};
 use crate::state::{HostState, HostTensor};
 
 /// What the coordinator asks a rank to capture at a reduce.
@@ -151,6 +151,9 @@ pub(crate) enum ToCoordinator {
     Alive { rank: usize },
     /// The rank failed and is exiting.
     Failed { rank: usize, failure: RankFailure },
+    /// Training diverged on the rank at cohort step `step` (a non-finite loss or parameters);
+    /// it is exiting and the run stops.
+    Diverged { rank: usize, step: u64, cause: Divergence },
     /// Collective backend: the rank is entering the collective of the reduce of `round` (it
     /// is silent until the collective returns).
     Reducing { rank: usize, round: u64 },
@@ -177,6 +180,7 @@ impl ToCoordinator {
             | ToCoordinator::Final { rank, .. }
             | ToCoordinator::Alive { rank }
             | ToCoordinator::Failed { rank, .. }
+            | ToCoordinator::Diverged { rank, .. }
             | ToCoordinator::Reducing { rank, .. }
             | ToCoordinator::ReduceFailed { rank, .. }
             | ToCoordinator::Joining { rank, .. }
@@ -287,6 +291,8 @@ mod tests {
             ToCoordinator::Final { rank: 0, state: state(), capture: Some(Box::new(capture())) },
             ToCoordinator::Alive { rank: 3 },
             ToCoordinator::Failed { rank: 2, failure },
+            ToCoordinator::Diverged { rank: 1, step: 40, cause: Divergence::Loss(f32::INFINITY) },
+            ToCoordinator::Diverged { rank: 0, step: 41, cause: Divergence::Parameters },
             ToCoordinator::Reducing { rank: 1, round: 8 },
             ToCoordinator::ReduceFailed { rank: 1, round: 8, generation: 0, error: "lost".into() },
             ToCoordinator::Joining { rank: 0, generation: 1 },

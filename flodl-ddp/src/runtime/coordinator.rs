@@ -604,6 +604,12 @@ impl Coordinator {
                 }
                 self.emit_ready();
             }
+            ToCoordinator::Diverged { rank, step, cause } => {
+                // No fault of the rank: every rank would die of it in turn. The run stops,
+                // keeping its last good bundle.
+                let bundle = self.save_failure_bundle(SaveReason::Diverged);
+                return Err(Error::Diverged { rank, step, cause, bundle });
+            }
             ToCoordinator::Failed { rank, failure } => {
                 if matches!(self.phase, Phase::Starting { .. }) {
                     return Err(Error::Rank { rank, failure });

@@ -4,6 +4,7 @@
 pub(crate) mod capture;
 pub(crate) mod comm;
 pub(crate) mod coordinator;
+pub(crate) mod divergence;
 pub(crate) mod fault;
 pub(crate) mod handle;
 pub(crate) mod host_round;

@@ -21,6 +21,7 @@ use crate::link::wire::{
 use crate::link::{LinkError, RankLink};
 use crate::runtime::capture::{host_tensors, outer_state, restore_outer, write_host};
 use crate::runtime::comm::{CommPlan, RankComm};
+use crate::runtime::divergence::{check_loss, check_parameters, check_snapshot};
 use crate::runtime::fault::{Group, Interrupted, is_group_fault};
 use crate::runtime::handle::panic_message;
 use crate::runtime::prefetch::ChunkFeeds;
@@ -256,6 +257,7 @@ impl Worker {
     fn train_loaded(&mut self, step: u64) -> Result<(f32, f64)> {
         let t0 = Instant::now();
         let loss = self.replica.train_step(&self.batch)?;
+        check_loss(loss, self.rank, step)?;
         if let Some(max_norm) = self.cfg.spec.max_grad_norm {
             self.clip_gradients(max_norm)?;
         }
@@ -670,6 +672,12 @@ pub(crate) fn run_rank(
     }));
     let failure = match &outcome {
         Ok((Ok(()), _)) => return,
+        Ok((Err(Error::Diverged { rank, step, cause, .. }), _)) => {
+            // No fault of the rank: the coordinator stops the run (see `Error::Diverged`).
+            let msg = ToCoordinator::Diverged { rank: *rank, step: *step, cause: *cause };
+            let _ = link.send(msg, wait);
+            return;
+        }
         Ok((Err(e), _)) => RankFailure::from(e),
         Err(p) => RankFailure::panicked(panic_message(p.as_ref())),
     };
@@ -876,6 +884,8 @@ impl<'a> RankLoop<'a> {
             }
             ToWorker::Snapshot { round, attempt, capture } => {
                 let state = self.worker.snapshot()?;
+                let step = self.global_step + self.win.steps as u64;
+                check_snapshot(&state, rank, step)?;
                 let capture = self.capture(capture)?;
                 // The parameters are kept to carry over what the rank trains while the round
                 // runs (`Async` only: under `Sync` and `Cadence` it waits at its window's end).
@@ -936,6 +946,8 @@ impl<'a> RankLoop<'a> {
         self.send(ToCoordinator::Reducing { rank, round })?;
         match self.worker.all_reduce(steps) {
             Ok((sync_ms, divergence)) => {
+                let (params, stream) = (self.worker.replica.parameters(), &self.worker.stream);
+                check_parameters(params, rank, what.global_step, stream)?;
                 let capture = self.capture(what.capture)?;
                 self.send(ToCoordinator::Reduced {
                     rank,

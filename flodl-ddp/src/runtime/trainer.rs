@@ -382,7 +382,8 @@ impl Trainer {
     }
 
     /// Per-rank slowdown factors (speed-skew emulation): after each step, rank `r` waits
-    /// `(factors[r] − 1) ×` the step's compute time. Missing ranks run at factor 1.
+    /// `(factors[r] − 1) ×` the step's compute time. One factor per rank, or none (every rank
+    /// at full speed); `run` refuses any other count with [`Error::SlowdownCount`].
     pub fn slowdown(mut self, factors: Vec<f64>) -> Trainer {
         self.slowdown = factors;
         self
@@ -530,7 +531,8 @@ impl Trainer {
     /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
     /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
     /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
-    /// backend, a non-positive maximum gradient norm, or no device.
+    /// backend, a non-positive maximum gradient norm, or no device; [`Error::SlowdownCount`] when
+    /// the slowdown factors are not one per rank.
     pub fn spec(&self) -> Result<RunSpec> {
         let dataset = self.dataset.as_deref().ok_or_else(missing_dataset)?;
         let devices = self.devices.resolve()?;
@@ -555,6 +557,12 @@ impl Trainer {
         }
         if let Some(bad) = self.slowdown.iter().find(|f| !f.is_finite() || **f < 1.0) {
             return Err(Error::Config(format!("slowdown factors must be >= 1, got {bad}")));
+        }
+        if !self.slowdown.is_empty() && self.slowdown.len() != devices.len() {
+            return Err(Error::SlowdownCount {
+                factors: self.slowdown.len(),
+                ranks: devices.len(),
+            });
         }
         if !self.lr.is_finite() || self.lr < 0.0 {
             return Err(Error::Config(format!("invalid learning rate {}", self.lr)));

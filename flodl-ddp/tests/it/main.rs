@@ -3,6 +3,7 @@
 mod checkpoint;
 mod common;
 mod dispatch;
+mod divergence;
 mod elche;
 mod eval;
 mod fault;

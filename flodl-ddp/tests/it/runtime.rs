@@ -107,7 +107,7 @@ fn sync_is_deterministic() -> TestResult {
     let data = train_subset(2048);
     for backend in BACKENDS {
         let a = trainer(3, Policy::Sync, backend, data.clone())
-            .slowdown(vec![1.0, 2.0])
+            .slowdown(vec![1.0, 2.0, 1.0])
             .run()?
             .join()?;
         let b = trainer(3, Policy::Sync, backend, data.clone()).run()?.join()?;
@@ -360,6 +360,31 @@ fn adam_trains_and_bad_configs_are_errors() -> TestResult {
         ),
         "{wrong:?}"
     );
+    Ok(())
+}
+
+/// Slowdown factors come one per rank: more or fewer are refused by `run` with both counts,
+/// none or exactly one per rank run.
+#[test]
+fn slowdown_needs_one_factor_per_rank() -> TestResult {
+    let data = train_subset(512);
+    for (ranks, factors) in [(2, vec![1.0, 2.0, 3.0]), (3, vec![1.0, 2.0]), (2, vec![2.0])] {
+        let given = factors.len();
+        let r = trainer(ranks, Policy::Cadence, Backend::Collective, data.clone())
+            .slowdown(factors)
+            .run();
+        assert!(
+            matches!(r, Err(Error::SlowdownCount { factors, ranks: n }) if factors == given && n == ranks),
+            "{given} factors for {ranks} ranks: {r:?}"
+        );
+    }
+    for factors in [Vec::new(), vec![1.0, 1.5]] {
+        trainer(2, Policy::Cadence, Backend::Collective, data.clone())
+            .epochs(1)
+            .slowdown(factors)
+            .run()?
+            .join()?;
+    }
     Ok(())
 }
 
