@@ -274,6 +274,8 @@ struct Coordinator {
     epochs: Epochs,
     saves: Saves,
     clock: Clock,
+    /// The deaths so far, for the final state.
+    faults: Vec<FaultEvent>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -353,6 +355,7 @@ impl Coordinator {
             epochs: Epochs::default(),
             saves: Saves::default(),
             clock: Clock { start: Instant::now(), train_start: None, train_end: None },
+            faults: Vec::new(),
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
@@ -1150,7 +1153,8 @@ impl Coordinator {
             _ => wall_ms,
         };
         let epochs = std::mem::take(&mut self.epochs.emitted);
-        trained_state(&self.shapes, state, epochs, self.rounds.reduces, wall_ms, train_ms)
+        let faults = std::mem::take(&mut self.faults);
+        trained_state(&self.shapes, state, epochs, self.rounds.reduces, wall_ms, train_ms, faults)
     }
 
     /// Why a checkpoint is due at the reduce being started, if one is.
@@ -1276,13 +1280,15 @@ impl Coordinator {
         self.slots.bury(rank);
         let survivors = self.slots.live_ranks();
         tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
-        // At most one event per rank: the queue holds a slot per rank.
-        let _ = self.outlets.faults.try_send(FaultEvent {
+        let event = FaultEvent {
             rank,
             at_ms: self.clock.at_ms(),
             cause: cause.clone(),
             survivors: survivors.clone(),
-        });
+        };
+        self.faults.push(event.clone());
+        // At most one event per rank: the queue holds a slot per rank.
+        let _ = self.outlets.faults.try_send(event);
         // A rank stuck in its replica reads this when (if) it returns.
         let _ = self.link.try_send(rank, ToWorker::Stop);
         let lone_nccl = self.group.nccl && survivors.len() == 1;

@@ -34,6 +34,10 @@ pub struct TrainedState {
     pub train_ms: f64,
     /// Samples trained, all ranks and epochs together.
     pub samples: usize,
+    /// Every rank death the run survived, in order (the same events
+    /// [`DdpHandle::poll_fault_events`] streams while it runs).
+    #[serde(default)]
+    pub faults: Vec<FaultEvent>,
 }
 
 impl TrainedState {
@@ -316,6 +320,7 @@ pub(crate) fn trained_state(
     reduces: u64,
     wall_ms: f64,
     train_ms: f64,
+    faults: Vec<FaultEvent>,
 ) -> Result<TrainedState> {
     let n = state.params.len();
     if shapes.len() != n + state.buffers.len() {
@@ -338,5 +343,6 @@ pub(crate) fn trained_state(
         wall_ms,
         train_ms,
         samples,
+        faults,
     })
 }

@@ -82,5 +82,5 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     }
     let state = worker.snapshot()?;
     let wall_ms = start.elapsed().as_secs_f64() * 1000.0;
-    trained_state(&worker.shapes(), state, epochs, 0, wall_ms, train_ms)
+    trained_state(&worker.shapes(), state, epochs, 0, wall_ms, train_ms, Vec::new())
 }

@@ -242,11 +242,14 @@ fn check_coverage(
     Ok(after_death)
 }
 
-/// Reads the run's epochs until it ends, then its fault events, then joins it.
+/// Reads the run's epochs until it ends, then its fault events, then joins it; the final
+/// state carries the same events.
 fn finish(mut handle: DdpHandle) -> Result<(TrainedState, Vec<FaultEvent>)> {
     while handle.next_metrics(Duration::from_secs(120)).is_some() {}
     let events = handle.poll_fault_events();
-    Ok((handle.join()?, events))
+    let state = handle.join()?;
+    assert_eq!(state.faults, events, "the final state carries the polled fault events");
+    Ok((state, events))
 }
 
 fn one_fault(events: &[FaultEvent], rank: usize, what: &str) -> std::result::Result<(), String> {
