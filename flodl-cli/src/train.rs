@@ -146,7 +146,15 @@ impl Data {
     pub(crate) fn load(cfg: &TrainConfig) -> Result<Self> {
         let dir = cfg.data.clone().unwrap_or_else(mnist::vendored_dir);
         if !dir.is_dir() {
-            bail!("MNIST directory {} does not exist", dir.display());
+            // A moved binary or a registry-installed crate does not find the vendored files.
+            let hint = match cfg.data {
+                Some(_) => String::new(),
+                None => format!(
+                    " (set {} or pass --data to name the folder holding the MNIST idx files)",
+                    mnist::DIR_ENV
+                ),
+            };
+            bail!("MNIST directory {} does not exist{hint}", dir.display());
         }
         let verify = if dir.join("SHA256SUMS").is_file() { Verify::Sha256 } else { Verify::Skip };
         let load = |split: Split| {

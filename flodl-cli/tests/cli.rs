@@ -361,6 +361,13 @@ fn missing_or_corrupt_data_fails_with_the_file_named() -> Result {
     let nowhere = tmp.path().join("nowhere");
     let o = fdl(&["train", "--out", out, "--data", nowhere.to_str().ok_or("path")?])?;
     assert_one_line_error(&o, &["nowhere", "does not exist"], "missing dir");
+    // Without --data, the vendored folder comes from FLODL_MNIST_DIR or the build tree: a run
+    // that cannot find it names the variable.
+    let o = Command::new(FDL)
+        .args(["train", "--out", out])
+        .env("FLODL_MNIST_DIR", &nowhere)
+        .output()?;
+    assert_one_line_error(&o, &["nowhere", "does not exist", "FLODL_MNIST_DIR"], "no data found");
 
     // A directory with the label files but no training images.
     let partial = tmp.path().join("partial");
