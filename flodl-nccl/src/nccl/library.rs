@@ -46,6 +46,7 @@ pub(crate) fn code_name(code: c_int) -> &'static str {
         5 => "ncclInvalidUsage",
         6 => "ncclRemoteError",
         7 => "ncclInProgress",
+        8 => "ncclTimeout",
         _ => "unknown ncclResult_t",
     }
 }
@@ -57,9 +58,13 @@ pub(crate) struct RawUniqueId {
     pub(crate) internal: [c_char; 128],
 }
 
-/// `ncclConfig_t` as of NCCL 2.17 (the fields up to `splitShare`). NCCL copies
-/// `min(size, sizeof(its own struct))` bytes, so this works with newer libraries, and it checks
-/// `magic` to know the struct was initialised the way `NCCL_CONFIG_INITIALIZER` does.
+/// `ncclConfig_t` up to `trafficClass` (NCCL 2.26): 48 bytes, every one of them written.
+///
+/// NCCL copies `min(size, sizeof(its own struct))` bytes, so this works with newer libraries
+/// (their later fields keep NCCL's defaults), and it checks `magic` to know the struct was
+/// initialised the way `NCCL_CONFIG_INITIALIZER` does. Bytes 44..48 were padding in the 2.17
+/// layout but are `trafficClass` from 2.26 on, so the field is declared and left undefined
+/// (`NCCL_CONFIG_UNDEF_INT`) rather than left as uninitialised padding.
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct RawConfig {
@@ -72,6 +77,7 @@ pub(crate) struct RawConfig {
     max_ctas: c_int,
     net_name: *const c_char,
     split_share: c_int,
+    traffic_class: c_int,
 }
 
 impl RawConfig {
@@ -88,6 +94,7 @@ impl RawConfig {
             max_ctas: UNDEF_INT,
             net_name: std::ptr::null(),
             split_share: UNDEF_INT,
+            traffic_class: UNDEF_INT,
         }
     }
 }
@@ -340,12 +347,55 @@ mod tests {
         assert_eq!(NcclVersion::from_code(22304).to_string(), "2.23.4");
     }
 
+    /// The config's bytes, as NCCL reads them: every byte up to `size` is a declared field at
+    /// the offset `nccl.h` gives it (2.26 layout), none is padding.
     #[test]
-    fn the_config_matches_the_2_17_layout() {
-        assert_eq!(size_of::<RawConfig>(), 48);
+    fn the_config_bytes_match_the_2_26_layout() {
         let config = RawConfig::non_blocking();
+        assert_eq!(size_of::<RawConfig>(), 48);
         assert_eq!(config.size, 48);
-        assert_eq!((config.magic, config.version, config.blocking), (0xcafe_beef, 21700, 0));
-        assert_eq!(config.min_ctas, i32::MIN);
+        // SAFETY: `RawConfig` is `repr(C)` with no padding (the offsets below cover all 48
+        // bytes), so every byte is initialised and may be read as a `u8`.
+        let bytes: &[u8] =
+            unsafe { std::slice::from_raw_parts((&config as *const RawConfig).cast::<u8>(), 48) };
+        let int = |at: usize| i32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+        let undef = i32::MIN;
+        let expected: [(usize, &str, i64); 8] = [
+            (8, "magic", 0xcafe_beef_u32 as i32 as i64),
+            (12, "version", 21700),
+            (16, "blocking", 0),
+            (20, "cgaClusterSize", undef as i64),
+            (24, "minCTAs", undef as i64),
+            (28, "maxCTAs", undef as i64),
+            (40, "splitShare", undef as i64),
+            (44, "trafficClass", undef as i64),
+        ];
+        for (at, field, want) in expected {
+            assert_eq!(int(at) as i64, want, "{field} at byte {at}");
+        }
+        assert_eq!(u64::from_ne_bytes(bytes[0..8].try_into().unwrap_or([0; 8])), 48, "size");
+        assert_eq!(&bytes[32..40], &[0; 8], "netName (null)");
+        assert_eq!(std::mem::offset_of!(RawConfig, traffic_class), 44);
+        assert_eq!(std::mem::offset_of!(RawConfig, net_name), 32);
+    }
+
+    #[test]
+    fn result_codes_have_their_nccl_names() {
+        let cases = [
+            (0, "ncclSuccess"),
+            (1, "ncclUnhandledCudaError"),
+            (2, "ncclSystemError"),
+            (3, "ncclInternalError"),
+            (4, "ncclInvalidArgument"),
+            (5, "ncclInvalidUsage"),
+            (6, "ncclRemoteError"),
+            (7, "ncclInProgress"),
+            (8, "ncclTimeout"),
+            (9, "unknown ncclResult_t"),
+            (-1, "unknown ncclResult_t"),
+        ];
+        for (code, name) in cases {
+            assert_eq!(code_name(code), name, "code {code}");
+        }
     }
 }

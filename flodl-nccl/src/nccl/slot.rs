@@ -1,12 +1,17 @@
 //! The communicator slot shared by an `NcclComm`, its abort handle and its watchdog.
 //!
-//! The raw `ncclComm_t` lives behind a read-write lock: NCCL calls that use it (enqueueing a
-//! collective, polling the async error) hold a read lock for the length of one non-blocking call;
-//! aborting takes the write lock, calls `ncclCommAbort` and leaves a null pointer behind, so no
-//! call can ever reach a freed communicator.
+//! The raw `ncclComm_t` lives in a [`CommCell`]: every NCCL call on it — enqueueing a
+//! collective, polling `ncclCommGetAsyncError`, destroying, aborting — runs under one mutex, so
+//! no two threads are ever inside NCCL with the same communicator. That is required, not
+//! cautious: from NCCL 2.26 `ncclCommGetAsyncError` completes the communicator's non-blocking
+//! group job (joins its thread and frees it) without locking, so the watchdog polling while the
+//! owner polls or enqueues could join twice or use the freed job. Every call made under the
+//! mutex is non-blocking, so it is held for microseconds; the watchdog only *tries* it and skips
+//! a poll while the owner is inside NCCL. Aborting leaves a null pointer behind, so no call can
+//! ever reach a freed communicator.
 
 use std::ffi::c_int;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
@@ -43,20 +48,58 @@ struct Status {
 #[derive(Debug)]
 struct CommPtr(RawComm);
 
-// SAFETY: an `ncclComm_t` may be used from any thread (NCCL forbids concurrent *collective*
-// calls on one comm, which the owner's `&mut self` methods rule out; `ncclCommGetAsyncError` and
-// `ncclCommAbort` are designed to be called from a watchdog thread). The pointer is only used
-// under the slot's lock.
+// SAFETY: an `ncclComm_t` may be used from any thread as long as calls on it do not overlap;
+// the pointer only lives inside `CommCell`'s mutex, so every call using it is serialised.
 unsafe impl Send for CommPtr {}
-// SAFETY: see above; shared access only reads the pointer value.
-unsafe impl Sync for CommPtr {}
+
+/// The communicator pointer behind the one mutex that every NCCL call on it holds.
+#[derive(Debug)]
+pub(crate) struct CommCell(Mutex<CommPtr>);
+
+impl CommCell {
+    pub(crate) fn new(comm: RawComm) -> CommCell {
+        CommCell(Mutex::new(CommPtr(comm)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CommPtr> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` with the pointer (null once taken), waiting for any other call to finish.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(RawComm) -> T) -> T {
+        f(self.lock().0)
+    }
+
+    /// Runs `f` with the pointer unless another call holds it right now (`None` then).
+    pub(crate) fn try_with<T>(&self, f: impl FnOnce(RawComm) -> T) -> Option<T> {
+        let guard = match self.0.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(f(guard.0))
+    }
+
+    /// Runs `f` with the pointer and leaves null behind (`f` sees null if it was already taken).
+    pub(crate) fn take_with<T>(&self, f: impl FnOnce(RawComm) -> T) -> T {
+        let mut guard = self.lock();
+        let comm = std::mem::replace(&mut guard.0, std::ptr::null_mut());
+        f(comm)
+    }
+
+    /// The pointer, with no call in progress possible (`&mut self`), left null.
+    fn take_mut(&mut self) -> RawComm {
+        let comm = self.0.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        std::mem::replace(&mut comm.0, std::ptr::null_mut())
+    }
+}
 
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Slot {
     pub(crate) lib: &'static Library,
     pub(crate) ctx: Arc<CudaContext>,
-    comm: RwLock<CommPtr>,
+    comm: CommCell,
     status: Mutex<Status>,
 }
 
@@ -65,7 +108,7 @@ impl Slot {
         Slot {
             lib,
             ctx,
-            comm: RwLock::new(CommPtr(comm)),
+            comm: CommCell::new(comm),
             status: Mutex::new(Status { fault: None, in_flight: None }),
         }
     }
@@ -74,27 +117,30 @@ impl Slot {
         self.status.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs `f` with the live communicator, holding the read lock for the call's duration.
+    /// Runs `f` with the live communicator, holding the communicator's mutex for the call.
     ///
     /// # Errors
     /// The recorded fault if the communicator is gone; otherwise whatever `f` returns.
     pub(crate) fn with_comm<T>(&self, f: impl FnOnce(RawComm) -> Result<T>) -> Result<T> {
-        let comm = self.comm.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if comm.0.is_null() {
+        self.comm.with(|comm| if comm.is_null() { Err(self.fault_error()) } else { f(comm) })
+    }
+
+    /// `ncclCommGetAsyncError` on a live communicator whose mutex is held.
+    fn async_state_of(&self, comm: RawComm) -> Result<c_int> {
+        if comm.is_null() {
             return Err(self.fault_error());
         }
-        f(comm.0)
+        let mut state: c_int = SUCCESS;
+        // SAFETY: `comm` is live (non-null, and the mutex the caller holds keeps it so and keeps
+        // every other NCCL call on it out), and `state` is a valid out-pointer.
+        let code = unsafe { (self.lib.comm_get_async_error)(comm, &mut state) };
+        self.lib.check(code, Some(comm))?;
+        Ok(state)
     }
 
     /// `ncclCommGetAsyncError`: `SUCCESS`, `IN_PROGRESS` or an error code.
     pub(crate) fn async_state(&self) -> Result<c_int> {
-        self.with_comm(|comm| {
-            let mut state: c_int = SUCCESS;
-            // SAFETY: `comm` is live (read lock held, non-null) and `state` is a valid out-pointer.
-            let code = unsafe { (self.lib.comm_get_async_error)(comm, &mut state) };
-            self.lib.check(code, Some(comm))?;
-            Ok(state)
-        })
+        self.comm.with(|comm| self.async_state_of(comm))
     }
 
     /// Polls the async state until it leaves `IN_PROGRESS`, failing at `deadline` (which aborts).
@@ -132,33 +178,39 @@ impl Slot {
             let mut status = self.status();
             status.fault.get_or_insert(fault);
         }
-        let mut comm = self.comm.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if comm.0.is_null() {
-            return;
-        }
-        // NCCL's teardown uses the communicator's device; a failure to bind is not fatal here.
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: the pointer is live (non-null under the write lock, so no other call uses it),
-        // and it is nulled right after, so it is never used again.
-        let code = unsafe { (self.lib.comm_abort)(comm.0) };
-        comm.0 = std::ptr::null_mut();
-        if code != SUCCESS {
-            tracing::warn!(code, "ncclCommAbort failed");
-        }
-        tracing::warn!(?fault, "NCCL communicator aborted");
+        self.comm.take_with(|comm| {
+            if comm.is_null() {
+                return;
+            }
+            // NCCL's teardown uses the communicator's device; a failure to bind is not fatal.
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: the pointer is live (non-null, taken out under the mutex, so no other call
+            // uses it now or later).
+            let code = unsafe { (self.lib.comm_abort)(comm) };
+            if code != SUCCESS {
+                tracing::warn!(code, "ncclCommAbort failed");
+            }
+            tracing::warn!(?fault, "NCCL communicator aborted");
+        });
     }
 
     /// Destroys a healthy communicator (`ncclCommDestroy`), or aborts a faulted one.
     pub(crate) fn destroy(&self) -> Result<()> {
-        let mut comm = self.comm.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if comm.0.is_null() {
-            return Ok(());
-        }
-        let ptr = std::mem::replace(&mut comm.0, std::ptr::null_mut());
-        self.ctx.bind_to_thread().map_err(|e| Error::Cuda(e.to_string()))?;
-        // SAFETY: `ptr` was live and has been removed from the slot, so nothing else uses it.
-        let code = unsafe { (self.lib.comm_destroy)(ptr) };
-        self.lib.check(code, None)
+        self.comm.take_with(|ptr| {
+            if ptr.is_null() {
+                return Ok(());
+            }
+            if let Err(e) = self.ctx.bind_to_thread() {
+                // Without the device bound NCCL cannot tear down in order; abort instead.
+                // SAFETY: `ptr` was live and has been taken out under the mutex.
+                let _ = unsafe { (self.lib.comm_abort)(ptr) };
+                return Err(Error::Cuda(e.to_string()));
+            }
+            // SAFETY: `ptr` was live and has been taken out under the mutex, so nothing else
+            // uses it now or later.
+            let code = unsafe { (self.lib.comm_destroy)(ptr) };
+            self.lib.check(code, None)
+        })
     }
 
     /// The error the recorded fault maps to (`Aborted` if none was recorded).
@@ -202,13 +254,15 @@ impl Slot {
             self.abort(Fault::TimedOut { op: op.op, after: op.started.elapsed() });
             return false;
         }
-        match self.async_state() {
-            Ok(SUCCESS | IN_PROGRESS) => true,
-            Ok(code) => {
+        // The owner inside NCCL (enqueueing or polling) holds the mutex: skip this poll rather
+        // than queue behind it; the owner's own poll sees the same state.
+        match self.comm.try_with(|comm| self.async_state_of(comm)) {
+            None | Some(Ok(SUCCESS | IN_PROGRESS)) => true,
+            Some(Ok(code)) => {
                 self.abort(Fault::Nccl { code });
                 false
             }
-            Err(_) => !self.is_faulted(),
+            Some(Err(_)) => !self.is_faulted(),
         }
     }
 }
@@ -217,14 +271,71 @@ impl Drop for Slot {
     /// A communicator nobody destroyed or aborted (e.g. a failed construction) is aborted, which
     /// never waits for peers and never panics.
     fn drop(&mut self) {
-        let comm = self.comm.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if comm.0.is_null() {
+        let comm = self.comm.take_mut();
+        if comm.is_null() {
             return;
         }
         let _ = self.ctx.bind_to_thread();
         // SAFETY: the slot is being dropped, so nothing else holds the pointer; it is live
         // (non-null) and is never used again.
-        let _ = unsafe { (self.lib.comm_abort)(comm.0) };
-        comm.0 = std::ptr::null_mut();
+        let _ = unsafe { (self.lib.comm_abort)(comm) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::CommCell;
+
+    /// Every way into the cell excludes every other: an "owner" thread calling, a "watchdog"
+    /// thread trying, and an "abort" taking, never overlap inside the cell (a read-write lock
+    /// shared between the owner and the watchdog would fail this).
+    #[test]
+    fn calls_on_one_communicator_never_overlap() {
+        let mut marker = 0u8;
+        let cell = CommCell::new((&mut marker as *mut u8).cast());
+        let inside = AtomicUsize::new(0);
+        let overlaps = AtomicUsize::new(0);
+        let tried = AtomicUsize::new(0);
+        let call = |_comm| {
+            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            inside.fetch_sub(1, Ordering::SeqCst);
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let taken = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..3 {
+                scope.spawn(|| {
+                    for _ in 0..50 {
+                        if Instant::now() < deadline {
+                            cell.with(call);
+                        }
+                    }
+                });
+            }
+            scope.spawn(|| {
+                for _ in 0..200 {
+                    if Instant::now() < deadline && cell.try_with(call).is_some() {
+                        tried.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(5));
+                cell.take_with(|comm| {
+                    call(comm);
+                    taken.store(!comm.is_null(), Ordering::SeqCst);
+                });
+            });
+        });
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two calls were inside at once");
+        assert!(taken.load(Ordering::SeqCst), "the abort saw a live pointer");
+        assert!(cell.with(|comm| comm.is_null()), "the pointer is null after the abort");
+        assert!(cell.try_with(|comm| comm.is_null()).unwrap_or(false));
     }
 }
