@@ -51,7 +51,7 @@ impl CudaStream {
 pub(crate) enum CudaEvent {}
 
 impl CudaEvent {
-    pub(crate) fn new(_ordinal: usize) -> Result<CudaEvent> {
+    pub(crate) fn new(_ordinal: usize, _timed: bool) -> Result<CudaEvent> {
         Err(Error::CudaNotCompiled)
     }
     pub(crate) fn ordinal(&self) -> usize {
@@ -260,4 +260,17 @@ pub(crate) mod ops {
     ) -> Result<()> {
         match *s {}
     }
+}
+
+/// Without the `cuda` feature nothing is loaded.
+pub(crate) fn library_reports() -> Vec<crate::LibraryReport> {
+    ["CUDA driver", "NVRTC", "cuBLAS"]
+        .into_iter()
+        .map(|name| crate::LibraryReport {
+            name,
+            status: crate::LibraryStatus::Missing {
+                reason: "flodl was built without the cuda feature".into(),
+            },
+        })
+        .collect()
 }

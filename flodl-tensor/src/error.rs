@@ -116,6 +116,13 @@ pub enum Error {
         /// What is wrong.
         what: &'static str,
     },
+    /// Elapsed time was asked of an event made without timing ([`crate::Event::new`]; use
+    /// [`crate::Event::timed`]).
+    #[error("{op}: the event was made without timing (use Event::timed)")]
+    EventNotTimed {
+        /// The operation that checked.
+        op: &'static str,
+    },
     /// An event was queried before it was ever recorded.
     #[error("{op}: the event was never recorded")]
     EventNotRecorded {
@@ -156,6 +163,21 @@ pub enum Error {
         op: &'static str,
         /// The library's error.
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// NVRTC could not compile flodl's kernels, or the driver loaded neither the CUBIN nor the
+    /// PTX it produced.
+    #[error("cuda kernels: {reason}")]
+    KernelCompile {
+        /// What failed, with NVRTC's log or the driver's error.
+        reason: String,
+    },
+    /// A cuBLAS call returned an error status.
+    #[error("cublas {op}: status {status}")]
+    Cublas {
+        /// The call that failed.
+        op: &'static str,
+        /// The `cublasStatus_t`.
+        status: i32,
     },
 }
 

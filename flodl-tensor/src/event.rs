@@ -6,13 +6,26 @@ use std::time::Instant;
 use crate::stream::StreamInner;
 use crate::{Device, Error, Result, Stream, cuda};
 
-/// A marker recorded on a stream: later work can wait for it and two events give elapsed time.
+/// A marker recorded on a stream: later work can wait for it, and two timed events give the
+/// elapsed time between them.
 ///
-/// On the CPU an event records the instant at which it was recorded (CPU work is complete when
-/// issued); on CUDA it is a timing-enabled CUDA event.
+/// [`Event::new`] makes a plain marker (on CUDA an event created with timing disabled, which is
+/// cheaper to record and wait on: fences and ready events need nothing more);
+/// [`Event::timed`] makes one that can also be measured with [`Event::elapsed_ms`]. On the CPU
+/// an event records the instant at which it was recorded (CPU work is complete when issued).
 #[derive(Debug)]
 pub struct Event {
     inner: EventInner,
+    timing: Timing,
+}
+
+/// Whether an event can be measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timing {
+    /// Orders work only.
+    Marker,
+    /// Also gives elapsed time.
+    Timed,
 }
 
 #[derive(Debug)]
@@ -22,16 +35,30 @@ enum EventInner {
 }
 
 impl Event {
-    /// A new, not yet recorded event for `device`.
+    /// A new, not yet recorded marker for `device` (no timing: [`Event::elapsed_ms`] refuses it).
     ///
     /// # Errors
     /// CUDA unavailable or a driver error for CUDA devices.
     pub fn new(device: Device) -> Result<Event> {
+        Event::with_timing(device, Timing::Marker)
+    }
+
+    /// A new, not yet recorded event for `device` that [`Event::elapsed_ms`] can measure.
+    ///
+    /// # Errors
+    /// CUDA unavailable or a driver error for CUDA devices.
+    pub fn timed(device: Device) -> Result<Event> {
+        Event::with_timing(device, Timing::Timed)
+    }
+
+    fn with_timing(device: Device, timing: Timing) -> Result<Event> {
         let inner = match device {
             Device::Cpu => EventInner::Cpu(Mutex::new(None)),
-            Device::Cuda(ordinal) => EventInner::Cuda(cuda::CudaEvent::new(ordinal)?),
+            Device::Cuda(ordinal) => {
+                EventInner::Cuda(cuda::CudaEvent::new(ordinal, timing == Timing::Timed)?)
+            }
         };
-        Ok(Event { inner })
+        Ok(Event { inner, timing })
     }
 
     /// The device this event belongs to.
@@ -73,12 +100,17 @@ impl Event {
         }
     }
 
-    /// Milliseconds from this event to `end` (both recorded, both on the same device).
+    /// Milliseconds from this event to `end` (both made by [`Event::timed`], both recorded,
+    /// both on the same device).
     ///
     /// # Errors
-    /// [`Error::EventNotRecorded`], [`Error::DeviceMismatch`], or a driver error.
+    /// [`Error::EventNotTimed`], [`Error::EventNotRecorded`], [`Error::DeviceMismatch`], or a
+    /// driver error.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         const OP: &str = "event elapsed_ms";
+        if self.timing != Timing::Timed || end.timing != Timing::Timed {
+            return Err(Error::EventNotTimed { op: OP });
+        }
         match (&self.inner, &end.inner) {
             (EventInner::Cpu(a), EventInner::Cpu(b)) => {
                 let a = *a.lock().unwrap_or_else(|p| p.into_inner());

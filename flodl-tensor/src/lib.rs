@@ -27,7 +27,7 @@
 //! | `Device::Cpu` | `Device::Cuda(ordinal)` (one primary context per device) |
 //! | `Vec<T>` in a `Tensor` | `CudaSlice` in a `Tensor` |
 //! | the calling thread (+ the stream's thread pool) | a non-blocking `CUstream` |
-//! | `Event`: the instant it was recorded | a timing-enabled `CUevent` |
+//! | `Event`: the instant it was recorded | a `CUevent`, timing disabled unless [`Event::timed`] |
 //! | `PinnedBuffer`: a plain `Vec` | page-locked host memory (not write-combined) |
 //! | kernels: Rust loops, `gemm` crate | NVRTC kernels compiled once per device, cuBLAS gemm |
 //!
@@ -37,10 +37,14 @@
 
 mod address;
 mod cpu;
+mod cuda_library;
 mod device;
 mod dtype;
 mod error;
 mod event;
+// Without the `cuda` feature only the public names are used (nothing is loaded).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod library_search;
 mod pinned;
 mod skip;
 mod stream;
@@ -55,11 +59,13 @@ mod cuda;
 pub mod ops;
 
 pub use address::DeviceAddress;
+pub use cuda_library::{LibraryReport, LibraryStatus, cuda_libraries};
 pub use device::{Device, DeviceDetails, DeviceInfo, cuda_device_count, devices, gpu_skip_reason};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use event::Event;
 pub use half::bf16;
+pub use library_search::{CUDA_LIB_DIR_ENV, RuntimeLibrary};
 pub use pinned::PinnedBuffer;
 pub use skip::{REQUIRE_GPU_ENV, SkipDecision, skip_decision, skip_or_fail};
 pub use stream::Stream;

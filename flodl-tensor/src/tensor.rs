@@ -233,7 +233,9 @@ impl Tensor {
     }
 
     /// Overwrites the elements with `src` (synchronous on the CPU; ordered on the CUDA stream,
-    /// and `src` may be reused once this returns).
+    /// and `src` may be reused once this returns: a page-locked `src`, e.g. a slice of a
+    /// [`PinnedBuffer`], is waited for, since the driver reads it after the call; for an upload
+    /// that overlaps later work use [`Tensor::copy_from_pinned_async`], which tracks the copy).
     ///
     /// # Errors
     /// [`Error::DTypeMismatch`], [`Error::LengthMismatch`], [`Error::DeviceMismatch`], CUDA errors.
@@ -258,7 +260,9 @@ impl Tensor {
     /// the buffer through [`PinnedBuffer::as_slice`], which waits for the copy.
     ///
     /// # Errors
-    /// [`Error::DTypeMismatch`], [`Error::LengthMismatch`], [`Error::DeviceMismatch`], CUDA errors.
+    /// [`Error::DTypeMismatch`], [`Error::LengthMismatch`], [`Error::DeviceMismatch`] (also for a
+    /// buffer made for another GPU than the stream's, checked before any driver call), CUDA
+    /// errors.
     pub fn copy_to_pinned_async<T: Element>(
         &self,
         dst: &mut PinnedBuffer<T>,
@@ -268,6 +272,7 @@ impl Tensor {
         self.check_dtype(OP, T::DTYPE)?;
         check_len(OP, self.numel(), dst.len())?;
         stream.check_device(OP, self.device())?;
+        dst.check_stream(OP, stream.device())?;
         match (&self.storage, dst.inner_mut(), stream.inner()) {
             (Storage::Cuda(c), PinnedInner::Cuda(p), StreamInner::Cuda(s)) => {
                 c.copy_to_pinned(p, s)
@@ -289,7 +294,9 @@ impl Tensor {
     /// [`PinnedBuffer::as_mut_slice`] waits for this copy before handing the buffer out again.
     ///
     /// # Errors
-    /// [`Error::DTypeMismatch`], [`Error::LengthMismatch`], [`Error::DeviceMismatch`], CUDA errors.
+    /// [`Error::DTypeMismatch`], [`Error::LengthMismatch`], [`Error::DeviceMismatch`] (also for a
+    /// buffer made for another GPU than the stream's, checked before any driver call), CUDA
+    /// errors.
     pub fn copy_from_pinned_async<T: Element>(
         &mut self,
         src: &PinnedBuffer<T>,
@@ -299,6 +306,7 @@ impl Tensor {
         self.check_dtype(OP, T::DTYPE)?;
         check_len(OP, self.numel(), src.len())?;
         stream.check_device(OP, self.device())?;
+        src.check_stream(OP, stream.device())?;
         match (&mut self.storage, src.inner(), stream.inner()) {
             (Storage::Cuda(c), PinnedInner::Cuda(p), StreamInner::Cuda(s)) => {
                 c.copy_from_pinned(p, s)

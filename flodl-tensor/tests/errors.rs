@@ -135,9 +135,17 @@ fn invalid_arguments() -> TestResult {
     })?;
     expect("parse", "gpu:0".parse::<Device>(), |e| matches!(e, Error::ParseDevice(_)))?;
     expect("parse", "cuda:x".parse::<Device>(), |e| matches!(e, Error::ParseDevice(_)))?;
-    let (a, b) = (Event::new(Device::Cpu)?, Event::new(Device::Cpu)?);
+    let (a, b) = (Event::timed(Device::Cpu)?, Event::timed(Device::Cpu)?);
     a.record(&s)?;
     expect("unrecorded", a.elapsed_ms(&b), |e| matches!(e, Error::EventNotRecorded { .. }))?;
+    let (m, n) = (Event::new(Device::Cpu)?, Event::new(Device::Cpu)?);
+    m.record(&s)?;
+    n.record(&s)?;
+    let not_timed = |e: &Error| matches!(e, Error::EventNotTimed { .. });
+    expect("marker to marker", m.elapsed_ms(&n), not_timed)?;
+    b.record(&s)?;
+    expect("timed to marker", a.elapsed_ms(&n), not_timed)?;
+    expect("marker to timed", m.elapsed_ms(&b), not_timed)?;
     Ok(())
 }
 

@@ -117,8 +117,8 @@ fn copies_between_tensors_devices_and_pinned_buffers() -> TestResult {
 #[test]
 fn events_order_and_time_work() -> TestResult {
     on_each_device(|s| {
-        let start = Event::new(s.device())?;
-        let end = Event::new(s.device())?;
+        let start = Event::timed(s.device())?;
+        let end = Event::timed(s.device())?;
         start.record(s)?;
         let mut t = Tensor::zeros(&[1 << 20], DType::F32, s)?;
         flodl_tensor::ops::fill(&mut t, 1.0, s)?;

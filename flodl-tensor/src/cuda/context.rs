@@ -31,6 +31,24 @@ fn probe() -> &'static Probe {
     })
 }
 
+/// The CUDA version the driver supports (`cuDriverGetVersion`, e.g. (13, 0)), or `None` without
+/// a driver library. Asked once per process.
+pub(crate) fn driver_version() -> Option<(u32, u32)> {
+    static VERSION: OnceLock<Option<(u32, u32)>> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        // SAFETY: only tries to load the library; it neither panics nor touches CUDA state.
+        if !unsafe { sys::is_culib_present() } {
+            return None;
+        }
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: the driver library is present (checked above), so the symbol loads; the
+        // call writes one int and needs no `cuInit`.
+        let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+        let v = u32::try_from(v).ok().filter(|_| r == sys::cudaError_enum::CUDA_SUCCESS)?;
+        Some((v / 1000, (v % 1000) / 10))
+    })
+}
+
 pub(crate) fn device_count() -> usize {
     match probe() {
         Probe::Usable(n) => *n,
@@ -66,6 +84,7 @@ impl DeviceState {
             return Ok(k.clone());
         }
         let k = Arc::new(Kernels::compile(&self.ctx)?);
+        tracing::info!(ordinal = self.ctx.ordinal(), image = ?k.image(), "flodl kernels ready");
         *slot = Some(k.clone());
         Ok(k)
     }

@@ -1,11 +1,11 @@
-//! A timing-enabled CUDA event.
+//! A CUDA event, with timing enabled only when elapsed time will be read.
 
 use cudarc::driver::{CudaEvent as RawEvent, sys};
 
 use super::{CudaStream, context, cuda_err};
 use crate::Result;
 
-/// A CUDA event created with timing enabled.
+/// A CUDA event on one device; created with timing disabled unless it is to be measured.
 #[derive(Debug)]
 pub(crate) struct CudaEvent {
     ordinal: usize,
@@ -13,12 +13,14 @@ pub(crate) struct CudaEvent {
 }
 
 impl CudaEvent {
-    pub(crate) fn new(ordinal: usize) -> Result<CudaEvent> {
+    pub(crate) fn new(ordinal: usize, timed: bool) -> Result<CudaEvent> {
         let dev = context::device(ordinal)?;
-        let raw = dev
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(cuda_err("event create"))?;
+        let flags = if timed {
+            sys::CUevent_flags::CU_EVENT_DEFAULT
+        } else {
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+        };
+        let raw = dev.ctx.new_event(Some(flags)).map_err(cuda_err("event create"))?;
         Ok(CudaEvent { ordinal, raw })
     }
 

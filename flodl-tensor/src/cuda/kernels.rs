@@ -4,8 +4,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use cudarc::nvrtc::Ptx;
 
 use super::cuda_err;
+use super::nvrtc::{Nvrtc, Target};
 use crate::{Error, Result};
 
 /// Threads per block of every element-wise kernel.
@@ -190,33 +192,99 @@ const NAMES: &[&str] = &[
     "adam_f32",
 ];
 
+/// How the kernels reached the device: what NVRTC produced and the driver loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KernelImage {
+    /// Machine code for the device's own `sm_XY`, loaded as is.
+    Cubin(u32),
+    /// PTX for `compute_XY`, JIT-compiled by the driver.
+    Ptx(u32),
+}
+
 /// flodl's kernels compiled for one device.
 pub(crate) struct Kernels {
     fns: HashMap<&'static str, CudaFunction>,
+    image: KernelImage,
 }
 
 impl std::fmt::Debug for Kernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernels").field("count", &self.fns.len()).finish()
+        f.debug_struct("Kernels")
+            .field("count", &self.fns.len())
+            .field("image", &self.image)
+            .finish()
     }
 }
 
+/// The PTX architecture to fall back to for a device of `arch`: its own when NVRTC knows it,
+/// else the newest NVRTC knows below it (the driver JIT-compiles PTX for any newer device);
+/// `None` when NVRTC knows nothing at or below it. An empty `supported` list (an NVRTC that
+/// cannot say) means "try the device's own".
+pub(crate) fn ptx_arch(arch: u32, supported: &[u32]) -> Option<u32> {
+    if supported.is_empty() || supported.contains(&arch) {
+        return Some(arch);
+    }
+    supported.iter().copied().filter(|&a| a <= arch).max()
+}
+
 impl Kernels {
-    /// Compiles the source with NVRTC and loads every kernel into `ctx`.
+    /// Compiles the source for `ctx`'s device and loads every kernel: a CUBIN for the device's
+    /// own `sm_XY` first (no JIT, so no dependence on the driver knowing NVRTC's PTX version),
+    /// then, if NVRTC cannot target that architecture or the driver refuses the CUBIN, PTX.
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`] without NVRTC; [`Error::KernelCompile`] when neither form
+    /// compiles and loads (both reasons given).
     pub(crate) fn compile(ctx: &Arc<CudaContext>) -> Result<Kernels> {
-        // SAFETY: only tries to load the library; it neither panics nor touches CUDA state.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(Error::CudaUnavailable { reason: "libnvrtc is not installed".into() });
-        }
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(cuda_err("nvrtc compile"))?;
-        let module = ctx.load_module(ptx).map_err(cuda_err("module load"))?;
+        let (major, minor) = ctx.compute_capability().map_err(cuda_err("device query"))?;
+        let arch = u32::try_from(major * 10 + minor).unwrap_or(0);
+        let nvrtc = Nvrtc::get()?;
+        let cubin = Kernels::load(ctx, nvrtc, Target::Cubin(arch));
+        let cubin_error = match cubin {
+            Ok(k) => return Ok(k),
+            Err(e) => e,
+        };
+        let Some(ptx) = ptx_arch(arch, &nvrtc.supported_archs()) else {
+            return Err(Error::KernelCompile {
+                reason: format!(
+                    "NVRTC {}.{} supports no architecture at or below sm_{arch} ({cubin_error})",
+                    nvrtc.version.0, nvrtc.version.1
+                ),
+            });
+        };
+        tracing::warn!(arch, %cubin_error, "CUBIN unusable, falling back to PTX for compute_{ptx}");
+        Kernels::load(ctx, nvrtc, Target::Ptx(ptx)).map_err(|ptx_error| Error::KernelCompile {
+            reason: format!(
+                "CUBIN for sm_{arch}: {cubin_error}; PTX for compute_{ptx}: {ptx_error}"
+            ),
+        })
+    }
+
+    /// Compiles for `target` and loads every kernel into `ctx`.
+    pub(crate) fn load(ctx: &Arc<CudaContext>, nvrtc: &Nvrtc, target: Target) -> Result<Kernels> {
+        let image = nvrtc.compile(SOURCE, "flodl_kernels.cu", target)?;
+        let module = ctx.load_module(Ptx::from_binary(image)).map_err(cuda_err("module load"))?;
         let mut fns = HashMap::new();
         for &name in NAMES {
             let f = module.load_function(name).map_err(cuda_err("kernel load"))?;
             fns.insert(name, f);
         }
-        tracing::debug!(ordinal = ctx.ordinal(), kernels = fns.len(), "compiled flodl kernels");
-        Ok(Kernels { fns })
+        let image = match target {
+            Target::Cubin(arch) => KernelImage::Cubin(arch),
+            Target::Ptx(arch) => KernelImage::Ptx(arch),
+        };
+        tracing::debug!(
+            ordinal = ctx.ordinal(),
+            kernels = fns.len(),
+            ?image,
+            "loaded flodl kernels"
+        );
+        Ok(Kernels { fns, image })
+    }
+
+    /// What was loaded.
+    pub(crate) fn image(&self) -> KernelImage {
+        self.image
     }
 
     /// The kernel called `name`.
@@ -229,23 +297,96 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{NAMES, SOURCE};
+    use super::{NAMES, Nvrtc, SOURCE, Target, ptx_arch};
 
-    /// NVRTC needs no GPU: wherever the library is installed, the kernel source must compile and
-    /// define every kernel the backend loads.
     #[test]
-    fn source_compiles_and_defines_every_kernel() {
-        // SAFETY: only tries to load the library; it neither panics nor touches CUDA state.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            crate::skip_or_fail("libnvrtc is not installed");
-            return;
+    fn ptx_falls_back_to_the_newest_known_architecture_at_or_below_the_device() {
+        let known = [75, 80, 86, 89, 90, 100, 120];
+        let cases = [
+            (90, &known[..], Some(90)),
+            (87, &known[..], Some(86)),
+            (130, &known[..], Some(120)),
+            (70, &known[..], None),
+            (90, &[][..], Some(90)),
+        ];
+        for (arch, supported, want) in cases {
+            assert_eq!(ptx_arch(arch, supported), want, "sm_{arch} with {supported:?}");
         }
-        let ptx = match cudarc::nvrtc::compile_ptx(SOURCE) {
-            Ok(p) => p.to_src(),
-            Err(e) => panic!("kernel source does not compile: {e}"),
+    }
+
+    /// NVRTC needs no GPU: wherever the library is found, the kernel source must compile to a
+    /// CUBIN for every architecture it supports from sm_75 on (one per major at least) and to
+    /// PTX defining every kernel the backend loads.
+    #[test]
+    fn source_compiles_to_cubin_and_ptx() {
+        let nvrtc = match Nvrtc::get() {
+            Ok(n) => n,
+            Err(e) => {
+                crate::skip_or_fail(&format!("NVRTC is not available: {e}"));
+                return;
+            }
         };
+        let archs = nvrtc.supported_archs();
+        eprintln!("NVRTC {:?} from {}, architectures {archs:?}", nvrtc.version, nvrtc.path);
+        let archs: Vec<u32> = if archs.is_empty() { vec![80] } else { archs };
+        // The oldest architecture of each major (NVRTC's list is ascending).
+        let mut per_major: Vec<u32> = archs.iter().copied().filter(|&a| a >= 75).collect();
+        per_major.dedup_by_key(|a| *a / 10);
+        for &arch in &per_major {
+            let cubin = nvrtc
+                .compile(SOURCE, "k.cu", Target::Cubin(arch))
+                .unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
+            assert_eq!(&cubin[..4], b"\x7fELF", "sm_{arch}: a CUBIN is an ELF image");
+        }
+        let arch = archs.iter().copied().filter(|&a| a >= 75).min().unwrap_or(80);
+        let ptx = nvrtc
+            .compile(SOURCE, "k.cu", Target::Ptx(arch))
+            .unwrap_or_else(|e| panic!("compute_{arch}: {e}"));
+        let ptx = String::from_utf8_lossy(&ptx);
+        assert!(ptx.contains(&format!(".target sm_{arch}")), "PTX for compute_{arch}");
         for name in NAMES {
             assert!(ptx.contains(&format!(".entry {name}(")), "kernel {name} missing from the PTX");
         }
+    }
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    use cudarc::driver::PushKernelArg;
+
+    use super::{KernelImage, Kernels, Nvrtc, Target, grid, ptx_arch};
+    use crate::cuda::context;
+
+    /// On a GPU: the kernels load as a CUBIN for the device's own architecture, and the PTX
+    /// fallback also loads and runs (the path taken when NVRTC cannot target the device).
+    #[test]
+    fn kernels_load_as_cubin_and_the_ptx_fallback_runs() {
+        if let Some(reason) = crate::gpu_skip_reason() {
+            crate::skip_or_fail(&reason);
+            return;
+        }
+        let dev = context::device(0).unwrap_or_else(|e| panic!("cuda:0: {e}"));
+        let (major, minor) = dev.ctx.compute_capability().unwrap_or_else(|e| panic!("{e}"));
+        let arch = u32::try_from(major * 10 + minor).unwrap_or(0);
+        let kernels = dev.kernels().unwrap_or_else(|e| panic!("kernels: {e}"));
+        assert_eq!(kernels.image(), KernelImage::Cubin(arch), "sm_{arch} loads as a CUBIN");
+        let nvrtc = Nvrtc::get().unwrap_or_else(|e| panic!("{e}"));
+        let Some(fallback) = ptx_arch(arch, &nvrtc.supported_archs()) else {
+            panic!("NVRTC {:?} knows no architecture at or below sm_{arch}", nvrtc.version);
+        };
+        let ptx = Kernels::load(&dev.ctx, nvrtc, Target::Ptx(fallback))
+            .unwrap_or_else(|e| panic!("PTX for compute_{fallback}: {e}"));
+        assert_eq!(ptx.image(), KernelImage::Ptx(fallback));
+        let stream = dev.ctx.new_stream().unwrap_or_else(|e| panic!("{e}"));
+        let n = 1000usize;
+        let mut x = stream.alloc_zeros::<f32>(n).unwrap_or_else(|e| panic!("{e}"));
+        let f = ptx.get("fill_f32").unwrap_or_else(|e| panic!("{e}"));
+        let mut b = stream.launch_builder(f);
+        let v = 2.5f32;
+        b.arg(&mut x).arg(&v).arg(&n);
+        // SAFETY: `fill_f32(float*, float, size_t)` with a slice of `n` floats and `n`.
+        unsafe { b.launch(grid(n)) }.unwrap_or_else(|e| panic!("launch: {e}"));
+        let host = stream.clone_dtoh(&x).unwrap_or_else(|e| panic!("{e}"));
+        assert!(host.iter().all(|&y| y == v), "the PTX-loaded fill wrote {:?}", &host[..4]);
     }
 }

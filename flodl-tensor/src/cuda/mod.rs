@@ -1,13 +1,19 @@
 //! The CUDA backend: contexts, streams, events, memory, NVRTC kernels and cuBLAS gemm.
 //!
-//! Everything goes through cudarc's safe layer, loaded at run time. cudarc panics when a CUDA
-//! library is missing, so no cudarc function is called before [`probe`] has found the driver
-//! library (`is_culib_present`), and NVRTC and cuBLAS are probed the same way before first use.
+//! The driver goes through cudarc's safe layer, loaded at run time; cudarc panics when the
+//! driver library is missing, so no cudarc function is called before `context::probe` has found
+//! it (`is_culib_present`). NVRTC and cuBLAS are loaded by flodl itself (`nvrtc`, `cublas`,
+//! from the candidates of [`crate::library_search`]), so CUDA 12 and 13 runtimes both work, and
+//! a missing one is an error, never a panic.
 
 mod context;
+mod cublas;
 mod event;
 mod kernels;
+mod library_report;
+mod nvrtc;
 mod pinned;
+mod runtime_library;
 mod storage;
 mod stream;
 
@@ -15,6 +21,7 @@ pub(crate) mod ops;
 
 pub(crate) use context::{device_count, device_infos, unavailable_reason};
 pub(crate) use event::CudaEvent;
+pub(crate) use library_report::library_reports;
 pub(crate) use pinned::PinnedHost;
 pub(crate) use storage::CudaStorage;
 pub(crate) use stream::CudaStream;

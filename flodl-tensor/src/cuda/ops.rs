@@ -3,9 +3,9 @@
 //! Arguments were checked by `crate::ops` (devices, dtypes, shapes); every launch is checked and
 //! its error returned.
 
-use cudarc::cublas::{Gemm, GemmConfig, sys::cublasOperation_t};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
+use super::cublas::Sgemm;
 use super::kernels::{BLOCK, REDUCE_BLOCKS, grid};
 use super::{CudaStorage, CudaStream, cuda_err};
 use crate::cpu::linalg::GemmShape;
@@ -214,26 +214,36 @@ pub(crate) fn gemm(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let blas = s.blas()?;
+    let raw = s.raw();
+    s.device().ctx.bind_to_thread().map_err(cuda_err("cublas gemm"))?;
+    // The addresses are lent for `raw`: it first waits for the buffers' earlier work on other
+    // streams, and dropping the guards records the gemm as their latest read and write.
+    let (a_ptr, _read_a) = a.device_ptr(raw);
+    let (b_ptr, _read_b) = b.device_ptr(raw);
+    let (c_ptr, _write_c) = c.device_ptr_mut(raw);
     // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: pass B first.
-    let op =
-        |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
-    let cfg = GemmConfig {
-        transa: op(trans_b),
-        transb: op(trans_a),
+    let g = Sgemm {
+        trans_a: trans_b,
+        trans_b: trans_a,
         m: cublas_dim(n)?,
         n: cublas_dim(m)?,
         k: cublas_dim(k)?,
         alpha,
+        a: b_ptr,
         lda: cublas_dim(if trans_b { k } else { n }.max(1))?,
+        b: a_ptr,
         ldb: cublas_dim(if trans_a { m } else { k }.max(1))?,
         beta,
+        c: c_ptr,
         ldc: cublas_dim(n)?,
     };
-    let blas = s.blas()?;
     // SAFETY: the shapes were checked by `crate::ops::gemm` (a holds m·k, b holds k·n, c holds
     // m·n elements) and the leading dimensions above describe exactly those row-major buffers,
-    // so cuBLAS reads and writes only inside them; c does not alias a or b (&mut borrow).
-    unsafe { blas.gemm(cfg, b, a, c) }.map_err(cuda_err("cublas gemm"))
+    // so cuBLAS reads and writes only inside them; c does not alias a or b (&mut borrow); the
+    // handle is bound to `raw`, a stream of the buffers' device, whose context is current, and
+    // the lent addresses keep the buffers ordered until the gemm has run.
+    unsafe { blas.sgemm(g) }
 }
 
 pub(crate) fn bias_add(s: &CudaStream, y: &mut CudaStorage, bias: &CudaStorage) -> Result<()> {

@@ -49,6 +49,25 @@ fn host_as_mut<T: Element, U: bytemuck::Pod>(x: &mut [T]) -> Result<&mut [U]> {
     bytemuck::try_cast_slice_mut(x).map_err(|_| layout())
 }
 
+/// Whether the driver may read `src` after an async copy call returns: page-locked (or managed)
+/// memory. Only a definite "not memory the driver knows" (`CUDA_ERROR_INVALID_VALUE`, what a
+/// pageable address gives) counts as pageable; any other answer counts as page-locked, the side
+/// on which waiting is merely slower.
+fn is_page_locked<T>(src: &[T]) -> bool {
+    let mut kind: std::ffi::c_uint = 0;
+    // SAFETY: `kind` is a valid out-pointer for the memory-type attribute (an unsigned int);
+    // the address is only looked up, never dereferenced; the caller has just issued a copy on
+    // a stream of this context, so the driver is initialised and the context current.
+    let result = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut kind as *mut std::ffi::c_uint).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            src.as_ptr() as sys::CUdeviceptr,
+        )
+    };
+    result != sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE
+}
+
 fn layout() -> Error {
     Error::InvalidArgument { op: "cuda copy", what: "element layout does not match" }
 }
@@ -146,7 +165,13 @@ impl CudaStorage {
         s.synchronize().map_err(e)
     }
 
-    /// Host to device on `s`; `src` may be reused when this returns (pageable copies are staged).
+    /// Host to device on `s`; `src` may be reused when this returns.
+    ///
+    /// A pageable source is staged by the driver before the copy call returns; a page-locked
+    /// one (a slice of a pinned buffer, as a host batch hands out) is read by the DMA engine
+    /// later, and cudarc records nothing for a plain slice, so the copy is waited for here:
+    /// otherwise refilling the buffer could overwrite data still in flight. Uploads that should
+    /// overlap go through `copy_from_pinned`, whose buffer tracks the copy.
     fn htod<T: Element>(&mut self, src: &[T], s: &Arc<RawStream>) -> Result<()> {
         self.check::<T>()?;
         if src.len() != self.len() {
@@ -164,7 +189,11 @@ impl CudaStorage {
             CudaStorage::Bf16(d) => s.memcpy_htod(host_as::<T, u16>(src)?, d),
             CudaStorage::I32(d) => s.memcpy_htod(host_as::<T, i32>(src)?, d),
         }
-        .map_err(cuda_err("copy host to device"))
+        .map_err(cuda_err("copy host to device"))?;
+        if is_page_locked(src) {
+            s.synchronize().map_err(cuda_err("copy host to device"))?;
+        }
+        Ok(())
     }
 
     pub(crate) fn copy_to_host<T: Element>(&self, dst: &mut [T], s: &CudaStream) -> Result<()> {

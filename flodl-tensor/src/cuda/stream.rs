@@ -2,22 +2,23 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::CudaStream as RawStream;
 
 use super::context::{self, DeviceState};
+use super::cublas::BlasHandle;
 use super::{CudaEvent, cuda_err};
-use crate::{Error, Result};
+use crate::Result;
 
 /// A non-blocking CUDA stream; clones share it.
 #[derive(Clone)]
 pub(crate) struct CudaStream(Arc<StreamState>);
 
 struct StreamState {
+    // Created on the first gemm: a cuBLAS handle bound to this stream. Declared first so it is
+    // dropped before the stream it is bound to.
+    blas: Mutex<Option<Arc<BlasHandle>>>,
     dev: Arc<DeviceState>,
     raw: Arc<RawStream>,
-    // Created on the first gemm: a cuBLAS handle bound to this stream.
-    blas: Mutex<Option<Arc<CudaBlas>>>,
 }
 
 impl std::fmt::Debug for CudaStream {
@@ -59,16 +60,15 @@ impl CudaStream {
     }
 
     /// This stream's cuBLAS handle, created on first use.
-    pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
+    pub(crate) fn blas(&self) -> Result<Arc<BlasHandle>> {
         let mut slot = self.0.blas.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(b) = slot.as_ref() {
             return Ok(b.clone());
         }
-        // SAFETY: only tries to load the library; it neither panics nor touches CUDA state.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(Error::CudaUnavailable { reason: "libcublas is not installed".into() });
-        }
-        let b = Arc::new(CudaBlas::new(self.0.raw.clone()).map_err(cuda_err("cublas create"))?);
+        self.0.dev.ctx.bind_to_thread().map_err(cuda_err("cublas create"))?;
+        // SAFETY: the handle is this stream's live `CUstream`, whose context was just made
+        // current; the handle is kept in this stream's state and dropped before the stream.
+        let b = Arc::new(unsafe { BlasHandle::new(self.handle()) }?);
         *slot = Some(b.clone());
         Ok(b)
     }
