@@ -52,5 +52,5 @@ pub use host::{DEFAULT_TIMEOUT, HostComm};
 #[cfg(feature = "cuda")]
 pub use nccl::{
     DeviceBuffer, NCCL_LIB_ENV, NcclComm, NcclDType, NcclVersion, RawStream, Reduction, UniqueId,
-    nccl_skip_reason, nccl_version,
+    nccl_library, nccl_skip_reason, nccl_version,
 };

@@ -8,5 +8,7 @@ mod unique_id;
 mod watchdog;
 
 pub use comm::{DeviceBuffer, NcclComm, NcclDType, Reduction};
-pub use library::{NCCL_LIB_ENV, NcclVersion, RawStream, nccl_skip_reason, nccl_version};
+pub use library::{
+    NCCL_LIB_ENV, NcclVersion, RawStream, nccl_library, nccl_skip_reason, nccl_version,
+};
 pub use unique_id::UniqueId;

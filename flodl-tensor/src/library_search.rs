@@ -100,6 +100,12 @@ pub(crate) fn search_folders(
     folders
 }
 
+/// The folders [`CUDA_LIB_DIR_ENV`] names, expanded (each entry, then its `*/lib` subfolders),
+/// in search order: the one rule every CUDA library search of flodl uses (NCCL's too).
+pub fn cuda_lib_folders() -> Vec<PathBuf> {
+    search_folders(std::env::var_os(CUDA_LIB_DIR_ENV).as_deref(), lib_subfolders_on_disk)
+}
+
 /// The existing `*/lib` folders under `folder` (nothing when it cannot be read).
 pub(crate) fn lib_subfolders_on_disk(folder: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(folder) else { return Vec::new() };

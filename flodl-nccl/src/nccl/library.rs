@@ -9,9 +9,24 @@ use crate::error::{Error, Result};
 /// The environment variable that names the NCCL library to load instead of the default names.
 pub const NCCL_LIB_ENV: &str = "FLODL_NCCL_LIB";
 
-/// The names tried in order when [`NCCL_LIB_ENV`] is unset: the runtime package's soname first
-/// (what `libnccl2` and `nvidia-nccl-cu12` install), then the development symlink.
+/// The names tried when [`NCCL_LIB_ENV`] is unset: the runtime package's soname first (what
+/// `libnccl2` and the `nvidia-nccl-cu12`/`-cu13` wheels install), then the development symlink.
 const DEFAULT_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
+
+/// What to load, in order: the file [`NCCL_LIB_ENV`] names (alone: the user said which), else
+/// the default names in each of `folders` (`FLODL_CUDA_LIB_DIR`, expanded), then the default
+/// names through the system loader.
+fn candidates(env: Option<&str>, folders: &[std::path::PathBuf]) -> Vec<String> {
+    if let Some(path) = env.filter(|p| !p.is_empty()) {
+        return vec![path.to_string()];
+    }
+    let in_folders = DEFAULT_NAMES
+        .iter()
+        .flat_map(|n| folders.iter().map(move |f| f.join(n)))
+        .filter(|p| p.exists())
+        .map(|p| p.to_string_lossy().into_owned());
+    in_folders.chain(DEFAULT_NAMES.iter().map(|n| n.to_string())).collect()
+}
 
 /// An opaque `ncclComm_t`.
 pub(crate) type RawComm = *mut c_void;
@@ -205,22 +220,26 @@ impl Library {
     }
 
     fn load() -> std::result::Result<Library, String> {
-        let names: Vec<String> = match std::env::var(NCCL_LIB_ENV) {
-            Ok(path) if !path.is_empty() => vec![path],
-            _ => DEFAULT_NAMES.iter().map(|n| n.to_string()).collect(),
-        };
+        let env = std::env::var(NCCL_LIB_ENV).ok();
+        let names = candidates(env.as_deref(), &flodl_tensor::cuda_lib_folders());
         let mut failures = Vec::new();
         for name in &names {
             // SAFETY: loading a shared library runs its initialisers; NCCL's only set up
             // internal state and have no preconditions on the caller.
             match unsafe { libloading::Library::new(name) } {
                 Ok(library) => return Library::bind(name.clone(), library),
-                Err(e) => failures.push(format!("{name}: {e}")),
+                Err(e) => {
+                    // libloading says only "dlopen failed" and keeps the loader's message below.
+                    let why = std::error::Error::source(&e)
+                        .map_or_else(|| e.to_string(), |s| s.to_string());
+                    failures.push(format!("{name}: {why}"));
+                }
             }
         }
         Err(format!(
-            "could not load NCCL ({}); set {NCCL_LIB_ENV} to its path",
-            failures.join("; ")
+            "could not load NCCL ({}); set {NCCL_LIB_ENV} to its path or {} to its folder",
+            failures.join("; "),
+            flodl_tensor::CUDA_LIB_DIR_ENV
         ))
     }
 
@@ -317,6 +336,14 @@ pub fn nccl_skip_reason() -> Option<String> {
     flodl_tensor::gpu_skip_reason()
 }
 
+/// The NCCL library this process loads: the name or path it was loaded by, and its version.
+///
+/// # Errors
+/// `LibraryMissing` if NCCL cannot be loaded (see [`NCCL_LIB_ENV`]).
+pub fn nccl_library() -> Result<(String, NcclVersion)> {
+    Library::get().map(|lib| (lib.name.clone(), lib.version))
+}
+
 /// The version of the NCCL library this process can load.
 ///
 /// # Errors
@@ -377,6 +404,29 @@ mod tests {
         assert_eq!(&bytes[32..40], &[0; 8], "netName (null)");
         assert_eq!(std::mem::offset_of!(RawConfig, traffic_class), 44);
         assert_eq!(std::mem::offset_of!(RawConfig, net_name), 32);
+    }
+
+    #[test]
+    fn nccl_is_looked_for_where_the_user_said_first() -> std::io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("flodl-nccl-cands-{}", std::process::id()));
+        let (with, without) = (dir.join("nccl/lib"), dir.join("empty/lib"));
+        std::fs::create_dir_all(&with)?;
+        std::fs::create_dir_all(&without)?;
+        std::fs::write(with.join("libnccl.so.2"), b"")?;
+        let folders = [without.clone(), with.clone()];
+        let found = with.join("libnccl.so.2").to_string_lossy().into_owned();
+        let cases: [(Option<&str>, &[std::path::PathBuf], Vec<&str>); 4] = [
+            (Some("/x/libnccl.so.2.30.7"), &folders, vec!["/x/libnccl.so.2.30.7"]),
+            (Some(""), &[], vec!["libnccl.so.2", "libnccl.so"]),
+            (None, &[], vec!["libnccl.so.2", "libnccl.so"]),
+            (None, &folders, vec![found.as_str(), "libnccl.so.2", "libnccl.so"]),
+        ];
+        let got: Vec<Vec<String>> = cases.iter().map(|(env, f, _)| candidates(*env, f)).collect();
+        std::fs::remove_dir_all(&dir)?;
+        for ((env, _, want), got) in cases.iter().zip(got) {
+            assert_eq!(got, *want, "{env:?}");
+        }
+        Ok(())
     }
 
     #[test]

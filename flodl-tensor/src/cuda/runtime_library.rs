@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::library_search::{
-    CUDA_LIB_DIR_ENV, Candidate, RuntimeLibrary, candidates, lib_subfolders_on_disk, search_folders,
+    CUDA_LIB_DIR_ENV, Candidate, RuntimeLibrary, candidates, cuda_lib_folders,
 };
 
 /// An opened runtime library and where it came from.
@@ -22,8 +22,7 @@ pub(crate) struct Opened {
 /// # Errors
 /// A one-line reason naming what was tried and why the candidates that exist failed.
 pub(crate) fn open(library: RuntimeLibrary) -> Result<Opened, String> {
-    let value = std::env::var_os(CUDA_LIB_DIR_ENV);
-    let folders = search_folders(value.as_deref(), lib_subfolders_on_disk);
+    let folders = cuda_lib_folders();
     let driver_major = super::context::driver_version().map(|(major, _)| major);
     let mut failures = Vec::new();
     for candidate in candidates(library, &folders, driver_major) {
@@ -60,7 +59,7 @@ pub(crate) fn open(library: RuntimeLibrary) -> Result<Opened, String> {
         format!("{CUDA_LIB_DIR_ENV} ({} folders) and the loader path", folders.len())
     };
     let mut reason =
-        format!("{} ({}.so.13 or .so.12) not found in {searched}", library.name(), library.stem());
+        format!("{} ({}.so.13 or .so.12) not found on {searched}", library.name(), library.stem());
     if !failures.is_empty() {
         reason.push_str(&format!("; failed to load: {}", failures.join("; ")));
     }
