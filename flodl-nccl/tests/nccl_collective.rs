@@ -198,3 +198,80 @@ fn one_rank_per_gpu_averages_sums_and_broadcasts() -> TestResult {
     }
     Ok(())
 }
+
+/// Finding 1 of issue 13: the watchdog polls `ncclCommGetAsyncError` every 10 ms while the owner
+/// enqueues and polls. Every NCCL call on a communicator is serialised, so thousands of weighted
+/// all-reduces (one rank per GPU, each rank weight 1 in turn and 0 otherwise, so the result is
+/// bitwise the input) run for a few seconds with the watchdog live, without an error, a hang
+/// or a wrong value.
+#[test]
+fn weighted_all_reduces_under_the_watchdog_stay_exact() -> TestResult {
+    if skipped() {
+        return Ok(());
+    }
+    const BUDGET: Duration = Duration::from_secs(8);
+    const MAX_ROUNDS: usize = 200_000;
+    const CHECK_EVERY: usize = 500;
+    let world = cuda_device_count();
+    let n = 4099;
+    let x: Vec<f32> = (0..n).map(|i| (i % 97) as f32 - 48.0).collect();
+    let id = UniqueId::new()?;
+    let outputs: Vec<Result<usize, String>> = thread::scope(|scope| {
+        let ranks: Vec<_> = (0..world)
+            .map(|rank| {
+                let (id, x) = (id.clone(), &x);
+                scope.spawn(move || -> Result<usize, String> {
+                    let run = || -> flodl_nccl::Result<usize> {
+                        let mut comm =
+                            NcclComm::new(&id, rank, world, rank, Duration::from_secs(60))?;
+                        let s = Stream::new(Device::Cuda(rank))?;
+                        let mut t = Tensor::from_slice(x, &[n], &s)?;
+                        let started = std::time::Instant::now();
+                        let mut rounds = 0;
+                        // Ranks must run equally many rounds: each round's go/stop is itself
+                        // agreed by an all-reduce of rank 0's verdict.
+                        let mut go = Tensor::zeros(&[1], DType::F32, &s)?;
+                        while rounds < MAX_ROUNDS {
+                            if rounds % CHECK_EVERY == 0 {
+                                let more = rank != 0 || started.elapsed() < BUDGET;
+                                go.copy_from_host(
+                                    &[if rank == 0 && more { 1.0f32 } else { 0.0 }],
+                                    &s,
+                                )?;
+                                comm.all_reduce_sum(&mut [&mut go], &s)?;
+                                if go.to_vec::<f32>(&s)?[0] == 0.0 {
+                                    break;
+                                }
+                                if t.to_vec::<f32>(&s)? != *x {
+                                    return Err(flodl_nccl::Error::InvalidArgument(format!(
+                                        "round {rounds}: the reduced tensor drifted"
+                                    )));
+                                }
+                            }
+                            let w = if rounds % world == rank { 1.0 } else { 0.0 };
+                            comm.all_reduce_weighted(&mut [&mut t], w, &s)?;
+                            rounds += 1;
+                        }
+                        if t.to_vec::<f32>(&s)? != *x {
+                            return Err(flodl_nccl::Error::InvalidArgument(
+                                "the reduced tensor drifted at the end".into(),
+                            ));
+                        }
+                        comm.destroy()?;
+                        Ok(rounds)
+                    };
+                    run().map_err(|e| format!("rank {rank}: {e}"))
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|r| r.join().unwrap_or_else(|_| Err("rank panicked".into())))
+            .collect()
+    });
+    let rounds: Vec<usize> = outputs.into_iter().collect::<Result<_, _>>()?;
+    println!("{world} rank(s): {rounds:?} weighted all-reduces with the watchdog polling");
+    assert!(rounds.iter().all(|&r| r == rounds[0]), "ranks ran different counts: {rounds:?}");
+    assert!(rounds[0] >= CHECK_EVERY, "only {} rounds ran", rounds[0]);
+    Ok(())
+}

@@ -180,3 +180,66 @@ fn debug_shows_metadata_not_elements() -> TestResult {
     assert!(text.contains("[2, 2]") && text.contains("F32") && !text.contains("123.25"), "{text}");
     Ok(())
 }
+
+/// Finding 5 of issue 13: a plain-slice upload from page-locked memory (what a host batch hands
+/// out) is read by the driver after the call returns, so `copy_from_host` waits for it: the
+/// buffer refilled right after the call must not change what arrived.
+#[test]
+fn a_pinned_slice_upload_is_done_before_the_buffer_is_refilled() -> TestResult {
+    if let Some(reason) = gpu_skip_reason() {
+        flodl_tensor::skip_or_fail(&reason);
+        return Ok(());
+    }
+    let s = Stream::new(Device::Cuda(0))?;
+    let n = 1 << 24;
+    let mut buf = PinnedBuffer::<f32>::new(n, Device::Cuda(0))?;
+    let mut t = Tensor::zeros(&[n], DType::F32, &s)?;
+    for round in 0..4u8 {
+        let value = f32::from(round) + 1.0;
+        buf.as_mut_slice()?.fill(value);
+        // Queue work ahead of the copy so that it would still be in flight on return.
+        for _ in 0..8 {
+            flodl_tensor::ops::scale(&mut t, 1.0, &s)?;
+        }
+        t.copy_from_host(buf.as_slice()?, &s)?;
+        buf.as_mut_slice()?.fill(-1.0);
+        let got = t.to_vec::<f32>(&s)?;
+        if let Some(i) = got.iter().position(|&v| v != value) {
+            return Err(format!("round {round}: element {i} is {} not {value}", got[i]).into());
+        }
+    }
+    Ok(())
+}
+
+/// Finding 6 of issue 13: a page-locked buffer made for one GPU used on a stream of another is
+/// refused with `DeviceMismatch` before any driver call (not a deferred invalid-context error).
+#[test]
+fn a_pinned_buffer_of_another_gpu_is_refused_up_front() -> TestResult {
+    if let Some(reason) = gpu_skip_reason() {
+        flodl_tensor::skip_or_fail(&reason);
+        return Ok(());
+    }
+    if cuda_device_count() < 2 {
+        println!("skipped: needs 2 GPUs, found {}", cuda_device_count());
+        return Ok(());
+    }
+    let s1 = Stream::new(Device::Cuda(1))?;
+    let mut buf = PinnedBuffer::<f32>::new(16, Device::Cuda(0))?;
+    let mut t = Tensor::zeros(&[16], DType::F32, &s1)?;
+    let refused = |r: flodl_tensor::Result<()>| {
+        matches!(
+            r,
+            Err(flodl_tensor::Error::DeviceMismatch {
+                expected: Device::Cuda(1),
+                got: Device::Cuda(0),
+                ..
+            })
+        )
+    };
+    assert!(refused(t.copy_from_pinned_async(&buf, &s1)), "upload from a cuda:0 buffer");
+    assert!(refused(t.copy_to_pinned_async(&mut buf, &s1)), "download into a cuda:0 buffer");
+    // The stream is still healthy: later work on it succeeds.
+    flodl_tensor::ops::fill(&mut t, 3.0, &s1)?;
+    assert_eq!(t.to_vec::<f32>(&s1)?, vec![3.0; 16]);
+    Ok(())
+}

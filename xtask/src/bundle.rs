@@ -217,8 +217,9 @@ pub(crate) fn run_script() -> String {
 # flodl GPU test bundle, made by `cargo xtask gpu-test --bundle`: runs the GPU test matrix on a
 # machine with no Rust toolchain.
 #
-#   ./run.sh                 every case the visible GPUs allow, with FLODL_REQUIRE_GPU=1
-#   ./run.sh --allow-no-gpu  with no GPU, run the CPU cases instead of failing
+#   ./run.sh                 every case the visible GPUs allow, with FLODL_REQUIRE_GPU=1;
+#                            without a GPU it prints why and exits 77 (skipped: nothing tested)
+#   ./run.sh --allow-no-gpu  with no GPU, run the CPU cases instead
 #   ./run.sh --gpus N        take N GPUs as visible (also: --cases-only, --timeout SECS)
 #
 # Results (matrix.txt, matrix.json, matrix.log, run.log) go to $OUT when set, else ./out.
@@ -236,37 +237,62 @@ for packed in "$here"/bin/*.gz; do
     }
 done
 
-# cudarc loads the CUDA libraries at run time: the driver (libcuda), NCCL, NVRTC and cuBLAS, from
-# a driver, a toolkit or Python wheels (site-packages/nvidia/*/lib). One search, without stubs or
-# forward-compat copies; the newest of each is kept. Their folders go on LD_LIBRARY_PATH, and
-# lib/ holds unversioned links (libnccl.so -> libnccl.so.2), the names cudarc asks for.
-shim="$here/lib"
-rm -rf "$shim"
-mkdir -p "$shim"
-found="$(find / \( -path /proc -o -path /sys -o -path /dev -o -path "$here" \) -prune -o \
-    \( -name 'libcuda.so*' -o -name 'libnccl.so*' -o -name 'libnvrtc.so*' \
-       -o -name 'libnvrtc-builtins.so*' -o -name 'libcublas.so*' -o -name 'libcublasLt.so*' \) \
-    -print 2>/dev/null | grep -v -e '/stubs/' -e '/compat/')"
-dirs=""
-for lib in libcuda libnccl libnvrtc libcublas libcublasLt; do
-    best="$(printf '%s\n' "$found" | grep -E "/$lib\.so(\.[0-9]+)*\$" \
-        | awk -F/ '{ print $NF "\t" $0 }' | sort -V | tail -n 1 | cut -f 2)"
-    if [ -z "$best" ]; then
-        echo "run.sh: $lib: not found"
-        continue
-    fi
-    echo "run.sh: $lib: $best"
-    if [ "$lib" = libcuda ]; then
-        # The driver's own folder is usually known to the loader already.
-        if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then continue; fi
-    else
-        ln -sf "$best" "$shim/$lib.so"
-    fi
-    d="$(dirname "$best")"
-    case ":$dirs:" in *":$d:"*) ;; *) dirs="${dirs:+$dirs:}$d" ;; esac
+# flodl finds NVRTC, cuBLAS (CUDA 13 or 12) and NCCL in the folders FLODL_CUDA_LIB_DIR names
+# (each folder and its */lib subfolders), then on the loader path; cudarc loads the driver
+# (libcuda.so.1) from the loader path. Python wheels (site-packages/nvidia/*/lib: the cu13 and
+# cu12 runtime, cuBLAS and NCCL packages) and toolkit folders are found here and named there.
+allow_no_gpu=0
+case " $* " in *" --allow-no-gpu "*) allow_no_gpu=1 ;; esac
+add_dir() { # add_dir VAR DIR: appends DIR to the :-list in VAR unless already there
+    local current="${!1:-}"
+    case ":$current:" in *":$2:"*) ;; *) printf -v "$1" '%s' "${current:+$current:}$2" ;; esac
+}
+cuda_dirs="${FLODL_CUDA_LIB_DIR:-}"
+for py in python3 python; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    while IFS= read -r sp; do
+        [ -d "$sp/nvidia" ] || continue
+        for lib in "$sp"/nvidia/*/lib; do
+            [ -d "$lib" ] && add_dir cuda_dirs "$lib"
+        done
+    done < <("$py" -c 'import site, sys
+paths = list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()] + sys.path
+print("\n".join(p for p in paths if p))' 2>/dev/null)
 done
-export LD_LIBRARY_PATH="$shim${dirs:+:$dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+found="$(find / \( -path /proc -o -path /sys -o -path /dev -o -path "$here" \) -prune -o \
+    \( -name 'libcuda.so.1' -o -name 'libnccl.so.2' -o -name 'libnvrtc.so.1[23]' \
+       -o -name 'libcublas.so.1[23]' \) -print 2>/dev/null | grep -v -e '/stubs/' -e '/compat/')"
+while IFS= read -r f; do
+    [ -n "$f" ] && add_dir cuda_dirs "$(dirname "$f")"
+done < <(printf '%s\n' "$found" | grep -v '/libcuda\.so\.1$')
+if [ -n "$cuda_dirs" ]; then export FLODL_CUDA_LIB_DIR="$cuda_dirs"; fi
+echo "run.sh: FLODL_CUDA_LIB_DIR=${FLODL_CUDA_LIB_DIR:-}"
+# The newest NCCL found, unless the caller named one.
+if [ -z "${FLODL_NCCL_LIB:-}" ]; then
+    nccl="$(printf '%s\n' "$found" | grep '/libnccl\.so\.2$' | while IFS= read -r f; do
+        printf '%s\t%s\n' "$(readlink -f "$f")" "$f"; done | sort -V | tail -n 1 | cut -f 2)"
+    if [ -n "$nccl" ]; then export FLODL_NCCL_LIB="$nccl"; fi
+fi
+echo "run.sh: FLODL_NCCL_LIB=${FLODL_NCCL_LIB:-(not found)}"
+# The driver: on the loader path already, or its folder added.
+driver="$(printf '%s\n' "$found" | grep '/libcuda\.so\.1$' | head -n 1)"
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && [ -n "$driver" ]; then
+    export LD_LIBRARY_PATH="$(dirname "$driver")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+echo "run.sh: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+
+# Without a GPU there is nothing to test: say why and stop (exit 77, "skipped"), unless the
+# CPU rows were asked for.
+no_gpu=""
+if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then no_gpu="no /dev/nvidia* device"; fi
+if [ -z "$driver" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+    no_gpu="${no_gpu:+$no_gpu, }no CUDA driver (libcuda.so.1)"
+fi
+if [ -n "$no_gpu" ] && [ "$allow_no_gpu" = 0 ]; then
+    echo "run.sh: SKIPPED, no GPU on this machine ($no_gpu): nothing was tested." \
+        "Pass --allow-no-gpu to run the CPU rows." | tee "$out/run.log"
+    exit 77
+fi
 
 # Tests find the vendored MNIST here; each binary runs from its package's folder in the bundle.
 export FLODL_MNIST_DIR="${FLODL_MNIST_DIR:-$here/data/mnist}"
@@ -292,11 +318,15 @@ mod tests {
         assert!(script.starts_with("#!/usr/bin/env bash\n"));
         for want in [
             "gzip -dc",
-            "-name 'libnccl.so*'",
-            "-name 'libnvrtc.so*'",
-            "-name 'libcublas.so*'",
-            "-name 'libcuda.so*'",
+            "-name 'libnccl.so.2'",
+            "-name 'libnvrtc.so.1[23]'",
+            "-name 'libcublas.so.1[23]'",
+            "-name 'libcuda.so.1'",
+            "\"$sp\"/nvidia/*/lib",
+            "export FLODL_CUDA_LIB_DIR=",
+            "export FLODL_NCCL_LIB=",
             "export LD_LIBRARY_PATH=",
+            "exit 77",
             "export FLODL_MNIST_DIR=",
             "export FLODL_REQUIRE_GPU=1",
             "${OUT:-$here/out}",
