@@ -44,14 +44,16 @@ fn main() -> ExitCode {
     };
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.downcast_ref::<interrupt::Interrupted>().is_some() => {
-            eprintln!("{e}");
-            ExitCode::from(130)
-        }
-        Err(e) => {
-            eprintln!("error: {}", one_line(&e));
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<interrupt::Interrupted>() {
+            Some(stop) => {
+                eprintln!("{stop}");
+                ExitCode::from(stop.signal.exit_code())
+            }
+            None => {
+                eprintln!("error: {}", one_line(&e));
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

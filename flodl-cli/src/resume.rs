@@ -110,12 +110,19 @@ pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Err
              saved in {}",
             path.display()
         ),
-        (Error::Stopped { bundle }, _) => {
-            anyhow::Error::new(crate::interrupt::Interrupted { bundle: Some(bundle) })
-        }
-        (Error::Aborted, _) if crate::interrupt::presses() > 0 => {
-            anyhow::Error::new(crate::interrupt::Interrupted { bundle: None })
-        }
+        // The CLI stops and aborts runs only on a signal.
+        (Error::Stopped { bundle }, _) => match crate::interrupt::first() {
+            Some(signal) => {
+                anyhow::Error::new(crate::interrupt::Interrupted { signal, bundle: Some(bundle) })
+            }
+            None => anyhow::Error::new(Error::Stopped { bundle }).context("training failed"),
+        },
+        (Error::Aborted, _) => match crate::interrupt::first() {
+            Some(signal) => {
+                anyhow::Error::new(crate::interrupt::Interrupted { signal, bundle: None })
+            }
+            None => anyhow::Error::new(Error::Aborted).context("training failed"),
+        },
         (e, _) => anyhow::Error::new(e).context("training failed"),
     }
 }

@@ -293,20 +293,19 @@ pub(crate) fn execute(
                 })
                 .collect()
         };
-    let mut presses = crate::interrupt::presses();
+    let mut signals = crate::interrupt::received();
     loop {
         let finished = handle.is_finished();
-        let now = crate::interrupt::presses();
-        if now > presses {
-            presses = now;
+        let now = crate::interrupt::received();
+        if now > signals
+            && let Some(signal) = crate::interrupt::first()
+        {
+            signals = now;
             if now == 1 && opts.checkpoint_dir.is_some() {
-                progress.alert(
-                    "interrupted: stopping at the next reduce after saving a checkpoint \
-                     (Ctrl-C again to abort)",
-                );
+                progress.alert(&crate::interrupt::stopping_line(signal));
                 handle.stop_with_checkpoint();
             } else {
-                progress.alert("interrupted: aborting the run");
+                progress.alert(&crate::interrupt::aborting_line(signal));
                 handle.abort();
             }
         }

@@ -619,51 +619,59 @@ fn a_diverging_run_fails_in_one_line_and_keeps_its_last_good_bundle() -> Result 
     Ok(())
 }
 
-/// Ctrl-C during `fdl train` with a checkpoint directory stops the run at its next reduce after
-/// saving a bundle, exits with 130 and one line naming it; `--resume` on the directory then
-/// finishes the run.
+/// A stop signal during `fdl train` with a checkpoint directory — Ctrl-C (SIGINT) or SIGTERM,
+/// what Slurm and Kubernetes send before a kill — stops the run at its next reduce after saving
+/// a bundle, exits with 128 + the signal's number and one line naming the bundle; `--resume` on
+/// the directory then finishes the run.
 #[test]
-fn ctrl_c_stops_at_a_checkpoint_and_the_run_resumes() -> Result {
+fn a_stop_signal_stops_at_a_checkpoint_and_the_run_resumes() -> Result {
     use std::io::{BufRead, BufReader};
-    let tmp = tempfile::tempdir()?;
-    let (out, ck) = (tmp.path().join("runs"), tmp.path().join("ck"));
-    let (out_s, ck_s) = (out.to_string_lossy().into_owned(), ck.to_string_lossy().into_owned());
-    // Far more epochs than it will run: the interruption comes after the first.
-    let mut args = vec!["train", "--out", &out_s, "--checkpoint-dir", &ck_s];
-    args.extend(["--epochs", "400", "--schedule", "constant"]);
-    args.extend(&SMALL[..SMALL.len() - 2]);
-    let mut child = Command::new(FDL)
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    // The first epoch line: the run is under way and its Ctrl-C handler installed.
-    let started =
-        lines.by_ref().map_while(std::result::Result::ok).any(|l| l.starts_with("epoch 1/"));
-    assert!(started, "no epoch line");
-    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status()?;
-    assert!(sent.success(), "kill -INT failed");
-    let rest: Vec<String> = lines.map_while(std::result::Result::ok).collect();
-    let output = child.wait_with_output()?;
-    let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(130), "stderr {stderr}, stdout {rest:?}");
-    let last = stderr.lines().last().unwrap_or_default();
-    assert!(last.starts_with("interrupted: stopped at a checkpoint saved in"), "{stderr}");
-    assert!(last.contains(&ck_s), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    // (kill's signal name, exit status, first word of the last line)
+    let cases = [("INT", 130, "interrupted"), ("TERM", 143, "terminated")];
+    for (signal, status, verb) in cases {
+        let tmp = tempfile::tempdir()?;
+        let (out, ck) = (tmp.path().join("runs"), tmp.path().join("ck"));
+        let (out_s, ck_s) = (out.to_string_lossy().into_owned(), ck.to_string_lossy().into_owned());
+        // Far more epochs than it will run: the signal comes after the first.
+        let mut args = vec!["train", "--out", &out_s, "--checkpoint-dir", &ck_s];
+        args.extend(["--epochs", "400", "--schedule", "constant"]);
+        args.extend(&SMALL[..SMALL.len() - 2]);
+        let mut child = Command::new(FDL)
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        // The first epoch line: the run is under way and its signal handler installed.
+        let started =
+            lines.by_ref().map_while(std::result::Result::ok).any(|l| l.starts_with("epoch 1/"));
+        assert!(started, "SIG{signal}: no epoch line");
+        // The `fdl` child itself, by its own pid.
+        let sent =
+            Command::new("kill").args([format!("-{signal}"), child.id().to_string()]).status()?;
+        assert!(sent.success(), "kill -{signal} failed");
+        let rest: Vec<String> = lines.map_while(std::result::Result::ok).collect();
+        let output = child.wait_with_output()?;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(status), "SIG{signal}: {stderr}, stdout {rest:?}");
+        let last = stderr.lines().last().unwrap_or_default();
+        let expected = format!("{verb}: stopped at a checkpoint saved in {ck_s}");
+        assert!(last.starts_with(&expected), "SIG{signal}: {stderr}");
+        assert!(!stderr.contains("panicked"), "SIG{signal}: {stderr}");
 
-    // One epoch more than the bundle holds (a constant rate does not span the epochs).
-    let done = flodl_ddp::checkpoint::Checkpoint::read(&ck.join("latest.fdlck"))?.epoch;
-    let epochs = (done + 1).to_string();
-    let mut args = vec!["train", "--out", &out_s, "--resume", &ck_s];
-    args.extend(["--epochs", &epochs, "--schedule", "constant"]);
-    args.extend(&SMALL[..SMALL.len() - 2]);
-    let resumed = fdl(&args)?;
-    let stdout = text(&resumed.stdout);
-    assert!(resumed.status.success(), "resume failed: {}", text(&resumed.stderr));
-    assert!(stdout.contains("restored from the checkpoint"), "{stdout}");
-    assert!(stdout.contains(&format!("epoch {epochs}/{epochs}")), "{stdout}");
+        // One epoch more than the bundle holds (a constant rate does not span the epochs).
+        let done = flodl_ddp::checkpoint::Checkpoint::read(&ck.join("latest.fdlck"))?.epoch;
+        let epochs = (done + 1).to_string();
+        let mut args = vec!["train", "--out", &out_s, "--resume", &ck_s];
+        args.extend(["--epochs", &epochs, "--schedule", "constant"]);
+        args.extend(&SMALL[..SMALL.len() - 2]);
+        let resumed = fdl(&args)?;
+        let stdout = text(&resumed.stdout);
+        let failed = text(&resumed.stderr);
+        assert!(resumed.status.success(), "SIG{signal}: resume failed: {failed}");
+        assert!(stdout.contains("restored from the checkpoint"), "SIG{signal}: {stdout}");
+        assert!(stdout.contains(&format!("epoch {epochs}/{epochs}")), "SIG{signal}: {stdout}");
+    }
     Ok(())
 }

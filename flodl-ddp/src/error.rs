@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::capability::{Capability, TrainerOption};
 use crate::control::logic_error::LogicError;
 
 /// Everything that can go wrong in flodl-ddp.
@@ -78,6 +79,15 @@ pub enum Error {
     /// A user replica failed.
     #[error("replica: {0}")]
     Replica(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A trainer option needs a part of the [`crate::Replica`] contract that the replica does
+    /// not offer (reported by `run()`, when the replicas are built).
+    #[error("{option} needs a replica with {capability}")]
+    MissingCapability {
+        /// The option set.
+        option: TrainerOption,
+        /// What it needs of the replica.
+        capability: Capability,
+    },
     /// A replica does not match what the runtime or another replica expects.
     #[error("replica mismatch: {0}")]
     ReplicaMismatch(String),
@@ -171,6 +181,13 @@ pub enum FailureKind {
     Replica,
     /// The replica does not match what the runtime or another rank expects.
     ReplicaMismatch,
+    /// A trainer option needs a part of the replica contract the replica does not offer.
+    MissingCapability {
+        /// The option set.
+        option: TrainerOption,
+        /// What it needs of the replica.
+        capability: Capability,
+    },
     /// The rank's thread panicked (in the replica or the runtime).
     Panicked,
     /// A wait of the rank's passed its deadline.
@@ -206,6 +223,18 @@ impl RankFailure {
     pub fn panicked(message: impl Into<String>) -> RankFailure {
         RankFailure { kind: FailureKind::Panicked, message: message.into() }
     }
+
+    /// The error `run()` answers when `rank` failed this way while the replicas were built: a
+    /// missing capability is the same on every rank (one factory) and keeps its own variant,
+    /// anything else is [`Error::Rank`].
+    pub(crate) fn into_start_error(self, rank: usize) -> Error {
+        match self.kind {
+            FailureKind::MissingCapability { option, capability } => {
+                Error::MissingCapability { option, capability }
+            }
+            _ => Error::Rank { rank, failure: self },
+        }
+    }
 }
 
 impl From<&Error> for RankFailure {
@@ -213,6 +242,9 @@ impl From<&Error> for RankFailure {
         let kind = match error {
             Error::Replica(_) => FailureKind::Replica,
             Error::ReplicaMismatch(_) => FailureKind::ReplicaMismatch,
+            Error::MissingCapability { option, capability } => {
+                FailureKind::MissingCapability { option: *option, capability: *capability }
+            }
             Error::Timeout { .. } => FailureKind::Timeout,
             Error::Tensor(_) => FailureKind::Tensor,
             Error::Collective(_) => FailureKind::Collective,

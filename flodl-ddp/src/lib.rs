@@ -57,6 +57,29 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # A custom replica
+//!
+//! Any model trains once it implements [`Replica`]: four required methods
+//! ([`train_step`](Replica::train_step), [`step`](Replica::step),
+//! [`parameters`](Replica::parameters), [`parameters_mut`](Replica::parameters_mut)) and optional
+//! parts with defaults — mutable gradients (needed by [`Trainer::max_grad_norm`], checked when
+//! the replicas are built: [`Error::MissingCapability`] otherwise), buffers, optimizer state for
+//! checkpoints, and [`evaluate_batch`](Replica::evaluate_batch) for test-set evaluations and
+//! [`evaluate`]. The factory given to [`Trainer::new`] builds one replica per rank, inside the
+//! rank's thread, from a [`ReplicaContext`] (device, stream, batch size, seed); every rank must
+//! build the same initial parameters.
+//!
+//! A [`Batch`] follows the dataset's layout: its fields come in the order of the dataset's
+//! [`SampleLayout`](flodl_data::SampleLayout) (MNIST: `image`, then `label`), each with its
+//! field's dtype (f32 or i32: MNIST's label is i32); a field whose samples are scalars arrives as
+//! `[n]`, any other as `[n, features]` (MNIST's image as `[n, 784]`). Training batches hold
+//! exactly [`ReplicaContext::batch_size`] samples; evaluation batches may be shorter.
+//!
+//! Softmax regression on MNIST, written only against the public API (this is
+//! `examples/softmax.rs`; a test trains it past 85% test accuracy on 8192 images):
+//!
+#![doc = concat!("```no_run\n", include_str!("../examples/softmax.rs"), "```")]
 
 pub mod checkpoint;
 pub mod contract;
@@ -68,7 +91,10 @@ mod runtime;
 mod state;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
-pub use contract::{Batch, BatchEval, FailingReplica, Failure, Replica, ReplicaContext};
+pub use contract::{
+    Batch, BatchEval, Capability, FailingReplica, Failure, Replica, ReplicaContext, TrainerOption,
+    evaluate,
+};
 pub use control::dispatch::{Chunk, Cutting, Dispatcher};
 pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
 pub use control::eval_rank::EvalRank;

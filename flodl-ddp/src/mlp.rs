@@ -1,6 +1,6 @@
 //! The reference replica: a ReLU multilayer perceptron with softmax cross-entropy, SGD or Adam.
 
-use flodl_data::{Dataset, HostBatch};
+use flodl_data::Dataset;
 use flodl_tensor::ops::Transpose::{No, Yes};
 use flodl_tensor::{DType, Stream, Tensor, ops};
 use serde::{Deserialize, Serialize};
@@ -186,50 +186,19 @@ impl Mlp {
     }
 
     /// Evaluates the model on every sample of `dataset` in batches of `batch_size`: the mean
-    /// loss and the accuracy.
+    /// loss and the accuracy ([`crate::evaluate`] on the MLP's stream).
     ///
     /// # Errors
-    /// [`Error::Config`] for a zero batch size or a dataset whose layout does not fit the MLP;
-    /// data and tensor errors.
+    /// [`Error::Config`] for a zero batch size; [`Error::ReplicaMismatch`] for a dataset whose
+    /// layout does not fit the MLP; data and tensor errors.
     pub fn evaluate(
         &mut self,
         dataset: &dyn Dataset,
         batch_size: usize,
     ) -> Result<crate::EvalMetrics> {
-        if batch_size == 0 {
-            return Err(Error::Config("batch size must be at least 1".into()));
-        }
-        let device = self.stream.device();
-        let mut host = HostBatch::new(dataset.layout(), device);
-        let mut loss_sum = 0.0;
-        let mut correct = 0;
-        let mut indices: Vec<usize> = Vec::with_capacity(batch_size);
-        let mut start = 0;
-        let mut batch: Option<Batch> = None;
-        while start < dataset.len() {
-            let end = (start + batch_size).min(dataset.len());
-            indices.clear();
-            indices.extend(start..end);
-            dataset.fetch(&indices, &mut host)?;
-            let n = end - start;
-            if batch.as_ref().map(Batch::len) != Some(n) {
-                batch = Some(crate::contract::staging::device_batch(
-                    dataset.layout(),
-                    n,
-                    &self.stream,
-                )?);
-            }
-            let Some(b) = batch.as_mut() else { break };
-            crate::contract::staging::upload(&host, b, &self.stream)?;
-            if let Some(e) = self.evaluate_batch(b)? {
-                loss_sum += e.loss_sum;
-                correct += e.correct;
-            }
-            start = end;
-        }
-        let samples = dataset.len();
-        let div = samples.max(1) as f64;
-        Ok(crate::EvalMetrics { loss: loss_sum / div, accuracy: correct as f64 / div, samples })
+        let stream = self.stream.clone();
+        crate::contract::evaluation::evaluate(self, dataset, batch_size, &stream)?
+            .ok_or_else(|| Error::ReplicaMismatch("the MLP did not evaluate".into()))
     }
 
     fn inputs<'b>(&self, batch: &'b Batch) -> Result<(&'b Tensor, &'b Tensor)> {
@@ -348,12 +317,8 @@ impl Replica for Mlp {
         &mut self.params
     }
 
-    fn gradients(&self) -> &[Tensor] {
-        &self.grads
-    }
-
-    fn gradients_mut(&mut self) -> &mut [Tensor] {
-        &mut self.grads
+    fn gradients_mut(&mut self) -> Option<&mut [Tensor]> {
+        Some(&mut self.grads)
     }
 
     fn optimizer_state(&self) -> &[Tensor] {

@@ -77,10 +77,7 @@ impl<R: Replica> Replica for FailingReplica<R> {
     fn parameters_mut(&mut self) -> &mut [Tensor] {
         self.inner.parameters_mut()
     }
-    fn gradients(&self) -> &[Tensor] {
-        self.inner.gradients()
-    }
-    fn gradients_mut(&mut self) -> &mut [Tensor] {
+    fn gradients_mut(&mut self) -> Option<&mut [Tensor]> {
         self.inner.gradients_mut()
     }
     fn buffers(&self) -> &[Tensor] {

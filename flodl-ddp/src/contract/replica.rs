@@ -6,8 +6,11 @@ use crate::{Error, Result};
 
 /// One batch on a rank's device: the dataset's fields in layout order, `len` samples each.
 ///
-/// Each field is a device tensor whose first dimension is the batch: a field whose samples are
-/// scalars arrives as `[len]`, any other as `[len, features]` (sample dimensions flattened).
+/// The layout rules: field `i` is field `i` of the dataset's
+/// [`SampleLayout`](flodl_data::SampleLayout), with that field's dtype (`f32` or `i32`; MNIST's
+/// label is `i32`); each is a device tensor whose first dimension is the batch: a field whose
+/// samples are scalars arrives as `[len]`, any other as `[len, features]` (the sample's
+/// dimensions flattened, MNIST's image as `[len, 784]`).
 #[derive(Debug)]
 pub struct Batch {
     fields: Vec<Tensor>,
@@ -172,9 +175,15 @@ pub struct BatchEval {
 /// device tensors on the context's device, `f32`, in a fixed order that is the same on every
 /// rank. A replica is built inside its rank's thread and never leaves it, so it need not be
 /// `Send`.
+///
+/// Four methods are required; the others have defaults that offer nothing. Trainer options
+/// that need an optional part ([`Capability`](crate::Capability)) are checked when the
+/// replicas are built: [`Trainer::run`](crate::Trainer::run) fails with
+/// [`Error::MissingCapability`] when the part is missing.
 pub trait Replica {
-    /// Forward and backward pass on `batch`: returns the mean loss and leaves the gradients of
-    /// the mean loss in [`gradients`](Replica::gradients).
+    /// Forward and backward pass on `batch`: returns the mean loss and keeps the gradients of
+    /// the mean loss for [`step`](Replica::step) (in [`gradients_mut`](Replica::gradients_mut)
+    /// when the replica exposes them).
     ///
     /// # Errors
     /// Whatever the model's computation raises; the run stops with it.
@@ -193,14 +202,13 @@ pub trait Replica {
     /// The trainable parameters, mutable (the runtime writes averaged values into them).
     fn parameters_mut(&mut self) -> &mut [Tensor];
 
-    /// The gradients of the last training step, one per parameter, in the same order.
-    fn gradients(&self) -> &[Tensor];
-
-    /// The gradients, mutable (gradient clipping scales them in place before the optimizer
-    /// step). The default exposes none: a replica that does not override it cannot be run
-    /// with a maximum gradient norm.
-    fn gradients_mut(&mut self) -> &mut [Tensor] {
-        &mut []
+    /// The gradients of the last training step, mutable, one per parameter, of its shape and
+    /// in the same order, allocated from the replica's construction on: gradient clipping
+    /// ([`Trainer::max_grad_norm`](crate::Trainer::max_grad_norm)) scales them in place between
+    /// [`train_step`](Replica::train_step) and [`step`](Replica::step). `None` (the default):
+    /// the replica does not expose them ([`Capability::MutableGradients`](crate::Capability)).
+    fn gradients_mut(&mut self) -> Option<&mut [Tensor]> {
+        None
     }
 
     /// Non-trainable state averaged with equal weight across ranks (running statistics).
@@ -269,10 +277,7 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
     fn parameters_mut(&mut self) -> &mut [Tensor] {
         (**self).parameters_mut()
     }
-    fn gradients(&self) -> &[Tensor] {
-        (**self).gradients()
-    }
-    fn gradients_mut(&mut self) -> &mut [Tensor] {
+    fn gradients_mut(&mut self) -> Option<&mut [Tensor]> {
         (**self).gradients_mut()
     }
     fn buffers(&self) -> &[Tensor] {

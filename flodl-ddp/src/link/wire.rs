@@ -291,6 +291,16 @@ mod tests {
             ToCoordinator::Final { rank: 0, state: state(), capture: Some(Box::new(capture())) },
             ToCoordinator::Alive { rank: 3 },
             ToCoordinator::Failed { rank: 2, failure },
+            ToCoordinator::Failed {
+                rank: 0,
+                failure: RankFailure {
+                    kind: FailureKind::MissingCapability {
+                        option: crate::TrainerOption::MaxGradNorm,
+                        capability: crate::Capability::MutableGradients,
+                    },
+                    message: "needs".into(),
+                },
+            },
             ToCoordinator::Diverged { rank: 1, step: 40, cause: Divergence::Loss(f32::INFINITY) },
             ToCoordinator::Diverged { rank: 0, step: 41, cause: Divergence::Parameters },
             ToCoordinator::Reducing { rank: 1, round: 8 },

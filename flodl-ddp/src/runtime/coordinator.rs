@@ -615,7 +615,7 @@ impl Coordinator {
             }
             ToCoordinator::Failed { rank, failure } => {
                 if matches!(self.phase, Phase::Starting { .. }) {
-                    return Err(Error::Rank { rank, failure });
+                    return Err(failure.into_start_error(rank));
                 }
                 let cause = match failure.kind {
                     crate::FailureKind::Panicked => {

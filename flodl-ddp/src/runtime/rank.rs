@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use flodl_data::{BatchPicks, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
+use crate::contract::capability::{TrainerOption, require};
+use crate::contract::evaluation::EvalBatches;
 use crate::contract::replica::{Batch, Replica, ReplicaContext};
 use crate::contract::staging::{device_batch, upload};
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
@@ -78,7 +80,7 @@ pub(crate) struct Worker {
     replica: Box<dyn Replica>,
     host: HostBatch,
     batch: Batch,
-    eval_batches: Vec<Batch>,
+    eval_batches: EvalBatches,
     perms: Permutations,
     /// The prefetcher and its chunk feeds, when the rank prefetches.
     feeds: Option<ChunkFeeds>,
@@ -119,7 +121,10 @@ impl Worker {
             batch_size: cfg.spec.batch_size,
             seed: cfg.spec.seed,
         };
-        let replica = (cfg.factory)(&ctx)?;
+        let mut replica = (cfg.factory)(&ctx)?;
+        if cfg.spec.max_grad_norm.is_some() {
+            require(TrainerOption::MaxGradNorm, replica.as_mut())?;
+        }
         if let Some(t) = replica
             .parameters()
             .iter()
@@ -159,7 +164,7 @@ impl Worker {
             replica,
             host,
             batch,
-            eval_batches: Vec::new(),
+            eval_batches: EvalBatches::default(),
             perms,
             feeds,
             comm,
@@ -270,17 +275,14 @@ impl Worker {
         Ok((loss, t0.elapsed().as_secs_f64() * 1000.0))
     }
 
-    /// Scales the gradients so their global L2 norm is at most `max_norm`.
+    /// Scales the gradients so their global L2 norm is at most `max_norm` (the replica's
+    /// gradients were checked when it was built).
     fn clip_gradients(&mut self, max_norm: f32) -> Result<()> {
-        let expected = self.replica.parameters().len();
-        let grads = self.replica.gradients_mut();
-        if grads.len() != expected {
-            return Err(Error::ReplicaMismatch(format!(
-                "gradient clipping needs one mutable gradient per parameter ({expected}), the \
-                 replica exposes {}",
-                grads.len()
-            )));
-        }
+        let option = TrainerOption::MaxGradNorm;
+        let grads = self
+            .replica
+            .gradients_mut()
+            .ok_or(Error::MissingCapability { option, capability: option.needs() })?;
         let mut refs: Vec<&mut Tensor> = grads.iter_mut().collect();
         ops::clip_global_norm(&mut refs, max_norm, &self.stream)?;
         Ok(())
@@ -484,38 +486,7 @@ impl Worker {
     pub(crate) fn evaluate(&mut self) -> Result<Option<EvalMetrics>> {
         let Some(test) = self.cfg.test.clone() else { return Ok(None) };
         let bs = self.cfg.spec.batch_size;
-        let layout = test.layout().clone();
-        let mut host = HostBatch::new(&layout, self.stream.device());
-        let (mut loss_sum, mut correct, mut samples) = (0.0, 0, 0);
-        let mut indices = Vec::with_capacity(bs);
-        let mut start = 0;
-        while start < test.len() {
-            let end = (start + bs).min(test.len());
-            let n = end - start;
-            indices.clear();
-            indices.extend(start..end);
-            test.fetch(&indices, &mut host)?;
-            let slot = match self.eval_batches.iter().position(|b| b.len() == n) {
-                Some(i) => i,
-                None => {
-                    self.eval_batches.push(device_batch(&layout, n, &self.stream)?);
-                    self.eval_batches.len() - 1
-                }
-            };
-            let batch = &mut self.eval_batches[slot];
-            upload(&host, batch, &self.stream)?;
-            match self.replica.evaluate_batch(batch)? {
-                Some(e) => {
-                    loss_sum += e.loss_sum;
-                    correct += e.correct;
-                    samples += e.samples;
-                }
-                None => return Ok(None),
-            }
-            start = end;
-        }
-        let div = samples.max(1) as f64;
-        Ok(Some(EvalMetrics { loss: loss_sum / div, accuracy: correct as f64 / div, samples }))
+        self.eval_batches.evaluate(self.replica.as_mut(), test.as_ref(), bs, &self.stream)
     }
 }
 

@@ -473,8 +473,9 @@ impl Trainer {
         self
     }
 
-    /// Clips each rank's gradients to this global L2 norm before every optimizer step (the
-    /// replica must expose [`Replica::gradients_mut`]; the run fails otherwise).
+    /// Clips each rank's gradients to this global L2 norm before every optimizer step. The
+    /// replica must expose [`Replica::gradients_mut`]: [`run`](Self::run) fails with
+    /// [`Error::MissingCapability`] otherwise.
     pub fn max_grad_norm(mut self, max_norm: f32) -> Trainer {
         self.max_grad_norm = Some(max_norm);
         self
@@ -635,7 +636,9 @@ impl Trainer {
     /// Those of [`spec`](Self::spec); [`Error::Checkpoint`] when the checkpoint directory cannot
     /// be created or listed, or the checkpoint to resume from is missing, unreadable, corrupt,
     /// or from a run of another world size, configuration or model; [`Error::Rank`] when a
-    /// rank's replica cannot be built; [`Error::ReplicaMismatch`] when the replicas disagree.
+    /// rank's replica cannot be built; [`Error::MissingCapability`] when an option needs a part
+    /// of the contract the replica does not offer; [`Error::ReplicaMismatch`] when the replicas
+    /// disagree.
     pub fn run(self) -> Result<DdpHandle> {
         let spec = self.spec()?;
         let dataset = self.dataset.ok_or_else(missing_dataset)?;

@@ -91,9 +91,6 @@ impl Replica for Poisoned {
     fn parameters_mut(&mut self) -> &mut [Tensor] {
         &mut self.p
     }
-    fn gradients(&self) -> &[Tensor] {
-        &[]
-    }
 }
 
 /// Whether every parameter value of a bundle's model is finite.

@@ -119,9 +119,6 @@ impl Replica for Doomed {
     fn parameters_mut(&mut self) -> &mut [Tensor] {
         self.inner.parameters_mut()
     }
-    fn gradients(&self) -> &[Tensor] {
-        self.inner.gradients()
-    }
     fn buffers(&self) -> &[Tensor] {
         &self.buffers
     }

@@ -2,6 +2,7 @@
 
 mod checkpoint;
 mod common;
+mod custom_replica;
 mod dispatch;
 mod divergence;
 mod elche;
@@ -18,4 +19,8 @@ mod refinements;
 mod resume;
 mod runtime;
 mod schedule;
+// The custom replica of the crate docs and README (its `main` is the example's).
+#[allow(dead_code)]
+#[path = "../../examples/softmax.rs"]
+mod softmax;
 mod spec;

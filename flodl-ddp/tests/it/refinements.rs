@@ -11,8 +11,8 @@ use flodl_ddp::control::guard::{GrowthGuard, Guard, ReduceReport, TrendGuard};
 use flodl_ddp::control::outer::OuterKind;
 use flodl_ddp::control::weighting::average_weights;
 use flodl_ddp::{
-    Backend, Batch, Devices, ElCheKnobs, Error, FailureKind, Mlp, MlpConfig, Optimizer, Policy,
-    ReduceEvent, Replica, ReplicaContext, Result, Trainer, Verdict,
+    Backend, Batch, Capability, Devices, ElCheKnobs, Error, FailureKind, Mlp, MlpConfig, Optimizer,
+    Policy, ReduceEvent, Replica, ReplicaContext, Result, Trainer, TrainerOption, Verdict,
 };
 use flodl_tensor::{DType, Tensor};
 
@@ -34,14 +34,12 @@ const BACKENDS: [Backend; 2] = [Backend::Collective, Backend::Host];
 /// consensus after a run is a closed form of the step counts each reduce saw.
 struct Counter {
     p: Vec<Tensor>,
-    g: Vec<Tensor>,
 }
 
 impl Counter {
     fn factory(ctx: &ReplicaContext) -> Result<Counter> {
         let p = vec![Tensor::zeros(&[1], DType::F32, &ctx.stream)?];
-        let g = vec![Tensor::zeros(&[1], DType::F32, &ctx.stream)?];
-        Ok(Counter { p, g })
+        Ok(Counter { p })
     }
 }
 
@@ -60,9 +58,6 @@ impl Replica for Counter {
     }
     fn parameters_mut(&mut self) -> &mut [Tensor] {
         &mut self.p
-    }
-    fn gradients(&self) -> &[Tensor] {
-        &self.g
     }
 }
 
@@ -399,25 +394,109 @@ fn gradient_clipping_by_global_norm() -> TestResult {
     Ok(())
 }
 
-/// A replica that does not expose mutable gradients cannot be clipped: the run fails with a
-/// typed error instead of silently training unclipped; a non-positive maximum norm is a
-/// configuration error.
+/// A [`Counter`] that exposes gradients of the given shape.
+struct Exposing {
+    inner: Counter,
+    g: Vec<Tensor>,
+}
+
+impl Exposing {
+    fn factory(shape: &'static [usize]) -> impl Fn(&ReplicaContext) -> Result<Exposing> {
+        move |ctx| {
+            let g = vec![Tensor::zeros(shape, DType::F32, &ctx.stream)?];
+            Ok(Exposing { inner: Counter::factory(ctx)?, g })
+        }
+    }
+}
+
+impl Replica for Exposing {
+    fn train_step(&mut self, batch: &Batch) -> Result<f32> {
+        self.inner.train_step(batch)
+    }
+    fn step(&mut self, lr: f32) -> Result<()> {
+        self.inner.step(lr)
+    }
+    fn parameters(&self) -> &[Tensor] {
+        self.inner.parameters()
+    }
+    fn parameters_mut(&mut self) -> &mut [Tensor] {
+        self.inner.parameters_mut()
+    }
+    fn gradients_mut(&mut self) -> Option<&mut [Tensor]> {
+        Some(&mut self.g)
+    }
+}
+
+/// What `run()` answers for clipping with a replica of each kind.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    /// The run starts and ends well.
+    Runs,
+    /// `Error::MissingCapability` naming the option and the capability, from `run()`.
+    Missing,
+    /// A replica mismatch, from `run()` (a rank's failure in a world of several).
+    Mismatch,
+}
+
+/// Gradient clipping needs mutable gradients, one per parameter of its shape: what the option
+/// needs is checked when the replicas are built, so `run()` itself refuses a replica that does
+/// not offer them (a typed error naming the option and the capability) instead of the run
+/// failing at its first step; in a world of one (no coordinator) and of two alike. A
+/// non-positive maximum norm is a configuration error.
 #[test]
-fn clipping_needs_mutable_gradients_and_a_positive_norm() -> TestResult {
+fn clipping_needs_mutable_gradients_checked_at_run_and_a_positive_norm() -> TestResult {
     let data = train_subset(512);
-    let r = Trainer::new(Counter::factory)
-        .dataset(data.clone())
-        .batch_size(16)
-        .devices(Devices::Cpu(2))
-        .max_grad_norm(1.0)
-        .stall_timeout(Duration::from_secs(60))
-        .max_failures(0)
-        .run()?
-        .join();
-    assert!(
-        matches!(&r, Err(Error::Rank { failure, .. }) if failure.kind == FailureKind::ReplicaMismatch),
-        "a replica without gradients_mut was run with clipping: {r:?}"
-    );
+    type Factory = Box<dyn Fn(&ReplicaContext) -> Result<Box<dyn Replica>> + Send + Sync>;
+    let none: fn() -> Factory = || Box::new(|ctx| Ok(Box::new(Counter::factory(ctx)?)));
+    let shaped = |shape: &'static [usize]| -> Factory {
+        let f = Exposing::factory(shape);
+        Box::new(move |ctx| Ok(Box::new(f(ctx)?)))
+    };
+    let cases: [(&str, Factory, Answer); 3] = [
+        ("no gradients", none(), Answer::Missing),
+        ("gradients of another shape", shaped(&[2]), Answer::Mismatch),
+        ("gradients", shaped(&[1]), Answer::Runs),
+    ];
+    for (what, factory, answer) in cases {
+        let factory = Arc::new(factory);
+        for ranks in [1, 2] {
+            let f = factory.clone();
+            let r = Trainer::new(move |ctx: &ReplicaContext| f(ctx))
+                .dataset(data.clone())
+                .batch_size(16)
+                .epochs(1)
+                .devices(Devices::Cpu(ranks))
+                .max_grad_norm(1.0)
+                .stall_timeout(Duration::from_secs(60))
+                .max_failures(0)
+                .run();
+            let ok = match (answer, &r) {
+                (Answer::Runs, Ok(_)) => true,
+                (
+                    Answer::Missing,
+                    Err(Error::MissingCapability {
+                        option: TrainerOption::MaxGradNorm,
+                        capability: Capability::MutableGradients,
+                    }),
+                ) => true,
+                (Answer::Mismatch, Err(Error::ReplicaMismatch(_))) => true,
+                (Answer::Mismatch, Err(Error::Rank { failure, .. })) => {
+                    failure.kind == FailureKind::ReplicaMismatch
+                }
+                _ => false,
+            };
+            assert!(ok, "{what}, {ranks} ranks: expected {answer:?}, got {:?}", r.as_ref().err());
+            if let Ok(handle) = r {
+                handle.join()?;
+            }
+        }
+    }
+    let missing = Error::MissingCapability {
+        option: TrainerOption::MaxGradNorm,
+        capability: Capability::MutableGradients,
+    };
+    let text = missing.to_string();
+    assert!(text.contains("max_grad_norm") && text.contains("gradients_mut"), "{text}");
     for bad in [0.0, -1.0, f32::NAN] {
         let r = trainer(2, Policy::Sync, Backend::Host, data.clone()).max_grad_norm(bad).run();
         assert!(matches!(r, Err(Error::Config(_))), "max norm {bad}");
@@ -430,7 +509,6 @@ fn clipping_needs_mutable_gradients_and_a_positive_norm() -> TestResult {
 /// divergence grows geometrically per step.
 struct Drifter {
     p: Vec<Tensor>,
-    g: Vec<Tensor>,
     sign: f32,
     t: i32,
 }
@@ -438,9 +516,8 @@ struct Drifter {
 impl Drifter {
     fn factory(ctx: &ReplicaContext) -> Result<Drifter> {
         let p = vec![Tensor::from_slice(&[1.0f32, 0.0], &[2], &ctx.stream)?];
-        let g = vec![Tensor::zeros(&[2], DType::F32, &ctx.stream)?];
         let sign = if ctx.rank == 0 { 1.0 } else { -1.0 };
-        Ok(Drifter { p, g, sign, t: 0 })
+        Ok(Drifter { p, sign, t: 0 })
     }
 }
 
@@ -459,9 +536,6 @@ impl Replica for Drifter {
     }
     fn parameters_mut(&mut self) -> &mut [Tensor] {
         &mut self.p
-    }
-    fn gradients(&self) -> &[Tensor] {
-        &self.g
     }
 }
 

@@ -230,9 +230,6 @@ impl Replica for FixedSpeed {
     fn parameters_mut(&mut self) -> &mut [Tensor] {
         self.inner.parameters_mut()
     }
-    fn gradients(&self) -> &[Tensor] {
-        self.inner.gradients()
-    }
 }
 
 /// ElChe's counts converge to within 10% of the true speed ratio under a 2.5× skew. The true
