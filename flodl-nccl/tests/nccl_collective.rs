@@ -257,7 +257,8 @@ fn weighted_all_reduces_under_the_watchdog_stay_exact() -> TestResult {
                                 "the reduced tensor drifted at the end".into(),
                             ));
                         }
-                        comm.destroy()?;
+                        // Dropped (aborted), not destroyed: an orderly teardown is tested elsewhere.
+                        drop(comm);
                         Ok(rounds)
                     };
                     run().map_err(|e| format!("rank {rank}: {e}"))
