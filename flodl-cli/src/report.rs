@@ -58,6 +58,25 @@ impl<'a> Timeline<'a> {
     }
 }
 
+impl Timeline<'_> {
+    /// The same timeline with at most `max` reduces, evenly picked (the newest always kept):
+    /// a long run's live charts stay light to render and to send.
+    pub(crate) fn thinned(mut self, max: usize) -> Self {
+        let n = self.reduces.len();
+        if n > max && max > 0 {
+            let stride = n.div_ceil(max);
+            let last = n - 1;
+            let mut i = 0;
+            self.reduces.retain(|_| {
+                let keep = (last - i) % stride == 0;
+                i += 1;
+                keep
+            });
+        }
+        self
+    }
+}
+
 /// Renders the report of one run.
 pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     let timeline = Timeline::of(lines);
@@ -441,6 +460,20 @@ mod tests {
         assert_eq!(kinds.first().map(String::as_str), Some("epoch"));
         assert_eq!(kinds.last().map(String::as_str), Some("fault"));
         Ok(())
+    }
+
+    #[test]
+    fn thinning_keeps_at_most_the_limit_and_the_newest_reduce() {
+        for (epochs, per_epoch, max) in [(5, 100, 40), (3, 4, 100), (2, 7, 1), (4, 50, 199)] {
+            let (_, lines) = sample(epochs, per_epoch);
+            let all = Timeline::of(&lines);
+            let newest = all.reduces.last().map(|(_, r)| r.round);
+            let thin = Timeline::of(&lines).thinned(max);
+            assert!(thin.reduces.len() <= max.max(1), "{epochs}x{per_epoch} -> {max}");
+            assert!(thin.reduces.len() >= (epochs * per_epoch).min(max) / 2, "too few");
+            assert_eq!(thin.reduces.last().map(|(_, r)| r.round), newest);
+            assert_eq!(thin.epochs.len(), all.epochs.len());
+        }
     }
 
     fn death() -> FaultEvent {

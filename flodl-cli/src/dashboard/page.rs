@@ -8,6 +8,9 @@ use crate::report::{self, Timeline};
 
 use super::live::{Figures, LiveRun, Stage};
 
+/// Reduces drawn in the live charts at most (a long run's are evenly thinned to this many).
+const MAX_REDUCES: usize = 2000;
+
 /// The live part of the page: status, key figures, ranks, the report's charts, epochs, deaths.
 pub(crate) fn fragment(live: &LiveRun, f: &Figures) -> String {
     let meta = live.meta();
@@ -40,9 +43,11 @@ pub(crate) fn fragment(live: &LiveRun, f: &Figures) -> String {
         ("syncs", f.reduces.to_string()),
         (
             "average sync",
-            (f.reduces > 0)
-                .then(|| format!("{:.2} ms", f.sync_ms_total / f.reduces as f64))
-                .unwrap_or_else(dash),
+            if f.reduces > 0 {
+                format!("{:.2} ms", f.sync_ms_total / f.reduces as f64)
+            } else {
+                dash()
+            },
         ),
         ("ElChe anchor", f.last_reduce.as_ref().map_or_else(dash, |r| r.anchor.to_string())),
         ("ranks alive", format!("{alive}/{}", f.ranks.len())),
@@ -74,7 +79,7 @@ pub(crate) fn fragment(live: &LiveRun, f: &Figures) -> String {
     }
     html.push_str("</table>");
 
-    let timeline = Timeline::of(live.lines());
+    let timeline = Timeline::of(live.lines()).thinned(MAX_REDUCES);
     report::chart_section(&mut html, &meta.devices, &timeline);
     report::fault_table(&mut html, &f.deaths);
     report::epoch_table(&mut html, &timeline.epochs);

@@ -26,6 +26,9 @@ use super::{page, prometheus};
 
 /// The shortest time between two renders: records arriving faster are batched.
 const MIN_INTERVAL: Duration = Duration::from_millis(500);
+/// The pause after a render is at least this many times the render's own time, so the
+/// dashboard takes at most a few percent of a core however large the record grows.
+const PAUSE_PER_RENDER: u32 = 20;
 /// A render at least this often, so the clock moves between records.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long stopping waits for the server's thread.
@@ -157,7 +160,8 @@ async fn serve(
 }
 
 /// Takes the run's records into `live` and publishes a snapshot after each batch of them (at
-/// most every [`MIN_INTERVAL`], at least every [`HEARTBEAT`]) until the run ends.
+/// most every [`MIN_INTERVAL`] or [`PAUSE_PER_RENDER`] render times, and every [`HEARTBEAT`]
+/// without records) until the run ends.
 async fn follow(
     mut live: LiveRun,
     mut records: mpsc::Receiver<Line>,
@@ -191,7 +195,9 @@ async fn follow(
             // Dropping the publisher ends every live stream and then the server.
             return;
         }
+        let started = std::time::Instant::now();
         publish.send_replace(Arc::new(Snapshot::of(&live, seq)));
+        let pause = MIN_INTERVAL.max(started.elapsed() * PAUSE_PER_RENDER);
         tokio::select! {
             biased;
             // Stopping does not wait for the pause.
@@ -205,7 +211,7 @@ async fn follow(
                 publish.send_replace(Arc::new(Snapshot::of(&live, seq + 1)));
                 return;
             }
-            () = tokio::time::sleep(MIN_INTERVAL) => {}
+            () = tokio::time::sleep(pause) => {}
         }
     }
 }
