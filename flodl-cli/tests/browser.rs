@@ -22,6 +22,9 @@ const FDL: &str = env!("CARGO_BIN_EXE_fdl");
 /// the charts and ranks shown, script errors seen by the page itself.
 const READ_PAGE: &str = r##"(() => {
   const b = document.body;
+  if (!b || !document.getElementById("live")) {
+    return { updates: 0, loading: true };
+  }
   return {
     updates: Number(b.dataset.updates || 0),
     seq: Number(b.dataset.seq || 0),

@@ -17,7 +17,7 @@ const CALL_DEADLINE: Duration = Duration::from_secs(30);
 /// A headless Chromium this test started, with one page attached.
 #[derive(Debug)]
 pub(crate) struct Browser {
-    child: Child,
+    child: Process,
     socket: WebSocket<TcpStream>,
     session: String,
     next_id: u64,
@@ -34,7 +34,7 @@ impl Browser {
         width: u32,
         height: u32,
     ) -> Result<Self, String> {
-        let mut child = Command::new(chromium)
+        let child = Command::new(chromium)
             .args([
                 "--headless",
                 "--no-sandbox",
@@ -53,7 +53,9 @@ impl Browser {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", chromium.display()))?;
-        let stderr = child.stderr.take().ok_or("no stderr")?;
+        // From here on, any early return ends the browser.
+        let mut child = Process(child);
+        let stderr = child.0.stderr.take().ok_or("no stderr")?;
         let (tx, rx) = mpsc::channel();
         // Drains stderr for the browser's whole life (a full pipe would stall it).
         std::thread::spawn(move || {
@@ -65,11 +67,7 @@ impl Browser {
         });
         let endpoint = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(url) => url,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("chromium announced no DevTools endpoint within 60 s".into());
-            }
+            Err(_) => return Err("chromium announced no DevTools endpoint within 60 s".into()),
         };
         let host = endpoint
             .strip_prefix("ws://")
@@ -77,9 +75,14 @@ impl Browser {
             .ok_or(format!("odd endpoint {endpoint}"))?
             .to_owned();
         let stream = TcpStream::connect(&host).map_err(|e| format!("{host}: {e}"))?;
-        stream.set_read_timeout(Some(Duration::from_millis(500))).map_err(|e| e.to_string())?;
+        // The handshake reads with a long deadline; calls then poll in short reads.
+        stream.set_read_timeout(Some(CALL_DEADLINE)).map_err(|e| e.to_string())?;
         let (socket, _) =
             tungstenite::client(endpoint.as_str(), stream).map_err(|e| format!("{e}"))?;
+        socket
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .map_err(|e| e.to_string())?;
         let mut browser =
             Self { child, socket, session: String::new(), next_id: 0, errors: Vec::new() };
         let target = browser.call("Target.createTarget", json!({ "url": "about:blank" }))?;
@@ -183,13 +186,21 @@ impl Browser {
         data_encoding::BASE64.decode(data.as_bytes()).map_err(|e| e.to_string())
     }
 
-    /// Closes the browser (asks it, then kills this child if it has not exited in 10 s).
+    /// Closes the browser: asks it to quit (so it takes its helper processes along), and
+    /// kills it if it has not exited within 10 s.
     pub(crate) fn close(mut self) {
+        self.quit();
+    }
+
+    fn quit(&mut self) {
         self.session.clear();
-        let _ = self.call("Browser.close", json!({}));
+        let id = self.next_id + 1;
+        self.next_id = id;
+        let message = json!({ "id": id, "method": "Browser.close", "params": {} });
+        let _ = self.socket.send(Message::text(message.to_string()));
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = self.child.0.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -199,8 +210,18 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // Only the chromium this test started, by its own handle.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // A failed test still closes its browser; `Process` kills it if that did not work.
+        self.quit();
+    }
+}
+
+/// A process this test started, killed (by its own handle) when dropped.
+#[derive(Debug)]
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
