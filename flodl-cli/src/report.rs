@@ -68,7 +68,7 @@ impl Timeline<'_> {
             let last = n - 1;
             let mut i = 0;
             self.reduces.retain(|_| {
-                let keep = (last - i) % stride == 0;
+                let keep = (last - i).is_multiple_of(stride);
                 i += 1;
                 keep
             });
