@@ -8,6 +8,7 @@ use flodl_tensor::Device;
 use serde::Deserialize;
 
 use crate::config::{ScheduleKind, text};
+use crate::dashboard::Bind;
 use crate::failure::FailAt;
 
 /// Train one model on several devices at once (local SGD with the ElChe cadence).
@@ -151,6 +152,16 @@ pub(crate) struct RunFlags {
     /// Name of the run (its directory under runs/ when --out is not given).
     #[arg(long, value_name = "NAME")]
     pub(crate) name: Option<String>,
+    /// Serve a live dashboard of the run (a page updated as it trains, and /metrics for
+    /// Prometheus) on ADDR: `auto` when no ADDR is given (127.0.0.1:7411, or a free port when
+    /// that one is taken), a PORT on 127.0.0.1, or IP:PORT. Any address but loopback is served
+    /// only to URLs with the run's token (random unless --dashboard-token is given).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "auto")]
+    #[serde(default, deserialize_with = "text::optional")]
+    pub(crate) dashboard: Option<Bind>,
+    /// The dashboard's token: every request must carry `?token=TOKEN` (letters, digits, - . _ ~).
+    #[arg(long, value_name = "TOKEN")]
+    pub(crate) dashboard_token: Option<String>,
 }
 
 /// `fdl train`.

@@ -114,6 +114,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             resume: None,
             out: Some(dir.path().to_owned()),
             name: None,
+            dashboard: None,
+            dashboard_token: None,
         };
         let outcome = (|| {
             let trainer = train::trainer(&mode_cfg, &mode_cfg.devices()?, &data, &opts, None)?;

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::args::{RunFlags, TrainFlags};
+use crate::dashboard::Bind;
 use crate::failure::FailAt;
 
 /// Default hidden widths of the reference MLP (784-256-128-10).
@@ -182,6 +183,12 @@ pub(crate) struct RunOptions {
     pub(crate) out: Option<PathBuf>,
     /// Run name.
     pub(crate) name: Option<String>,
+    /// Where the live dashboard listens, when the run serves one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) dashboard: Option<Bind>,
+    /// The dashboard's token, when given (a secret: never written to the run directory).
+    #[serde(skip)]
+    pub(crate) dashboard_token: Option<String>,
 }
 
 fn default_keep() -> usize {
@@ -290,6 +297,8 @@ impl RunFlags {
             resume: self.resume.or(file.resume),
             out: self.out.or(file.out),
             name: self.name.or(file.name),
+            dashboard: self.dashboard.or(file.dashboard),
+            dashboard_token: self.dashboard_token.or(file.dashboard_token),
         }
     }
 }
@@ -364,6 +373,8 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
             resume: r.resume,
             out: r.out,
             name: r.name,
+            dashboard: r.dashboard,
+            dashboard_token: r.dashboard_token,
         };
     check(&cfg, &opts)?;
     Ok((cfg, opts))
@@ -448,6 +459,10 @@ fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
         "checkpoint-every-reduces must be at least 1"
     );
     ensure!(opts.keep_checkpoints >= 1, "keep-checkpoints must be at least 1");
+    ensure!(
+        opts.dashboard.is_some() || opts.dashboard_token.is_none(),
+        "dashboard-token needs dashboard"
+    );
     if let Some(w) = cfg.watchdog_s {
         ensure!(w.is_finite() && w > 0.0, "watchdog must be a positive number of seconds, got {w}");
     }
@@ -695,7 +710,8 @@ mod tests {
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
             max-failures = 2\nfail-rank = \"0@1, 2@4\"\neval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
-            keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n";
+            keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
+            dashboard = 8080\ndashboard-token = \"t\"\n";
         // The text sets every key but `devices` (which excludes `ranks`; see the list test).
         let mut keys = file_keys();
         keys.sort();
@@ -736,6 +752,8 @@ mod tests {
             resume: Some("r".into()),
             out: Some("o".into()),
             name: Some("n".into()),
+            dashboard: Some("127.0.0.1:8080".parse()?),
+            dashboard_token: Some("t".into()),
         };
         assert_eq!(opts, want);
         // The resolved configuration round-trips through JSON (summary.json, bench.json).

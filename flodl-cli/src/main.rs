@@ -4,6 +4,7 @@ mod args;
 mod bench;
 mod chart;
 mod config;
+mod dashboard;
 mod devices;
 mod failure;
 mod interrupt;
@@ -12,6 +13,7 @@ mod record;
 mod report;
 mod resume;
 mod run_dir;
+mod tally;
 mod train;
 
 use std::path::Path;
@@ -59,7 +61,7 @@ fn main() -> ExitCode {
 
 /// The error and its causes on one line, like `{:#}`, skipping a cause whose text an outer
 /// message already quotes (library errors often print their source themselves).
-fn one_line(error: &anyhow::Error) -> String {
+pub(crate) fn one_line(error: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in error.chain() {
         let text = cause.to_string();

@@ -6,6 +6,8 @@ use std::time::Duration;
 use flodl_ddp::{EpochMetrics, ReduceEvent};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::tally::RankTally;
+
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Display {
@@ -36,11 +38,8 @@ pub(crate) struct Progress {
     display: Display,
     bars: Option<Bars>,
     epochs: usize,
-    batch_size: u64,
-    /// Samples per rank counted from reduce events since the last epoch report.
-    from_reduces: Vec<u64>,
-    /// Samples per rank from finished epochs.
-    from_epochs: Vec<u64>,
+    /// Samples per rank so far.
+    tally: RankTally,
     /// The first epoch this run trained (a resumed run starts past 0).
     first_epoch: Option<usize>,
 }
@@ -96,32 +95,20 @@ impl Progress {
             display,
             bars,
             epochs,
-            batch_size: batch_size as u64,
-            from_reduces: vec![0; devices.len()],
-            from_epochs: vec![0; devices.len()],
+            tally: RankTally::new(devices.len(), batch_size),
             first_epoch: None,
         }
     }
 
     /// Counts a reduce's steps into the rank bars.
     pub(crate) fn reduce(&mut self, event: &ReduceEvent, elapsed: Duration) {
-        for (r, steps) in event.steps.iter().enumerate() {
-            if let Some(s) = self.from_reduces.get_mut(r) {
-                *s += *steps as u64 * self.batch_size;
-            }
-        }
+        self.tally.reduce(event);
         self.redraw_ranks(elapsed);
     }
 
     /// Shows a finished epoch.
     pub(crate) fn epoch(&mut self, m: &EpochMetrics, elapsed: Duration) {
-        for r in &m.ranks {
-            if let Some(s) = self.from_epochs.get_mut(r.rank) {
-                *s += r.samples as u64;
-            }
-        }
-        // Reduce events may straddle epochs; the epoch totals are exact, so restart from them.
-        self.from_reduces.clone_from(&self.from_epochs);
+        self.tally.epoch(m);
         self.redraw_ranks(elapsed);
         let done = m.epoch + 1;
         let first = *self.first_epoch.get_or_insert(m.epoch);
@@ -169,8 +156,7 @@ impl Progress {
 
     fn redraw_ranks(&self, elapsed: Duration) {
         let Some(b) = &self.bars else { return };
-        let counts: Vec<u64> =
-            self.from_reduces.iter().zip(&self.from_epochs).map(|(a, b)| *a.max(b)).collect();
+        let counts = self.tally.counts();
         let total: u64 = counts.iter().sum();
         let secs = elapsed.as_secs_f64().max(1e-3);
         for (bar, &n) in b.ranks.iter().zip(&counts) {

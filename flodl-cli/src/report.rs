@@ -2,48 +2,84 @@
 
 use std::fmt::Write as _;
 
-use flodl_ddp::{EpochMetrics, ReduceEvent};
+use std::path::Path;
+
+use flodl_ddp::{EpochMetrics, FaultEvent, ReduceEvent};
 
 use crate::chart::{LineChart, Series, Style, escape};
 use crate::record::{Entry, Line, Summary};
 
 /// An epoch with the time it ended, in seconds since training started, and whether it was
 /// restored from a checkpoint.
-type TimedEpoch<'a> = (f64, &'a EpochMetrics, bool);
+pub(crate) type TimedEpoch<'a> = (f64, &'a EpochMetrics, bool);
 
 /// A reduce with the time it completed, in seconds since training started.
-type TimedReduce<'a> = (f64, &'a ReduceEvent);
+pub(crate) type TimedReduce<'a> = (f64, &'a ReduceEvent);
+
+/// A run's epochs and reduces on one time axis, as the charts and tables show them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Timeline<'a> {
+    /// Epochs in order, restored ones first.
+    pub(crate) epochs: Vec<TimedEpoch<'a>>,
+    /// Reduces in order.
+    pub(crate) reduces: Vec<TimedReduce<'a>>,
+}
+
+impl<'a> Timeline<'a> {
+    /// The timeline of a run's records.
+    ///
+    /// Epochs restored from a checkpoint come first, at the times their own run took (from
+    /// their durations); the times of this run's reports are shifted past them.
+    pub(crate) fn of(lines: &'a [Line]) -> Self {
+        let restored_s: f64 = lines
+            .iter()
+            .filter(|l| l.restored)
+            .filter_map(|l| match &l.entry {
+                Entry::Epoch(e) => Some(e.epoch_ms / 1000.0),
+                Entry::Reduce(_) | Entry::Fault(_) => None,
+            })
+            .sum();
+        let mut timeline = Timeline::default();
+        let mut cumulative_s = 0.0;
+        for line in lines {
+            let shifted = line.time_s().map(|t| t + restored_s);
+            match &line.entry {
+                Entry::Epoch(e) => {
+                    cumulative_s += e.epoch_ms / 1000.0;
+                    let t = if line.restored { None } else { shifted };
+                    timeline.epochs.push((t.unwrap_or(cumulative_s), e, line.restored));
+                }
+                Entry::Reduce(r) => timeline.reduces.push((shifted.unwrap_or(cumulative_s), r)),
+                // Deaths are listed in their own table.
+                Entry::Fault(_) => {}
+            }
+        }
+        timeline
+    }
+}
+
+impl Timeline<'_> {
+    /// The same timeline with at most `max` reduces, evenly picked (the newest always kept):
+    /// a long run's live charts stay light to render and to send.
+    pub(crate) fn thinned(mut self, max: usize) -> Self {
+        let n = self.reduces.len();
+        if n > max && max > 0 {
+            let stride = n.div_ceil(max);
+            let last = n - 1;
+            let mut i = 0;
+            self.reduces.retain(|_| {
+                let keep = (last - i).is_multiple_of(stride);
+                i += 1;
+                keep
+            });
+        }
+        self
+    }
+}
 
 /// Renders the report of one run.
-///
-/// Epochs restored from a checkpoint come first, at the times their own run took (from their
-/// durations); the times of this run's reports are shifted past them.
 pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
-    let restored_s: f64 = lines
-        .iter()
-        .filter(|l| l.restored)
-        .filter_map(|l| match &l.entry {
-            Entry::Epoch(e) => Some(e.epoch_ms / 1000.0),
-            Entry::Reduce(_) | Entry::Fault(_) => None,
-        })
-        .sum();
-    let mut epochs: Vec<TimedEpoch<'_>> = Vec::new();
-    let mut reduces: Vec<TimedReduce<'_>> = Vec::new();
-    let mut cumulative_s = 0.0;
-    for line in lines {
-        let shifted = line.time_s().map(|t| t + restored_s);
-        match &line.entry {
-            Entry::Epoch(e) => {
-                cumulative_s += e.epoch_ms / 1000.0;
-                let t = if line.restored { None } else { shifted };
-                epochs.push((t.unwrap_or(cumulative_s), e, line.restored));
-            }
-            Entry::Reduce(r) => reduces.push((shifted.unwrap_or(cumulative_s), r)),
-            // Deaths are listed from the summary.
-            Entry::Fault(_) => {}
-        }
-    }
-
+    let timeline = Timeline::of(lines);
     let mut html = String::new();
     let title = format!("fdl run {}", summary.name);
     let _ = write!(
@@ -63,21 +99,17 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     );
     key_figures(&mut html, summary);
     rank_table(&mut html, summary);
-
-    html.push_str("<h2>Charts</h2><div class=\"charts\">");
-    for chart in charts(summary, &epochs, &reduces) {
-        let _ = write!(html, "<figure>{}</figure>", chart.to_svg());
-    }
-    html.push_str("</div>");
-
-    epoch_table(&mut html, &epochs);
-    fault_table(&mut html, summary);
+    chart_section(&mut html, &summary.devices, &timeline);
+    epoch_table(&mut html, &timeline.epochs);
+    resume_note(&mut html, summary.resumed_from.as_deref(), summary.epochs_restored);
+    fault_table(&mut html, &summary.faults);
     config_table(&mut html, summary);
     html.push_str("</body></html>\n");
     html
 }
 
-const CSS: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}\
+/// The style sheet of the report (and of the live dashboard).
+pub(crate) const CSS: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}\
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}.meta{color:#555}\
 .figures{display:flex;flex-wrap:wrap;gap:12px}.figure{border:1px solid #ddd;border-radius:6px;padding:8px 14px}\
 .figure b{display:block;font-size:20px}.figure span{color:#666;font-size:12px}\
@@ -100,12 +132,17 @@ fn key_figures(html: &mut String, s: &Summary) {
         ("average sync", avg_sync),
         ("policy / backend", format!("{} / {}", s.config.policy, s.config.backend)),
     ];
+    figure_cards(html, &figures);
+}
+
+/// A row of key figures: each value in large type over its label.
+pub(crate) fn figure_cards(html: &mut String, figures: &[(&str, String)]) {
     html.push_str("<div class=\"figures\">");
     for (label, value) in figures {
         let _ = write!(
             html,
             "<div class=\"figure\"><b>{}</b><span>{}</span></div>",
-            escape(&value),
+            escape(value),
             escape(label)
         );
     }
@@ -132,7 +169,8 @@ fn rank_table(html: &mut String, s: &Summary) {
     html.push_str("</table>");
 }
 
-fn epoch_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
+/// The table of epochs: time, duration, losses, accuracy.
+pub(crate) fn epoch_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
     html.push_str("<h2>Epochs</h2><table><tr><th>epoch</th><th>t (s)</th><th>epoch (ms)</th><th>train loss</th><th>test loss</th><th>test accuracy</th></tr>");
     for (t, e, restored) in epochs {
         let (tl, ta) = e.eval.map_or(("–".to_owned(), "–".to_owned()), |v| {
@@ -153,20 +191,24 @@ fn epoch_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
     html.push_str("</table>");
 }
 
-fn fault_table(html: &mut String, s: &Summary) {
-    if let Some(path) = &s.resumed_from {
+/// A line naming the bundle the run resumed from, when it did.
+pub(crate) fn resume_note(html: &mut String, resumed_from: Option<&Path>, restored: usize) {
+    if let Some(path) = resumed_from {
         let _ = write!(
             html,
-            "<p>Resumed from <code>{}</code>: {} epoch(s) restored.</p>",
+            "<p>Resumed from <code>{}</code>: {restored} epoch(s) restored.</p>",
             escape(&path.display().to_string()),
-            s.epochs_restored
         );
     }
-    if s.faults.is_empty() {
+}
+
+/// The table of rank deaths (nothing when none died).
+pub(crate) fn fault_table(html: &mut String, faults: &[FaultEvent]) {
+    if faults.is_empty() {
         return;
     }
     html.push_str("<h2>Rank deaths</h2><table><tr><th>rank</th><th>t (s)</th><th class=\"l\">cause</th><th class=\"l\">survivors</th></tr>");
-    for f in &s.faults {
+    for f in faults {
         let survivors: Vec<String> = f.survivors.iter().map(ToString::to_string).collect();
         let _ = write!(
             html,
@@ -205,11 +247,20 @@ fn config_table(html: &mut String, s: &Summary) {
     html.push_str("</table>");
 }
 
+/// The charts of a run whose ranks ran on `devices`, as a section of inline SVG figures.
+pub(crate) fn chart_section(html: &mut String, devices: &[String], timeline: &Timeline<'_>) {
+    html.push_str("<h2>Charts</h2><div class=\"charts\">");
+    for chart in charts(devices, timeline) {
+        let _ = write!(html, "<figure>{}</figure>", chart.to_svg());
+    }
+    html.push_str("</div>");
+}
+
 /// The report's charts, in display order.
-fn charts(s: &Summary, epochs: &[TimedEpoch<'_>], reduces: &[TimedReduce<'_>]) -> Vec<LineChart> {
-    let world =
-        s.devices.len().max(epochs.iter().map(|(_, e, _)| e.ranks.len()).max().unwrap_or(0));
-    let rank_name = |r: usize| match s.devices.get(r) {
+fn charts(devices: &[String], timeline: &Timeline<'_>) -> Vec<LineChart> {
+    let (epochs, reduces) = (&timeline.epochs, &timeline.reduces);
+    let world = devices.len().max(epochs.iter().map(|(_, e, _)| e.ranks.len()).max().unwrap_or(0));
+    let rank_name = |r: usize| match devices.get(r) {
         Some(d) => format!("rank {r} ({d})"),
         None => format!("rank {r}"),
     };
@@ -339,6 +390,8 @@ mod tests {
                 resume: None,
                 out: None,
                 name: None,
+                dashboard: None,
+                dashboard_token: None,
             },
             devices: vec!["cpu".into(), "cpu".into()],
             epochs_completed: epochs,
@@ -407,6 +460,20 @@ mod tests {
         assert_eq!(kinds.first().map(String::as_str), Some("epoch"));
         assert_eq!(kinds.last().map(String::as_str), Some("fault"));
         Ok(())
+    }
+
+    #[test]
+    fn thinning_keeps_at_most_the_limit_and_the_newest_reduce() {
+        for (epochs, per_epoch, max) in [(5, 100, 40), (3, 4, 100), (2, 7, 1), (4, 50, 199)] {
+            let (_, lines) = sample(epochs, per_epoch);
+            let all = Timeline::of(&lines);
+            let newest = all.reduces.last().map(|(_, r)| r.round);
+            let thin = Timeline::of(&lines).thinned(max);
+            assert!(thin.reduces.len() <= max.max(1), "{epochs}x{per_epoch} -> {max}");
+            assert!(thin.reduces.len() >= (epochs * per_epoch).min(max) / 2, "too few");
+            assert_eq!(thin.reduces.last().map(|(_, r)| r.round), newest);
+            assert_eq!(thin.epochs.len(), all.epochs.len());
+        }
     }
 
     fn death() -> FaultEvent {

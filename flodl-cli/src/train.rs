@@ -15,6 +15,7 @@ use flodl_tensor::Device;
 
 use crate::args::TrainArgs;
 use crate::config::{self, RunOptions, TrainConfig};
+use crate::dashboard::{Dashboard, Ending, Meta};
 use crate::progress::{Display, Progress};
 use crate::record::{Entry, Line, RankSummary, Summary};
 use crate::report;
@@ -50,10 +51,29 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     }
     let (started_at, stamp) = run_dir::utc_now();
     let path = run_path(&opts, &stamp);
+    let name = path.file_name().map_or_else(|| "run".to_owned(), |n| n.to_string_lossy().into());
+    let names: Vec<String> = spec.devices.iter().map(Device::to_string).collect();
+    // Bound before the run directory exists, so an address in use leaves nothing behind.
+    let dashboard = match opts.dashboard {
+        Some(bind) => {
+            let meta = Meta {
+                name: name.clone(),
+                started_at: started_at.clone(),
+                devices: names.clone(),
+                policy: spec.policy,
+                backend: spec.backend,
+                epochs: spec.epochs,
+                batch_size: spec.batch_size,
+                resumed_from: resume.as_ref().map(|p| p.bundle.clone()),
+                epochs_restored: resume.as_ref().map_or(0, |p| p.epochs.len()),
+            };
+            Some(Dashboard::start(bind, opts.dashboard_token.as_deref(), meta)?)
+        }
+        None => None,
+    };
     let mut dir = RunDir::create(&path)?;
     let display = Display::detect(args.quiet);
     if display != Display::Silent {
-        let names: Vec<String> = spec.devices.iter().map(Device::to_string).collect();
         println!(
             "training {} on {} rank(s) [{}], {} / {}, {} epochs; run directory {}",
             describe_model(&cfg),
@@ -77,15 +97,32 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
             }
         }
     }
-    let outcome = match execute(trainer, spec, &opts, resume.as_ref(), display, |l| dir.append(l)) {
+    if let Some(d) = &dashboard {
+        // Printed even with --quiet: the URL may carry the run's token.
+        println!("dashboard: {}", d.url());
+    }
+    let feed = dashboard.as_ref().map(Dashboard::feed);
+    let sink = |l: &Line| {
+        dir.append(l)?;
+        if let Some(feed) = &feed {
+            feed.record(l);
+        }
+        Ok(())
+    };
+    let outcome = match execute(trainer, spec, &opts, resume.as_ref(), display, sink) {
         Ok(outcome) => outcome,
         Err(e) => {
+            if let Some(d) = dashboard {
+                d.close(Ending::Failed(crate::one_line(&e)));
+            }
             // A run refused before its first record leaves no empty run directory behind.
             dir.discard_if_empty();
             return Err(e);
         }
     };
-    let name = path.file_name().map_or_else(|| "run".to_owned(), |n| n.to_string_lossy().into());
+    if let Some(d) = dashboard {
+        d.close(Ending::Completed);
+    }
     let summary = summarise(name, started_at, &cfg, &opts, &outcome);
     dir.write_summary(&summary)?;
     let report_path = run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
@@ -482,6 +519,8 @@ mod tests {
             resume: None,
             out: None,
             name: None,
+            dashboard: None,
+            dashboard_token: None,
         };
         assert_eq!(run_path(&opts, "20260101-000000"), PathBuf::from("runs/20260101-000000"));
         opts.name = Some("a".into());

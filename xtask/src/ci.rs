@@ -16,24 +16,35 @@ pub(crate) struct Step {
     pub(crate) title: &'static str,
     /// The arguments after `cargo`.
     pub(crate) args: &'static [&'static str],
+    /// Environment variables set for it.
+    pub(crate) env: &'static [(&'static str, &'static str)],
 }
 
 impl Step {
-    /// The step as a shell command line (`cargo fmt --all --check`).
+    /// The step as a shell command line (`cargo fmt --all --check`, `VAR=1 cargo test ...`).
     pub(crate) fn command_line(&self) -> String {
-        std::iter::once("cargo").chain(self.args.iter().copied()).collect::<Vec<_>>().join(" ")
+        let env = self.env.iter().map(|(k, v)| format!("{k}={v}"));
+        let cargo = std::iter::once("cargo").chain(self.args.iter().copied()).map(str::to_owned);
+        env.chain(cargo).collect::<Vec<_>>().join(" ")
     }
 }
 
 /// The steps, in the order `.ci/run` runs them (a test keeps the two equal).
-pub(crate) const STEPS: [Step; 4] = [
-    Step { title: "format", args: &["fmt", "--all", "--check"] },
+pub(crate) const STEPS: [Step; 5] = [
+    Step { title: "format", args: &["fmt", "--all", "--check"], env: &[] },
     Step {
         title: "lint",
         args: &["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"],
+        env: &[],
     },
-    Step { title: "no cuda", args: &["check", "--workspace", "--no-default-features"] },
-    Step { title: "test", args: &["test", "--workspace", "--release"] },
+    Step { title: "no cuda", args: &["check", "--workspace", "--no-default-features"], env: &[] },
+    Step { title: "test", args: &["test", "--workspace", "--release"], env: &[] },
+    // `.ci/run` installs chromium first when it is missing; here it must be on PATH.
+    Step {
+        title: "browser",
+        args: &["test", "--release", "-p", "flodl-cli", "--test", "browser"],
+        env: &[("FLODL_BROWSER_TESTS", "1")],
+    },
 ];
 
 /// What happened to a step.
@@ -63,6 +74,7 @@ pub(crate) fn run(args: &CiArgs) -> Result<()> {
             .args(step.args)
             .current_dir(&root)
             .env("CARGO_TERM_COLOR", "never")
+            .envs(step.env.iter().copied())
             .status()
             .with_context(|| format!("cannot start `{}`", step.command_line()))?;
         let seconds = start.elapsed().as_secs_f64();
@@ -117,8 +129,15 @@ mod tests {
     #[test]
     fn steps_are_the_commands_of_the_ci_script() -> Result<()> {
         let script = std::fs::read_to_string(workspace::root().join(".ci").join("run"))?;
-        let script_commands: Vec<&str> =
-            script.lines().map(str::trim).filter(|line| line.starts_with("cargo ")).collect();
+        // A command line is `cargo ...`, maybe after `VAR=value` assignments.
+        let script_commands: Vec<&str> = script
+            .lines()
+            .map(str::trim)
+            .filter(|line| {
+                let mut words = line.split_whitespace().skip_while(|w| w.contains('='));
+                words.next() == Some("cargo")
+            })
+            .collect();
         let ours: Vec<String> = STEPS.iter().map(Step::command_line).collect();
         assert_eq!(script_commands, ours);
         Ok(())
@@ -133,17 +152,19 @@ mod tests {
                     StepResult::Failed { seconds: 30.0, code: Some(101) },
                     StepResult::NotRun,
                     StepResult::NotRun,
+                    StepResult::NotRun,
                 ],
-                ["ok", "FAILED (exit 101)", "not run", "not run"],
+                ["ok", "FAILED (exit 101)", "not run", "not run", "not run"],
             ),
             (
                 [
                     StepResult::Passed { seconds: 0.0 },
                     StepResult::Passed { seconds: 2.0 },
                     StepResult::Passed { seconds: 40.0 },
+                    StepResult::Passed { seconds: 9.0 },
                     StepResult::Failed { seconds: 3.0, code: None },
                 ],
-                ["ok", "ok", "ok", "FAILED (signal)"],
+                ["ok", "ok", "ok", "ok", "FAILED (signal)"],
             ),
         ];
         for (results, verdicts) in cases {

@@ -1,0 +1,8 @@
+//! Helpers shared by the integration tests.
+
+#![allow(dead_code)]
+
+pub(crate) mod devtools;
+pub(crate) mod http;
+pub(crate) mod prometheus;
+pub(crate) mod serving;
