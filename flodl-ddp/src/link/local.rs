@@ -15,15 +15,20 @@ const GONE_WAIT: Duration = Duration::from_secs(1);
 
 /// The abort a rank armed: the group's number and its handle.
 #[derive(Debug, Default)]
-struct Armed(Mutex<Option<(u64, AbortHandle)>>);
+pub(super) struct Armed(Mutex<Option<(u64, AbortHandle)>>);
 
 impl Armed {
     fn lock(&self) -> MutexGuard<'_, Option<(u64, AbortHandle)>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Arms `handle` for group `generation`.
+    pub(super) fn arm(&self, generation: u64, handle: AbortHandle) {
+        *self.lock() = Some((generation, handle));
+    }
+
     /// Fires the armed handle when its group is `generation` or older.
-    fn fire(&self, generation: u64) {
+    pub(super) fn fire(&self, generation: u64) {
         let armed = self.lock().as_ref().filter(|(g, _)| *g <= generation).map(|(_, h)| h.clone());
         if let Some(handle) = armed {
             handle.abort();
@@ -122,7 +127,7 @@ impl<L: Send> RankLink for LocalRank<L> {
     }
 
     fn arm_abort(&self, generation: u64, handle: AbortHandle) {
-        *self.armed.lock() = Some((generation, handle));
+        self.armed.arm(generation, handle);
     }
 }
 
