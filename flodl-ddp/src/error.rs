@@ -100,6 +100,30 @@ pub enum Error {
     #[error("{0} is gone")]
     PeerGone(Peer),
     /// The run was aborted through its handle.
+    /// A cluster run's controller gave up waiting for ranks to join.
+    #[error("ranks {missing:?} did not join the controller within {after:?}")]
+    RanksMissing {
+        /// The ranks that never joined.
+        missing: Vec<usize>,
+        /// How long the controller waited.
+        after: Duration,
+    },
+    /// A rank of a cluster run runs another run specification than the controller.
+    #[error(
+        "rank {rank} runs another run specification than the controller (its spec hash differs)"
+    )]
+    RunMismatch {
+        /// The rank refused.
+        rank: usize,
+    },
+    /// The cluster's transport failed (binding, connecting, keys, a refused handshake).
+    #[error("cluster transport: {what}: {detail}")]
+    Transport {
+        /// What was being done.
+        what: &'static str,
+        /// The transport's error.
+        detail: String,
+    },
     #[error("run aborted")]
     Aborted,
     /// The run stopped on request after saving a checkpoint

@@ -281,7 +281,10 @@ mod tests {
             }
         }
         let lanes = [
-            (ToWorker::Init { state: state(2), restore: None }.lane(), Lane::Bulk),
+            (
+                ToWorker::Init { state: state(2), restore: None, window: window() }.lane(),
+                Lane::Bulk,
+            ),
             (ToWorker::Ping.lane(), Lane::Control),
             (ToWorker::Snapshot { round: 1, attempt: 0, capture: None }.lane(), Lane::Control),
             (

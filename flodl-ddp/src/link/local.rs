@@ -53,14 +53,26 @@ pub(crate) struct LocalRank<L> {
 
 /// A link between a coordinator whose inbox is `inbox` and `world` ranks, each rank's queue
 /// holding `capacity` messages.
+#[cfg(test)]
 pub(crate) fn link<L: Send>(
     world: usize,
     capacity: usize,
     inbox: &flume::Sender<Inbound<L>>,
 ) -> (LocalCoordinator, Vec<LocalRank<L>>) {
-    let mut ranks = Vec::with_capacity(world);
-    let mut ends = Vec::with_capacity(world);
-    for rank in 0..world {
+    link_ranks(&(0..world).collect::<Vec<_>>(), capacity, inbox)
+}
+
+/// A link between a coordinator whose inbox is `inbox` and the ranks `ranks` of its process:
+/// the coordinator's end numbers them by position in `ranks`, their messages are stamped with
+/// their own rank.
+pub(crate) fn link_ranks<L: Send>(
+    ranks_here: &[usize],
+    capacity: usize,
+    inbox: &flume::Sender<Inbound<L>>,
+) -> (LocalCoordinator, Vec<LocalRank<L>>) {
+    let mut ranks = Vec::with_capacity(ranks_here.len());
+    let mut ends = Vec::with_capacity(ranks_here.len());
+    for &rank in ranks_here {
         let (tx, rx) = flume::bounded(capacity);
         let armed = Arc::new(Armed::default());
         ranks.push((tx, armed.clone()));

@@ -296,81 +296,14 @@ impl Drop for NetRank {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use std::sync::Mutex;
-
+mod tests {
     use flodl_nccl::HostComm;
 
     use super::*;
+    use crate::runtime::cluster::memory::pair as mem_pair;
     use crate::state::HostState;
 
     const WAIT: Duration = Duration::from_secs(5);
-
-    /// One end of an in-memory connection (lanes kept in one order, as a session does).
-    #[derive(Debug)]
-    pub(crate) struct MemFrames {
-        tx: Mutex<Option<flume::Sender<Vec<u8>>>>,
-        rx: flume::Receiver<Vec<u8>>,
-        closed: AtomicBool,
-    }
-
-    /// Two connected in-memory ends.
-    pub(crate) fn mem_pair() -> (Arc<MemFrames>, Arc<MemFrames>) {
-        let (a_tx, b_rx) = flume::bounded(64);
-        let (b_tx, a_rx) = flume::bounded(64);
-        let end = |tx, rx| {
-            Arc::new(MemFrames { tx: Mutex::new(Some(tx)), rx, closed: AtomicBool::new(false) })
-        };
-        (end(a_tx, a_rx), end(b_tx, b_rx))
-    }
-
-    impl MemFrames {
-        fn sender(&self) -> std::result::Result<flume::Sender<Vec<u8>>, LinkError> {
-            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-            tx.clone().ok_or(LinkError::Gone)
-        }
-
-        /// Sends raw bytes (for hostile frames).
-        pub(crate) fn raw(&self, bytes: Vec<u8>) -> std::result::Result<(), LinkError> {
-            self.sender()?.send(bytes).map_err(|_| LinkError::Gone)
-        }
-    }
-
-    impl Frames for MemFrames {
-        fn send(
-            &self,
-            _: Lane,
-            frame: Vec<u8>,
-            wait: Duration,
-        ) -> std::result::Result<(), LinkError> {
-            self.sender()?.send_timeout(frame, wait).map_err(|e| match e {
-                flume::SendTimeoutError::Timeout(_) => LinkError::Timeout(wait),
-                flume::SendTimeoutError::Disconnected(_) => LinkError::Gone,
-            })
-        }
-
-        fn try_send(&self, _: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError> {
-            self.sender()?.try_send(frame).map_err(|e| match e {
-                flume::TrySendError::Full(_) => LinkError::Full,
-                flume::TrySendError::Disconnected(_) => LinkError::Gone,
-            })
-        }
-
-        fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
-            if self.closed.load(Ordering::Acquire) {
-                return Err(LinkError::Gone);
-            }
-            self.rx.recv_timeout(wait).map_err(|e| match e {
-                flume::RecvTimeoutError::Timeout => LinkError::Timeout(wait),
-                flume::RecvTimeoutError::Disconnected => LinkError::Gone,
-            })
-        }
-
-        fn close(&self) {
-            self.closed.store(true, Ordering::Release);
-            self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        }
-    }
 
     fn state() -> HostState {
         HostState { params: vec![vec![0.5, -1.25, 3.0]], buffers: vec![vec![2.0]] }
