@@ -116,14 +116,25 @@ pub enum Error {
         /// The rank refused.
         rank: usize,
     },
-    /// The cluster's transport failed (binding, connecting, keys, a refused handshake).
-    #[error("cluster transport: {what}: {detail}")]
-    Transport {
+    /// The cluster's transport failed (binding, connecting, a refused handshake: its line
+    /// says why).
+    #[cfg(feature = "cluster")]
+    #[error("{what}: {source}")]
+    Net {
         /// What was being done.
         what: &'static str,
         /// The transport's error.
-        detail: String,
+        #[source]
+        source: flodl_cluster::NetError,
     },
+    /// The launcher's environment does not make a cluster identity.
+    #[cfg(feature = "cluster")]
+    #[error("cluster identity: {0}")]
+    Identity(#[from] flodl_cluster::IdentityError),
+    /// The job's certificate files cannot be used.
+    #[cfg(feature = "cluster")]
+    #[error(transparent)]
+    Tls(#[from] flodl_cluster::TlsError),
     #[error("run aborted")]
     Aborted,
     /// The run stopped on request after saving a checkpoint

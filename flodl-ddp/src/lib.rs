@@ -83,6 +83,8 @@ pub use control::verdict::Verdict;
 pub use error::{Divergence, Error, FailureKind, Peer, RankFailure, Result};
 pub use link::frame::WireFormat;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
+#[cfg(feature = "cluster")]
+pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Started};
 pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{DdpHandle, TrainedState};

@@ -30,13 +30,24 @@ pub(crate) type Connections = Vec<(usize, Arc<dyn Frames>)>;
 /// How a cluster run's processes meet: the controller accepts a connection from every other
 /// rank, each other rank connects to the controller; both sides prove they run the same run
 /// (`run`, the spec's hash).
-pub(crate) trait Rendezvous: Send + Sync {
+pub(crate) trait Rendezvous: Send + Sync + 'static {
+    /// For rebuilding a rendezvous with other options.
+    #[cfg(feature = "cluster")]
+    fn as_any(&self) -> &dyn std::any::Any;
+
     /// Controller: a connection from each of the `world − 1` other ranks, within `wait`.
     ///
     /// # Errors
     /// [`Error::RanksMissing`] naming the ranks that did not join in time; the transport's
     /// errors.
-    fn accept(&self, run: [u8; 32], world: usize, wait: Duration) -> Result<Connections>;
+    /// A connection silent for `silence` ends.
+    fn accept(
+        &self,
+        run: [u8; 32],
+        world: usize,
+        wait: Duration,
+        silence: Duration,
+    ) -> Result<Connections>;
 
     /// Rank `rank`: its connection to the controller, within `wait`.
     ///
@@ -48,6 +59,7 @@ pub(crate) trait Rendezvous: Send + Sync {
         rank: usize,
         world: usize,
         wait: Duration,
+        silence: Duration,
     ) -> Result<Arc<dyn Frames>>;
 }
 
@@ -59,6 +71,9 @@ pub struct Cluster {
     local_rank: usize,
     join_timeout: Duration,
     rendezvous: Arc<dyn Rendezvous>,
+    /// The launcher identity it was read from.
+    #[cfg(feature = "cluster")]
+    identity: Option<flodl_cluster::Identity>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -82,7 +97,15 @@ impl Cluster {
         if world == 0 || rank >= world {
             return Err(Error::Config(format!("rank {rank} is not one of a world of {world}")));
         }
-        Ok(Cluster { rank, world, local_rank, join_timeout: DEFAULT_JOIN_TIMEOUT, rendezvous })
+        Ok(Cluster {
+            rank,
+            world,
+            local_rank,
+            join_timeout: DEFAULT_JOIN_TIMEOUT,
+            rendezvous,
+            #[cfg(feature = "cluster")]
+            identity: None,
+        })
     }
 
     /// `world` places joined through in-memory connections, in rank order: a cluster run
@@ -214,6 +237,101 @@ pub(crate) fn own_device(kind: Device, local_rank: usize) -> Device {
     }
 }
 
+#[cfg(feature = "cluster")]
+mod tls;
+
+#[cfg(feature = "cluster")]
+impl Cluster {
+    /// This process's place from its launcher's environment (`FLODL_*`, then torchrun, Slurm,
+    /// Open MPI: see [`flodl_cluster::identity`]) and the job's certificate files from
+    /// `FLODL_TLS_CA`, `FLODL_TLS_CERT` and `FLODL_TLS_KEY`; `None` when no launcher set a rank
+    /// (a plain in-process run).
+    ///
+    /// # Errors
+    /// [`Error::Identity`] for inconsistent launcher variables; [`Error::Config`] when the
+    /// certificate variables are missing; [`Error::Tls`] when the files do not load.
+    pub fn from_env() -> Result<Option<Cluster>> {
+        let Some(identity) = flodl_cluster::Identity::from_env()? else { return Ok(None) };
+        let files = flodl_cluster::TlsFiles::from_env().ok_or_else(|| {
+            Error::Config(format!(
+                "rank {} of a cluster job needs the job's certificate files: set {}, {} and {} \
+                 (fdl cluster keys makes them)",
+                identity.rank,
+                flodl_cluster::TlsFiles::CA_VAR,
+                flodl_cluster::TlsFiles::CERT_VAR,
+                flodl_cluster::TlsFiles::KEY_VAR
+            ))
+        })?;
+        Cluster::new(identity, &files).map(Some)
+    }
+
+    /// This process's place as `identity` says, authenticated by the certificate files
+    /// `files` (mutual TLS: every process presents a certificate of the job's CA). The
+    /// controller binds loopback on the identity's port unless [`bind`](Self::bind) says
+    /// otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] when the files do not load; [`Error::Config`] for an impossible rank.
+    pub fn new(
+        identity: flodl_cluster::Identity,
+        files: &flodl_cluster::TlsFiles,
+    ) -> Result<Cluster> {
+        let tls = flodl_cluster::Tls::load(files)?;
+        let bind = std::net::SocketAddr::from(([127, 0, 0, 1], identity.controller.port));
+        let rendezvous = tls::TlsRendezvous {
+            tls,
+            controller: identity.controller.clone(),
+            bind,
+            bulk_cap: DEFAULT_BULK_CAP,
+        };
+        let mut cluster = Cluster::with(
+            identity.rank,
+            identity.world,
+            identity.local_rank,
+            Arc::new(rendezvous),
+        )?;
+        cluster.identity = Some(identity);
+        Ok(cluster)
+    }
+
+    /// Rebuilds the TLS rendezvous with `f` applied (a place made otherwise is unchanged).
+    fn retls(mut self, f: impl FnOnce(&mut tls::TlsRendezvous)) -> Cluster {
+        if let Some(r) = self.rendezvous.as_any().downcast_ref::<tls::TlsRendezvous>() {
+            let mut r = tls::TlsRendezvous {
+                tls: r.tls.clone(),
+                controller: r.controller.clone(),
+                bind: r.bind,
+                bulk_cap: r.bulk_cap,
+            };
+            f(&mut r);
+            self.rendezvous = Arc::new(r);
+        }
+        self
+    }
+
+    /// Where rank 0's process listens for the other ranks (default: loopback on the
+    /// controller port). Give a routable address for a job across hosts.
+    pub fn bind(self, addr: std::net::SocketAddr) -> Cluster {
+        self.retls(|r| r.bind = addr)
+    }
+
+    /// The largest model-state frame accepted (default 1 GiB; about four times the model's
+    /// bytes is enough: a snapshot with a checkpoint part carries the parameters and the
+    /// optimizer state).
+    pub fn bulk_cap(self, bytes: usize) -> Cluster {
+        self.retls(|r| r.bulk_cap = bytes.max(tls::CONTROL_CAP))
+    }
+
+    /// The launcher identity this place was read from, when it came from one.
+    pub fn identity(&self) -> Option<&flodl_cluster::Identity> {
+        self.identity.as_ref()
+    }
+}
+
+/// The default cap of a model-state frame.
+#[cfg(feature = "cluster")]
+pub const DEFAULT_BULK_CAP: usize = 1 << 30;
+
 /// In-memory connections, for cluster runs within one process.
 pub(crate) mod memory {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -317,7 +435,18 @@ pub(crate) mod memory {
     }
 
     impl Rendezvous for Memory {
-        fn accept(&self, run: [u8; 32], world: usize, wait: Duration) -> Result<Connections> {
+        #[cfg(feature = "cluster")]
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+
+        fn accept(
+            &self,
+            run: [u8; 32],
+            world: usize,
+            wait: Duration,
+            _silence: Duration,
+        ) -> Result<Connections> {
             let deadline = Instant::now() + wait;
             let mut posted = self.posted.lock().unwrap_or_else(|p| p.into_inner());
             loop {
@@ -353,6 +482,7 @@ pub(crate) mod memory {
             rank: usize,
             _world: usize,
             _wait: Duration,
+            _silence: Duration,
         ) -> Result<Arc<dyn Frames>> {
             let (controller, own) = pair();
             let mut posted = self.posted.lock().unwrap_or_else(|p| p.into_inner());

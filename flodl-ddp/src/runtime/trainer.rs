@@ -764,6 +764,7 @@ impl Trainer {
                     cluster.rank(),
                     cluster.world(),
                     cluster.join_wait(),
+                    config.spec.watchdog,
                 )?;
                 return Ok(Started::Rank(RankHandle::start(
                     Arc::new(config),
@@ -794,7 +795,8 @@ impl Trainer {
         let remote = match &self.cluster {
             Some(cluster) => {
                 let run = config.spec.hash()?.0;
-                cluster.rendezvous().accept(run, cluster.world(), cluster.join_wait())?
+                let silence = config.spec.watchdog;
+                cluster.rendezvous().accept(run, cluster.world(), cluster.join_wait(), silence)?
             }
             None => Vec::new(),
         };
