@@ -159,6 +159,9 @@ pub(crate) struct TrainConfig {
     /// Emulated device failures.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) fail_rank: Vec<FailAt>,
+    /// How model states travel between a cluster job's processes.
+    #[serde(default)]
+    pub(crate) wire: flodl_ddp::WireFormat,
 }
 
 /// The `train`-only part of the configuration.
@@ -215,6 +218,7 @@ impl TrainConfig {
             watchdog_s: None,
             max_failures: None,
             fail_rank: Vec::new(),
+            wire: flodl_ddp::WireFormat::F32,
         }
     }
 
@@ -272,6 +276,7 @@ impl TrainFlags {
             watchdog: self.watchdog.or(file.watchdog),
             max_failures: self.max_failures.or(file.max_failures),
             fail_rank: self.fail_rank.or(file.fail_rank),
+            wire: self.wire.or(file.wire),
         }
     }
 }
@@ -338,6 +343,7 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
         watchdog_s: f.watchdog,
         max_failures: f.max_failures,
         fail_rank: f.fail_rank.unwrap_or_default(),
+        wire: f.wire.unwrap_or_default(),
     };
 
     let r = run.clone().or(file_run);

@@ -7,6 +7,7 @@ mod config;
 mod devices;
 mod failure;
 mod interrupt;
+mod launch;
 mod progress;
 mod record;
 mod report;
@@ -21,7 +22,7 @@ use anyhow::Result;
 use clap::Parser;
 use clap::error::ErrorKind;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, ClusterCommand, Command};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -47,6 +48,11 @@ fn main() -> ExitCode {
         Err(e) if e.downcast_ref::<interrupt::Interrupted>().is_some() => {
             eprintln!("{e}");
             ExitCode::from(130)
+        }
+        Err(e) if e.downcast_ref::<launch::JobStatus>().is_some() => {
+            let code = e.downcast_ref::<launch::JobStatus>().map_or(1, |s| s.code);
+            eprintln!("[launch] {e}");
+            ExitCode::from(code)
         }
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
@@ -87,7 +93,25 @@ fn run(command: Command) -> Result<()> {
             interrupt::install();
             bench::run(&args)
         }
+        Command::Launch(args) => {
+            log_warnings();
+            launch::run(&args)
+        }
+        Command::Cluster(ClusterCommand::Keys(args)) => launch::keys(&args),
     }
+}
+
+/// Prints warnings and errors of the libraries on stderr (`RUST_LOG` overrides): a cluster
+/// job's processes say there why a connection was refused or dropped.
+pub(crate) fn log_warnings() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
 }
 
 /// `fdl report <run-dir>`: rewrites report.html from metrics.jsonl and summary.json.

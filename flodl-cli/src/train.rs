@@ -27,7 +27,11 @@ use crate::run_dir::{self, RunDir};
 /// Bad configuration, missing or corrupt data, an unwritable run directory, a failed run.
 pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     let (cfg, opts) = config::resolve(&args.flags, &args.run)?;
-    let devices = cfg.devices()?;
+    let cluster = crate::launch::place(&args.cluster, &cfg)?;
+    let devices = match &cluster {
+        Some(c) => crate::launch::cluster_devices(&cfg, c.world())?,
+        None => cfg.devices()?,
+    };
     let resume = opts.resume.as_deref().map(ResumePoint::locate).transpose()?;
     if let Some(dir) = &opts.checkpoint_dir
         && !args.dry_run
@@ -36,8 +40,16 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
             .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
     }
     let data = Data::load(&cfg)?;
-    let trainer = trainer(&cfg, &devices, &data, &opts, resume.as_ref())?;
+    let mut trainer = trainer(&cfg, &devices, &data, &opts, resume.as_ref())?;
+    if let Some(c) = &cluster {
+        trainer = crate::launch::cluster_trainer(trainer, &devices, &cfg, c.clone());
+    }
     let spec = trainer.spec().map_err(|e| resume::explain(e, resume.as_ref()))?;
+    if let Some(c) = cluster.as_ref().filter(|c| !c.is_controller())
+        && !args.dry_run
+    {
+        return crate::launch::run_rank(trainer, c);
+    }
     if args.dry_run {
         let all = serde_json::json!({
             "config": cfg,
