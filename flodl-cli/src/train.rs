@@ -32,9 +32,16 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         Some(c) => crate::launch::cluster_devices(&cfg, c.world())?,
         None => cfg.devices()?,
     };
-    let resume = opts.resume.as_deref().map(ResumePoint::locate).transpose()?;
+    // In a cluster job only the controller's process (rank 0) saves and resumes: the other
+    // ranks restore from what it sends them, and may not see its files at all.
+    let controller = cluster.as_ref().is_none_or(flodl_ddp::Cluster::is_controller);
+    let resume = match &opts.resume {
+        Some(path) if controller => Some(ResumePoint::locate(path)?),
+        _ => None,
+    };
     if let Some(dir) = &opts.checkpoint_dir
         && !args.dry_run
+        && controller
     {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;

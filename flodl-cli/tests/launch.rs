@@ -221,11 +221,15 @@ fn a_killed_rank_process_leaves_the_run_to_the_survivors() -> Result {
 }
 
 /// The controller's process (rank 0) killed: every other rank exits non-zero within the
-/// watchdog, saying the coordinator is gone; nothing hangs.
+/// watchdog, saying the coordinator is gone; nothing hangs; the last bundle resumes the job.
 #[test]
 fn a_killed_controller_ends_every_rank() -> Result {
     let tmp = tempfile::tempdir()?;
-    let mut job = Launched::start(&SLOW, &tmp.path().join("headless"))?;
+    let ck = tmp.path().join("ck");
+    let ck_flag = ck.to_str().ok_or("path")?;
+    let mut args = SLOW.to_vec();
+    args.extend(["--checkpoint-dir", ck_flag]);
+    let mut job = Launched::start(&args, &tmp.path().join("headless"))?;
     job.wait_for("epoch 1/6", Duration::from_secs(60))?;
     let killed = Instant::now();
     kill9(job.pids[0])?;
@@ -237,6 +241,13 @@ fn a_killed_controller_ends_every_rank() -> Result {
     }
     assert!(out.contains("coordinator is gone"), "{out}");
     assert!(killed.elapsed() < Duration::from_secs(5 + 15), "took {:?}", killed.elapsed());
+    let again = tmp.path().join("resumed");
+    args.extend(["--resume", ck_flag]);
+    let (code, out) = Launched::start(&args, &again)?.finish(Duration::from_secs(90))?;
+    assert_eq!(code, Some(0), "{out}");
+    let s = summary(&again)?;
+    assert!(s["epochs_restored"].as_u64().is_some_and(|n| n >= 1), "nothing restored: {s}");
+    assert_eq!(s["epochs_completed"], 6, "{s}");
     Ok(())
 }
 
