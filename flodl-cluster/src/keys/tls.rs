@@ -71,6 +71,17 @@ impl Tls {
         Ok(Tls { server: Arc::new(server), client: Arc::new(client) })
     }
 
+    /// The server configuration: it requires a client certificate from the job's CA.
+    pub fn server(&self) -> Arc<ServerConfig> {
+        self.server.clone()
+    }
+
+    /// The client configuration: it presents this member's certificate and trusts the job's CA
+    /// alone, verifying the name [`JOB_SERVER_NAME`].
+    pub fn client(&self) -> Arc<ClientConfig> {
+        self.client.clone()
+    }
+
     /// The name a client verifies on the controller's certificate.
     pub(crate) fn server_name() -> Result<ServerName<'static>, rustls_pki_types::InvalidDnsNameError>
     {

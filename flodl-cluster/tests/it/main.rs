@@ -3,4 +3,6 @@
 
 mod support;
 
+mod identity;
+mod intruders;
 mod session;
