@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
@@ -51,7 +52,7 @@ impl Tls {
         let chain = certs(&files.cert, "the certificate")?;
         let key = PrivateKeyDer::from_pem_file(&files.key)
             .map_err(|e| pem_error("the private key", &files.key, e))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(provider());
         let mut roots = RootCertStore::empty();
         for cert in ca {
             roots.add(cert)?;
@@ -71,11 +72,30 @@ impl Tls {
         Ok(Tls { server: Arc::new(server), client: Arc::new(client) })
     }
 
+    /// The server configuration: it requires a client certificate from the job's CA.
+    pub fn server(&self) -> Arc<ServerConfig> {
+        self.server.clone()
+    }
+
+    /// The client configuration: it presents this member's certificate and trusts the job's CA
+    /// alone, verifying the name [`JOB_SERVER_NAME`].
+    pub fn client(&self) -> Arc<ClientConfig> {
+        self.client.clone()
+    }
+
     /// The name a client verifies on the controller's certificate.
     pub(crate) fn server_name() -> Result<ServerName<'static>, rustls_pki_types::InvalidDnsNameError>
     {
         ServerName::try_from(JOB_SERVER_NAME)
     }
+}
+
+/// ring's provider with AES-128-GCM preferred: both ends are the job's own, 128-bit keys are
+/// ample, and it encrypts the bulk lane about a third faster than AES-256.
+fn provider() -> CryptoProvider {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites.sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    provider
 }
 
 /// Every certificate in a PEM file (at least one).

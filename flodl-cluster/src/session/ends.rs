@@ -157,6 +157,11 @@ impl Session {
         self.receiver.try_recv()
     }
 
+    /// [`recv`](Session::recv) without the conversion to a `Vec` (no copy at all).
+    pub fn recv_bytes(&self, wait: Duration) -> Result<Bytes, NetError> {
+        self.receiver.recv_bytes(wait)
+    }
+
     /// [`recv`](Session::recv) for code running on tokio.
     pub async fn recv_async(&self, wait: Duration) -> Result<Vec<u8>, NetError> {
         self.receiver.recv_async(wait).await
@@ -242,8 +247,13 @@ impl SessionReceiver {
 
     /// See [`Session::recv`].
     pub fn recv(&self, wait: Duration) -> Result<Vec<u8>, NetError> {
+        self.recv_bytes(wait).map(Vec::from)
+    }
+
+    /// See [`Session::recv_bytes`].
+    pub fn recv_bytes(&self, wait: Duration) -> Result<Bytes, NetError> {
         match self.frames.recv_timeout(wait) {
-            Ok(frame) => Ok(Vec::from(frame)),
+            Ok(frame) => Ok(frame),
             Err(flume::RecvTimeoutError::Timeout) => Err(NetError::Timeout(wait)),
             Err(flume::RecvTimeoutError::Disconnected) => Err(NetError::Gone),
         }

@@ -3,4 +3,11 @@
 
 mod support;
 
+mod decode;
+mod hello;
+mod identity;
+mod intruders;
+mod liveness;
+mod order;
 mod session;
+mod simulated;
