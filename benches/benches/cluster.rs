@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use flodl_benches::{Unit, bench_name, criterion_config};
-use flodl_cluster::{Caps, Controller, ControllerAddr, Hello, JobKeys, Lane, Session, SessionConfig, Tls, join};
+use flodl_cluster::{
+    Caps, Controller, ControllerAddr, Hello, JobKeys, Lane, Session, SessionConfig, Tls, join,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 const BULK: usize = 100_000_000;
@@ -23,9 +25,14 @@ const SNAPSHOT: usize = 235_000 * 4;
 fn pair() -> (Session, Session, Controller, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let files = JobKeys::generate(dir.path(), &["127.0.0.1".to_string()]).expect("job keys");
-    let cfg = SessionConfig::new(Tls::load(&files).expect("TLS"), Caps { control: 1 << 20, bulk: 2 * BULK });
+    let cfg = SessionConfig::new(
+        Tls::load(&files).expect("TLS"),
+        Caps { control: 1 << 20, bulk: 2 * BULK },
+    );
     let run = [1u8; 32];
-    let controller = Controller::bind("127.0.0.1:0".parse().expect("an address"), run, 1, cfg.clone()).expect("bind");
+    let controller =
+        Controller::bind("127.0.0.1:0".parse().expect("an address"), run, 1, cfg.clone())
+            .expect("bind");
     let addr = ControllerAddr { host: "127.0.0.1".into(), port: controller.local_addr().port() };
     let joiner = thread::spawn(move || join(&addr, Hello::new(run, 0, 1), cfg, WAIT));
     let at_controller = controller.accept(WAIT).expect("accept");
@@ -52,18 +59,21 @@ fn cluster(c: &mut Criterion) {
 
     let snapshot = vec![0x3cu8; SNAPSHOT];
     group.throughput(Unit::Bytes.throughput(2 * SNAPSHOT as u64));
-    group.bench_function(BenchmarkId::new(bench_name("cpu", "snapshot_round_trip", Unit::Bytes), "940KB"), |b| {
-        b.iter_batched(
-            || snapshot.clone(),
-            |snapshot| {
-                at_rank.send(Lane::Bulk, snapshot, WAIT).expect("send");
-                let at_controller_side = at_controller.recv(WAIT).expect("recv");
-                at_controller.send(Lane::Bulk, at_controller_side, WAIT).expect("send back");
-                at_rank.recv(WAIT).expect("recv back")
-            },
-            BatchSize::PerIteration,
-        )
-    });
+    group.bench_function(
+        BenchmarkId::new(bench_name("cpu", "snapshot_round_trip", Unit::Bytes), "940KB"),
+        |b| {
+            b.iter_batched(
+                || snapshot.clone(),
+                |snapshot| {
+                    at_rank.send(Lane::Bulk, snapshot, WAIT).expect("send");
+                    let at_controller_side = at_controller.recv(WAIT).expect("recv");
+                    at_controller.send(Lane::Bulk, at_controller_side, WAIT).expect("send back");
+                    at_rank.recv(WAIT).expect("recv back")
+                },
+                BatchSize::PerIteration,
+            )
+        },
+    );
     group.finish();
 }
 

@@ -699,7 +699,7 @@ mod tests {
             batch-size = 8\nlr = 1\nmomentum = 0.5\nschedule = \"one-cycle\"\n\
             warmup-epochs = 1\nseed = 7\nslowdown = [1, 2]\nhidden = [5]\ndata = \"d\"\n\
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
-            max-failures = 2\nfail-rank = \"0@1, 2@4\"\neval-every = 2\n\
+            max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\neval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n";
         // The text sets every key but `devices` (which excludes `ranks`; see the list test).
@@ -731,6 +731,7 @@ mod tests {
             watchdog_s: Some(3.0),
             max_failures: Some(2),
             fail_rank: vec![FailAt { rank: 0, batch: 1 }, FailAt { rank: 2, batch: 4 }],
+            wire: flodl_ddp::WireFormat::Bf16,
         };
         assert_eq!(cfg, want);
         let want = RunOptions {

@@ -262,18 +262,16 @@ mod tests {
             steps: 3,
             capture: None,
         };
-        let cases: Vec<(Lane, Box<dyn Fn(WireFormat) -> Result<usize, String>>)> = vec![
-            (Lane::Bulk, Box::new(move |f| round_trip(&update, f))),
-            (Lane::Bulk, Box::new(move |f| round_trip(&snapshot, f))),
-            (Lane::Control, Box::new(|f| round_trip(&ToWorker::Ping, f))),
-            (
-                Lane::Control,
-                Box::new(|f| {
-                    round_trip(&ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None }, f)
-                }),
-            ),
+        type Case = Box<dyn Fn(WireFormat) -> Result<usize, String>>;
+        let cases: Vec<Case> = vec![
+            Box::new(move |f| round_trip(&update, f)),
+            Box::new(move |f| round_trip(&snapshot, f)),
+            Box::new(|f| round_trip(&ToWorker::Ping, f)),
+            Box::new(|f| {
+                round_trip(&ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None }, f)
+            }),
         ];
-        for (i, (_, case)) in cases.iter().enumerate() {
+        for (i, case) in cases.iter().enumerate() {
             let full = case(WireFormat::F32)?;
             let half = case(WireFormat::Bf16)?;
             if i < 2 && (half as f64) > 0.55 * full as f64 {

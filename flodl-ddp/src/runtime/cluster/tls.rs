@@ -46,7 +46,7 @@ fn link_error(e: NetError) -> LinkError {
 }
 
 impl SessionFrames {
-    fn new(session: flodl_cluster::Session) -> Arc<dyn Frames> {
+    fn shared(session: flodl_cluster::Session) -> Arc<dyn Frames> {
         let (sender, receiver) = session.split();
         Arc::new(SessionFrames {
             sender: Mutex::new(Some(sender)),
@@ -164,7 +164,9 @@ impl Rendezvous for TlsRendezvous {
                 Ok(session) => {
                     let rank = session.rank();
                     match joined.get_mut(rank) {
-                        Some(slot @ None) if rank != 0 => *slot = Some(SessionFrames::new(session)),
+                        Some(slot @ None) if rank != 0 => {
+                            *slot = Some(SessionFrames::shared(session))
+                        }
                         // The controller admits each rank once; anything else is dropped.
                         _ => tracing::warn!(rank, "an unexpected session was dropped"),
                     }
@@ -187,6 +189,6 @@ impl Rendezvous for TlsRendezvous {
         let hello = Hello::new(run, rank, world);
         let session = flodl_cluster::join(&self.controller, hello, self.config(silence), wait)
             .map_err(net("joining the controller"))?;
-        Ok(SessionFrames::new(session))
+        Ok(SessionFrames::shared(session))
     }
 }
