@@ -31,6 +31,63 @@ pub(crate) enum Command {
     Bench(BenchArgs),
     /// Regenerate report.html of a run directory from its metrics.jsonl and summary.json.
     Report(ReportArgs),
+    /// Run a cluster job on this host: N rank processes of `fdl train` over mutual TLS on
+    /// loopback (rank 0's process hosts the controller and writes the run directory).
+    Launch(LaunchArgs),
+    /// Cluster jobs across hosts.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+/// `fdl cluster`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// Make a job CA and a certificate (ca.pem, cert.pem, key.pem) in DIR for a job across
+    /// hosts: copy DIR to every host and point --tls-ca/--tls-cert/--tls-key (or FLODL_TLS_*)
+    /// at it.
+    Keys(KeysArgs),
+}
+
+/// `fdl cluster keys`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct KeysArgs {
+    /// Directory for the files (made 0700 if missing).
+    pub(crate) dir: PathBuf,
+    /// A host name or IP address the controller may be reached at (repeatable).
+    #[arg(long = "host", value_name = "HOST")]
+    pub(crate) hosts: Vec<String>,
+}
+
+/// `fdl launch`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct LaunchArgs {
+    /// Number of rank processes.
+    #[arg(long, value_name = "N")]
+    pub(crate) nproc: usize,
+    /// Every `fdl train` flag, passed to each rank process.
+    #[command(flatten)]
+    pub(crate) train: TrainArgs,
+}
+
+/// How a `fdl train` process joins a cluster job its launcher started (torchrun, srun,
+/// mpirun, fdl launch): the identity comes from the launcher's environment.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct ClusterFlags {
+    /// The job CA's certificate (default: FLODL_TLS_CA).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// This process's certificate (default: FLODL_TLS_CERT).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// This process's private key (default: FLODL_TLS_KEY).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_cert"])]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// Where rank 0's controller listens (default: 127.0.0.1 on the controller port).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) bind: Option<std::net::SocketAddr>,
+    /// Seconds the controller waits for every rank to join (default 300).
+    #[arg(long, value_name = "SECS")]
+    pub(crate) join_timeout: Option<f64>,
 }
 
 /// Flags shared by `train` and `bench`: what to train, on which ranks, and how.
@@ -111,6 +168,10 @@ pub(crate) struct TrainFlags {
     /// rank is alive).
     #[arg(long, value_name = "N")]
     pub(crate) max_failures: Option<usize>,
+    /// Cluster jobs: how model states travel between processes, f32 or bf16 (half the bytes;
+    /// the consensus stays f32 on the controller) (default f32).
+    #[arg(long, value_name = "FORMAT")]
+    pub(crate) wire: Option<flodl_ddp::WireFormat>,
     /// Emulate device failures: RANK@BATCH makes that rank's replica fail on its BATCH-th
     /// training batch, e.g. `1@20` or `0@5,1@5` (train only).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
@@ -180,6 +241,9 @@ pub(crate) struct TrainArgs {
     /// JSON and exit without training.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    /// Cluster jobs: certificates, bind address, join timeout.
+    #[command(flatten)]
+    pub(crate) cluster: ClusterFlags,
 }
 
 /// `fdl bench`.

@@ -160,6 +160,9 @@ pub(crate) struct TrainConfig {
     /// Emulated device failures.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) fail_rank: Vec<FailAt>,
+    /// How model states travel between a cluster job's processes.
+    #[serde(default)]
+    pub(crate) wire: flodl_ddp::WireFormat,
 }
 
 /// The `train`-only part of the configuration.
@@ -222,6 +225,7 @@ impl TrainConfig {
             watchdog_s: None,
             max_failures: None,
             fail_rank: Vec::new(),
+            wire: flodl_ddp::WireFormat::F32,
         }
     }
 
@@ -279,6 +283,7 @@ impl TrainFlags {
             watchdog: self.watchdog.or(file.watchdog),
             max_failures: self.max_failures.or(file.max_failures),
             fail_rank: self.fail_rank.or(file.fail_rank),
+            wire: self.wire.or(file.wire),
         }
     }
 }
@@ -347,6 +352,7 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
         watchdog_s: f.watchdog,
         max_failures: f.max_failures,
         fail_rank: f.fail_rank.unwrap_or_default(),
+        wire: f.wire.unwrap_or_default(),
     };
 
     let r = run.clone().or(file_run);
@@ -708,7 +714,7 @@ mod tests {
             batch-size = 8\nlr = 1\nmomentum = 0.5\nschedule = \"one-cycle\"\n\
             warmup-epochs = 1\nseed = 7\nslowdown = [1, 2]\nhidden = [5]\ndata = \"d\"\n\
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
-            max-failures = 2\nfail-rank = \"0@1, 2@4\"\neval-every = 2\n\
+            max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\neval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
             dashboard = 8080\ndashboard-token = \"t\"\n";
@@ -741,6 +747,7 @@ mod tests {
             watchdog_s: Some(3.0),
             max_failures: Some(2),
             fail_rank: vec![FailAt { rank: 0, batch: 1 }, FailAt { rank: 2, batch: 4 }],
+            wire: flodl_ddp::WireFormat::Bf16,
         };
         assert_eq!(cfg, want);
         let want = RunOptions {

@@ -8,6 +8,7 @@ mod dashboard;
 mod devices;
 mod failure;
 mod interrupt;
+mod launch;
 mod progress;
 mod record;
 mod report;
@@ -23,7 +24,7 @@ use anyhow::Result;
 use clap::Parser;
 use clap::error::ErrorKind;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, ClusterCommand, Command};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -46,12 +47,16 @@ fn main() -> ExitCode {
     };
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => match e.downcast_ref::<interrupt::Interrupted>() {
-            Some(stop) => {
+        Err(e) => match (e.downcast_ref::<interrupt::Interrupted>(), e.downcast_ref::<launch::JobStatus>()) {
+            (Some(stop), _) => {
                 eprintln!("{stop}");
                 ExitCode::from(stop.signal.exit_code())
             }
-            None => {
+            (None, Some(status)) => {
+                eprintln!("[launch] {status}");
+                ExitCode::from(status.code)
+            }
+            (None, None) => {
                 eprintln!("error: {}", one_line(&e));
                 ExitCode::FAILURE
             }
@@ -91,7 +96,25 @@ fn run(command: Command) -> Result<()> {
             interrupt::install();
             bench::run(&args)
         }
+        Command::Launch(args) => {
+            log_warnings();
+            launch::run(&args)
+        }
+        Command::Cluster(ClusterCommand::Keys(args)) => launch::keys(&args),
     }
+}
+
+/// Prints warnings and errors of the libraries on stderr (`RUST_LOG` overrides): a cluster
+/// job's processes say there why a connection was refused or dropped.
+pub(crate) fn log_warnings() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
 }
 
 /// `fdl report <run-dir>`: rewrites report.html from metrics.jsonl and summary.json.

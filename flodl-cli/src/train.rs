@@ -28,17 +28,36 @@ use crate::run_dir::{self, RunDir};
 /// Bad configuration, missing or corrupt data, an unwritable run directory, a failed run.
 pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     let (cfg, opts) = config::resolve(&args.flags, &args.run)?;
-    let devices = cfg.devices()?;
-    let resume = opts.resume.as_deref().map(ResumePoint::locate).transpose()?;
+    let cluster = crate::launch::place(&args.cluster, &cfg)?;
+    let devices = match &cluster {
+        Some(c) => crate::launch::cluster_devices(&cfg, c.world())?,
+        None => cfg.devices()?,
+    };
+    // In a cluster job only the controller's process (rank 0) saves and resumes: the other
+    // ranks restore from what it sends them, and may not see its files at all.
+    let controller = cluster.as_ref().is_none_or(flodl_ddp::Cluster::is_controller);
+    let resume = match &opts.resume {
+        Some(path) if controller => Some(ResumePoint::locate(path)?),
+        _ => None,
+    };
     if let Some(dir) = &opts.checkpoint_dir
         && !args.dry_run
+        && controller
     {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
     }
     let data = Data::load(&cfg)?;
-    let trainer = trainer(&cfg, &devices, &data, &opts, resume.as_ref())?;
+    let mut trainer = trainer(&cfg, &devices, &data, &opts, resume.as_ref())?;
+    if let Some(c) = &cluster {
+        trainer = crate::launch::cluster_trainer(trainer, &devices, &cfg, c.clone());
+    }
     let spec = trainer.spec().map_err(|e| resume::explain(e, resume.as_ref()))?;
+    if let Some(c) = cluster.as_ref().filter(|c| !c.is_controller())
+        && !args.dry_run
+    {
+        return crate::launch::run_rank(trainer, c);
+    }
     if args.dry_run {
         let all = serde_json::json!({
             "config": cfg,

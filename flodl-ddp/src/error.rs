@@ -110,6 +110,41 @@ pub enum Error {
     #[error("{0} is gone")]
     PeerGone(Peer),
     /// The run was aborted through its handle.
+    /// A cluster run's controller gave up waiting for ranks to join.
+    #[error("ranks {missing:?} did not join the controller within {after:?}")]
+    RanksMissing {
+        /// The ranks that never joined.
+        missing: Vec<usize>,
+        /// How long the controller waited.
+        after: Duration,
+    },
+    /// A rank of a cluster run runs another run specification than the controller.
+    #[error(
+        "rank {rank} runs another run specification than the controller (its spec hash differs)"
+    )]
+    RunMismatch {
+        /// The rank refused.
+        rank: usize,
+    },
+    /// The cluster's transport failed (binding, connecting, a refused handshake: its line
+    /// says why).
+    #[cfg(feature = "cluster")]
+    #[error("{what}: {source}")]
+    Net {
+        /// What was being done.
+        what: &'static str,
+        /// The transport's error.
+        #[source]
+        source: flodl_cluster::NetError,
+    },
+    /// The launcher's environment does not make a cluster identity.
+    #[cfg(feature = "cluster")]
+    #[error("cluster identity: {0}")]
+    Identity(#[from] flodl_cluster::IdentityError),
+    /// The job's certificate files cannot be used.
+    #[cfg(feature = "cluster")]
+    #[error(transparent)]
+    Tls(#[from] flodl_cluster::TlsError),
     #[error("run aborted")]
     Aborted,
     /// The run stopped on request after saving a checkpoint

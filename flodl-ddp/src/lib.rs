@@ -107,10 +107,14 @@ pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::verdict::Verdict;
 pub use error::{Divergence, Error, FailureKind, Peer, RankFailure, Result};
+pub use link::frame::WireFormat;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
+#[cfg(feature = "cluster")]
+pub use runtime::cluster::DEFAULT_BULK_CAP;
+pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Started};
 pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
-pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, RunSpec};
+pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, RunSpec};
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};
 pub use state::HostTensor;

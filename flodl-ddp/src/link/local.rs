@@ -15,15 +15,20 @@ const GONE_WAIT: Duration = Duration::from_secs(1);
 
 /// The abort a rank armed: the group's number and its handle.
 #[derive(Debug, Default)]
-struct Armed(Mutex<Option<(u64, AbortHandle)>>);
+pub(super) struct Armed(Mutex<Option<(u64, AbortHandle)>>);
 
 impl Armed {
     fn lock(&self) -> MutexGuard<'_, Option<(u64, AbortHandle)>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Arms `handle` for group `generation`.
+    pub(super) fn arm(&self, generation: u64, handle: AbortHandle) {
+        *self.lock() = Some((generation, handle));
+    }
+
     /// Fires the armed handle when its group is `generation` or older.
-    fn fire(&self, generation: u64) {
+    pub(super) fn fire(&self, generation: u64) {
         let armed = self.lock().as_ref().filter(|(g, _)| *g <= generation).map(|(_, h)| h.clone());
         if let Some(handle) = armed {
             handle.abort();
@@ -48,14 +53,26 @@ pub(crate) struct LocalRank<L> {
 
 /// A link between a coordinator whose inbox is `inbox` and `world` ranks, each rank's queue
 /// holding `capacity` messages.
+#[cfg(test)]
 pub(crate) fn link<L: Send>(
     world: usize,
     capacity: usize,
     inbox: &flume::Sender<Inbound<L>>,
 ) -> (LocalCoordinator, Vec<LocalRank<L>>) {
-    let mut ranks = Vec::with_capacity(world);
-    let mut ends = Vec::with_capacity(world);
-    for rank in 0..world {
+    link_ranks(&(0..world).collect::<Vec<_>>(), capacity, inbox)
+}
+
+/// A link between a coordinator whose inbox is `inbox` and the ranks `ranks` of its process:
+/// the coordinator's end numbers them by position in `ranks`, their messages are stamped with
+/// their own rank.
+pub(crate) fn link_ranks<L: Send>(
+    ranks_here: &[usize],
+    capacity: usize,
+    inbox: &flume::Sender<Inbound<L>>,
+) -> (LocalCoordinator, Vec<LocalRank<L>>) {
+    let mut ranks = Vec::with_capacity(ranks_here.len());
+    let mut ends = Vec::with_capacity(ranks_here.len());
+    for &rank in ranks_here {
         let (tx, rx) = flume::bounded(capacity);
         let armed = Arc::new(Armed::default());
         ranks.push((tx, armed.clone()));
@@ -122,7 +139,7 @@ impl<L: Send> RankLink for LocalRank<L> {
     }
 
     fn arm_abort(&self, generation: u64, handle: AbortHandle) {
-        *self.armed.lock() = Some((generation, handle));
+        self.armed.arm(generation, handle);
     }
 }
 

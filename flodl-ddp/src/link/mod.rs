@@ -4,9 +4,10 @@
 //! the plain-data [`wire`] messages with a deadline on every wait and a clear [`LinkError::Gone`]
 //! when the other end is gone. What reaches the coordinator arrives in one inbox as [`Inbound`]
 //! events, in order per rank: a rank's messages, then its `Gone` once its end is dropped. The
-//! in-process link ([`local`]) is a pair of bounded flume queues per rank; a network link
-//! implements the same two traits and delivers into the same inbox, so it is added without
-//! touching the runtime.
+//! in-process link ([`local`]) is a pair of bounded flume queues per rank; the network link
+//! ([`net`]) carries the same messages as [`frame`]s over a connection per rank and delivers
+//! into the same inbox; [`route`] sends each rank's orders through whichever of the two
+//! reaches it (a controller's own rank stays in-process).
 //!
 //! **Architecture Invariant:** nothing crosses a link but [`wire`] messages; the one
 //! process-local act, aborting a rank's collective group while the rank is blocked inside it, is
@@ -17,7 +18,10 @@ use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
+pub(crate) mod frame;
 pub(crate) mod local;
+pub(crate) mod net;
+pub(crate) mod route;
 pub(crate) mod wire;
 
 use wire::{ToCoordinator, ToWorker};

@@ -68,8 +68,9 @@ pub(crate) enum Regroup {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum ToWorker {
     /// Load these initial weights (rank 0's, or a resumed checkpoint's consensus with the
-    /// rank's own optimizer state), then start.
-    Init { state: HostState, restore: Option<Box<RankRestore>> },
+    /// rank's own optimizer state), then start in `window` (a rank in another process cannot
+    /// know it: on a resume it follows from the bundle's ElChe state).
+    Init { state: HostState, restore: Option<Box<RankRestore>>, window: Window },
     /// Train this chunk after the ones already queued.
     Work(Chunk),
     /// Collective backend: average now (all ranks do), then start `next` window at cohort step
@@ -236,8 +237,8 @@ mod tests {
         let work = WorkTally { batches: 5, samples: 320, loss_sum: 1.25, compute_ms: 9.5, scalars };
         let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
         let to_rank = vec![
-            ToWorker::Init { state: state(), restore: Some(Box::new(restore)) },
-            ToWorker::Init { state: HostState::default(), restore: None },
+            ToWorker::Init { state: state(), restore: Some(Box::new(restore)), window },
+            ToWorker::Init { state: HostState::default(), restore: None, window },
             ToWorker::Work(chunk),
             ToWorker::Reduce { next: window, eval: Some(3), global_step: 99, capture: request },
             ToWorker::Reduce { next: window, eval: None, global_step: 0, capture: None },

@@ -21,6 +21,8 @@ use crate::control::overshoot::Overshoot;
 use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
 use crate::control::verdict::Verdict;
 use crate::error::{Peer, RankFailure};
+use crate::link::net::NetCoordinator;
+use crate::link::route::{Route, Routed};
 use crate::link::wire::{
     CaptureRequest, RankCapture, Readiness, Regroup, ToCoordinator, ToWorker, Window,
 };
@@ -28,6 +30,7 @@ use crate::link::{CoordinatorLink, Inbound, LinkError, local};
 use crate::runtime::capture::{
     Progress, Resumed, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };
+use crate::runtime::cluster::Connections;
 use crate::runtime::comm::{CommPlan, RankComm};
 use crate::runtime::fault::{FaultCause, FaultEvent, RankThread};
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
@@ -66,20 +69,32 @@ pub(crate) enum Local {
 /// What the coordinator's inbox holds.
 type Event = Inbound<Local>;
 
-/// Starts one thread per rank, linked to the coordinator in-process, and the coordinator's
-/// thread.
-pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
+/// Starts one thread per rank of this process, linked to the coordinator in-process, and the
+/// coordinator's thread; the ranks in `remote` are in other processes, reached through their
+/// connection (the network link).
+pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, remote: Connections) -> Result<Spawned> {
     let world = cfg.world();
     let comms = comm_plans(&cfg)?;
     let (inbox_tx, inbox) = flume::bounded(INBOX);
-    let (link, ends) = local::link(world, TO_RANK, &inbox_tx);
-    let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, Box::new(link))?;
+    let here: Vec<usize> = (0..world).filter(|r| remote.iter().all(|(x, _)| x != r)).collect();
+    let (local_link, ends) = local::link_ranks(&here, TO_RANK, &inbox_tx);
+    let link: Box<dyn CoordinatorLink> = if remote.is_empty() {
+        Box::new(local_link)
+    } else {
+        let routes = (0..world)
+            .map(|r| here.iter().position(|x| *x == r).map_or(Route::Remote, Route::Local))
+            .collect();
+        let net = NetCoordinator::new(world, remote, cfg.spec.wire, &inbox_tx)?;
+        Box::new(Routed::new(routes, local_link, net))
+    };
+    let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, link)?;
     #[cfg(feature = "cuda")]
     {
         coord.group.nccl = comms.iter().any(|c| matches!(c, Some(CommPlan::Nccl { .. })));
     }
     let mut workers = Vec::with_capacity(world);
-    for ((rank, comm), end) in comms.into_iter().enumerate().zip(ends) {
+    let comms = comms.into_iter().enumerate().filter(|(rank, _)| here.contains(rank));
+    for ((rank, comm), end) in comms.zip(ends) {
         let first = coord
             .slots
             .get(rank)
@@ -91,10 +106,11 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets) -> Result<Spawned> {
             .spawn(move || {
                 // Dropped when the thread ends, which disconnects `ended`.
                 let _alive = alive;
-                run_rank(rank, cfg, comm, &end, first);
+                // The rank's failure has been reported to the coordinator through the link.
+                let _ = run_rank(rank, cfg, comm, &end, first);
             })
             .map_err(|source| Error::Spawn { what: "a rank's thread", source })?;
-        workers.push(RankThread { handle, ended });
+        workers.push(RankThread { rank, handle, ended });
     }
     let main = std::thread::Builder::new()
         .name("flodl-coordinator".into())
@@ -678,6 +694,13 @@ impl Coordinator {
         Ok(())
     }
 
+    /// The window `rank` starts training in.
+    fn first_window(&self, rank: usize) -> Window {
+        self.slots
+            .get(rank)
+            .map_or(Window { round: 1, target: 1, limit: 1, wall: None }, |s| s.window)
+    }
+
     /// Every replica is built: checks a resumed bundle against them and sends the initial
     /// weights (rank 0's, or the bundle's consensus) to every rank that needs them.
     fn start_training(&mut self) -> Result<()> {
@@ -701,7 +724,8 @@ impl Coordinator {
             for rank in 0..world {
                 let restore = resumed.ranks.get(rank).cloned().map(Box::new);
                 let state = resumed.consensus.clone();
-                self.send(rank, ToWorker::Init { state, restore })?;
+                let window = self.first_window(rank);
+                self.send(rank, ToWorker::Init { state, restore, window })?;
             }
         } else {
             if self.cfg.checkpoints.is_some() {
@@ -709,7 +733,8 @@ impl Coordinator {
             }
             for rank in 1..world {
                 let state = initial.clone();
-                self.send(rank, ToWorker::Init { state, restore: None })?;
+                let window = self.first_window(rank);
+                self.send(rank, ToWorker::Init { state, restore: None, window })?;
             }
         }
         let _ = self.outlets.started.try_send(());

@@ -97,6 +97,8 @@ pub struct FaultEvent {
 /// can wait for it with a deadline, and leave behind one stuck in its replica).
 #[derive(Debug)]
 pub(crate) struct RankThread {
+    /// The rank it runs.
+    pub(crate) rank: usize,
     /// The thread.
     pub(crate) handle: std::thread::JoinHandle<()>,
     /// Disconnects when the thread ends (nothing is ever sent).

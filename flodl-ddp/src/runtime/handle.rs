@@ -130,7 +130,12 @@ pub struct DdpHandle {
 impl DdpHandle {
     /// Spawns the run's threads and waits until every replica is built and checked (so a
     /// replica that cannot be built, or does not fit the run or its checkpoint, fails here).
-    pub(crate) fn start(config: Arc<RunConfig>) -> Result<DdpHandle> {
+    /// `remote` holds the connections of the ranks in other processes (a cluster run's
+    /// controller), by rank.
+    pub(crate) fn start(
+        config: Arc<RunConfig>,
+        remote: crate::runtime::cluster::Connections,
+    ) -> Result<DdpHandle> {
         let (epochs_tx, epochs) = flume::bounded(config.spec.epochs + 1);
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
         let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
@@ -152,12 +157,15 @@ impl DdpHandle {
             started: started_tx,
         };
         // A lone rank checkpoints through the coordinator (a world of one).
-        let solo = config.world() == 1 && config.checkpoints.is_none() && config.resume.is_none();
+        let solo = config.world() == 1
+            && config.checkpoints.is_none()
+            && config.resume.is_none()
+            && remote.is_empty();
         let wait = config.spec.stall_timeout.saturating_mul(2);
         let (main, workers) = if solo {
             (crate::runtime::solo::spawn(config, outlets)?, Vec::new())
         } else {
-            crate::runtime::coordinator::spawn(config, outlets)?
+            crate::runtime::coordinator::spawn(config, outlets, remote)?
         };
         let mut handle = DdpHandle {
             epochs,
@@ -272,7 +280,8 @@ impl DdpHandle {
             self.abort();
         }
         let deadline = Instant::now() + self.grace;
-        for (rank, w) in self.workers.drain(..).enumerate() {
+        for w in self.workers.drain(..) {
+            let rank = w.rank;
             let dead = self.dead.is_dead(rank);
             let ends = w.handle.is_finished()
                 || (!dead && result.is_ok())

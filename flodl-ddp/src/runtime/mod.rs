@@ -2,6 +2,7 @@
 //! fault handling, checkpoint capture and the host averaging round.
 
 pub(crate) mod capture;
+pub(crate) mod cluster;
 pub(crate) mod comm;
 pub(crate) mod coordinator;
 pub(crate) mod divergence;

@@ -111,7 +111,7 @@ pub(crate) fn rank_stream(device: Device) -> Result<Stream> {
 impl Worker {
     /// Builds rank `rank`'s replica and buffers (on the calling thread).
     pub(crate) fn build(rank: usize, cfg: Arc<RunConfig>, comm: Option<CommPlan>) -> Result<Self> {
-        let device = cfg.spec.devices[rank];
+        let device = cfg.device(rank);
         let stream = rank_stream(device)?;
         let ctx = ReplicaContext {
             rank,
@@ -386,7 +386,7 @@ impl Worker {
     /// one; a rank without a communicator (host backend) has nothing to build.
     fn regroup_comm(&mut self, positions: &[usize], how: &Regroup) -> Result<()> {
         if let Some(comm) = self.comm.as_ref() {
-            let device = self.cfg.spec.devices[self.rank];
+            let device = self.cfg.device(self.rank);
             let next = comm.regroup(positions, how, device, self.cfg.comm_timeout())?;
             self.comm = Some(next);
         }
@@ -624,14 +624,15 @@ impl std::fmt::Debug for RankLoop<'_> {
 
 /// A rank's thread: builds the worker, runs its loop over `link`, and reports a failure before
 /// letting go of the communicator and the link (so the coordinator reads the cause before it
-/// sees the rank gone).
+/// sees the rank gone). Returns the rank's failure, if any (a rank in its own process exits
+/// with it).
 pub(crate) fn run_rank(
     rank: usize,
     cfg: Arc<RunConfig>,
     comm: Option<CommPlan>,
     link: &dyn RankLink,
     first: Window,
-) {
+) -> std::result::Result<(), RankFailure> {
     let wait = cfg.spec.stall_timeout;
     let outcome = catch_unwind(AssertUnwindSafe(|| match Worker::build(rank, cfg, comm) {
         Ok(worker) => {
@@ -642,18 +643,19 @@ pub(crate) fn run_rank(
         Err(e) => (Err(e), None),
     }));
     let failure = match &outcome {
-        Ok((Ok(()), _)) => return,
-        Ok((Err(Error::Diverged { rank, step, cause, .. }), _)) => {
+        Ok((Ok(()), _)) => return Ok(()),
+        Ok((Err(e @ Error::Diverged { rank, step, cause, .. }), _)) => {
             // No fault of the rank: the coordinator stops the run (see `Error::Diverged`).
             let msg = ToCoordinator::Diverged { rank: *rank, step: *step, cause: *cause };
             let _ = link.send(msg, wait);
-            return;
+            return Err(RankFailure::from(e));
         }
         Ok((Err(e), _)) => RankFailure::from(e),
         Err(p) => RankFailure::panicked(panic_message(p.as_ref())),
     };
-    let _ = link.send(ToCoordinator::Failed { rank, failure }, wait);
+    let _ = link.send(ToCoordinator::Failed { rank, failure: failure.clone() }, wait);
     drop(outcome);
+    Err(failure)
 }
 
 impl<'a> RankLoop<'a> {
@@ -830,7 +832,8 @@ impl<'a> RankLoop<'a> {
     fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
         let rank = self.worker.rank;
         match msg {
-            ToWorker::Init { state, restore } => {
+            ToWorker::Init { state, restore, window } => {
+                self.win = WindowState::new(window, (0, 0.0));
                 self.worker.load(&state)?;
                 if let Some(restore) = restore {
                     self.worker.restore(&restore)?;

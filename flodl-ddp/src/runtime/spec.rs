@@ -100,6 +100,20 @@ impl DataSpec {
     }
 }
 
+/// Where a run's ranks live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Every rank a thread of one process; `devices` lists each rank's device.
+    #[default]
+    Threads,
+    /// Every rank its own process (a cluster run, rank 0's process hosting the controller);
+    /// `devices` names each rank's kind of device only (`cpu`, or `cuda:0` for "a GPU"), since
+    /// which GPU of its host a process trains on (`cuda:LOCAL_RANK`) is that process's own
+    /// business and must not make the processes' specs differ.
+    Processes,
+}
+
 /// Where and how often a run saves checkpoint bundles.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointSpec {
@@ -120,9 +134,16 @@ pub struct RunSpec {
     pub batch_size: usize,
     /// Passes over the training set.
     pub epochs: usize,
-    /// One device per rank, in rank order (serialized as `cpu`, `cuda:N`).
+    /// One device per rank, in rank order (serialized as `cpu`, `cuda:N`); under
+    /// [`Placement::Processes`] the kind of each rank's device only.
     #[serde(with = "device_names")]
     pub devices: Vec<Device>,
+    /// Whether the ranks are threads of one process or processes of their own.
+    #[serde(default)]
+    pub placement: Placement,
+    /// How model states travel between processes (in-process ranks always exchange f32).
+    #[serde(default)]
+    pub wire: crate::link::frame::WireFormat,
     /// When to average.
     pub policy: Policy,
     /// How to average.
@@ -173,9 +194,9 @@ pub struct RunSpec {
 
 /// What a bundle's resume depends on: the subset of [`RunSpec`] that [`RunSpec::compat_hash`]
 /// covers. Left out on purpose: the epoch count (a run may be extended; a schedule that spans
-/// the epochs still differs), the devices (a bundle moves between machines; bitwise equality
-/// then needs the same devices, and the world size is checked on its own first so its refusal
-/// says so), slowdown, timeouts, the watchdog and failure limit, prefetching, evaluation,
+/// the epochs still differs), the devices and the placement (a bundle moves between machines
+/// and between in-process and cluster runs; bitwise equality then needs the same devices, and
+/// the world size is checked on its own first so its refusal says so), the wire format, slowdown, timeouts, the watchdog and failure limit, prefetching, evaluation,
 /// checkpointing, and the guard (its state is restored from the bundle).
 #[derive(Serialize)]
 struct Compat<'a> {

@@ -13,10 +13,12 @@ use crate::control::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, Trend
 use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
+use crate::link::frame::WireFormat;
 use crate::runtime::capture::{CheckpointPlan, Resumed};
+use crate::runtime::cluster::{Cluster, RankHandle, Started, own_device};
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
-use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, RunSpec};
+use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, Placement, RunSpec};
 use crate::{Error, Result};
 
 /// Builds a rank's replica inside the rank's thread.
@@ -78,6 +80,9 @@ pub(crate) struct RunConfig {
     pub(crate) checkpoints: Option<CheckpointPlan>,
     /// The checkpoint this run resumes from.
     pub(crate) resume: Option<Arc<Resumed>>,
+    /// In a cluster run, this process's rank and the device it trains on (the spec names the
+    /// kind only).
+    pub(crate) own: Option<(usize, Device)>,
 }
 
 impl RunConfig {
@@ -102,6 +107,15 @@ impl RunConfig {
     /// Ranks in the run.
     pub(crate) fn world(&self) -> usize {
         self.spec.world()
+    }
+
+    /// The device `rank` trains on: this process's own device for its rank in a cluster run,
+    /// the spec's otherwise.
+    pub(crate) fn device(&self, rank: usize) -> Device {
+        match self.own {
+            Some((own, device)) if own == rank => device,
+            _ => self.spec.devices.get(rank).copied().unwrap_or(Device::Cpu),
+        }
     }
 
     /// Full batches per epoch (the tail smaller than a batch is dropped).
@@ -224,6 +238,8 @@ pub struct Trainer {
     resume: Option<ResumeFrom>,
     watchdog: Option<Duration>,
     max_failures: usize,
+    cluster: Option<Cluster>,
+    wire: WireFormat,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -286,7 +302,28 @@ impl Trainer {
             resume: None,
             watchdog: None,
             max_failures: usize::MAX,
+            cluster: None,
+            wire: WireFormat::F32,
         }
+    }
+
+    /// Makes this a cluster run's trainer: every rank its own process, this process the one
+    /// `cluster` names ([`start`](Self::start) binds the controller on rank 0, or joins it).
+    /// The world is the cluster's; [`devices`](Self::devices) then names the kind of device
+    /// each process trains on — [`Devices::Cpu`] (the count is ignored) or [`Devices::AllGpus`]
+    /// (each process takes `cuda:LOCAL_RANK` of its host). Only the host backend runs across
+    /// processes so far.
+    pub fn cluster(mut self, cluster: Cluster) -> Trainer {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// How model states travel between a cluster run's processes (default f32; bf16 halves
+    /// the bytes of snapshots, updates and initial states, the consensus staying f32 on the
+    /// controller). In-process ranks always exchange f32.
+    pub fn wire(mut self, format: WireFormat) -> Trainer {
+        self.wire = format;
+        self
     }
 
     /// The training dataset (required).
@@ -536,7 +573,17 @@ impl Trainer {
     /// the slowdown factors are not one per rank.
     pub fn spec(&self) -> Result<RunSpec> {
         let dataset = self.dataset.as_deref().ok_or_else(missing_dataset)?;
-        let devices = self.devices.resolve()?;
+        let (devices, placement) = match &self.cluster {
+            Some(cluster) => (vec![self.device_kind()?; cluster.world()], Placement::Processes),
+            None => (self.devices.resolve()?, Placement::Threads),
+        };
+        if placement == Placement::Processes && self.backend == Backend::Collective {
+            return Err(Error::Config(
+                "the collective backend does not run across processes yet: use --backend host \
+                 (Backend::Host); NCCL/MPI across processes is not built yet"
+                    .into(),
+            ));
+        }
         if self.batch_size == 0 || self.epochs == 0 {
             return Err(Error::Config("batch size and epochs must be at least 1".into()));
         }
@@ -598,6 +645,8 @@ impl Trainer {
             batch_size: self.batch_size,
             epochs: self.epochs,
             devices,
+            placement,
+            wire: self.wire,
             policy: self.policy,
             backend: self.backend,
             seed: self.seed,
@@ -640,6 +689,51 @@ impl Trainer {
     /// of the contract the replica does not offer; [`Error::ReplicaMismatch`] when the replicas
     /// disagree.
     pub fn run(self) -> Result<DdpHandle> {
+        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.is_controller()) {
+            return Err(Error::Config(format!(
+                "this process is rank {} of a cluster run, which has no DdpHandle: start it \
+                 with Trainer::start, whose RankHandle reports the rank's outcome",
+                cluster.rank()
+            )));
+        }
+        match self.start()? {
+            Started::Coordinator(handle) => Ok(handle),
+            Started::Rank(rank) => Err(Error::Config(format!(
+                "rank {} of a cluster run has no DdpHandle",
+                rank.rank()
+            ))),
+        }
+    }
+
+    /// The kind of device of a cluster run's processes.
+    fn device_kind(&self) -> Result<Device> {
+        match &self.devices {
+            Devices::Cpu(_) => Ok(Device::Cpu),
+            Devices::AllGpus if flodl_tensor::cuda_device_count() > 0 => Ok(Device::Cuda(0)),
+            Devices::AllGpus => Err(Error::Config(format!(
+                "no rank to run: {}",
+                flodl_tensor::gpu_skip_reason()
+                    .unwrap_or_else(|| "no CUDA device is visible".into())
+            ))),
+            Devices::List(_) => Err(Error::Config(
+                "a cluster run's processes each pick their device: use Devices::Cpu or \
+                 Devices::AllGpus (cuda:LOCAL_RANK)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Starts the run in this process, as [`run`](Self::run) does, and says what this process
+    /// runs. Without [`cluster`](Self::cluster), or on a cluster run's rank 0, that is the
+    /// whole run ([`Started::Coordinator`], after binding the controller and waiting for every
+    /// other rank to join); on another rank's process it joins the controller and runs that
+    /// one rank ([`Started::Rank`]: its `join` reports the rank's outcome).
+    ///
+    /// # Errors
+    /// Those of [`run`](Self::run); in a cluster run, [`Error::RanksMissing`] when ranks did
+    /// not join in time, [`Error::RunMismatch`] when one runs another spec, and the
+    /// transport's errors (a rank refused by the controller says why).
+    pub fn start(self) -> Result<Started> {
         let spec = self.spec()?;
         let dataset = self.dataset.ok_or_else(missing_dataset)?;
         let checkpoints = match &spec.checkpoint {
@@ -659,7 +753,29 @@ impl Trainer {
             audit: self.audit,
             checkpoints,
             resume: None,
+            own: None,
         };
+        if let Some(cluster) = &self.cluster {
+            let run = config.spec.hash()?.0;
+            let kind = config.spec.devices.first().copied().unwrap_or(Device::Cpu);
+            config.own = Some((cluster.rank(), own_device(kind, cluster.local_rank())));
+            if !cluster.is_controller() {
+                // The controller alone saves and resumes: a rank restores from `Init`.
+                config.checkpoints = None;
+                let frames = cluster.rendezvous().join(
+                    run,
+                    cluster.rank(),
+                    cluster.world(),
+                    cluster.join_wait(),
+                    config.spec.watchdog,
+                )?;
+                return Ok(Started::Rank(RankHandle::start(
+                    Arc::new(config),
+                    cluster.rank(),
+                    frames,
+                )?));
+            }
+        }
         if let Some(from) = &self.resume {
             let bundle = from.read()?;
             if bundle.world_size != config.world() {
@@ -679,7 +795,15 @@ impl Trainer {
             }
             config.resume = Some(Arc::new(crate::runtime::capture::decode(&config, bundle)?));
         }
-        DdpHandle::start(Arc::new(config))
+        let remote = match &self.cluster {
+            Some(cluster) => {
+                let run = config.spec.hash()?.0;
+                let silence = config.spec.watchdog;
+                cluster.rendezvous().accept(run, cluster.world(), cluster.join_wait(), silence)?
+            }
+            None => Vec::new(),
+        };
+        DdpHandle::start(Arc::new(config), remote).map(Started::Coordinator)
     }
 }
 

@@ -1,6 +1,7 @@
 //! flodl-ddp's integration tests: one binary, a module per subject.
 
 mod checkpoint;
+mod cluster;
 mod common;
 mod custom_replica;
 mod dispatch;

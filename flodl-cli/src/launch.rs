@@ -1,0 +1,354 @@
+//! `fdl launch --nproc N [train flags]`: a cluster job on this host. A fresh job CA in a
+//! private temporary directory (removed at exit), N rank processes of this same binary
+//! running `fdl train` with the cluster's environment (rank, world, controller on a free
+//! loopback port, certificate files), each output line prefixed with its rank, Ctrl-C and
+//! SIGTERM forwarded to the ranks by pid, and the job's status (rank 0's, whose process hosts
+//! the controller and decides the run) returned.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use flodl_cluster::JobKeys;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::args::LaunchArgs;
+
+/// How often the launcher looks at its children.
+const POLL: Duration = Duration::from_millis(50);
+/// How long the other ranks may outlive rank 0 (they exit on their own once the controller is
+/// gone; this bounds a stuck one), on top of the watchdog.
+const GRACE: Duration = Duration::from_secs(15);
+
+/// The job's status: rank 0's exit (128 + the signal when it was killed).
+#[derive(Debug)]
+pub(crate) struct JobStatus {
+    /// The exit code to return.
+    pub(crate) code: u8,
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the job failed (rank 0 exited with {})", self.code)
+    }
+}
+
+impl std::error::Error for JobStatus {}
+
+/// The exit code of a status: its code, or 128 + the signal that killed it.
+fn code_of(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(s)) => u8::try_from(128 + s).unwrap_or(1),
+        (None, None) => 1,
+    }
+}
+
+/// A status in words.
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        (None, None) => "ended".to_owned(),
+    }
+}
+
+/// The `train` arguments of the children: this process's arguments after `launch`, less
+/// `--nproc`.
+fn child_args() -> Vec<OsString> {
+    let mut args = std::env::args_os().skip_while(|a| a != "launch").skip(1);
+    let mut out = vec![OsString::from("train")];
+    while let Some(arg) = args.next() {
+        if arg == "--nproc" {
+            args.next();
+        } else if !arg.to_string_lossy().starts_with("--nproc=") {
+            out.push(arg);
+        }
+    }
+    out
+}
+
+/// Copies `from`'s lines to stdout or stderr, each prefixed with `tag`.
+fn relay(
+    from: impl Read + Send + 'static,
+    tag: String,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            let line = line.trim_end_matches('\r');
+            if to_stderr {
+                let _ = writeln!(std::io::stderr().lock(), "{tag} {line}");
+            } else {
+                let _ = writeln!(std::io::stdout().lock(), "{tag} {line}");
+            }
+        }
+    })
+}
+
+/// `fdl launch`.
+///
+/// # Errors
+/// No rank, keys or port that cannot be made, a child that cannot start; [`JobStatus`] when
+/// rank 0 did not exit 0.
+pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
+    if args.nproc == 0 {
+        bail!("--nproc must be at least 1");
+    }
+    let keys = tempfile::Builder::new()
+        .prefix("flodl-job-")
+        .tempdir()
+        .context("cannot make a private directory for the job's keys")?;
+    let hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let files = JobKeys::generate(keys.path(), &hosts).context("cannot make the job's keys")?;
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0")
+            .context("cannot find a free loopback port")?;
+        probe.local_addr()?.port()
+    };
+    let exe = std::env::current_exe().context("cannot find this fdl binary")?;
+    let train = child_args();
+    let mut children: Vec<Child> = Vec::with_capacity(args.nproc);
+    let mut relays = Vec::new();
+    for rank in 0..args.nproc {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&train)
+            .env("FLODL_RANK", rank.to_string())
+            .env("FLODL_WORLD_SIZE", args.nproc.to_string())
+            .env("FLODL_LOCAL_RANK", rank.to_string())
+            .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
+            .env("FLODL_CONTROLLER_PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
+            // forwards it once.
+            .process_group(0);
+        for (name, path) in files.vars() {
+            cmd.env(name, path);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                stop_all(&mut children, Signal::SIGKILL);
+                return Err(e).context(format!("cannot start rank {rank}"));
+            }
+        };
+        println!("[launch] rank {rank}: pid {}", child.id());
+        let tag = format!("[rank {rank}]");
+        if let Some(out) = child.stdout.take() {
+            relays.push(relay(out, tag.clone(), false));
+        }
+        if let Some(err) = child.stderr.take() {
+            relays.push(relay(err, tag, true));
+        }
+        children.push(child);
+    }
+    let pids: Vec<Pid> =
+        children.iter().filter_map(|c| i32::try_from(c.id()).ok()).map(Pid::from_raw).collect();
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("cannot catch SIGINT/SIGTERM")?;
+    let handle = signals.handle();
+    let forwarder = std::thread::spawn(move || {
+        for signal in signals.forever() {
+            let Ok(signal) = Signal::try_from(signal) else { continue };
+            for pid in &pids {
+                // A child that has ended (or whose pid was reaped) refuses: nothing to do.
+                let _ = kill(*pid, signal);
+            }
+        }
+    });
+    let watchdog =
+        args.train.flags.watchdog.map_or(Duration::from_secs(30), Duration::from_secs_f64);
+    let status = wait_job(&mut children, watchdog + GRACE);
+    handle.close();
+    let _ = forwarder.join();
+    for relay in relays {
+        let _ = relay.join();
+    }
+    drop(keys);
+    match status {
+        Some(s) if s.success() => Ok(()),
+        Some(s) => Err(JobStatus { code: code_of(s) }.into()),
+        None => Err(JobStatus { code: 1 }.into()),
+    }
+}
+
+/// Waits for the children; once rank 0 has ended, the others get `grace` to end on their own
+/// before they are killed. Returns rank 0's status.
+fn wait_job(children: &mut [Child], grace: Duration) -> Option<ExitStatus> {
+    let mut ended: Vec<Option<ExitStatus>> = children.iter().map(|_| None).collect();
+    let mut since_rank0: Option<Instant> = None;
+    loop {
+        for (rank, child) in children.iter_mut().enumerate() {
+            if ended[rank].is_none()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                ended[rank] = Some(status);
+                println!("[launch] rank {rank} {}", describe(status));
+                if rank == 0 {
+                    since_rank0 = Some(Instant::now());
+                }
+            }
+        }
+        if ended.iter().all(Option::is_some) {
+            return ended.first().copied().flatten();
+        }
+        if since_rank0.is_some_and(|t| t.elapsed() > grace) {
+            for (rank, child) in children.iter_mut().enumerate() {
+                if ended[rank].is_none() {
+                    println!("[launch] rank {rank} outlived rank 0 by {grace:?}: killing it");
+                    let _ = child.kill();
+                    ended[rank] = child.wait().ok();
+                }
+            }
+            return ended.first().copied().flatten();
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Sends `signal` to every child and reaps them.
+fn stop_all(children: &mut [Child], signal: Signal) {
+    for child in children.iter_mut() {
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+        let _ = child.wait();
+    }
+}
+
+/// `fdl cluster keys DIR --host H...`: a job CA and a certificate for a job across hosts.
+///
+/// # Errors
+/// The files cannot be made or written.
+pub(crate) fn keys(args: &crate::args::KeysArgs) -> Result<()> {
+    let mut hosts = args.hosts.clone();
+    if hosts.is_empty() {
+        hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    }
+    let files = JobKeys::generate(&args.dir, &hosts).context("cannot make the job's keys")?;
+    for (name, path) in files.vars() {
+        println!("{name}={}", path.display());
+    }
+    println!(
+        "copy {} to every host of the job (keep it private: key.pem lets a process join)",
+        args.dir.display()
+    );
+    Ok(())
+}
+
+/// This process's place in a cluster job its launcher started (`None` when no launcher set a
+/// rank): identity from the environment, certificates from the flags or `FLODL_TLS_*`, the
+/// bind address, join timeout and the frame cap of the model.
+///
+/// # Errors
+/// Inconsistent launcher variables, missing or unusable certificates; cluster flags without
+/// a launcher's environment.
+pub(crate) fn place(
+    flags: &crate::args::ClusterFlags,
+    cfg: &crate::config::TrainConfig,
+) -> Result<Option<flodl_ddp::Cluster>> {
+    let Some(identity) = flodl_cluster::Identity::from_env()? else {
+        if flags.tls_ca.is_some() || flags.bind.is_some() || flags.join_timeout.is_some() {
+            bail!(
+                "--tls-*, --bind and --join-timeout are for a rank of a cluster job: run under \
+                 fdl launch, torchrun, srun or mpirun (no launcher's rank variable is set)"
+            );
+        }
+        return Ok(None);
+    };
+    crate::log_warnings();
+    let files = match (&flags.tls_ca, &flags.tls_cert, &flags.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            flodl_cluster::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() }
+        }
+        _ => flodl_cluster::TlsFiles::from_env().with_context(|| {
+            format!(
+                "rank {} of a cluster job needs the job's certificates: --tls-ca/--tls-cert/\
+                 --tls-key or FLODL_TLS_CA/FLODL_TLS_CERT/FLODL_TLS_KEY (fdl cluster keys makes \
+                 them)",
+                identity.rank
+            )
+        })?,
+    };
+    let mut cluster = flodl_ddp::Cluster::new(identity, &files)?;
+    if let Some(addr) = flags.bind {
+        cluster = cluster.bind(addr);
+    }
+    if let Some(secs) = flags.join_timeout {
+        cluster = cluster.join_timeout(Duration::from_secs_f64(secs));
+    }
+    // A snapshot with a checkpoint part carries the parameters and the momentum: a bulk frame
+    // is at most about four times the model's bytes.
+    let mut widths = vec![flodl_data::mnist::PIXELS];
+    widths.extend(&cfg.hidden);
+    widths.push(flodl_data::mnist::CLASSES);
+    let params: usize = widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
+    Ok(Some(cluster.bulk_cap(params * 4 * 4 + (1 << 20))))
+}
+
+/// The devices of a cluster job as this process sees them: one of the job's kind per rank
+/// (the CPU, or a GPU when this host has one and the flags allow it), with the per-rank flags
+/// checked against the world.
+///
+/// # Errors
+/// More slowdown factors or failing ranks than ranks.
+pub(crate) fn cluster_devices(
+    cfg: &crate::config::TrainConfig,
+    world: usize,
+) -> Result<Vec<flodl_tensor::Device>> {
+    use crate::config::RankSpec;
+    use flodl_tensor::Device;
+    let gpu = match &cfg.ranks {
+        RankSpec::Auto => flodl_tensor::cuda_device_count() > 0,
+        RankSpec::CpuRanks(_) => false,
+        RankSpec::Devices(list) => list.iter().any(|d| matches!(d, Device::Cuda(_))),
+    };
+    if cfg.slowdown.len() > world {
+        bail!("slowdown: {} factors given for {world} rank(s)", cfg.slowdown.len());
+    }
+    if let Some(f) = cfg.fail_rank.iter().find(|f| f.rank >= world) {
+        bail!("fail-rank: {f} names rank {}, but there are {world} rank(s)", f.rank);
+    }
+    Ok(vec![if gpu { Device::Cuda(0) } else { Device::Cpu }; world])
+}
+
+/// `trainer` made a cluster job's: the job's kind of device, the wire format, the place.
+pub(crate) fn cluster_trainer(
+    trainer: flodl_ddp::Trainer,
+    devices: &[flodl_tensor::Device],
+    cfg: &crate::config::TrainConfig,
+    cluster: flodl_ddp::Cluster,
+) -> flodl_ddp::Trainer {
+    let kind = if devices.iter().any(|d| matches!(d, flodl_tensor::Device::Cuda(_))) {
+        flodl_ddp::Devices::AllGpus
+    } else {
+        flodl_ddp::Devices::Cpu(devices.len())
+    };
+    trainer.devices(kind).wire(cfg.wire).cluster(cluster)
+}
+
+/// A cluster job's rank other than 0: joins the controller, trains its share and says how it
+/// ended (the controller's process writes the run directory).
+///
+/// # Errors
+/// The rank was refused, its replica failed, or the controller is gone.
+pub(crate) fn run_rank(trainer: flodl_ddp::Trainer, cluster: &flodl_ddp::Cluster) -> Result<()> {
+    let rank = cluster.rank();
+    match trainer.start()? {
+        flodl_ddp::Started::Rank(handle) => {
+            println!("rank {rank} of {}: joined the controller", cluster.world());
+            handle.join()?;
+            println!("rank {rank}: finished");
+            Ok(())
+        }
+        flodl_ddp::Started::Coordinator(_) => bail!("rank {rank} started a controller"),
+    }
+}

@@ -1,0 +1,44 @@
+//! Where a job's certificate files are.
+
+use std::path::PathBuf;
+
+/// The paths of a job's PEM files: the CA certificate, this process's certificate and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The job CA's certificate: the only trust anchor.
+    pub ca: PathBuf,
+    /// The certificate this process presents (server and client auth).
+    pub cert: PathBuf,
+    /// The private key of `cert`.
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// The variable naming the CA certificate file.
+    pub const CA_VAR: &'static str = "FLODL_TLS_CA";
+    /// The variable naming this process's certificate file.
+    pub const CERT_VAR: &'static str = "FLODL_TLS_CERT";
+    /// The variable naming this process's key file.
+    pub const KEY_VAR: &'static str = "FLODL_TLS_KEY";
+
+    /// The files named by `FLODL_TLS_CA`, `FLODL_TLS_CERT` and `FLODL_TLS_KEY`; `None` unless all
+    /// three are set.
+    pub fn from_env() -> Option<TlsFiles> {
+        TlsFiles::from_vars(|name| std::env::var_os(name).map(PathBuf::from))
+    }
+
+    /// The files named by the three variables as `get` returns them; `None` unless all are set.
+    pub fn from_vars(get: impl Fn(&str) -> Option<PathBuf>) -> Option<TlsFiles> {
+        let get = |name: &str| get(name).filter(|p| !p.as_os_str().is_empty());
+        Some(TlsFiles {
+            ca: get(Self::CA_VAR)?,
+            cert: get(Self::CERT_VAR)?,
+            key: get(Self::KEY_VAR)?,
+        })
+    }
+
+    /// The variables that name these files, as `(name, path)` pairs for a child's environment.
+    pub fn vars(&self) -> [(&'static str, &std::path::Path); 3] {
+        [(Self::CA_VAR, &self.ca), (Self::CERT_VAR, &self.cert), (Self::KEY_VAR, &self.key)]
+    }
+}

@@ -1,0 +1,13 @@
+//! Integration tests of the cluster control plane, all over loopback or in-memory pipes, each
+//! bounded in time.
+
+mod support;
+
+mod decode;
+mod hello;
+mod identity;
+mod intruders;
+mod liveness;
+mod order;
+mod session;
+mod simulated;

@@ -1,0 +1,354 @@
+//! How a [`wire`](super::wire) message becomes one frame of a network connection and back:
+//! bincode 2, the lane it travels on, and the optional bf16 packing of model states.
+//!
+//! A frame is the bincode 2 encoding of a [`Packed`] message: the message itself and, under
+//! [`WireFormat::Bf16`], the values of the model states it carries taken out of it and packed
+//! as bf16 (half the bytes; the lengths of the emptied vectors travel with them). Checkpoint
+//! parts (optimizer state, positions) always travel in f32, so a bundle is exact.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::bf16;
+use serde::{Deserialize, Serialize};
+
+use super::wire::{ToCoordinator, ToWorker};
+use crate::control::logic_error::{LogicError, LogicResult};
+use crate::state::HostState;
+
+/// How model states travel between processes. The consensus on the controller is f32 either
+/// way; in-process ranks always exchange f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireFormat {
+    /// Full precision.
+    #[default]
+    F32,
+    /// Snapshots, updates and initial states as bfloat16: half the bytes.
+    Bf16,
+}
+
+impl WireFormat {
+    /// Every format, in declaration order.
+    pub const ALL: [WireFormat; 2] = [WireFormat::F32, WireFormat::Bf16];
+
+    /// The lower-case name (`"f32"`, `"bf16"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WireFormat::F32 => "f32",
+            WireFormat::Bf16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for WireFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for WireFormat {
+    type Err = LogicError;
+
+    fn from_str(s: &str) -> LogicResult<WireFormat> {
+        let lower = s.trim().to_ascii_lowercase();
+        WireFormat::ALL.into_iter().find(|w| w.name() == lower).ok_or_else(|| LogicError::Parse {
+            what: "wire format",
+            input: s.to_string(),
+            expected: "f32, bf16",
+        })
+    }
+}
+
+/// Which lane of a connection a frame takes: model states on the bulk lane, so a large frame
+/// never holds up a heartbeat or an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Small messages: orders, reports, heartbeats.
+    Control,
+    /// Messages carrying a model state.
+    Bulk,
+}
+
+/// Why a frame could not be made or read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FrameError {
+    /// The message did not encode.
+    #[error("cannot encode a {what} frame: {source}")]
+    Encode {
+        /// The message's direction.
+        what: &'static str,
+        /// bincode's error.
+        source: bincode::error::EncodeError,
+    },
+    /// The bytes are not a message.
+    #[error("a {what} frame does not decode: {source}")]
+    Decode {
+        /// The message's direction.
+        what: &'static str,
+        /// bincode's error.
+        source: bincode::error::DecodeError,
+    },
+    /// The frame decoded, with bytes left over.
+    #[error("a {what} frame has {extra} bytes past its message")]
+    Trailing {
+        /// The message's direction.
+        what: &'static str,
+        /// Bytes left over.
+        extra: usize,
+    },
+    /// The packed bf16 values do not fill the message's states.
+    #[error("a {what} frame's packed values do not fit its states: {detail}")]
+    Packing {
+        /// The message's direction.
+        what: &'static str,
+        /// What did not fit.
+        detail: String,
+    },
+}
+
+/// A message as it travels: the message and, under bf16, its states' values.
+#[derive(Serialize, Deserialize)]
+struct Packed<M> {
+    msg: M,
+    /// The length of every state vector emptied, in order.
+    lens: Vec<u64>,
+    /// Their values, bf16 little-endian, in order.
+    bf16: Vec<u8>,
+}
+
+/// A message that may carry model states: the lane it takes and its states, for packing.
+pub(crate) trait Framed: Serialize + serde::de::DeserializeOwned {
+    /// The direction, for errors.
+    const WHAT: &'static str;
+    /// The lane the message travels on.
+    fn lane(&self) -> Lane;
+    /// The model states it carries (checkpoint parts excluded), in a fixed order.
+    fn states_mut(&mut self) -> Vec<&mut HostState>;
+}
+
+impl Framed for ToWorker {
+    const WHAT: &'static str = "coordinator-to-rank";
+
+    fn lane(&self) -> Lane {
+        match self {
+            ToWorker::Init { .. } | ToWorker::Update { .. } => Lane::Bulk,
+            _ => Lane::Control,
+        }
+    }
+
+    fn states_mut(&mut self) -> Vec<&mut HostState> {
+        match self {
+            ToWorker::Init { state, .. } | ToWorker::Update { state, .. } => vec![state],
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Framed for ToCoordinator {
+    const WHAT: &'static str = "rank-to-coordinator";
+
+    fn lane(&self) -> Lane {
+        match self {
+            ToCoordinator::Snapshot { .. } | ToCoordinator::Final { .. } => Lane::Bulk,
+            ToCoordinator::Ready { initial: Some(_), .. } => Lane::Bulk,
+            _ => Lane::Control,
+        }
+    }
+
+    fn states_mut(&mut self) -> Vec<&mut HostState> {
+        match self {
+            ToCoordinator::Snapshot { state, .. } | ToCoordinator::Final { state, .. } => {
+                vec![state]
+            }
+            ToCoordinator::Ready { initial: Some(state), .. } => vec![state],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The bincode configuration of frames.
+fn config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+/// Encodes `msg` as one frame in `format`; returns its lane and bytes.
+pub(crate) fn encode<M: Framed>(
+    mut msg: M,
+    format: WireFormat,
+) -> Result<(Lane, Vec<u8>), FrameError> {
+    let lane = msg.lane();
+    let (mut lens, mut bf16) = (Vec::new(), Vec::new());
+    if format == WireFormat::Bf16 {
+        for state in msg.states_mut() {
+            for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
+                lens.push(values.len() as u64);
+                bf16.reserve(values.len() * 2);
+                for v in std::mem::take(values) {
+                    bf16.extend_from_slice(&bf16::from_f32(v).to_le_bytes());
+                }
+            }
+        }
+    }
+    let packed = Packed { msg, lens, bf16 };
+    let bytes = bincode::serde::encode_to_vec(&packed, config())
+        .map_err(|source| FrameError::Encode { what: M::WHAT, source })?;
+    Ok((lane, bytes))
+}
+
+/// Decodes one frame; packed bf16 values are widened back into the message's states.
+pub(crate) fn decode<M: Framed>(bytes: &[u8]) -> Result<M, FrameError> {
+    let (packed, read): (Packed<M>, usize) = bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|source| FrameError::Decode { what: M::WHAT, source })?;
+    if read != bytes.len() {
+        return Err(FrameError::Trailing { what: M::WHAT, extra: bytes.len() - read });
+    }
+    let Packed { mut msg, lens, bf16 } = packed;
+    let packing = |detail: String| FrameError::Packing { what: M::WHAT, detail };
+    if bf16.len() % 2 != 0 {
+        return Err(packing(format!("{} bytes of bf16", bf16.len())));
+    }
+    let mut values = bf16.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32());
+    let mut lens = lens.into_iter();
+    if !(lens.len() == 0 && bf16.is_empty()) {
+        for state in msg.states_mut() {
+            for slot in state.params.iter_mut().chain(state.buffers.iter_mut()) {
+                let len = lens.next().ok_or_else(|| packing("too few lengths".into()))?;
+                if !slot.is_empty() {
+                    return Err(packing("a packed state vector also holds f32 values".into()));
+                }
+                let len = usize::try_from(len).map_err(|_| packing(format!("length {len}")))?;
+                slot.extend(values.by_ref().take(len));
+                if slot.len() != len {
+                    return Err(packing(format!("{len} values announced, fewer packed")));
+                }
+            }
+        }
+    }
+    if lens.next().is_some() || values.next().is_some() {
+        return Err(packing("more values packed than the states hold".into()));
+    }
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::wire::Window;
+
+    fn state(n: usize) -> HostState {
+        HostState {
+            params: vec![(0..n).map(|i| (i % 64) as f32 * 0.5 - 3.0).collect(), vec![1.0, -2.0]],
+            buffers: vec![vec![0.25; 3]],
+        }
+    }
+
+    fn window() -> Window {
+        Window { round: 3, target: 5, limit: 7, wall: None }
+    }
+
+    /// Every lane rule and both formats: f32 frames come back equal, bf16 frames come back
+    /// rounded to bf16 (exact here: the values are representable) and about half the size.
+    #[test]
+    fn frames_round_trip_in_both_formats() -> Result<(), String> {
+        let big = 10_000;
+        let update =
+            ToWorker::Update { state: state(big), next: window(), eval: None, global_step: 4 };
+        let snapshot = ToCoordinator::Snapshot {
+            rank: 1,
+            round: 2,
+            attempt: 0,
+            state: state(big),
+            steps: 3,
+            capture: None,
+        };
+        type Case = Box<dyn Fn(WireFormat) -> Result<usize, String>>;
+        let cases: Vec<Case> = vec![
+            Box::new(move |f| round_trip(&update, f)),
+            Box::new(move |f| round_trip(&snapshot, f)),
+            Box::new(|f| round_trip(&ToWorker::Ping, f)),
+            Box::new(|f| {
+                round_trip(&ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None }, f)
+            }),
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            let full = case(WireFormat::F32)?;
+            let half = case(WireFormat::Bf16)?;
+            if i < 2 && (half as f64) > 0.55 * full as f64 {
+                return Err(format!("case {i}: bf16 frame {half} bytes, f32 {full}"));
+            }
+        }
+        let lanes = [
+            (
+                ToWorker::Init { state: state(2), restore: None, window: window() }.lane(),
+                Lane::Bulk,
+            ),
+            (ToWorker::Ping.lane(), Lane::Control),
+            (ToWorker::Snapshot { round: 1, attempt: 0, capture: None }.lane(), Lane::Control),
+            (
+                ToCoordinator::Ready { rank: 0, shapes: vec![], initial: Some(state(1)) }.lane(),
+                Lane::Bulk,
+            ),
+            (ToCoordinator::Alive { rank: 0 }.lane(), Lane::Control),
+        ];
+        for (i, (got, want)) in lanes.iter().enumerate() {
+            if got != want {
+                return Err(format!("lane case {i}: {got:?}, want {want:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn round_trip<M: Framed + Clone + PartialEq + std::fmt::Debug>(
+        msg: &M,
+        format: WireFormat,
+    ) -> Result<usize, String> {
+        let (lane, bytes) = encode(msg.clone(), format).map_err(|e| e.to_string())?;
+        if lane != msg.lane() {
+            return Err(format!("{msg:?} framed on {lane:?}"));
+        }
+        let back: M = decode(&bytes).map_err(|e| e.to_string())?;
+        if &back != msg {
+            return Err(format!("{format}: {msg:?} came back different"));
+        }
+        Ok(bytes.len())
+    }
+
+    /// Garbage, truncations and tampered packings are errors, never panics.
+    #[test]
+    fn bad_frames_are_errors() -> Result<(), String> {
+        let msg = ToCoordinator::Final { rank: 2, state: state(40), capture: None };
+        let (_, bytes) = encode(msg, WireFormat::Bf16).map_err(|e| e.to_string())?;
+        for cut in 0..bytes.len() {
+            if decode::<ToCoordinator>(&bytes[..cut]).is_ok() {
+                return Err(format!("decoded from {cut} of {} bytes", bytes.len()));
+            }
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        if decode::<ToCoordinator>(&longer).is_ok() {
+            return Err("a frame with a trailing byte decoded".into());
+        }
+        let noise: Vec<u8> =
+            (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for len in [1, 7, 64, 4096] {
+            let _ = decode::<ToWorker>(&noise[..len]);
+            let _ = decode::<ToCoordinator>(&noise[..len]);
+        }
+        // A packing that claims more values than it holds.
+        let forged = Packed {
+            msg: ToCoordinator::Final {
+                rank: 0,
+                state: HostState { params: vec![vec![]], buffers: vec![] },
+                capture: None,
+            },
+            lens: vec![10],
+            bf16: vec![0; 4],
+        };
+        let bytes = bincode::serde::encode_to_vec(&forged, config()).map_err(|e| e.to_string())?;
+        match decode::<ToCoordinator>(&bytes) {
+            Err(FrameError::Packing { .. }) => Ok(()),
+            other => Err(format!("a forged packing gave {other:?}")),
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! The network link: the coordinator's end and a rank's end over one connection per rank,
+//! each a [`Frames`] carrying opaque frames in order on two lanes.
+//!
+//! Wire messages travel as [`frame`](super::frame)s. A reader thread per connection turns
+//! arriving frames into what the runtime expects of any link: on the coordinator's side
+//! `Inbound::Wire` events stamped with the connection's rank (not the rank a message claims),
+//! then `Inbound::Gone` once the connection ends; on a rank's side a bounded queue of orders,
+//! with [`ToWorker::AbortGroup`] fired on arrival as the in-process link does. A frame that
+//! does not decode is a protocol error: it is logged and ends that connection (the peer is
+//! then gone), it never panics.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use flodl_nccl::AbortHandle;
+
+use super::frame::{self, Framed, Lane, WireFormat};
+use super::local::Armed;
+use super::wire::{ToCoordinator, ToWorker};
+use super::{CoordinatorLink, Inbound, LinkError, RankLink};
+use crate::{Error, Result};
+
+/// How long a reader waits for a frame (or for room) before it looks at its stop flag.
+const POLL: Duration = Duration::from_millis(50);
+/// Orders a rank's reader may queue ahead of the rank's loop.
+const TO_RANK: usize = 256;
+
+/// A connection carrying opaque frames, in send order, on two lanes: what the network link
+/// needs of a session. Both ends may be used from two threads at once.
+pub(crate) trait Frames: Send + Sync + 'static {
+    /// Sends `frame` on `lane`, waiting at most `wait` for room.
+    ///
+    /// # Errors
+    /// [`LinkError::Gone`] when the connection is closed, [`LinkError::Timeout`] when there was
+    /// no room in time.
+    fn send(
+        &self,
+        lane: Lane,
+        frame: Vec<u8>,
+        wait: Duration,
+    ) -> std::result::Result<(), LinkError>;
+
+    /// Sends `frame` on `lane` only if there is room now.
+    ///
+    /// # Errors
+    /// [`LinkError::Gone`] or [`LinkError::Full`].
+    fn try_send(&self, lane: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError>;
+
+    /// The next frame, waiting at most `wait`.
+    ///
+    /// # Errors
+    /// [`LinkError::Timeout`] when none came, [`LinkError::Gone`] when the connection ended.
+    fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError>;
+
+    /// Ends the connection (the peer sees it gone).
+    fn close(&self);
+}
+
+/// Hands `item` to `tx`, waiting in steps of [`POLL`] while `stop` is unset; false when it
+/// could not (stopped, or nobody listens any more).
+fn deliver<T>(tx: &flume::Sender<T>, mut item: T, stop: &AtomicBool) -> bool {
+    loop {
+        match tx.send_timeout(item, POLL) {
+            Ok(()) => return true,
+            Err(flume::SendTimeoutError::Disconnected(_)) => return false,
+            Err(flume::SendTimeoutError::Timeout(back)) => {
+                if stop.load(Ordering::Acquire) {
+                    return false;
+                }
+                item = back;
+            }
+        }
+    }
+}
+
+/// Reads frames from `frames` until it ends or `stop` is set, decoding each and handing it
+/// to `deliver`; returns true when the connection ended (rather than a stop or a refusal to
+/// take more).
+fn read_frames<M: Framed>(
+    frames: &dyn Frames,
+    peer: &str,
+    stop: &AtomicBool,
+    mut deliver: impl FnMut(M) -> bool,
+) -> bool {
+    while !stop.load(Ordering::Acquire) {
+        match frames.recv(POLL) {
+            Ok(bytes) => match frame::decode::<M>(&bytes) {
+                Ok(msg) => {
+                    if !deliver(msg) {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    let error = Error::protocol(e.to_string());
+                    tracing::error!(peer, %error, "closing the connection");
+                    frames.close();
+                    return true;
+                }
+            },
+            Err(LinkError::Timeout(_) | LinkError::Full) => {}
+            Err(LinkError::Gone) => return true,
+        }
+    }
+    false
+}
+
+/// Sends `msg` as one frame in `format`.
+fn send_frame<M: Framed>(
+    frames: &dyn Frames,
+    msg: M,
+    format: WireFormat,
+    wait: Option<Duration>,
+) -> std::result::Result<(), LinkError> {
+    let (lane, bytes) = frame::encode(msg, format).map_err(|e| {
+        // Plain data always encodes; a failure here is a bug, reported as a lost peer.
+        tracing::error!(error = %e, "a wire message did not encode");
+        LinkError::Gone
+    })?;
+    match wait {
+        Some(wait) => frames.send(lane, bytes, wait),
+        None => frames.try_send(lane, bytes),
+    }
+}
+
+/// The coordinator's end of the network link: a connection per remote rank, each read by its
+/// own thread into the coordinator's inbox.
+pub(crate) struct NetCoordinator {
+    /// By global rank; `None` for ranks that are not remote.
+    ranks: Vec<Option<Arc<dyn Frames>>>,
+    format: WireFormat,
+    stop: Arc<AtomicBool>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for NetCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let remote: Vec<usize> =
+            self.ranks.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(r, _)| r).collect();
+        f.debug_struct("NetCoordinator").field("remote", &remote).finish_non_exhaustive()
+    }
+}
+
+impl NetCoordinator {
+    /// The coordinator's end for `world` ranks, of which the ranks in `remote` are reached
+    /// through their connection; what they send goes to `inbox`.
+    ///
+    /// # Errors
+    /// [`Error::Spawn`] when a reader thread cannot start.
+    pub(crate) fn new<L: Send + 'static>(
+        world: usize,
+        remote: Vec<(usize, Arc<dyn Frames>)>,
+        format: WireFormat,
+        inbox: &flume::Sender<Inbound<L>>,
+    ) -> Result<NetCoordinator> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut link = NetCoordinator {
+            ranks: vec![None; world],
+            format,
+            stop: stop.clone(),
+            readers: Vec::new(),
+        };
+        for (rank, frames) in remote {
+            let Some(slot) = link.ranks.get_mut(rank) else {
+                return Err(Error::protocol(format!(
+                    "remote rank {rank} is outside a world of {world}"
+                )));
+            };
+            *slot = Some(frames.clone());
+            let (inbox, stop) = (inbox.clone(), stop.clone());
+            let reader = std::thread::Builder::new()
+                .name(format!("flodl-link-{rank}"))
+                .spawn(move || {
+                    let peer = format!("rank {rank}");
+                    let to_inbox = |msg| deliver(&inbox, Inbound::Wire { rank, msg }, &stop);
+                    if read_frames::<ToCoordinator>(frames.as_ref(), &peer, &stop, to_inbox) {
+                        deliver(&inbox, Inbound::Gone { rank }, &stop);
+                    }
+                })
+                .map_err(|source| Error::Spawn { what: "a link reader", source })?;
+            link.readers.push(reader);
+        }
+        Ok(link)
+    }
+
+    fn frames(&self, rank: usize) -> std::result::Result<&dyn Frames, LinkError> {
+        self.ranks.get(rank).and_then(Option::as_deref).ok_or(LinkError::Gone)
+    }
+}
+
+impl CoordinatorLink for NetCoordinator {
+    fn send(
+        &self,
+        rank: usize,
+        msg: ToWorker,
+        wait: Duration,
+    ) -> std::result::Result<(), LinkError> {
+        send_frame(self.frames(rank)?, msg, self.format, Some(wait))
+    }
+
+    fn try_send(&self, rank: usize, msg: ToWorker) -> std::result::Result<(), LinkError> {
+        send_frame(self.frames(rank)?, msg, self.format, None)
+    }
+}
+
+impl Drop for NetCoordinator {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for reader in self.readers.drain(..) {
+            // A reader catches nothing: a panic there has nothing left to report.
+            let _ = reader.join();
+        }
+    }
+}
+
+/// A rank's end of the network link: its connection, read by a thread that fires abort
+/// orders on arrival and queues the rest for the rank's loop.
+pub(crate) struct NetRank {
+    frames: Arc<dyn Frames>,
+    format: WireFormat,
+    rx: flume::Receiver<ToWorker>,
+    armed: Arc<Armed>,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for NetRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetRank").field("format", &self.format).finish_non_exhaustive()
+    }
+}
+
+impl NetRank {
+    /// A rank's end over `frames`.
+    ///
+    /// # Errors
+    /// [`Error::Spawn`] when the reader thread cannot start.
+    pub(crate) fn new(frames: Arc<dyn Frames>, format: WireFormat) -> Result<NetRank> {
+        let (tx, rx) = flume::bounded(TO_RANK);
+        let armed = Arc::new(Armed::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (frames, armed, stop) = (frames.clone(), armed.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("flodl-link".into())
+                .spawn(move || {
+                    let to_loop = |msg: ToWorker| match msg {
+                        ToWorker::AbortGroup { generation } => {
+                            armed.fire(generation);
+                            true
+                        }
+                        msg => deliver(&tx, msg, &stop),
+                    };
+                    read_frames::<ToWorker>(frames.as_ref(), "the coordinator", &stop, to_loop);
+                    // Dropping `tx` tells the loop the coordinator is gone once it has drained.
+                })
+                .map_err(|source| Error::Spawn { what: "a link reader", source })?
+        };
+        Ok(NetRank { frames, format, rx, armed, stop, reader: Some(reader) })
+    }
+}
+
+impl RankLink for NetRank {
+    fn send(&self, msg: ToCoordinator, wait: Duration) -> std::result::Result<(), LinkError> {
+        send_frame(self.frames.as_ref(), msg, self.format, Some(wait))
+    }
+
+    fn recv(&self, wait: Duration) -> std::result::Result<ToWorker, LinkError> {
+        self.rx.recv_timeout(wait).map_err(|e| match e {
+            flume::RecvTimeoutError::Timeout => LinkError::Timeout(wait),
+            flume::RecvTimeoutError::Disconnected => LinkError::Gone,
+        })
+    }
+
+    fn try_recv(&self) -> std::result::Result<Option<ToWorker>, LinkError> {
+        match self.rx.try_recv() {
+            Ok(msg) => Ok(Some(msg)),
+            Err(flume::TryRecvError::Empty) => Ok(None),
+            Err(flume::TryRecvError::Disconnected) => Err(LinkError::Gone),
+        }
+    }
+
+    fn arm_abort(&self, generation: u64, handle: AbortHandle) {
+        self.armed.arm(generation, handle);
+    }
+}
+
+impl Drop for NetRank {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flodl_nccl::HostComm;
+
+    use super::*;
+    use crate::runtime::cluster::memory::pair as mem_pair;
+    use crate::state::HostState;
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn state() -> HostState {
+        HostState { params: vec![vec![0.5, -1.25, 3.0]], buffers: vec![vec![2.0]] }
+    }
+
+    /// Messages from two remote ranks arrive in order, stamped with their connection's rank;
+    /// a bf16 update reaches the rank; an abort order fires the rank's armed handle without
+    /// reaching its queue; a rank's dropped end is a `Gone`, and so is a garbage frame (that
+    /// connection is closed, the other goes on).
+    #[test]
+    fn remote_ranks_talk_through_frames() -> std::result::Result<(), String> {
+        let (inbox_tx, inbox) = flume::bounded::<Inbound<()>>(64);
+        let (c1, r1) = mem_pair();
+        let (c2, r2) = mem_pair();
+        let coord = NetCoordinator::new(
+            3,
+            vec![(1, c1 as Arc<dyn Frames>), (2, c2.clone() as Arc<dyn Frames>)],
+            WireFormat::Bf16,
+            &inbox_tx,
+        )
+        .map_err(|e| e.to_string())?;
+        let rank1 = NetRank::new(r1, WireFormat::Bf16).map_err(|e| e.to_string())?;
+        if coord.send(0, ToWorker::Ping, WAIT) != Err(LinkError::Gone) {
+            return Err("a send to a rank that is not remote went through".into());
+        }
+        // Rank 1 claims to be rank 2: the stamp is the connection's.
+        rank1.send(ToCoordinator::Alive { rank: 2 }, WAIT).map_err(|e| e.to_string())?;
+        rank1
+            .send(ToCoordinator::Final { rank: 1, state: state(), capture: None }, WAIT)
+            .map_err(|e| e.to_string())?;
+        match inbox.recv_timeout(WAIT) {
+            Ok(Inbound::Wire { rank: 1, msg: ToCoordinator::Alive { rank: 2 } }) => {}
+            other => return Err(format!("expected rank 1's alive, got {other:?}")),
+        }
+        match inbox.recv_timeout(WAIT) {
+            Ok(Inbound::Wire { rank: 1, msg: ToCoordinator::Final { state: s, .. } })
+                if s == state() => {}
+            other => return Err(format!("expected rank 1's final state, got {other:?}")),
+        }
+        let group = HostComm::group(1);
+        let comm = group.first().ok_or("no communicator")?;
+        rank1.arm_abort(0, comm.abort_handle());
+        coord.send(1, ToWorker::AbortGroup { generation: 0 }, WAIT).map_err(|e| e.to_string())?;
+        let window = crate::link::wire::Window { round: 2, target: 3, limit: 3, wall: None };
+        let update = ToWorker::Update { state: state(), next: window, eval: None, global_step: 9 };
+        coord.send(1, update.clone(), WAIT).map_err(|e| e.to_string())?;
+        match rank1.recv(WAIT) {
+            Ok(got) if got == update => {}
+            other => return Err(format!("expected the update, got {other:?}")),
+        }
+        if !comm.abort_handle().is_aborted() {
+            return Err("the abort order did not fire the armed handle".into());
+        }
+        drop(rank1);
+        match inbox.recv_timeout(WAIT) {
+            Ok(Inbound::Gone { rank: 1 }) => {}
+            other => return Err(format!("expected rank 1 gone, got {other:?}")),
+        }
+        r2.raw(vec![0xff; 9]).map_err(|e| e.to_string())?;
+        match inbox.recv_timeout(WAIT) {
+            Ok(Inbound::Gone { rank: 2 }) => {}
+            other => return Err(format!("expected rank 2 gone after garbage, got {other:?}")),
+        }
+        if r2.recv(WAIT) != Err(LinkError::Gone) {
+            return Err("the garbage sender's connection stayed open".into());
+        }
+        Ok(())
+    }
+
+    /// A rank whose coordinator sends garbage, or goes away, sees it gone once drained.
+    #[test]
+    fn a_rank_sees_a_bad_or_lost_coordinator_gone() -> std::result::Result<(), String> {
+        for garbage in [true, false] {
+            let (c, r) = mem_pair();
+            let rank = NetRank::new(r, WireFormat::F32).map_err(|e| e.to_string())?;
+            let (_, ping) =
+                frame::encode(ToWorker::Ping, WireFormat::F32).map_err(|e| e.to_string())?;
+            c.raw(ping).map_err(|e| e.to_string())?;
+            if garbage {
+                c.raw(vec![200; 3]).map_err(|e| e.to_string())?;
+            } else {
+                c.close();
+            }
+            if rank.recv(WAIT) != Ok(ToWorker::Ping) {
+                return Err("the order before the end was lost".into());
+            }
+            if rank.recv(WAIT) != Err(LinkError::Gone) {
+                return Err(format!("garbage {garbage}: the coordinator is not gone"));
+            }
+        }
+        Ok(())
+    }
+}

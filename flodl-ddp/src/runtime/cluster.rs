@@ -1,0 +1,498 @@
+//! Cluster runs: every rank its own process, rank 0's process hosting the controller (the
+//! coordinator, with rank 0's worker beside it on the in-process link) and every other
+//! process running one rank over the network link.
+//!
+//! [`Cluster`] is this process's place in such a run: its rank, the world, its local rank
+//! and how it meets the others (a [`Rendezvous`]: mutual TLS through flodl-cluster, or
+//! in-memory connections for tests). [`crate::Trainer::cluster`] makes a trainer a cluster
+//! run's; [`crate::Trainer::start`] then binds the controller and waits for the others, or
+//! joins it, and says which it did ([`Started`]).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use flodl_tensor::Device;
+
+use crate::error::RankFailure;
+use crate::link::net::{Frames, NetRank};
+use crate::link::wire::Window;
+use crate::runtime::handle::DdpHandle;
+use crate::runtime::trainer::RunConfig;
+use crate::{Error, Result};
+
+/// How long the controller waits for every rank to join, unless told otherwise.
+pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The connections of a cluster run: by rank, each to the controller.
+pub(crate) type Connections = Vec<(usize, Arc<dyn Frames>)>;
+
+/// How a cluster run's processes meet: the controller accepts a connection from every other
+/// rank, each other rank connects to the controller; both sides prove they run the same run
+/// (`run`, the spec's hash).
+pub(crate) trait Rendezvous: Send + Sync + 'static {
+    /// For rebuilding a rendezvous with other options.
+    #[cfg(feature = "cluster")]
+    fn as_any(&self) -> &dyn std::any::Any;
+
+    /// Controller: a connection from each of the `world − 1` other ranks, within `wait`.
+    ///
+    /// # Errors
+    /// [`Error::RanksMissing`] naming the ranks that did not join in time; the transport's
+    /// errors.
+    /// A connection silent for `silence` ends.
+    fn accept(
+        &self,
+        run: [u8; 32],
+        world: usize,
+        wait: Duration,
+        silence: Duration,
+    ) -> Result<Connections>;
+
+    /// Rank `rank`: its connection to the controller, within `wait`.
+    ///
+    /// # Errors
+    /// The transport's errors (a refusal says why).
+    fn join(
+        &self,
+        run: [u8; 32],
+        rank: usize,
+        world: usize,
+        wait: Duration,
+        silence: Duration,
+    ) -> Result<Arc<dyn Frames>>;
+}
+
+/// This process's place in a cluster run.
+#[derive(Clone)]
+pub struct Cluster {
+    rank: usize,
+    world: usize,
+    local_rank: usize,
+    join_timeout: Duration,
+    rendezvous: Arc<dyn Rendezvous>,
+    /// The launcher identity it was read from.
+    #[cfg(feature = "cluster")]
+    identity: Option<flodl_cluster::Identity>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("local_rank", &self.local_rank)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// A place from its parts.
+    pub(crate) fn with(
+        rank: usize,
+        world: usize,
+        local_rank: usize,
+        rendezvous: Arc<dyn Rendezvous>,
+    ) -> Result<Cluster> {
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("rank {rank} is not one of a world of {world}")));
+        }
+        Ok(Cluster {
+            rank,
+            world,
+            local_rank,
+            join_timeout: DEFAULT_JOIN_TIMEOUT,
+            rendezvous,
+            #[cfg(feature = "cluster")]
+            identity: None,
+        })
+    }
+
+    /// `world` places joined through in-memory connections, in rank order: a cluster run
+    /// within one process, for tests (every process-facing path runs but the transport).
+    pub fn in_memory(world: usize) -> Result<Vec<Cluster>> {
+        let rendezvous = Arc::new(crate::runtime::cluster::memory::Memory::new(world));
+        (0..world).map(|rank| Cluster::with(rank, world, rank, rendezvous.clone())).collect()
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the run.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// This process's rank among the run's processes on its host (its GPU, when it trains
+    /// on one).
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Whether this process hosts the controller (rank 0).
+    pub fn is_controller(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// How long the controller waits for every other rank to join (default 300 s), and a
+    /// rank for the controller.
+    pub fn join_timeout(mut self, wait: Duration) -> Cluster {
+        self.join_timeout = wait;
+        self
+    }
+
+    pub(crate) fn rendezvous(&self) -> &dyn Rendezvous {
+        self.rendezvous.as_ref()
+    }
+
+    pub(crate) fn join_wait(&self) -> Duration {
+        self.join_timeout
+    }
+}
+
+/// What [`crate::Trainer::start`] started in this process.
+#[derive(Debug)]
+#[must_use = "a started run ends when its handle is joined or dropped"]
+pub enum Started {
+    /// The whole run: every rank in this process, or this process hosts a cluster run's
+    /// controller (and rank 0).
+    Coordinator(DdpHandle),
+    /// One rank of a cluster run whose controller is in another process.
+    Rank(RankHandle),
+}
+
+/// One rank of a cluster run, in its own process: [`join`](Self::join) waits for it and says
+/// how it ended.
+#[derive(Debug)]
+pub struct RankHandle {
+    rank: usize,
+    thread: Option<JoinHandle<std::result::Result<(), RankFailure>>>,
+}
+
+impl RankHandle {
+    /// Starts rank `rank` of `cfg`'s run over `frames`, its connection to the controller.
+    pub(crate) fn start(cfg: Arc<RunConfig>, rank: usize, frames: Arc<dyn Frames>) -> Result<Self> {
+        let link = NetRank::new(frames, cfg.spec.wire)?;
+        // Only rank 0 trains before `Init`, which names a later rank's first window.
+        let first = Window { round: 1, target: 1, limit: 1, wall: None };
+        let thread = std::thread::Builder::new()
+            .name(format!("flodl-rank-{rank}"))
+            .spawn(move || {
+                let outcome = crate::runtime::rank::run_rank(rank, cfg, None, &link, first);
+                // The link closes last, after the rank's last word.
+                drop(link);
+                outcome
+            })
+            .map_err(|source| Error::Spawn { what: "a rank's thread", source })?;
+        Ok(RankHandle { rank, thread: Some(thread) })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Whether the rank has ended; `join` then returns at once.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Waits for the rank to end: `Ok` when it trained to the end of the run and handed in
+    /// its final state.
+    ///
+    /// # Errors
+    /// [`Error::Rank`] with the rank's failure: its replica failed, the controller is gone
+    /// (it ended, was killed, or was silent past the deadlines) or refused it, a deadline
+    /// passed.
+    pub fn join(mut self) -> Result<()> {
+        let rank = self.rank;
+        let outcome = match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(outcome)) => outcome,
+            Some(Err(p)) => {
+                Err(RankFailure::panicked(crate::runtime::handle::panic_message(p.as_ref())))
+            }
+            None => Err(RankFailure::panicked("joined twice")),
+        };
+        outcome.map_err(|failure| Error::Rank { rank, failure })
+    }
+}
+
+impl Drop for RankHandle {
+    fn drop(&mut self) {
+        // The rank ends on its own (its deadlines bound it); a dropped handle waits for it.
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The device this process's rank trains on, from the trainer's device choice: a CPU, or the
+/// GPU numbered by the local rank.
+pub(crate) fn own_device(kind: Device, local_rank: usize) -> Device {
+    match kind {
+        Device::Cpu => Device::Cpu,
+        Device::Cuda(_) => Device::Cuda(local_rank),
+    }
+}
+
+#[cfg(feature = "cluster")]
+mod tls;
+
+#[cfg(feature = "cluster")]
+impl Cluster {
+    /// This process's place from its launcher's environment (`FLODL_*`, then torchrun, Slurm,
+    /// Open MPI: see [`flodl_cluster::identity`]) and the job's certificate files from
+    /// `FLODL_TLS_CA`, `FLODL_TLS_CERT` and `FLODL_TLS_KEY`; `None` when no launcher set a rank
+    /// (a plain in-process run).
+    ///
+    /// # Errors
+    /// [`Error::Identity`] for inconsistent launcher variables; [`Error::Config`] when the
+    /// certificate variables are missing; [`Error::Tls`] when the files do not load.
+    pub fn from_env() -> Result<Option<Cluster>> {
+        let Some(identity) = flodl_cluster::Identity::from_env()? else { return Ok(None) };
+        let files = flodl_cluster::TlsFiles::from_env().ok_or_else(|| {
+            Error::Config(format!(
+                "rank {} of a cluster job needs the job's certificate files: set {}, {} and {} \
+                 (fdl cluster keys makes them)",
+                identity.rank,
+                flodl_cluster::TlsFiles::CA_VAR,
+                flodl_cluster::TlsFiles::CERT_VAR,
+                flodl_cluster::TlsFiles::KEY_VAR
+            ))
+        })?;
+        Cluster::new(identity, &files).map(Some)
+    }
+
+    /// This process's place as `identity` says, authenticated by the certificate files
+    /// `files` (mutual TLS: every process presents a certificate of the job's CA). The
+    /// controller binds loopback on the identity's port unless [`bind`](Self::bind) says
+    /// otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] when the files do not load; [`Error::Config`] for an impossible rank.
+    pub fn new(
+        identity: flodl_cluster::Identity,
+        files: &flodl_cluster::TlsFiles,
+    ) -> Result<Cluster> {
+        let tls = flodl_cluster::Tls::load(files)?;
+        let bind = std::net::SocketAddr::from(([127, 0, 0, 1], identity.controller.port));
+        let rendezvous = tls::TlsRendezvous {
+            tls,
+            controller: identity.controller.clone(),
+            bind,
+            bulk_cap: DEFAULT_BULK_CAP,
+        };
+        let mut cluster = Cluster::with(
+            identity.rank,
+            identity.world,
+            identity.local_rank,
+            Arc::new(rendezvous),
+        )?;
+        cluster.identity = Some(identity);
+        Ok(cluster)
+    }
+
+    /// Rebuilds the TLS rendezvous with `f` applied (a place made otherwise is unchanged).
+    fn retls(mut self, f: impl FnOnce(&mut tls::TlsRendezvous)) -> Cluster {
+        if let Some(r) = self.rendezvous.as_any().downcast_ref::<tls::TlsRendezvous>() {
+            let mut r = tls::TlsRendezvous {
+                tls: r.tls.clone(),
+                controller: r.controller.clone(),
+                bind: r.bind,
+                bulk_cap: r.bulk_cap,
+            };
+            f(&mut r);
+            self.rendezvous = Arc::new(r);
+        }
+        self
+    }
+
+    /// Where rank 0's process listens for the other ranks (default: loopback on the
+    /// controller port). Give a routable address for a job across hosts.
+    pub fn bind(self, addr: std::net::SocketAddr) -> Cluster {
+        self.retls(|r| r.bind = addr)
+    }
+
+    /// The largest model-state frame accepted (default 1 GiB; about four times the model's
+    /// bytes is enough: a snapshot with a checkpoint part carries the parameters and the
+    /// optimizer state).
+    pub fn bulk_cap(self, bytes: usize) -> Cluster {
+        self.retls(|r| r.bulk_cap = bytes.max(tls::CONTROL_CAP))
+    }
+
+    /// The launcher identity this place was read from, when it came from one.
+    pub fn identity(&self) -> Option<&flodl_cluster::Identity> {
+        self.identity.as_ref()
+    }
+}
+
+/// The default cap of a model-state frame.
+#[cfg(feature = "cluster")]
+pub const DEFAULT_BULK_CAP: usize = 1 << 30;
+
+/// In-memory connections, for cluster runs within one process.
+pub(crate) mod memory {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::{Connections, Rendezvous};
+    use crate::link::LinkError;
+    use crate::link::frame::Lane;
+    use crate::link::net::Frames;
+    use crate::{Error, Result};
+
+    /// Frames queued per direction of a connection.
+    const DEPTH: usize = 64;
+
+    /// One end of an in-memory connection (one queue per direction, so lanes keep one order).
+    #[derive(Debug)]
+    pub(crate) struct MemFrames {
+        tx: Mutex<Option<flume::Sender<Vec<u8>>>>,
+        rx: flume::Receiver<Vec<u8>>,
+        closed: AtomicBool,
+    }
+
+    /// Two connected ends.
+    pub(crate) fn pair() -> (Arc<MemFrames>, Arc<MemFrames>) {
+        let (a_tx, b_rx) = flume::bounded(DEPTH);
+        let (b_tx, a_rx) = flume::bounded(DEPTH);
+        let end = |tx, rx| {
+            Arc::new(MemFrames { tx: Mutex::new(Some(tx)), rx, closed: AtomicBool::new(false) })
+        };
+        (end(a_tx, a_rx), end(b_tx, b_rx))
+    }
+
+    impl MemFrames {
+        fn sender(&self) -> std::result::Result<flume::Sender<Vec<u8>>, LinkError> {
+            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+            tx.clone().ok_or(LinkError::Gone)
+        }
+
+        /// Sends raw bytes, as a hostile peer would.
+        #[cfg(test)]
+        pub(crate) fn raw(&self, bytes: Vec<u8>) -> std::result::Result<(), LinkError> {
+            self.sender()?.send(bytes).map_err(|_| LinkError::Gone)
+        }
+    }
+
+    impl Frames for MemFrames {
+        fn send(
+            &self,
+            _: Lane,
+            frame: Vec<u8>,
+            wait: Duration,
+        ) -> std::result::Result<(), LinkError> {
+            self.sender()?.send_timeout(frame, wait).map_err(|e| match e {
+                flume::SendTimeoutError::Timeout(_) => LinkError::Timeout(wait),
+                flume::SendTimeoutError::Disconnected(_) => LinkError::Gone,
+            })
+        }
+
+        fn try_send(&self, _: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError> {
+            self.sender()?.try_send(frame).map_err(|e| match e {
+                flume::TrySendError::Full(_) => LinkError::Full,
+                flume::TrySendError::Disconnected(_) => LinkError::Gone,
+            })
+        }
+
+        fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
+            if self.closed.load(Ordering::Acquire) {
+                return Err(LinkError::Gone);
+            }
+            self.rx.recv_timeout(wait).map_err(|e| match e {
+                flume::RecvTimeoutError::Timeout => LinkError::Timeout(wait),
+                flume::RecvTimeoutError::Disconnected => LinkError::Gone,
+            })
+        }
+
+        fn close(&self) {
+            self.closed.store(true, Ordering::Release);
+            self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
+    }
+
+    /// The controller's ends, posted by joining ranks, with the run each claimed.
+    #[derive(Debug, Default)]
+    struct Posted {
+        ends: Vec<Option<([u8; 32], Arc<MemFrames>)>>,
+    }
+
+    /// An in-memory meeting place of `world` ranks.
+    #[derive(Debug)]
+    pub(crate) struct Memory {
+        posted: Mutex<Posted>,
+        arrived: std::sync::Condvar,
+    }
+
+    impl Memory {
+        pub(crate) fn new(world: usize) -> Memory {
+            let posted = Posted { ends: (0..world).map(|_| None).collect() };
+            Memory { posted: Mutex::new(posted), arrived: std::sync::Condvar::new() }
+        }
+    }
+
+    impl Rendezvous for Memory {
+        #[cfg(feature = "cluster")]
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+
+        fn accept(
+            &self,
+            run: [u8; 32],
+            world: usize,
+            wait: Duration,
+            _silence: Duration,
+        ) -> Result<Connections> {
+            let deadline = Instant::now() + wait;
+            let mut posted = self.posted.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                let missing: Vec<usize> = (1..world)
+                    .filter(|&r| posted.ends.get(r).is_none_or(Option::is_none))
+                    .collect();
+                if missing.is_empty() {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::RanksMissing { missing, after: wait });
+                }
+                posted =
+                    self.arrived.wait_timeout(posted, left).unwrap_or_else(|p| p.into_inner()).0;
+            }
+            let mut out = Connections::new();
+            for (rank, slot) in posted.ends.iter_mut().enumerate().skip(1) {
+                if let Some((theirs, end)) = slot.take() {
+                    if theirs != run {
+                        end.close();
+                        return Err(Error::RunMismatch { rank });
+                    }
+                    out.push((rank, end as Arc<dyn Frames>));
+                }
+            }
+            Ok(out)
+        }
+
+        fn join(
+            &self,
+            run: [u8; 32],
+            rank: usize,
+            _world: usize,
+            _wait: Duration,
+            _silence: Duration,
+        ) -> Result<Arc<dyn Frames>> {
+            let (controller, own) = pair();
+            let mut posted = self.posted.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = posted
+                .ends
+                .get_mut(rank)
+                .ok_or_else(|| Error::Config(format!("rank {rank} is outside the world")))?;
+            *slot = Some((run, controller));
+            self.arrived.notify_all();
+            Ok(own)
+        }
+    }
+}

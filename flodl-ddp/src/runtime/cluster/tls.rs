@@ -1,0 +1,194 @@
+//! The rendezvous over mutual TLS: flodl-cluster's controller and sessions, each session the
+//! [`Frames`] of one rank's connection.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use flodl_cluster::{
+    Caps, Controller, ControllerAddr, Hello, Lane as NetLane, NetError, SessionConfig,
+    SessionReceiver, SessionSender, Tls,
+};
+
+use super::{Connections, Rendezvous};
+use crate::link::LinkError;
+use crate::link::frame::Lane;
+use crate::link::net::Frames;
+use crate::{Error, Result};
+
+/// The control lane's frame cap: orders and reports are small.
+pub(crate) const CONTROL_CAP: usize = 1 << 20;
+
+/// One rank's session as the network link's frames: its two halves, each dropped on close
+/// (the session ends once both are gone).
+struct SessionFrames {
+    sender: Mutex<Option<SessionSender>>,
+    receiver: Mutex<Option<SessionReceiver>>,
+    closed: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a link makes of a session's error.
+fn link_error(e: NetError) -> LinkError {
+    match e {
+        NetError::Timeout(after) => LinkError::Timeout(after),
+        NetError::Full => LinkError::Full,
+        NetError::TooLarge { lane, len, cap } => {
+            tracing::error!(%lane, len, cap, "a frame is above its lane's cap; ending the session");
+            LinkError::Gone
+        }
+        _ => LinkError::Gone,
+    }
+}
+
+impl SessionFrames {
+    fn shared(session: flodl_cluster::Session) -> Arc<dyn Frames> {
+        let (sender, receiver) = session.split();
+        Arc::new(SessionFrames {
+            sender: Mutex::new(Some(sender)),
+            receiver: Mutex::new(Some(receiver)),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn with_sender(
+        &self,
+        f: impl FnOnce(&SessionSender) -> std::result::Result<(), NetError>,
+    ) -> std::result::Result<(), LinkError> {
+        let mut sender = lock(&self.sender);
+        let result = match sender.as_ref() {
+            Some(s) => f(s).map_err(link_error),
+            None => Err(LinkError::Gone),
+        };
+        if self.closed.load(Ordering::Acquire) {
+            sender.take();
+        }
+        result
+    }
+}
+
+fn net_lane(lane: Lane) -> NetLane {
+    match lane {
+        Lane::Control => NetLane::Control,
+        Lane::Bulk => NetLane::Bulk,
+    }
+}
+
+impl Frames for SessionFrames {
+    fn send(
+        &self,
+        lane: Lane,
+        frame: Vec<u8>,
+        wait: Duration,
+    ) -> std::result::Result<(), LinkError> {
+        self.with_sender(|s| s.send(net_lane(lane), frame, wait))
+    }
+
+    fn try_send(&self, lane: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError> {
+        self.with_sender(|s| s.try_send(net_lane(lane), frame))
+    }
+
+    fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
+        match lock(&self.receiver).as_ref() {
+            Some(r) => r.recv(wait).map_err(link_error),
+            None => Err(LinkError::Gone),
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        lock(&self.receiver).take();
+        // A sender busy in a send drops its half when the send returns.
+        if let Ok(mut sender) = self.sender.try_lock() {
+            sender.take();
+        }
+    }
+}
+
+/// Meeting over mutual TLS: the controller binds `bind` and admits the other ranks; a rank
+/// joins `controller`.
+pub(crate) struct TlsRendezvous {
+    pub(crate) tls: Tls,
+    pub(crate) controller: ControllerAddr,
+    pub(crate) bind: SocketAddr,
+    pub(crate) bulk_cap: usize,
+}
+
+impl TlsRendezvous {
+    fn config(&self, silence: Duration) -> SessionConfig {
+        let mut cfg = SessionConfig::new(
+            self.tls.clone(),
+            Caps { control: CONTROL_CAP, bulk: self.bulk_cap },
+        );
+        cfg.silence = silence;
+        cfg.heartbeat = (silence / 5).min(SessionConfig::HEARTBEAT);
+        cfg
+    }
+}
+
+fn net(what: &'static str) -> impl FnOnce(NetError) -> Error {
+    move |source| Error::Net { what, source }
+}
+
+impl Rendezvous for TlsRendezvous {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn accept(
+        &self,
+        run: [u8; 32],
+        world: usize,
+        wait: Duration,
+        silence: Duration,
+    ) -> Result<Connections> {
+        let controller = Controller::bind(self.bind, run, world, self.config(silence))
+            .map_err(net("binding the controller"))?;
+        tracing::info!(addr = %controller.local_addr(), world, "controller waiting for ranks");
+        let deadline = Instant::now() + wait;
+        let mut joined: Vec<Option<Arc<dyn Frames>>> = (0..world).map(|_| None).collect();
+        loop {
+            let missing: Vec<usize> = (1..world).filter(|&r| joined[r].is_none()).collect();
+            if missing.is_empty() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::RanksMissing { missing, after: wait });
+            }
+            match controller.accept(left) {
+                Ok(session) => {
+                    let rank = session.rank();
+                    match joined.get_mut(rank) {
+                        Some(slot @ None) if rank != 0 => {
+                            *slot = Some(SessionFrames::shared(session))
+                        }
+                        // The controller admits each rank once; anything else is dropped.
+                        _ => tracing::warn!(rank, "an unexpected session was dropped"),
+                    }
+                }
+                Err(NetError::Timeout(_)) => {}
+                Err(e) => return Err(net("admitting ranks")(e)),
+            }
+        }
+        Ok(joined.into_iter().enumerate().filter_map(|(r, f)| f.map(|f| (r, f))).collect())
+    }
+
+    fn join(
+        &self,
+        run: [u8; 32],
+        rank: usize,
+        world: usize,
+        wait: Duration,
+        silence: Duration,
+    ) -> Result<Arc<dyn Frames>> {
+        let hello = Hello::new(run, rank, world);
+        let session = flodl_cluster::join(&self.controller, hello, self.config(silence), wait)
+            .map_err(net("joining the controller"))?;
+        Ok(SessionFrames::shared(session))
+    }
+}
