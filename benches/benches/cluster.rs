@@ -6,6 +6,11 @@
 //! - `cpu_snapshot_round_trip`: one 235k-parameter f32 snapshot (940 KB) from a rank to the
 //!   controller and back; throughput counts both directions' bytes.
 //!
+//! - `*_cputime`: the same transfers timed by the CPU time the whole process consumed (all
+//!   threads, user and system, from `/proc/self/stat`), so the figure is bytes per CPU-second,
+//!   comparable whatever else the machine runs; with two free cores (sender and receiver in
+//!   parallel) the wall-clock rate can reach up to twice it. Left out where `/proc` is missing.
+//!
 //! Both sides run in this process, each on its own runtime, over 127.0.0.1.
 
 use std::thread;
@@ -13,7 +18,32 @@ use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use flodl_benches::{Unit, bench_name, criterion_config};
-use flodl_cluster::{Caps, Controller, ControllerAddr, Hello, JobKeys, Lane, Session, SessionConfig, Tls, join};
+use flodl_cluster::{
+    Caps, Controller, ControllerAddr, Hello, JobKeys, Lane, Session, SessionConfig, Tls, join,
+};
+
+/// CPU time (user + system, all threads) this process has consumed, from `/proc/self/stat`.
+fn process_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // The kernel reports clock ticks of 1/100 s on every Linux configuration flodl targets.
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Runs `iters` transfers made by `run` on copies of `input`, returning the CPU time they took
+/// (the copies are made outside the measured span).
+fn cpu_time_of(iters: u64, input: &[u8], mut run: impl FnMut(Vec<u8>)) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let copy = input.to_vec();
+        let before = process_cpu_time().unwrap_or_default();
+        run(copy);
+        total += process_cpu_time().unwrap_or_default().saturating_sub(before);
+    }
+    total
+}
 
 const WAIT: Duration = Duration::from_secs(30);
 const BULK: usize = 100_000_000;
@@ -23,9 +53,14 @@ const SNAPSHOT: usize = 235_000 * 4;
 fn pair() -> (Session, Session, Controller, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let files = JobKeys::generate(dir.path(), &["127.0.0.1".to_string()]).expect("job keys");
-    let cfg = SessionConfig::new(Tls::load(&files).expect("TLS"), Caps { control: 1 << 20, bulk: 2 * BULK });
+    let cfg = SessionConfig::new(
+        Tls::load(&files).expect("TLS"),
+        Caps { control: 1 << 20, bulk: 2 * BULK },
+    );
     let run = [1u8; 32];
-    let controller = Controller::bind("127.0.0.1:0".parse().expect("an address"), run, 1, cfg.clone()).expect("bind");
+    let controller =
+        Controller::bind("127.0.0.1:0".parse().expect("an address"), run, 1, cfg.clone())
+            .expect("bind");
     let addr = ControllerAddr { host: "127.0.0.1".into(), port: controller.local_addr().port() };
     let joiner = thread::spawn(move || join(&addr, Hello::new(run, 0, 1), cfg, WAIT));
     let at_controller = controller.accept(WAIT).expect("accept");
@@ -50,20 +85,59 @@ fn cluster(c: &mut Criterion) {
         )
     });
 
+    if process_cpu_time().is_some() {
+        group.bench_function(
+            BenchmarkId::new(bench_name("cpu", "bulk_cputime", Unit::Bytes), "100MB"),
+            |b| {
+                b.iter_custom(|iters| {
+                    cpu_time_of(iters, &frame, |frame| {
+                        at_rank.send(Lane::Bulk, frame, WAIT).expect("send");
+                        at_controller.recv(WAIT).expect("recv");
+                    })
+                })
+            },
+        );
+    }
+
     let snapshot = vec![0x3cu8; SNAPSHOT];
     group.throughput(Unit::Bytes.throughput(2 * SNAPSHOT as u64));
-    group.bench_function(BenchmarkId::new(bench_name("cpu", "snapshot_round_trip", Unit::Bytes), "940KB"), |b| {
-        b.iter_batched(
-            || snapshot.clone(),
-            |snapshot| {
-                at_rank.send(Lane::Bulk, snapshot, WAIT).expect("send");
-                let at_controller_side = at_controller.recv(WAIT).expect("recv");
-                at_controller.send(Lane::Bulk, at_controller_side, WAIT).expect("send back");
-                at_rank.recv(WAIT).expect("recv back")
+    group.bench_function(
+        BenchmarkId::new(bench_name("cpu", "snapshot_round_trip", Unit::Bytes), "940KB"),
+        |b| {
+            b.iter_batched(
+                || snapshot.clone(),
+                |snapshot| {
+                    at_rank.send(Lane::Bulk, snapshot, WAIT).expect("send");
+                    let at_controller_side = at_controller.recv(WAIT).expect("recv");
+                    at_controller.send(Lane::Bulk, at_controller_side, WAIT).expect("send back");
+                    at_rank.recv(WAIT).expect("recv back")
+                },
+                BatchSize::PerIteration,
+            )
+        },
+    );
+    if process_cpu_time().is_some() {
+        group.bench_function(
+            BenchmarkId::new(
+                bench_name("cpu", "snapshot_round_trip_cputime", Unit::Bytes),
+                "940KB",
+            ),
+            |b| {
+                b.iter_custom(|iters| {
+                    // Ticks are 10 ms: time the whole batch at once.
+                    let copies: Vec<Vec<u8>> = (0..iters).map(|_| snapshot.clone()).collect();
+                    let before = process_cpu_time().unwrap_or_default();
+                    for copy in copies {
+                        at_rank.send(Lane::Bulk, copy, WAIT).expect("send");
+                        let back = at_controller.recv(WAIT).expect("recv");
+                        at_controller.send(Lane::Bulk, back, WAIT).expect("send back");
+                        at_rank.recv(WAIT).expect("recv back");
+                    }
+                    process_cpu_time().unwrap_or_default().saturating_sub(before)
+                })
             },
-            BatchSize::PerIteration,
-        )
-    });
+        );
+    }
     group.finish();
 }
 

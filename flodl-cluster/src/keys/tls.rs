@@ -94,7 +94,9 @@ impl Tls {
 /// ample, and it encrypts the bulk lane about a third faster than AES-256.
 fn provider() -> CryptoProvider {
     let mut provider = rustls::crypto::ring::default_provider();
-    provider.cipher_suites.sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     provider
 }
 
