@@ -7,7 +7,7 @@
 //!   controller and back; throughput counts both directions' bytes.
 //!
 //! - `*_cputime`: the same transfers timed by the CPU time the whole process consumed (all
-//!   threads, user and system, from `/proc/self/stat`), so the figure is bytes per CPU-second,
+//!   threads, from `/proc/self/task/*/schedstat`), so the figure is bytes per CPU-second,
 //!   comparable whatever else the machine runs; with two free cores (sender and receiver in
 //!   parallel) the wall-clock rate can reach up to twice it. Left out where `/proc` is missing.
 //!
@@ -22,14 +22,17 @@ use flodl_cluster::{
     Caps, Controller, ControllerAddr, Hello, JobKeys, Lane, Session, SessionConfig, Tls, join,
 };
 
-/// CPU time (user + system, all threads) this process has consumed, from `/proc/self/stat`.
+/// CPU time this process's live threads have consumed (nanosecond resolution, summed over
+/// `/proc/self/task/*/schedstat`; the runtimes' threads live as long as the sessions).
 fn process_cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // The kernel reports clock ticks of 1/100 s on every Linux configuration flodl targets.
-    Some(Duration::from_millis(ticks * 10))
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        // A thread may exit between the listing and the read: it no longer counts.
+        let Ok(stat) = std::fs::read_to_string(path) else { continue };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
 }
 
 /// Runs `iters` transfers made by `run` on copies of `input`, returning the CPU time they took
@@ -124,7 +127,6 @@ fn cluster(c: &mut Criterion) {
             ),
             |b| {
                 b.iter_custom(|iters| {
-                    // Ticks are 10 ms: time the whole batch at once.
                     let copies: Vec<Vec<u8>> = (0..iters).map(|_| snapshot.clone()).collect();
                     let before = process_cpu_time().unwrap_or_default();
                     for copy in copies {
