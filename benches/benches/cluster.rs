@@ -6,6 +6,11 @@
 //! - `cpu_snapshot_round_trip`: one 235k-parameter f32 snapshot (940 KB) from a rank to the
 //!   controller and back; throughput counts both directions' bytes.
 //!
+//! - `*_cputime`: the same transfers timed by the CPU time the whole process consumed (all
+//!   threads, from `/proc/self/task/*/schedstat`), so the figure is bytes per CPU-second,
+//!   comparable whatever else the machine runs; with two free cores (sender and receiver in
+//!   parallel) the wall-clock rate can reach up to twice it. Left out where `/proc` is missing.
+//!
 //! Both sides run in this process, each on its own runtime, over 127.0.0.1.
 
 use std::thread;
@@ -16,6 +21,32 @@ use flodl_benches::{Unit, bench_name, criterion_config};
 use flodl_cluster::{
     Caps, Controller, ControllerAddr, Hello, JobKeys, Lane, Session, SessionConfig, Tls, join,
 };
+
+/// CPU time this process's live threads have consumed (nanosecond resolution, summed over
+/// `/proc/self/task/*/schedstat`; the runtimes' threads live as long as the sessions).
+fn process_cpu_time() -> Option<Duration> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        // A thread may exit between the listing and the read: it no longer counts.
+        let Ok(stat) = std::fs::read_to_string(path) else { continue };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
+}
+
+/// Runs `iters` transfers made by `run` on copies of `input`, returning the CPU time they took
+/// (the copies are made outside the measured span).
+fn cpu_time_of(iters: u64, input: &[u8], mut run: impl FnMut(Vec<u8>)) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let copy = input.to_vec();
+        let before = process_cpu_time().unwrap_or_default();
+        run(copy);
+        total += process_cpu_time().unwrap_or_default().saturating_sub(before);
+    }
+    total
+}
 
 const WAIT: Duration = Duration::from_secs(30);
 const BULK: usize = 100_000_000;
@@ -57,6 +88,20 @@ fn cluster(c: &mut Criterion) {
         )
     });
 
+    if process_cpu_time().is_some() {
+        group.bench_function(
+            BenchmarkId::new(bench_name("cpu", "bulk_cputime", Unit::Bytes), "100MB"),
+            |b| {
+                b.iter_custom(|iters| {
+                    cpu_time_of(iters, &frame, |frame| {
+                        at_rank.send(Lane::Bulk, frame, WAIT).expect("send");
+                        at_controller.recv(WAIT).expect("recv");
+                    })
+                })
+            },
+        );
+    }
+
     let snapshot = vec![0x3cu8; SNAPSHOT];
     group.throughput(Unit::Bytes.throughput(2 * SNAPSHOT as u64));
     group.bench_function(
@@ -74,6 +119,27 @@ fn cluster(c: &mut Criterion) {
             )
         },
     );
+    if process_cpu_time().is_some() {
+        group.bench_function(
+            BenchmarkId::new(
+                bench_name("cpu", "snapshot_round_trip_cputime", Unit::Bytes),
+                "940KB",
+            ),
+            |b| {
+                b.iter_custom(|iters| {
+                    let copies: Vec<Vec<u8>> = (0..iters).map(|_| snapshot.clone()).collect();
+                    let before = process_cpu_time().unwrap_or_default();
+                    for copy in copies {
+                        at_rank.send(Lane::Bulk, copy, WAIT).expect("send");
+                        let back = at_controller.recv(WAIT).expect("recv");
+                        at_controller.send(Lane::Bulk, back, WAIT).expect("send back");
+                        at_rank.recv(WAIT).expect("recv back");
+                    }
+                    process_cpu_time().unwrap_or_default().saturating_sub(before)
+                })
+            },
+        );
+    }
     group.finish();
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -22,8 +22,9 @@ use crate::wire::{HANDSHAKE_MAX, Message, PROTOCOL, codec};
 /// A connection in its handshake.
 type Handshaking = Framed<TlsStream<TcpStream>, LengthDelimitedCodec>;
 
-/// Handshakes in progress at once; further connections are dropped until one finishes.
-const MAX_HANDSHAKES: usize = 64;
+/// Handshakes in progress at once; further connections wait in the listen backlog until one
+/// finishes (each is bounded by the handshake deadline, so intruders can delay joins, not stop them).
+const MAX_HANDSHAKES: usize = 256;
 
 /// The server side of a job's control plane: it listens, admits each rank's two lanes (mutual TLS,
 /// then a hello that must match this run) and hands out one [`Session`] per rank.
@@ -58,7 +59,7 @@ enum Step {
     /// The first lane of a join, held for the other.
     Held { rank: usize, token: u64 },
     /// Both lanes of a join.
-    Complete { rank: usize, token: u64, lanes: [Handshaking; 2] },
+    Complete { rank: usize, token: u64, lanes: Box<[Handshaking; 2]> },
 }
 
 impl Controller {
@@ -135,6 +136,14 @@ impl Drop for Controller {
 async fn listen(listener: TcpListener, admission: Arc<Admission>, cancel: CancellationToken) {
     let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     loop {
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
         let accepted = tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
@@ -149,28 +158,31 @@ async fn listen(listener: TcpListener, admission: Arc<Admission>, cancel: Cancel
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection dropped: {MAX_HANDSHAKES} handshakes already in progress");
-            continue;
-        };
         let _ = tcp.set_nodelay(true);
         let (admission, cancel) = (admission.clone(), cancel.clone());
         tokio::spawn(async move {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {}
-                _ = admit(tcp, peer, &admission) => {}
+                _ = admit(tcp, peer, &admission, permit) => {}
             }
-            drop(permit);
         });
     }
 }
 
-/// Runs one connection's handshake under the deadline and acts on where it got to.
-async fn admit(tcp: TcpStream, peer: SocketAddr, admission: &Admission) {
+/// Runs one connection's handshake under the deadline (holding one of the handshake slots) and
+/// acts on where it got to.
+async fn admit(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    admission: &Admission,
+    slot: OwnedSemaphorePermit,
+) {
     let limit = admission.cfg.handshake;
     let deadline = Instant::now() + limit;
-    let step = match tokio::time::timeout_at(deadline, handshake(tcp, peer, admission)).await {
+    let step = tokio::time::timeout_at(deadline, handshake(tcp, peer, admission)).await;
+    drop(slot);
+    let step = match step {
         Err(_) => {
             tracing::warn!(%peer, "connection dropped: no TLS handshake and hello within {limit:?}");
             return;
@@ -191,7 +203,7 @@ async fn admit(tcp: TcpStream, peer: SocketAddr, admission: &Admission) {
         }
         Step::Complete { rank, token, mut lanes } => {
             let welcomed = tokio::time::timeout_at(deadline, async {
-                for lane in &mut lanes {
+                for lane in lanes.iter_mut() {
                     lane.send(Message::Welcome.encode()).await?;
                 }
                 Ok::<(), std::io::Error>(())
@@ -205,7 +217,7 @@ async fn admit(tcp: TcpStream, peer: SocketAddr, admission: &Admission) {
                 admission.registry.release(rank, token);
                 return;
             }
-            let conns = lanes.map(|framed| {
+            let conns = (*lanes).map(|framed| {
                 let parts = framed.into_parts();
                 Conn { stream: parts.io, leftover: parts.read_buf }
             });
@@ -255,7 +267,9 @@ async fn handshake(
             Step::Refused
         }
         Offer::Held => Step::Held { rank, token: hello.token },
-        Offer::Complete(lanes) => Step::Complete { rank, token: hello.token, lanes },
+        Offer::Complete(lanes) => {
+            Step::Complete { rank, token: hello.token, lanes: Box::new(lanes) }
+        }
     })
 }
 

@@ -14,10 +14,8 @@ proptest! {
     #[test]
     fn any_bytes_decode_to_a_message_or_an_error(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         // Never a panic; a hello always decodes to something it encodes back to.
-        if let Ok(message) = Message::decode(BytesMut::from(&bytes[..])) {
-            if let Message::Hello(_) = message {
-                prop_assert_eq!(message.encode(), Bytes::from(bytes));
-            }
+        if let Ok(message @ Message::Hello(_)) = Message::decode(BytesMut::from(&bytes[..])) {
+            prop_assert_eq!(message.encode(), Bytes::from(bytes));
         }
     }
 

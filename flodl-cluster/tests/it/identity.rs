@@ -7,11 +7,14 @@ use flodl_cluster::{ControllerAddr, Identity, IdentityError, Launcher};
 
 use crate::support::TestResult;
 
+/// The fields of an expected identity: rank, world, local rank, host, port, launcher.
+type Want = (usize, usize, usize, &'static str, u16, Launcher);
+
 /// One environment and what it must give.
 struct Case {
     name: &'static str,
     vars: &'static [(&'static str, &'static str)],
-    want: Result<Option<(usize, usize, usize, &'static str, u16, Launcher)>, IdentityError>,
+    want: Result<Option<Want>, IdentityError>,
 }
 
 fn read(vars: &[(&str, &str)]) -> Result<Option<Identity>, IdentityError> {

@@ -10,7 +10,7 @@ use crate::support::{CAPS, TestResult, WAIT, config, controller, joined, keys};
 /// The i-th frame of the order test: small on control, large on bulk, tagged with `i`.
 fn frame(i: u32) -> (Lane, Vec<u8>) {
     let tag = i.to_le_bytes();
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         (Lane::Control, tag.to_vec())
     } else {
         let len = 256 * 1024 + (i as usize % 7) * 100_000;

@@ -32,3 +32,40 @@ fn frames_travel_both_ways_on_both_lanes() -> TestResult {
         other => Err(format!("expected Gone after the rank closed, got {other:?}").into()),
     }
 }
+
+/// A session's halves (and the session itself) may be used from several threads.
+fn shareable<T: Send + Sync>(_: &T) {}
+
+#[test]
+fn split_halves_work_from_two_threads() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(&keys(dir.path())?)?;
+    let server = controller(&cfg, 1)?;
+    let (at_controller, at_rank) = joined(&server, &cfg, 0, 1)?;
+    shareable(&at_controller);
+    let (to_rank, from_rank) = at_controller.split();
+    shareable(&to_rank);
+    shareable(&from_rank);
+    // The controller echoes from one thread while another sends; the rank checks the echoes.
+    let echo = std::thread::spawn(move || -> Result<(), NetError> {
+        for _ in 0..100 {
+            let frame = from_rank.recv(WAIT)?;
+            let lane = if frame.len() > 100 { Lane::Bulk } else { Lane::Control };
+            to_rank.send(lane, frame, WAIT)?;
+        }
+        Ok(())
+    });
+    for i in 0..100u32 {
+        let frame =
+            if i.is_multiple_of(4) { vec![i as u8; 5000] } else { i.to_le_bytes().to_vec() };
+        at_rank.send(if frame.len() > 100 { Lane::Bulk } else { Lane::Control }, frame, WAIT)?;
+    }
+    for i in 0..100u32 {
+        let want = if i.is_multiple_of(4) { vec![i as u8; 5000] } else { i.to_le_bytes().to_vec() };
+        if at_rank.recv(WAIT)? != want {
+            return Err(format!("echo {i} garbled or out of order").into());
+        }
+    }
+    echo.join().map_err(|_| "the echo thread panicked")??;
+    Ok(())
+}

@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// The i-th frame: its lane is its first byte; bulk ones are large.
 fn frame(i: u32) -> (Lane, Vec<u8>) {
-    let lane = if i % 3 == 0 { Lane::Bulk } else { Lane::Control };
+    let lane = if i.is_multiple_of(3) { Lane::Bulk } else { Lane::Control };
     let len = if lane == Lane::Bulk { 64 * 1024 } else { 16 };
     let mut bytes = vec![(i % 200) as u8; len];
     bytes[0] = lane.index() as u8;
