@@ -69,6 +69,7 @@ mod state;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 pub use contract::{Batch, BatchEval, FailingReplica, Failure, Replica, ReplicaContext};
+pub use control::breakdown::{Activity, Straggler, TimeBreakdown, straggler};
 pub use control::dispatch::{Chunk, Cutting, Dispatcher};
 pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
 pub use control::eval_rank::EvalRank;

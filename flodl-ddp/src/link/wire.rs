@@ -233,7 +233,16 @@ mod tests {
         let request = Some(CaptureRequest { model: true });
         let mut scalars = BTreeMap::new();
         scalars.insert("grad_norm".to_string(), (2.5, 3));
-        let work = WorkTally { batches: 5, samples: 320, loss_sum: 1.25, compute_ms: 9.5, scalars };
+        let mut time = crate::control::breakdown::TimeBreakdown::default();
+        time.add(crate::control::breakdown::Activity::Compute, 9.5);
+        let work = WorkTally {
+            batches: 5,
+            samples: 320,
+            loss_sum: 1.25,
+            compute_ms: 9.5,
+            time: time.closed(12.25),
+            scalars,
+        };
         let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
         let to_rank = vec![
             ToWorker::Init { state: state(), restore: Some(Box::new(restore)) },
