@@ -12,6 +12,7 @@ mod record;
 mod report;
 mod resume;
 mod run_dir;
+mod swimlane;
 mod train;
 
 use std::path::Path;

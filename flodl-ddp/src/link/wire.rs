@@ -119,7 +119,8 @@ pub(crate) enum ToCoordinator {
     Ready { rank: usize, shapes: Vec<Vec<usize>>, initial: Option<HostState> },
     /// A chunk is done.
     ChunkDone { rank: usize, chunk: Chunk, work: WorkTally },
-    /// The rank is ready for the reduce of `round` (steps and compute ms since the last reduce).
+    /// The rank is ready for the reduce of `round` (steps and training ms since the last reduce:
+    /// its steps with their batches' fetch and upload, the pace ElChe sizes windows by).
     /// `works` counts the chunks the rank has received so far (an `Idle` report is stale when
     /// more were sent).
     Progress { rank: usize, round: u64, steps: usize, wall_ms: f64, why: Readiness, works: u64 },

@@ -827,6 +827,10 @@ impl<'a> RankLoop<'a> {
         let compute_ms = trained.map_or(0.0, |(_, ms)| ms);
         self.ledger.charge_ms(Activity::Compute, compute_ms);
         self.ledger.charge_ms(Activity::Data, call_ms - compute_ms);
+        // The window's pace is the whole call, the batch's fetch and upload with its step: a
+        // pace of compute alone gives a rank that fetches on its critical path more batches
+        // than it trains in the anchor's time, and the anchor waits for it at every reduce.
+        self.win.wall_ms += call_ms;
         let Some((loss, ms)) = trained else {
             // A prefetched batch not ready yet: the run loop services the link and comes back.
             return self.heartbeat();
@@ -845,7 +849,6 @@ impl<'a> RankLoop<'a> {
             self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work })?;
         }
         self.win.steps += 1;
-        self.win.wall_ms += ms;
         if self.win.reported.is_none()
             && self.win.window.is_reached(self.win.steps, self.win.wall_ms)
         {
