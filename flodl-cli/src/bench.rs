@@ -227,7 +227,9 @@ pub(crate) fn markdown(report: &BenchReport) -> String {
         }
         out.push('\n');
     }
-    out.push_str("\nActivity columns: per rank (rank 0 / rank 1 / ...), the share of its training wall.\n");
+    out.push_str(
+        "\nActivity columns: per rank (rank 0 / rank 1 / ...), the share of its training wall.\n",
+    );
     out
 }
 
@@ -267,7 +269,9 @@ mod tests {
         assert!(table[2].contains("97.50%") && table[2].contains("| – |"));
         // compute, data, reduce, waiting: rank 0 9 of 10 ms computing, rank 1 6 of 8.
         assert!(
-            table[3].contains("| 100 | 1.50 | 90.0% / 75.0% | 0.0% / 0.0% | 0.0% / 0.0% | 10.0% / 25.0% |"),
+            table[3].contains(
+                "| 100 | 1.50 | 90.0% / 75.0% | 0.0% / 0.0% | 0.0% / 0.0% | 10.0% / 25.0% |"
+            ),
             "{}",
             table[3]
         );

@@ -170,7 +170,9 @@ fn held_back(html: &mut String, s: &Summary) {
     let Some(Straggler { rank, activity, share, others_waiting }) = s.held_back else { return };
     let device = s.devices.get(rank).map_or(String::new(), |d| format!(" ({d})"));
     let why = match activity {
-        Activity::Compute => format!("it is the slowest at computing ({:.1}% of its wall)", share * 100.0),
+        Activity::Compute => {
+            format!("it is the slowest at computing ({:.1}% of its wall)", share * 100.0)
+        }
         a => format!("it lost {:.1}% of its wall to {a}", share * 100.0),
     };
     let _ = write!(
@@ -481,7 +483,9 @@ mod tests {
         summary.held_back = flodl_ddp::straggler(&times);
         let html = render(&summary, &lines);
         assert!(
-            html.contains("Held the run back most: <b>rank 1 (cpu)</b>: it lost 10.0% of its wall to data"),
+            html.contains(
+                "Held the run back most: <b>rank 1 (cpu)</b>: it lost 10.0% of its wall to data"
+            ),
             "{}",
             html.split("<h2>Rank activity").next().unwrap_or_default()
         );

@@ -34,7 +34,11 @@ pub(crate) fn colour(activity: Activity) -> &'static str {
 
 /// The swimlane of a run: `epochs` as (end in seconds since training started, metrics),
 /// `reduces` as their completion times in seconds, `names` the lanes' labels by rank.
-pub(crate) fn swimlane(epochs: &[(f64, &EpochMetrics)], reduces: &[f64], names: &[String]) -> String {
+pub(crate) fn swimlane(
+    epochs: &[(f64, &EpochMetrics)],
+    reduces: &[f64],
+    names: &[String],
+) -> String {
     let world = names.len().max(epochs.iter().map(|(_, e)| e.ranks.len()).max().unwrap_or(0));
     let height = MARGIN_TOP + world as f64 * (LANE + GAP) + BOTTOM;
     let mut svg = String::new();
@@ -195,22 +199,31 @@ mod tests {
     /// stretch; one tick per reduce inside the run.
     #[test]
     fn lanes_fill_each_epoch_in_proportion() -> Result<(), String> {
-        let (a, b) = (epoch(0, &[[750.0, 250.0], [1000.0, 0.0]]), epoch(1, &[[500.0, 500.0], [0.0, 0.0]]));
+        let (a, b) =
+            (epoch(0, &[[750.0, 250.0], [1000.0, 0.0]]), epoch(1, &[[500.0, 500.0], [0.0, 0.0]]));
         let epochs = [(1.0, &a), (2.0, &b)];
         let names = vec!["rank 0 <cpu>".to_owned(), "rank 1".to_owned()];
         let svg = swimlane(&epochs, &[0.5, 1.5, 9.0], &names);
-        let rects: Vec<&str> = svg.split("<rect x=").skip(1).filter(|r| r.contains("<title>rank")).collect();
-        if rects.len() != 5 || svg.matches("<line x1").count() != 3 || !svg.contains("&lt;cpu&gt;") {
+        let rects: Vec<&str> =
+            svg.split("<rect x=").skip(1).filter(|r| r.contains("<title>rank")).collect();
+        if rects.len() != 5 || svg.matches("<line x1").count() != 3 || !svg.contains("&lt;cpu&gt;")
+        {
             return Err(svg);
         }
         let width = |r: &str| -> f64 {
-            r.split("width=\"").nth(1).and_then(|w| w.split('"').next()).and_then(|w| w.parse().ok()).unwrap_or(-1.0)
+            r.split("width=\"")
+                .nth(1)
+                .and_then(|w| w.split('"').next())
+                .and_then(|w| w.parse().ok())
+                .unwrap_or(-1.0)
         };
         // Epoch 1, rank 0: 3/4 compute and 1/4 data of the same stretch.
         if (width(rects[0]) - 3.0 * width(rects[1])).abs() > 0.05 {
             return Err(format!("{} vs {}", width(rects[0]), width(rects[1])));
         }
-        if swimlane(&[], &[], &[]).contains("<rect x=\"1") || !swimlane(&[], &[], &names).contains("no data") {
+        if swimlane(&[], &[], &[]).contains("<rect x=\"1")
+            || !swimlane(&[], &[], &names).contains("no data")
+        {
             return Err("an empty run draws lanes".into());
         }
         Ok(())

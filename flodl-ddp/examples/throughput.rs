@@ -267,8 +267,7 @@ fn round(
             train("solo rank0", 1, Policy::Sync, Backend::Collective, vec![1.0], args, data)?;
         report(&fast, args.json, Some(34_000.0));
         let name = format!("solo rank1 (x{})", args.slow);
-        let slow =
-            train(&name, 1, Policy::Sync, Backend::Collective, vec![args.slow], args, data)?;
+        let slow = train(&name, 1, Policy::Sync, Backend::Collective, vec![args.slow], args, data)?;
         report(&slow, args.json, None);
         solo = [Some(fast.state.throughput()), Some(slow.state.throughput())];
     }
@@ -290,7 +289,8 @@ fn round(
             let run = train(&name, 2, p, b, vec![1.0, args.slow], args, data)?;
             report(&run, args.json, target);
             if let [Some(a), Some(c)] = solo {
-                let slow = breakdowns(&run.state).get(1).map_or(f64::NAN, |t| t.non_compute_share());
+                let slow =
+                    breakdowns(&run.state).get(1).map_or(f64::NAN, |t| t.non_compute_share());
                 figures[i] = Some((run.state.throughput() / (a + c), slow));
             }
         }

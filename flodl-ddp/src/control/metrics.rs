@@ -379,9 +379,14 @@ mod tests {
             t.closed(wall)
         };
         let mut tally = EpochTally::new(2);
-        for (rank, compute, data, wall) in [(0, 8.0, 1.0, 10.0), (0, 7.0, 0.5, 9.0), (1, 3.0, 6.0, 9.5)]
+        for (rank, compute, data, wall) in
+            [(0, 8.0, 1.0, 10.0), (0, 7.0, 0.5, 9.0), (1, 3.0, 6.0, 9.5)]
         {
-            let w = WorkTally { compute_ms: compute, time: span(compute, data, wall), ..Default::default() };
+            let w = WorkTally {
+                compute_ms: compute,
+                time: span(compute, data, wall),
+                ..Default::default()
+            };
             tally.add(rank, &w);
         }
         tally.add_time(1, Activity::Waiting, 9.5);

@@ -47,10 +47,8 @@ fn breakdown_sums_to_the_training_wall_in_every_mode() -> TestResult {
     let data = train_subset(2048);
     for policy in [Policy::Sync, Policy::Cadence, Policy::Async] {
         for backend in [Backend::Collective, Backend::Host] {
-            let state = trainer(policy, backend, data.clone())
-                .slowdown(vec![40.0, 60.0])
-                .run()?
-                .join()?;
+            let state =
+                trainer(policy, backend, data.clone()).slowdown(vec![40.0, 60.0]).run()?.join()?;
             let what = format!("{policy:?} {backend:?}");
             for (rank, t) in rank_totals(&state).iter().enumerate() {
                 let gap = (t.wall_ms() - state.train_ms).abs() / state.train_ms;
