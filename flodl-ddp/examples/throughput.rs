@@ -253,12 +253,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// A skew run's aggregate over (solo 0 + solo 1), and its slow rank's non-compute share.
+type SkewFigure = (f64, f64);
+
 /// One pass over the runs asked for; per skew mode, its aggregate over (solo 0 + solo 1) and
 /// its slow rank's non-compute share.
 fn round(
     args: &Args,
     data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
-) -> Result<Vec<Option<(f64, f64)>>, Box<dyn std::error::Error>> {
+) -> Result<Vec<Option<SkewFigure>>, Box<dyn std::error::Error>> {
     let mut figures = vec![None; args.modes.len()];
     let has = |r: &str| args.runs.iter().any(|x| x == r);
     let mut solo = [None, None];

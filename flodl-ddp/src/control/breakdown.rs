@@ -262,7 +262,8 @@ mod tests {
     #[test]
     fn straggler_is_the_rank_the_others_waited_for() -> Result<(), String> {
         // (ranks' parts, expected rank and activity)
-        let cases: Vec<(Vec<[f64; 7]>, Option<(usize, Activity)>)> = vec![
+        type Case = (Vec<[f64; 7]>, Option<(usize, Activity)>);
+        let cases: Vec<Case> = vec![
             // Rank 1 fetches slowly; rank 0 waits for it.
             (
                 vec![[50.0, 1.0, 2.0, 45.0, 0.0, 0.0, 2.0], [50.0, 45.0, 2.0, 1.0, 0.0, 0.0, 2.0]],
