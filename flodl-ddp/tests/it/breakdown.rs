@@ -60,7 +60,10 @@ fn breakdown_sums_to_the_training_wall_in_every_mode() -> TestResult {
                     .map(|r| r.compute_ms)
                     .sum();
                 assert!((compute - t.compute_ms).abs() < 1e-6 * compute.max(1.0), "{what}");
-                assert!(t.compute_ms > 0.5 * t.wall_ms(), "{what} rank {rank}: {t:?}");
+                // No share of compute is asserted: how long a rank waits for the other depends
+                // on the machine's load (tests of this binary run side by side).
+                let parts = Activity::ALL.map(|a| t.get(a));
+                assert!(t.compute_ms > 0.0 && parts.iter().all(|p| *p >= 0.0), "{what} {t:?}");
             }
         }
     }
