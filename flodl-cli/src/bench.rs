@@ -5,7 +5,7 @@ use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use flodl_ddp::{Backend, Policy};
+use flodl_ddp::{Activity, Backend, Policy, TimeBreakdown};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{BenchArgs, RunFlags};
@@ -33,8 +33,8 @@ pub(crate) struct Row {
     pub(crate) syncs: u64,
     /// Mean reduce time in milliseconds.
     pub(crate) avg_sync_ms: Option<f64>,
-    /// Per rank: fraction of the wall time not spent in training steps.
-    pub(crate) idle: Vec<f64>,
+    /// Per rank: where its training wall time went (all epochs summed).
+    pub(crate) time: Vec<TimeBreakdown>,
 }
 
 /// `bench.json`: the configuration and the rows.
@@ -155,15 +155,13 @@ fn row(mode: String, outcome: &Outcome) -> Row {
             Entry::Epoch(_) | Entry::Fault(_) => None,
         })
         .collect();
-    let idle = (0..outcome.spec.world())
+    let time = (0..outcome.spec.world())
         .map(|rank| {
-            let compute: f64 =
-                state.epochs.iter().filter_map(|e| e.ranks.get(rank)).map(|r| r.compute_ms).sum();
-            if state.train_ms > 0.0 {
-                (1.0 - compute / state.train_ms).clamp(0.0, 1.0)
-            } else {
-                0.0
+            let mut t = TimeBreakdown::default();
+            for r in state.epochs.iter().filter_map(|e| e.ranks.get(rank)) {
+                t.merge(&r.time);
             }
+            t
         })
         .collect();
     Row {
@@ -174,7 +172,7 @@ fn row(mode: String, outcome: &Outcome) -> Row {
         wall_s: state.train_ms / 1000.0,
         syncs: state.reduces,
         avg_sync_ms: (!sync.is_empty()).then(|| sync.iter().sum::<f64>() / sync.len() as f64),
-        idle,
+        time,
     }
 }
 
@@ -206,22 +204,34 @@ pub(crate) fn markdown(report: &BenchReport) -> String {
         "fdl bench, {}: {} epochs, batch {}, lr {} ({}), seed {}, slowdown {slowdown}\n",
         report.started_at, c.epochs, c.batch_size, c.lr, c.schedule, c.seed
     );
-    out.push_str("| mode | loss | eval | wall (s) | syncs | avg sync (ms) | idle per rank |\n");
-    out.push_str("|---|---|---|---|---|---|---|\n");
+    out.push_str("| mode | loss | eval | wall (s) | syncs | avg sync (ms) |");
+    for a in Activity::ALL {
+        let _ = write!(out, " {a} |");
+    }
+    out.push_str("\n|---|---|---|---|---|---|");
+    out.push_str(&"---|".repeat(Activity::ALL.len()));
+    out.push('\n');
     for r in &report.rows {
-        let idle: Vec<String> = r.idle.iter().map(|i| format!("{:.0}%", i * 100.0)).collect();
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "| {} | {} | {} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {:.1} | {} | {} |",
             r.mode,
             opt(r.loss, |l| format!("{l:.4}")),
             opt(r.eval_accuracy, |a| format!("{:.2}%", a * 100.0)),
             r.wall_s,
             r.syncs,
             opt(r.avg_sync_ms, |m| format!("{m:.2}")),
-            idle.join(" / ")
         );
+        for a in Activity::ALL {
+            let shares: Vec<String> =
+                r.time.iter().map(|t| format!("{:.1}%", t.share(a) * 100.0)).collect();
+            let _ = write!(out, " {} |", shares.join(" / "));
+        }
+        out.push('\n');
     }
+    out.push_str(
+        "\nActivity columns: per rank (rank 0 / rank 1 / ...), the share of its training wall.\n",
+    );
     out
 }
 
@@ -239,7 +249,15 @@ mod tests {
             wall_s: 12.345,
             syncs,
             avg_sync_ms: (syncs > 0).then_some(1.5),
-            idle: vec![0.1, 0.25],
+            time: [[9.0, 1.0], [6.0, 2.0]]
+                .iter()
+                .map(|[compute, waiting]| {
+                    let mut t = TimeBreakdown::default();
+                    t.add(Activity::Compute, *compute);
+                    t.add(Activity::Waiting, *waiting);
+                    t
+                })
+                .collect(),
         };
         let report = BenchReport {
             started_at: "2026-01-01T00:00:00Z".into(),
@@ -249,8 +267,15 @@ mod tests {
         let md = markdown(&report);
         let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(table.len(), 4);
-        assert!(table.iter().all(|l| l.matches('|').count() == 8));
+        assert!(table.iter().all(|l| l.matches('|').count() == 14));
         assert!(table[2].contains("97.50%") && table[2].contains("| – |"));
-        assert!(table[3].contains("| 100 | 1.50 | 10% / 25% |"));
+        // compute, data, reduce, waiting: rank 0 9 of 10 ms computing, rank 1 6 of 8.
+        assert!(
+            table[3].contains(
+                "| 100 | 1.50 | 90.0% / 75.0% | 0.0% / 0.0% | 0.0% / 0.0% | 10.0% / 25.0% |"
+            ),
+            "{}",
+            table[3]
+        );
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 /// Colours given to series in order (colour-blind friendly palette).
-const PALETTE: [&str; 8] =
+pub(crate) const PALETTE: [&str; 8] =
     ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#f0e442", "#000000"];
 
 const WIDTH: f64 = 560.0;
@@ -241,16 +241,16 @@ struct Bounds {
 
 /// An axis range widened to round tick values, and those ticks.
 #[derive(Debug, Clone)]
-struct Axis {
-    lo: f64,
-    hi: f64,
+pub(crate) struct Axis {
+    pub(crate) lo: f64,
+    pub(crate) hi: f64,
     step: f64,
-    ticks: Vec<f64>,
+    pub(crate) ticks: Vec<f64>,
 }
 
 impl Axis {
     /// About five ticks on 1-2-5 steps that cover `[min, max]`.
-    fn new(min: f64, max: f64) -> Self {
+    pub(crate) fn new(min: f64, max: f64) -> Self {
         let (min, max) = if max - min > f64::EPSILON * max.abs().max(1.0) {
             (min, max)
         } else {
@@ -273,7 +273,7 @@ impl Axis {
     }
 
     /// A tick label with as many decimals as the step needs.
-    fn label(&self, v: f64) -> String {
+    pub(crate) fn label(&self, v: f64) -> String {
         // The fewest decimals that show the step exactly (0.5 -> 1, 0.25 -> 2, 20 -> 0).
         let decimals = (0..=6)
             .find(|d| {

@@ -14,6 +14,7 @@ mod record;
 mod report;
 mod resume;
 mod run_dir;
+mod swimlane;
 mod tally;
 mod train;
 

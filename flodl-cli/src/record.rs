@@ -4,7 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use std::path::PathBuf;
 
-use flodl_ddp::{EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent, RunSpec};
+use flodl_ddp::{
+    EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent, RunSpec, Straggler, TimeBreakdown,
+};
 
 use crate::config::{RunOptions, TrainConfig};
 
@@ -78,6 +80,10 @@ pub(crate) struct Summary {
     pub(crate) avg_sync_ms: Option<f64>,
     /// Per-rank totals.
     pub(crate) ranks: Vec<RankSummary>,
+    /// The rank that held the run back most and what it lost its time to (flodl-ddp's
+    /// `straggler` over the ranks' breakdowns), when there are two ranks with time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) held_back: Option<Straggler>,
     /// The bundle the run resumed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) resumed_from: Option<PathBuf>,
@@ -110,6 +116,9 @@ pub(crate) struct RankSummary {
     /// Fraction of all samples done by this rank.
     pub(crate) share: f64,
     /// Fraction of the training wall time the rank spent outside training steps (waiting for
-    /// data, a reduce or the cohort), when known.
+    /// data, a reduce or the cohort), when known: from its breakdown when it has one.
     pub(crate) idle: Option<f64>,
+    /// Where its training wall time went, summed over the epochs.
+    #[serde(default)]
+    pub(crate) time: TimeBreakdown,
 }

@@ -4,10 +4,11 @@ use std::fmt::Write as _;
 
 use std::path::Path;
 
-use flodl_ddp::{EpochMetrics, FaultEvent, ReduceEvent};
+use flodl_ddp::{Activity, EpochMetrics, FaultEvent, ReduceEvent, Straggler};
 
 use crate::chart::{LineChart, Series, Style, escape};
 use crate::record::{Entry, Line, Summary};
+use crate::swimlane::{colour, swimlane};
 
 /// An epoch with the time it ended, in seconds since training started, and whether it was
 /// restored from a checkpoint.
@@ -99,6 +100,8 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     );
     key_figures(&mut html, summary);
     rank_table(&mut html, summary);
+    held_back(&mut html, summary);
+    activity_section(&mut html, summary, &timeline);
     chart_section(&mut html, &summary.devices, &timeline);
     epoch_table(&mut html, &timeline.epochs);
     resume_note(&mut html, summary.resumed_from.as_deref(), summary.epochs_restored);
@@ -108,6 +111,30 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     html
 }
 
+/// The per-rank swimlane of what each rank was doing over the run, with the reduces as ticks.
+fn activity_section(html: &mut String, summary: &Summary, timeline: &Timeline<'_>) {
+    let lanes: Vec<(f64, &EpochMetrics)> = timeline
+        .epochs
+        .iter()
+        .filter(|(_, _, restored)| !restored)
+        .map(|(t, e, _)| (*t, *e))
+        .collect();
+    let first = lanes.first().map_or(0.0, |(t, e)| t - e.epoch_ms / 1000.0).max(0.0);
+    let lanes: Vec<(f64, &EpochMetrics)> = lanes.iter().map(|(t, e)| (t - first, *e)).collect();
+    let ticks: Vec<f64> = timeline.reduces.iter().map(|(t, _)| t - first).collect();
+    let names: Vec<String> = (0..summary.devices.len().max(summary.ranks.len()))
+        .map(|r| match summary.devices.get(r) {
+            Some(d) => format!("rank {r} ({d})"),
+            None => format!("rank {r}"),
+        })
+        .collect();
+    let _ = write!(
+        html,
+        "<h2>Rank activity</h2><figure class=\"wide\">{}</figure>",
+        swimlane(&lanes, &ticks, &names)
+    );
+}
+
 /// The style sheet of the report (and of the live dashboard).
 pub(crate) const CSS: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}\
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}.meta{color:#555}\
@@ -115,7 +142,8 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px}.meta{color:#555}\
 .figure b{display:block;font-size:20px}.figure span{color:#666;font-size:12px}\
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}\
 th{background:#f4f4f4}td.l,th.l{text-align:left}\
-.charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;border:1px solid #eee}";
+.charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;border:1px solid #eee}\
+figure.wide{display:inline-block}.swatch{display:inline-block;width:10px;height:10px;margin-right:4px}";
 
 fn key_figures(html: &mut String, s: &Summary) {
     let acc = s.test.map_or("–".to_owned(), |t| format!("{:.2}%", t.accuracy * 100.0));
@@ -150,23 +178,56 @@ pub(crate) fn figure_cards(html: &mut String, figures: &[(&str, String)]) {
 }
 
 fn rank_table(html: &mut String, s: &Summary) {
-    html.push_str("<h2>Ranks</h2><table><tr><th>rank</th><th class=\"l\">device</th><th>slowdown</th><th>samples</th><th>samples/s</th><th>share</th><th>idle</th></tr>");
-    for r in &s.ranks {
-        let slowdown = s.config.slowdown.get(r.rank).map_or("1".to_owned(), |f| format!("{f}"));
-        let idle = r.idle.map_or("–".to_owned(), |i| format!("{:.1}%", i * 100.0));
+    html.push_str("<h2>Ranks</h2><table><tr><th>rank</th><th class=\"l\">device</th><th>slowdown</th><th>samples</th><th>samples/s</th><th>share</th>");
+    for a in Activity::ALL {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}%</td><td>{}</td></tr>",
+            "<th><span class=\"swatch\" style=\"background:{}\"></span>{a}</th>",
+            colour(a)
+        );
+    }
+    html.push_str("</tr>");
+    for r in &s.ranks {
+        let slowdown = s.config.slowdown.get(r.rank).map_or("1".to_owned(), |f| format!("{f}"));
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}%</td>",
             r.rank,
             escape(&r.device),
             escape(&slowdown),
             r.samples,
             r.samples_per_s,
             r.share * 100.0,
-            idle
         );
+        for a in Activity::ALL {
+            if r.time.wall_ms() > 0.0 {
+                let _ = write!(html, "<td>{:.1}%</td>", r.time.share(a) * 100.0);
+            } else {
+                html.push_str("<td>–</td>");
+            }
+        }
+        html.push_str("</tr>");
     }
-    html.push_str("</table>");
+    html.push_str("</table><p class=\"meta\">Per rank: the share of its training wall time spent in each activity.</p>");
+}
+
+/// The sentence naming the rank that held the run back most, and why.
+fn held_back(html: &mut String, s: &Summary) {
+    let Some(Straggler { rank, activity, share, others_waiting }) = s.held_back else { return };
+    let device = s.devices.get(rank).map_or(String::new(), |d| format!(" ({d})"));
+    let why = match activity {
+        Activity::Compute => {
+            format!("it is the slowest at computing ({:.1}% of its wall)", share * 100.0)
+        }
+        a => format!("it lost {:.1}% of its wall to {a}", share * 100.0),
+    };
+    let _ = write!(
+        html,
+        "<p class=\"held\">Held the run back most: <b>rank {rank}{}</b>: {}; the other ranks waited up to {:.1}% of theirs.</p>",
+        escape(&device),
+        escape(&why),
+        others_waiting * 100.0
+    );
 }
 
 /// The table of epochs: time, duration, losses, accuracy.
@@ -329,7 +390,15 @@ mod tests {
     use super::*;
     use crate::config::{RunOptions, TrainConfig};
     use crate::record::RankSummary;
-    use flodl_ddp::{EvalMetrics, FaultCause, FaultEvent, RankEpochMetrics};
+    use flodl_ddp::{EvalMetrics, FaultCause, FaultEvent, RankEpochMetrics, TimeBreakdown};
+
+    /// A rank's epoch: 900 ms computing, and `data` ms fetching (rank 1) or waiting (rank 0).
+    fn rank_time(rank: usize, data: f64) -> TimeBreakdown {
+        let mut t = TimeBreakdown::default();
+        t.add(Activity::Compute, 900.0);
+        t.add(if rank == 1 { Activity::Data } else { Activity::Waiting }, data);
+        t
+    }
 
     fn sample(epochs: usize, reduces_per_epoch: usize) -> (Summary, Vec<Line>) {
         let mut lines = Vec::new();
@@ -359,6 +428,7 @@ mod tests {
                     compute_ms: 900.0,
                     throughput: 111.0,
                     batch_share: 0.5,
+                    time: rank_time(r, 100.0),
                 })
                 .collect();
             let entry = Entry::Epoch(EpochMetrics {
@@ -409,8 +479,10 @@ mod tests {
                     samples_per_s: 50.0,
                     share: 0.5,
                     idle: Some(0.1),
+                    time: rank_time(r, 100.0),
                 })
                 .collect(),
+            held_back: None,
             resumed_from: None,
             epochs_restored: 0,
             checkpoint: None,
@@ -421,12 +493,14 @@ mod tests {
     }
 
     #[test]
-    fn report_has_six_charts_with_lines_and_escaped_name() {
+    fn report_has_six_charts_and_a_swimlane_with_lines_and_escaped_name() {
         for (epochs, reduces) in [(3, 4), (1, 0), (0, 0)] {
             let (summary, lines) = sample(epochs, reduces);
             let html = render(&summary, &lines);
-            assert_eq!(html.matches("<svg").count(), 6, "{epochs}/{reduces}");
-            assert_eq!(html.matches("</svg>").count(), 6);
+            assert_eq!(html.matches("<svg").count(), 7, "{epochs}/{reduces}");
+            assert_eq!(html.matches("</svg>").count(), 7);
+            // Two lanes per epoch, two activities each.
+            assert_eq!(html.matches("<title>rank ").count(), 4 * epochs, "{epochs}/{reduces}");
             assert!(html.contains("t&lt;1&gt;") && !html.contains("t<1>"));
             assert!(!html.contains("NaN") && !html.contains("inf"));
             if epochs > 1 && reduces > 0 {
@@ -474,6 +548,25 @@ mod tests {
             assert_eq!(thin.reduces.last().map(|(_, r)| r.round), newest);
             assert_eq!(thin.epochs.len(), all.epochs.len());
         }
+    }
+
+    /// The report names the rank that held the run back and the activity it lost its time
+    /// to (from the summary's ranks, by flodl-ddp's rule), and says nothing without one.
+    #[test]
+    fn report_names_the_rank_that_held_the_run_back() {
+        let (mut summary, lines) = sample(2, 1);
+        let times: Vec<TimeBreakdown> = summary.ranks.iter().map(|r| r.time).collect();
+        summary.held_back = flodl_ddp::straggler(&times);
+        let html = render(&summary, &lines);
+        assert!(
+            html.contains(
+                "Held the run back most: <b>rank 1 (cpu)</b>: it lost 10.0% of its wall to data"
+            ),
+            "{}",
+            html.split("<h2>Rank activity").next().unwrap_or_default()
+        );
+        summary.held_back = None;
+        assert!(!render(&summary, &lines).contains("Held the run back"));
     }
 
     fn death() -> FaultEvent {

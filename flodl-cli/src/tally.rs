@@ -79,6 +79,7 @@ mod tests {
                 compute_ms: 1.0,
                 throughput: 1.0,
                 batch_share: 0.5,
+                time: Default::default(),
             })
             .collect();
         EpochMetrics {

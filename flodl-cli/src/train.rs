@@ -9,7 +9,8 @@ use flodl_data::mnist::{self, Mnist, Split, Verify};
 use flodl_data::{Dataset, Subset};
 use flodl_ddp::checkpoint::SaveInterval;
 use flodl_ddp::{
-    Devices, FaultEvent, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec, TrainedState, Trainer,
+    Devices, FaultEvent, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec, TimeBreakdown,
+    TrainedState, Trainer,
 };
 use flodl_tensor::Device;
 
@@ -471,8 +472,17 @@ pub(crate) fn summarise(
         .enumerate()
         .map(|(rank, device)| {
             let of_rank = state.epochs.iter().filter_map(|e| e.ranks.get(rank));
-            let (samples, compute_ms) =
-                of_rank.fold((0, 0.0), |(s, c), r| (s + r.samples, c + r.compute_ms));
+            let (mut samples, mut compute_ms, mut time) = (0, 0.0, TimeBreakdown::default());
+            for r in of_rank {
+                samples += r.samples;
+                compute_ms += r.compute_ms;
+                time.merge(&r.time);
+            }
+            let idle = if time.wall_ms() > 0.0 {
+                Some(time.non_compute_share())
+            } else {
+                (train_ms > 0.0).then(|| (1.0 - compute_ms / train_ms).clamp(0.0, 1.0))
+            };
             RankSummary {
                 rank,
                 device: device.clone(),
@@ -483,10 +493,12 @@ pub(crate) fn summarise(
                     0.0
                 },
                 share: if total > 0 { samples as f64 / total as f64 } else { 0.0 },
-                idle: (train_ms > 0.0).then(|| (1.0 - compute_ms / train_ms).clamp(0.0, 1.0)),
+                idle,
+                time,
             }
         })
-        .collect();
+        .collect::<Vec<RankSummary>>();
+    let held_back = flodl_ddp::straggler(&ranks.iter().map(|r| r.time).collect::<Vec<_>>());
     let sync_ms: f64 = outcome
         .lines
         .iter()
@@ -511,6 +523,7 @@ pub(crate) fn summarise(
         syncs: state.reduces,
         avg_sync_ms: (reduce_lines > 0).then(|| sync_ms / reduce_lines as f64),
         ranks,
+        held_back,
         resumed_from: outcome.resumed_from.clone(),
         epochs_restored: outcome.restored,
         checkpoint: opts

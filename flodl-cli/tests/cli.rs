@@ -79,8 +79,8 @@ fn attr_values<'a>(svg: &'a str, attr: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// Checks the report's structure: six well-formed SVG charts with finite coordinates, no
-/// scripts and nothing loaded from the network.
+/// Checks the report's structure: six well-formed SVG charts and the ranks' swimlane with
+/// finite coordinates, no scripts and nothing loaded from the network.
 fn check_report(html: &str) -> Result {
     assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
     assert!(!html.contains("<script") && !html.contains("<link") && !html.contains("src="));
@@ -89,7 +89,8 @@ fn check_report(html: &str) -> Result {
         html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count()
     );
     let opens = html.matches("<svg").count();
-    assert_eq!(opens, 6, "charts");
+    assert_eq!(opens, 7, "charts and swimlane");
+    assert!(html.contains("<h2>Rank activity</h2>"));
     assert_eq!(html.matches("</svg>").count(), opens);
     let mut polylines = 0;
     for chunk in html.split("<svg").skip(1) {
@@ -107,7 +108,7 @@ fn check_report(html: &str) -> Result {
                 }
             }
         }
-        for attr in ["cx", "cy", "x1", "y1", "x2", "y2"] {
+        for attr in ["cx", "cy", "x1", "y1", "x2", "y2", "x", "width"] {
             for v in attr_values(svg, attr) {
                 assert!(v.parse::<f64>()?.is_finite(), "{attr}={v}");
             }
@@ -182,10 +183,17 @@ fn train_writes_a_run_directory_and_report_regenerates_it() -> Result {
     let acc = summary["test"]["accuracy"].as_f64().ok_or("test.accuracy")?;
     // 2 epochs on 1,536 images: far better than chance (10%).
     assert!(acc > 0.5, "accuracy {acc}");
+    let wall_ms = summary["train_wall_s"].as_f64().ok_or("train_wall_s")? * 1000.0;
     for r in summary["ranks"].as_array().ok_or("ranks")? {
         assert!(r["idle"].as_f64().is_some_and(|i| (0.0..=1.0).contains(&i)));
         assert!(r["samples"].as_u64().is_some_and(|s| s > 0));
+        // The breakdown accounts for the training wall (a short run: a few ms of scheduling
+        // noise are more than 1% of it).
+        let parts = ["compute", "data", "reduce", "waiting", "evaluation", "checkpoint", "other"];
+        let sum: f64 = parts.iter().filter_map(|p| r["time"][format!("{p}_ms")].as_f64()).sum();
+        assert!((sum - wall_ms).abs() < 0.05 * wall_ms + 5.0, "{sum} ms of {wall_ms} ms: {r}");
     }
+    assert!(summary["held_back"]["rank"].as_u64().is_some_and(|r| r < 2), "{summary}");
 
     let html = fs::read_to_string(run.join("report.html"))?;
     check_report(&html)?;
@@ -279,7 +287,7 @@ fn bench_writes_the_six_mode_table_after_the_solo_runs() -> Result {
     // Every mode also has a run directory with its own report.
     for slug in ["solo-0-cpu", "solo-1-cpu", "collective-sync", "host-async"] {
         let html = fs::read_to_string(out.join(slug).join("report.html"))?;
-        assert_eq!(html.matches("<svg").count(), 6, "{slug}");
+        assert_eq!(html.matches("<svg").count(), 7, "{slug}");
         let summary: Value =
             serde_json::from_str(&fs::read_to_string(out.join(slug).join("summary.json"))?)?;
         assert_eq!(summary["name"], slug);

@@ -3,22 +3,28 @@
 //! ```text
 //! cargo run --release -p flodl-ddp --example throughput -- [--epochs 5] [--slow 2.5]
 //!     [--runs solo,equal,skew] [--modes cadence-collective,...] [--lr 0.05]
-//!     [--lr-scale-ratio 0] [--max-anchor N] [--json]
+//!     [--lr-scale-ratio 0] [--max-anchor N] [--repeats 1] [--json]
 //! ```
 //!
 //! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10, batch 64 per rank, SGD lr 0.05
 //! momentum 0.9, one thread per rank. `solo` runs rank 0 alone (factor 1) and rank 1 alone
 //! (factor `--slow`); `equal` runs two equal ranks; `skew` runs two ranks with rank 1 slowed by
 //! `--slow`, and compares the aggregate with 0.9 × (solo 0 + solo 1) of the same invocation.
-//! Each line reports samples/s over the training wall time and the test accuracy after the
-//! last epoch; `--json` prints one JSON object per run instead.
+//! Each line reports samples/s over the training wall time, the test accuracy after the last
+//! epoch and each rank's time breakdown (compute, data, reduce, waiting, evaluation,
+//! checkpoint, other, as shares of its training wall); `--json` prints one JSON object per run
+//! instead. `--repeats N` runs the whole set N times round-robin (so a drift of the machine's
+//! load touches every run alike) and ends with, per skew mode, the median over the repeats of
+//! the aggregate over (solo 0 + solo 1) of the same repeat, and of the slow rank's non-compute
+//! share.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use flodl_data::{Dataset, Mnist, Split, Verify};
 use flodl_ddp::{
-    Backend, Devices, ElCheKnobs, Mlp, MlpConfig, Optimizer, Policy, TrainedState, Trainer,
+    Activity, Backend, Devices, ElCheKnobs, Mlp, MlpConfig, Optimizer, Policy, TimeBreakdown,
+    TrainedState, Trainer,
 };
 
 struct Args {
@@ -30,6 +36,7 @@ struct Args {
     lr: f32,
     lr_scale_ratio: f64,
     max_anchor: Option<usize>,
+    repeats: usize,
 }
 
 fn parse_mode(s: &str) -> Option<(Policy, Backend)> {
@@ -52,6 +59,7 @@ fn parse() -> Result<Args, String> {
         lr: 0.05,
         lr_scale_ratio: 0.0,
         max_anchor: None,
+        repeats: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -67,6 +75,9 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--json" => args.json = true,
+            "--repeats" => {
+                args.repeats = value()?.parse().map_err(|e| format!("--repeats: {e}"))?
+            }
             "--max-anchor" => {
                 args.max_anchor = Some(value()?.parse().map_err(|e| format!("--max-anchor: {e}"))?)
             }
@@ -119,8 +130,26 @@ fn train(
     Ok(Run { name: name.to_owned(), state })
 }
 
+/// Each rank's time over the run, all epochs summed.
+fn breakdowns(s: &TrainedState) -> Vec<TimeBreakdown> {
+    let ranks = s.epochs.iter().map(|e| e.ranks.len()).max().unwrap_or(0);
+    let mut out = vec![TimeBreakdown::default(); ranks];
+    for e in &s.epochs {
+        for r in &e.ranks {
+            out[r.rank].merge(&r.time);
+        }
+    }
+    out
+}
+
+/// A breakdown as shares in percent, in `Activity::ALL` order.
+fn shares_of(t: &TimeBreakdown) -> Vec<f64> {
+    Activity::ALL.iter().map(|&a| (t.share(a) * 1000.0).round() / 10.0).collect()
+}
+
 fn report(run: &Run, json: bool, target: Option<f64>) {
     let s = &run.state;
+    let time: Vec<Vec<f64>> = breakdowns(s).iter().map(shares_of).collect();
     let acc = s.final_eval().map_or(f64::NAN, |e| e.accuracy);
     let shares: Vec<f64> = s.epochs.last().map_or_else(Vec::new, |e| {
         e.ranks.iter().map(|r| (r.batch_share * 1000.0).round() / 1000.0).collect()
@@ -141,7 +170,7 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
     let compute: Vec<f64> = compute.iter().map(|k| (k * 10.0).round() / 10.0).collect();
     if json {
         println!(
-            "{{\"run\":\"{}\",\"samples_per_s\":{:.1},\"train_ms\":{:.1},\"test_accuracy\":{:.5},\"reduces\":{},\"shares\":{:?},\"rank_compute_ksps\":{:?},\"efficiency\":{:.3},\"target_samples_per_s\":{}}}",
+            "{{\"run\":\"{}\",\"samples_per_s\":{:.1},\"train_ms\":{:.1},\"test_accuracy\":{:.5},\"reduces\":{},\"shares\":{:?},\"rank_compute_ksps\":{:?},\"efficiency\":{:.3},\"target_samples_per_s\":{},\"time_pct\":{:?}}}",
             run.name,
             s.throughput(),
             s.train_ms,
@@ -150,7 +179,8 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
             shares,
             compute,
             efficiency,
-            target.map_or("null".to_owned(), |t| format!("{t:.1}"))
+            target.map_or("null".to_owned(), |t| format!("{t:.1}")),
+            time
         );
     } else {
         let verdict = target.map_or(String::new(), |t| {
@@ -168,6 +198,20 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
             efficiency,
             verdict
         );
+        if time.len() > 1 {
+            let names: Vec<&str> = Activity::ALL.iter().map(|a| a.name()).collect();
+            println!("{:<28} time % [{}] per rank {:?}", "", names.join(" "), time);
+        }
+    }
+}
+
+/// The median of `v` (NaN when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -177,22 +221,63 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let train_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Train, Verify::Skip)?);
     let test_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Test, Verify::Skip)?);
     let data = (&train_set, &test_set);
+    // Per skew mode: (aggregate / (solo 0 + solo 1), slow rank's non-compute share) per repeat.
+    let mut skew_figures: Vec<Vec<(f64, f64)>> = vec![Vec::new(); args.modes.len()];
+    for repeat in 0..args.repeats {
+        if args.repeats > 1 {
+            println!("-- repeat {}/{}", repeat + 1, args.repeats);
+        }
+        let figures = round(&args, data)?;
+        for (all, f) in skew_figures.iter_mut().zip(figures) {
+            all.extend(f);
+        }
+    }
+    if args.repeats > 1 {
+        for (&(p, b), figures) in args.modes.iter().zip(&skew_figures) {
+            if figures.is_empty() {
+                continue;
+            }
+            let ratio = median(figures.iter().map(|f| f.0).collect());
+            let slow = median(figures.iter().map(|f| f.1).collect());
+            println!(
+                "skew x{} {}-{}: median over {} repeats: aggregate / (solo 0 + solo 1) {:.3}, slow rank non-compute {:.1}%",
+                args.slow,
+                p.name(),
+                b.name(),
+                figures.len(),
+                ratio,
+                slow * 100.0
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A skew run's aggregate over (solo 0 + solo 1), and its slow rank's non-compute share.
+type SkewFigure = (f64, f64);
+
+/// One pass over the runs asked for; per skew mode, its aggregate over (solo 0 + solo 1) and
+/// its slow rank's non-compute share.
+fn round(
+    args: &Args,
+    data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
+) -> Result<Vec<Option<SkewFigure>>, Box<dyn std::error::Error>> {
+    let mut figures = vec![None; args.modes.len()];
     let has = |r: &str| args.runs.iter().any(|x| x == r);
     let mut solo = [None, None];
     if has("solo") || has("skew") {
         let fast =
-            train("solo rank0", 1, Policy::Sync, Backend::Collective, vec![1.0], &args, data)?;
+            train("solo rank0", 1, Policy::Sync, Backend::Collective, vec![1.0], args, data)?;
         report(&fast, args.json, Some(34_000.0));
         let name = format!("solo rank1 (x{})", args.slow);
-        let slow =
-            train(&name, 1, Policy::Sync, Backend::Collective, vec![args.slow], &args, data)?;
+        let slow = train(&name, 1, Policy::Sync, Backend::Collective, vec![args.slow], args, data)?;
         report(&slow, args.json, None);
         solo = [Some(fast.state.throughput()), Some(slow.state.throughput())];
     }
     if has("equal") {
         for &(p, b) in &args.modes {
             let name = format!("equal {}-{}", p.name(), b.name());
-            let run = train(&name, 2, p, b, vec![1.0, 1.0], &args, data)?;
+            let run = train(&name, 2, p, b, vec![1.0, 1.0], args, data)?;
             let target = (p == Policy::Cadence).then_some(60_000.0);
             report(&run, args.json, target);
         }
@@ -202,11 +287,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             [Some(a), Some(b)] => Some(0.9 * (a + b)),
             _ => None,
         };
-        for &(p, b) in &args.modes {
+        for (i, &(p, b)) in args.modes.iter().enumerate() {
             let name = format!("skew x{} {}-{}", args.slow, p.name(), b.name());
-            let run = train(&name, 2, p, b, vec![1.0, args.slow], &args, data)?;
+            let run = train(&name, 2, p, b, vec![1.0, args.slow], args, data)?;
             report(&run, args.json, target);
+            if let [Some(a), Some(c)] = solo {
+                let slow =
+                    breakdowns(&run.state).get(1).map_or(f64::NAN, |t| t.non_compute_share());
+                figures[i] = Some((run.state.throughput() / (a + c), slow));
+            }
         }
     }
-    Ok(())
+    Ok(figures)
 }

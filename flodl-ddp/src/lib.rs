@@ -95,6 +95,7 @@ pub use contract::{
     Batch, BatchEval, Capability, FailingReplica, Failure, Replica, ReplicaContext, TrainerOption,
     evaluate,
 };
+pub use control::breakdown::{Activity, Straggler, TimeBreakdown, straggler};
 pub use control::dispatch::{Chunk, Cutting, Dispatcher};
 pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
 pub use control::eval_rank::EvalRank;

@@ -284,6 +284,7 @@ pub(crate) mod tests {
                 compute_ms: 100.0,
                 throughput: samples as f64 * 10.0,
                 batch_share: 0.5,
+                time: Default::default(),
             })
             .collect();
         let eval =

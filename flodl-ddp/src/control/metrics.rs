@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::breakdown::{Activity, TimeBreakdown};
+
 /// Aggregated metrics of one epoch, emitted once every sample of the epoch has been trained.
 ///
 /// Serialises with serde; field names are stable (the CLI writes them to `metrics.jsonl`).
@@ -58,6 +60,11 @@ pub struct RankEpochMetrics {
     pub throughput: f64,
     /// Its fraction of the epoch's samples (the shares of all ranks sum to 1).
     pub batch_share: f64,
+    /// Where its wall time went: the time between two of its chunk reports counts for the
+    /// epoch of the later chunk, and the wait after its last chunk for the last epoch, so the
+    /// parts of all epochs sum to its training wall time.
+    #[serde(default)]
+    pub time: TimeBreakdown,
 }
 
 /// The result of evaluating the (averaged) model on a test dataset.
@@ -159,6 +166,7 @@ struct RankTally {
     samples: usize,
     loss_sum: f64,
     compute_ms: f64,
+    time: TimeBreakdown,
     scalars: BTreeMap<String, (f64, usize)>,
     // Of `batches` and `samples`, those of a dead rank that the consensus holds but that it
     // never reported (no loss, no compute time): left out of its means and throughput.
@@ -176,6 +184,10 @@ pub struct WorkTally {
     pub loss_sum: f64,
     /// Time in training steps, milliseconds (emulated slowdown included).
     pub compute_ms: f64,
+    /// Where the rank's time went since its previous report: a closed span, whose parts sum
+    /// to its wall.
+    #[serde(default)]
+    pub time: TimeBreakdown,
     /// User scalars as `name → (sum, count)`.
     pub scalars: BTreeMap<String, (f64, usize)>,
 }
@@ -203,10 +215,19 @@ impl EpochTally {
         t.samples += work.samples;
         t.loss_sum += work.loss_sum;
         t.compute_ms += work.compute_ms;
+        t.time.merge(&work.time);
         for (name, (sum, count)) in &work.scalars {
             let e = t.scalars.entry(name.clone()).or_insert((0.0, 0));
             e.0 += sum;
             e.1 += count;
+        }
+    }
+
+    /// Adds `ms` of `activity` to a rank's time (what the coordinator saw it do: the wait
+    /// after its last chunk of the run).
+    pub fn add_time(&mut self, rank: usize, activity: Activity, ms: f64) {
+        if let Some(t) = self.ranks.get_mut(rank) {
+            t.time.add(activity, ms);
         }
     }
 
@@ -234,6 +255,7 @@ impl EpochTally {
                 compute_ms: t.compute_ms,
                 throughput: ratio((t.samples - t.unreported.1) as f64 * 1000.0, t.compute_ms),
                 batch_share: ratio(t.samples as f64, samples as f64),
+                time: t.time,
             })
             .collect();
         let mut weighted: BTreeMap<String, (f64, f64)> = BTreeMap::new();
@@ -342,6 +364,43 @@ mod tests {
             || !close(r.batch_share, 50.0 / 70.0)
         {
             return Err(format!("bad metrics {m:?}"));
+        }
+        Ok(())
+    }
+
+    /// A rank's epoch time is the sum of its reports' spans plus what the coordinator adds,
+    /// and still sums to its wall part by part.
+    #[test]
+    fn epoch_time_sums_the_reported_spans() -> Result<(), String> {
+        let span = |compute: f64, data: f64, wall: f64| {
+            let mut t = TimeBreakdown::default();
+            t.add(Activity::Compute, compute);
+            t.add(Activity::Data, data);
+            t.closed(wall)
+        };
+        let mut tally = EpochTally::new(2);
+        for (rank, compute, data, wall) in
+            [(0, 8.0, 1.0, 10.0), (0, 7.0, 0.5, 9.0), (1, 3.0, 6.0, 9.5)]
+        {
+            let w = WorkTally {
+                compute_ms: compute,
+                time: span(compute, data, wall),
+                ..Default::default()
+            };
+            tally.add(rank, &w);
+        }
+        tally.add_time(1, Activity::Waiting, 9.5);
+        tally.add_time(7, Activity::Waiting, 1.0);
+        let m = tally.finish(0, 19.0, &[]);
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        let (a, b) = (&m.ranks[0].time, &m.ranks[1].time);
+        if !close(a.wall_ms(), 19.0)
+            || !close(a.other_ms, 2.5)
+            || !close(b.wall_ms(), 19.0)
+            || !close(b.waiting_ms, 9.5)
+            || !close(b.data_ms, 6.0)
+        {
+            return Err(format!("bad times {a:?} {b:?}"));
         }
         Ok(())
     }

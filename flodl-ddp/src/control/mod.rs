@@ -4,6 +4,7 @@
 //!
 //! The runtime calls these modules; each is tested on its own.
 
+pub mod breakdown;
 pub mod dispatch;
 pub mod elche;
 pub(crate) mod eval_rank;

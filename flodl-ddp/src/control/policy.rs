@@ -147,12 +147,12 @@ pub struct Window {
 }
 
 impl Window {
-    /// Whether a rank that trained `steps` batches in `compute_ms` of compute time in this
-    /// window is ready for the reduce: it reached `target`, or it trained at least one batch and
-    /// computed for `wall`.
-    pub fn is_reached(&self, steps: usize, compute_ms: f64) -> bool {
+    /// Whether a rank that trained `steps` batches in `train_ms` of training time in this
+    /// window (its steps with their batches' fetch and upload) is ready for the reduce: it
+    /// reached `target`, or it trained at least one batch and trained for `wall`.
+    pub fn is_reached(&self, steps: usize, train_ms: f64) -> bool {
         steps >= self.target
-            || (steps >= 1 && self.wall.is_some_and(|w| compute_ms >= w.as_secs_f64() * 1000.0))
+            || (steps >= 1 && self.wall.is_some_and(|w| train_ms >= w.as_secs_f64() * 1000.0))
     }
 }
 

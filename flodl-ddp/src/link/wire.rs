@@ -120,7 +120,8 @@ pub(crate) enum ToCoordinator {
     Ready { rank: usize, shapes: Vec<Vec<usize>>, initial: Option<HostState> },
     /// A chunk is done.
     ChunkDone { rank: usize, chunk: Chunk, work: WorkTally },
-    /// The rank is ready for the reduce of `round` (steps and compute ms since the last reduce).
+    /// The rank is ready for the reduce of `round` (steps and training ms since the last reduce:
+    /// its steps with their batches' fetch and upload, the pace ElChe sizes windows by).
     /// `works` counts the chunks the rank has received so far (an `Idle` report is stale when
     /// more were sent).
     Progress { rank: usize, round: u64, steps: usize, wall_ms: f64, why: Readiness, works: u64 },
@@ -234,7 +235,16 @@ mod tests {
         let request = Some(CaptureRequest { model: true });
         let mut scalars = BTreeMap::new();
         scalars.insert("grad_norm".to_string(), (2.5, 3));
-        let work = WorkTally { batches: 5, samples: 320, loss_sum: 1.25, compute_ms: 9.5, scalars };
+        let mut time = crate::control::breakdown::TimeBreakdown::default();
+        time.add(crate::control::breakdown::Activity::Compute, 9.5);
+        let work = WorkTally {
+            batches: 5,
+            samples: 320,
+            loss_sum: 1.25,
+            compute_ms: 9.5,
+            time: time.closed(12.25),
+            scalars,
+        };
         let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
         let to_rank = vec![
             ToWorker::Init { state: state(), restore: Some(Box::new(restore)), window },

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use flodl_tensor::{Stream, Tensor};
 
 use crate::checkpoint::{Checkpoint, SaveReason};
+use crate::control::breakdown::Activity;
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
 use crate::control::guard::{Guard, ReduceReport};
@@ -221,6 +222,9 @@ struct Held {
 struct Epochs {
     held: VecDeque<Held>,
     emitted: Vec<EpochMetrics>,
+    /// When each rank's last chunk report arrived: its wait from then to the end of training
+    /// counts for the last epoch (its own reports cover its time up to it).
+    reported: Vec<Option<Instant>>,
 }
 
 /// When the run started, its first chunk went out and its last epoch completed.
@@ -368,7 +372,7 @@ impl Coordinator {
             rounds: Rounds { round: 1, reduces: 0, global_step: 0, stalled: 0, last_sync_ms: 0.0 },
             reduce: Reduce::Idle,
             eval: Evaluation::Idle,
-            epochs: Epochs::default(),
+            epochs: Epochs { reported: vec![None; world], ..Epochs::default() },
             saves: Saves::default(),
             clock: Clock { start: Instant::now(), train_start: None, train_end: None },
             faults: Vec::new(),
@@ -574,6 +578,9 @@ impl Coordinator {
                 }
             }
             ToCoordinator::ChunkDone { rank, chunk, work } => {
+                if let Some(at) = self.epochs.reported.get_mut(rank) {
+                    *at = Some(Instant::now());
+                }
                 if self.dispatch.complete(rank, &chunk, &work)
                     && let Some(slot) = self.slots.get_mut(rank)
                 {
@@ -848,13 +855,21 @@ impl Coordinator {
 
     /// Moves complete epochs to the held queue and emits those that need nothing more.
     fn aggregate(&mut self) {
-        while let Some((epoch, tally, ms)) = self.dispatch.pop_complete() {
+        while let Some((epoch, mut tally, ms)) = self.dispatch.pop_complete() {
+            let last = self.dispatch.all_done();
+            if last {
+                let end = Instant::now();
+                self.clock.train_end = Some(end);
+                for rank in self.slots.live_ranks() {
+                    if let Some(Some(at)) = self.epochs.reported.get(rank) {
+                        let ms = end.saturating_duration_since(*at).as_secs_f64() * 1000.0;
+                        tally.add_time(rank, Activity::Waiting, ms);
+                    }
+                }
+            }
             let mut metrics = tally.finish(epoch, ms, &self.devices);
             metrics.at_ms = self.clock.at_ms();
             let awaiting_eval = self.cfg.evaluates(epoch);
-            if self.dispatch.all_done() {
-                self.clock.train_end = Some(Instant::now());
-            }
             self.epochs.held.push_back(Held { metrics, awaiting_eval });
         }
         self.emit_ready();

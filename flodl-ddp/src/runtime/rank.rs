@@ -13,6 +13,7 @@ use crate::contract::capability::{TrainerOption, require};
 use crate::contract::evaluation::EvalBatches;
 use crate::contract::replica::{Batch, Replica, ReplicaContext};
 use crate::contract::staging::{device_batch, upload};
+use crate::control::breakdown::Activity;
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::control::outer::{OuterOptimizer, easgd_blend};
 use crate::error::{Peer, RankFailure};
@@ -26,6 +27,7 @@ use crate::runtime::comm::{CommPlan, RankComm};
 use crate::runtime::divergence::{check_loss, check_parameters, check_snapshot};
 use crate::runtime::fault::{Group, Interrupted, is_group_fault};
 use crate::runtime::handle::panic_message;
+use crate::runtime::ledger::Ledger;
 use crate::runtime::prefetch::ChunkFeeds;
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
@@ -611,6 +613,8 @@ pub(crate) struct RankLoop<'a> {
     global_step: u64,
     /// Collective backend: the rank's current group.
     group: Group,
+    /// Where the rank's time went since its last chunk report (sent with the next one).
+    ledger: Ledger,
 }
 
 impl std::fmt::Debug for RankLoop<'_> {
@@ -681,6 +685,7 @@ impl<'a> RankLoop<'a> {
             last_sent: Cell::new(Instant::now()),
             global_step: 0,
             group,
+            ledger: Ledger::default(),
         }
     }
 
@@ -714,10 +719,25 @@ impl<'a> RankLoop<'a> {
             if training && !self.has_work() && self.win.reported.is_none() {
                 self.report(Readiness::Idle)?;
             }
+            let waiting = self.waiting_for();
+            let t = Instant::now();
             let msg = self.wait()?;
+            self.ledger.charge(waiting, t);
             if self.handle(msg)? == Flow::Exit {
                 return Ok(());
             }
+        }
+    }
+
+    /// What a wait for the coordinator's next message counts as: the checkpoint while paused
+    /// for one, the reduce while a host snapshot is out or a broken reduce waits for its
+    /// regroup, waiting otherwise.
+    fn waiting_for(&self) -> Activity {
+        match self.stage {
+            Stage::Paused => Activity::Checkpoint,
+            Stage::Interrupted(_) => Activity::Reduce,
+            _ if self.win.sent.is_some() => Activity::Reduce,
+            _ => Activity::Waiting,
         }
     }
 
@@ -773,8 +793,18 @@ impl<'a> RankLoop<'a> {
         let bs = self.cfg.spec.batch_size;
         let step = self.global_step + self.win.steps as u64;
         let next = self.queue.front().copied();
-        let Some((loss, ms)) = self.worker.train_chunk_batch(cur.chunk, cur.done, next, step)?
-        else {
+        let t = Instant::now();
+        let trained = self.worker.train_chunk_batch(cur.chunk, cur.done, next, step)?;
+        // The call's time beyond the training step went to the batch's fetch and upload.
+        let call_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let compute_ms = trained.map_or(0.0, |(_, ms)| ms);
+        self.ledger.charge_ms(Activity::Compute, compute_ms);
+        self.ledger.charge_ms(Activity::Data, call_ms - compute_ms);
+        // The window's pace is the whole call, the batch's fetch and upload with its step: a
+        // pace of compute alone gives a rank that fetches on its critical path more batches
+        // than it trains in the anchor's time, and the anchor waits for it at every reduce.
+        self.win.wall_ms += call_ms;
+        let Some((loss, ms)) = trained else {
             // A prefetched batch not ready yet: the run loop services the link and comes back.
             return self.heartbeat();
         };
@@ -787,11 +817,11 @@ impl<'a> RankLoop<'a> {
             && let Some(mut cur) = self.current.take()
         {
             cur.work.scalars = drain_scalars();
+            cur.work.time = self.ledger.close();
             let rank = self.worker.rank;
             self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work })?;
         }
         self.win.steps += 1;
-        self.win.wall_ms += ms;
         if self.win.reported.is_none()
             && self.win.window.is_reached(self.win.steps, self.win.wall_ms)
         {
@@ -811,7 +841,10 @@ impl<'a> RankLoop<'a> {
 
     fn evaluate_for(&mut self, epoch: Option<usize>) -> Result<()> {
         if let Some(epoch) = epoch {
-            let eval = self.worker.evaluate()?;
+            let t = Instant::now();
+            let eval = self.worker.evaluate();
+            self.ledger.charge(Activity::Evaluation, t);
+            let eval = eval?;
             self.send(ToCoordinator::Evaluated { rank: self.worker.rank, epoch, eval })?;
         }
         Ok(())
@@ -826,7 +859,10 @@ impl<'a> RankLoop<'a> {
     fn capture(&mut self, request: Option<CaptureRequest>) -> Result<Option<Box<RankCapture>>> {
         let Some(request) = request else { return Ok(None) };
         self.stage = Stage::Paused;
-        Ok(Some(Box::new(self.worker.capture(request, self.position())?)))
+        let t = Instant::now();
+        let part = self.worker.capture(request, self.position());
+        self.ledger.charge(Activity::Checkpoint, t);
+        Ok(Some(Box::new(part?)))
     }
 
     fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
@@ -834,6 +870,7 @@ impl<'a> RankLoop<'a> {
         match msg {
             ToWorker::Init { state, restore, window } => {
                 self.win = WindowState::new(window, (0, 0.0));
+                self.ledger.start();
                 self.worker.load(&state)?;
                 if let Some(restore) = restore {
                     self.worker.restore(&restore)?;
@@ -847,6 +884,7 @@ impl<'a> RankLoop<'a> {
                 }
             }
             ToWorker::Work(chunk) => {
+                self.ledger.start();
                 self.queue.push_back(chunk);
                 self.works += 1;
                 if self.win.reported == Some(Readiness::Idle) {
@@ -857,9 +895,11 @@ impl<'a> RankLoop<'a> {
                 self.reduce(Interrupted { next, eval, global_step, capture })?;
             }
             ToWorker::Snapshot { round, attempt, capture } => {
+                let t = Instant::now();
                 let state = self.worker.snapshot()?;
                 let step = self.global_step + self.win.steps as u64;
                 check_snapshot(&state, rank, step)?;
+                self.ledger.charge(Activity::Reduce, t);
                 let capture = self.capture(capture)?;
                 // The parameters are kept to carry over what the rank trains while the round
                 // runs (`Async` only: under `Sync` and `Cadence` it waits at its window's end).
@@ -887,7 +927,9 @@ impl<'a> RankLoop<'a> {
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
                 // Steps trained since the snapshot stay: average + (now − snapshot).
                 let params = sent.and_then(|s| s.params).filter(|_| carried.0 > 0);
+                let t = Instant::now();
                 self.worker.take_average(&state, params.as_deref(), self.cfg.spec.easgd)?;
+                self.ledger.charge(Activity::Reduce, t);
                 self.start_window(next, carried)?;
                 self.evaluate_for(eval)?;
             }
@@ -918,10 +960,15 @@ impl<'a> RankLoop<'a> {
         let steps = self.win.steps;
         let round = self.win.window.round;
         self.send(ToCoordinator::Reducing { rank, round })?;
-        match self.worker.all_reduce(steps) {
+        let t = Instant::now();
+        let reduced = self.worker.all_reduce(steps);
+        self.ledger.charge(Activity::Reduce, t);
+        match reduced {
             Ok((sync_ms, divergence)) => {
+                let t = Instant::now();
                 let (params, stream) = (self.worker.replica.parameters(), &self.worker.stream);
                 check_parameters(params, rank, what.global_step, stream)?;
+                self.ledger.charge(Activity::Reduce, t);
                 let capture = self.capture(what.capture)?;
                 self.send(ToCoordinator::Reduced {
                     rank,

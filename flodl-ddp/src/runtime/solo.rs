@@ -6,10 +6,12 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use crate::control::breakdown::Activity;
 use crate::control::metrics::{EpochTally, WorkTally, drain_scalars};
 use crate::error::RankFailure;
 use crate::link::wire::Chunk;
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
+use crate::runtime::ledger::Ledger;
 use crate::runtime::rank::Worker;
 use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
@@ -43,12 +45,15 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
     let train_start = Instant::now();
     let mut train_ms = 0.0;
     let mut step = 0u64;
+    let mut ledger = Ledger::default();
+    ledger.start();
     for epoch in 0..cfg.spec.epochs {
         let t0 = Instant::now();
         let mut work = WorkTally::default();
         let chunk = |epoch| Chunk { epoch, offset: 0, len: cfg.batches_per_epoch() * bs };
         let next = (epoch + 1 < cfg.spec.epochs).then(|| chunk(epoch + 1));
         for b in 0..cfg.batches_per_epoch() {
+            let t = Instant::now();
             let (loss, ms) = loop {
                 if outlets.cancel.load(Ordering::Acquire) {
                     return Err(Error::Aborted);
@@ -58,6 +63,9 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
                     break trained;
                 }
             };
+            // The call's time beyond the training step went to the batch's fetch and upload.
+            ledger.charge_ms(Activity::Compute, ms);
+            ledger.charge_ms(Activity::Data, t.elapsed().as_secs_f64() * 1000.0 - ms);
             step += 1;
             work.batches += 1;
             work.samples += bs;
@@ -65,13 +73,14 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
             work.compute_ms += ms;
         }
         work.scalars = drain_scalars();
+        work.time = ledger.close();
         let mut tally = EpochTally::new(1);
         tally.add(0, &work);
         let mut metrics = tally.finish(epoch, t0.elapsed().as_secs_f64() * 1000.0, &devices);
         metrics.at_ms = start.elapsed().as_secs_f64() * 1000.0;
         train_ms = train_start.elapsed().as_secs_f64() * 1000.0;
         if cfg.evaluates(epoch) {
-            metrics.eval = worker.evaluate()?;
+            metrics.eval = ledger.time(Activity::Evaluation, || worker.evaluate())?;
         }
         if let Some(callback) = &cfg.on_epoch {
             callback(&metrics);

@@ -1,5 +1,6 @@
 //! flodl-ddp's integration tests: one binary, a module per subject.
 
+mod breakdown;
 mod checkpoint;
 mod cluster;
 mod common;

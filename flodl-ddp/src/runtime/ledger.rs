@@ -1,0 +1,92 @@
+//! A rank's time ledger: the open span since its last report and the activities timed in it.
+
+use std::time::Instant;
+
+use crate::control::breakdown::{Activity, TimeBreakdown};
+
+/// The rank's time since its last report, as a wall clock started once and the activities
+/// timed inside it; [`close`](Ledger::close) hands the span over (its parts sum to its wall)
+/// and opens the next one at the same instant, so no time falls between two spans.
+///
+/// Instrumentation only: what it holds leaves the rank in its next
+/// [`WorkTally`](crate::control::metrics::WorkTally).
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    /// When the open span started; `None` until the rank starts training.
+    since: Option<Instant>,
+    parts: TimeBreakdown,
+}
+
+impl Ledger {
+    /// Starts the first span now, unless one is open.
+    pub(crate) fn start(&mut self) {
+        if self.since.is_none() {
+            self.since = Some(Instant::now());
+        }
+    }
+
+    /// Charges the time since `from` to `activity` (nothing before the first span starts).
+    pub(crate) fn charge(&mut self, activity: Activity, from: Instant) {
+        if self.since.is_some() {
+            self.parts.add(activity, from.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+
+    /// Charges `ms` to `activity` (measured elsewhere: a step's compute time).
+    pub(crate) fn charge_ms(&mut self, activity: Activity, ms: f64) {
+        if self.since.is_some() {
+            self.parts.add(activity, ms);
+        }
+    }
+
+    /// Runs `f`, charging its time to `activity`.
+    pub(crate) fn time<T>(&mut self, activity: Activity, f: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let r = f();
+        self.charge(activity, t0);
+        r
+    }
+
+    /// The open span, closed now (what no activity claimed is `other`), and the next one opened.
+    pub(crate) fn close(&mut self) -> TimeBreakdown {
+        let now = Instant::now();
+        let Some(since) = self.since.replace(now) else { return TimeBreakdown::default() };
+        let wall = now.saturating_duration_since(since).as_secs_f64() * 1000.0;
+        std::mem::take(&mut self.parts).closed(wall)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Consecutive spans cover the time between them and each sums to its wall; nothing is
+    /// charged before the ledger starts.
+    #[test]
+    fn spans_are_contiguous_and_closed() -> Result<(), String> {
+        let mut ledger = Ledger::default();
+        ledger.charge_ms(Activity::Compute, 5.0);
+        if ledger.close() != TimeBreakdown::default() {
+            return Err("a ledger that never started reported time".into());
+        }
+        let t0 = Instant::now();
+        ledger.start();
+        ledger.time(Activity::Data, || std::thread::sleep(Duration::from_millis(4)));
+        let a = ledger.close();
+        std::thread::sleep(Duration::from_millis(3));
+        ledger.charge_ms(Activity::Compute, 1.0);
+        let b = ledger.close();
+        let total = t0.elapsed().as_secs_f64() * 1000.0;
+        let sum = a.wall_ms() + b.wall_ms();
+        if a.data_ms < 4.0 || b.compute_ms != 1.0 || b.other_ms < 2.0 || sum > total {
+            return Err(format!("{a:?} {b:?}"));
+        }
+        // The spans cover all but the instant before `start` (a few microseconds).
+        if total - sum > 1.0 {
+            return Err(format!("spans cover {sum} ms of {total} ms"));
+        }
+        Ok(())
+    }
+}
