@@ -48,7 +48,10 @@ fn main() -> ExitCode {
     };
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => match (e.downcast_ref::<interrupt::Interrupted>(), e.downcast_ref::<launch::JobStatus>()) {
+        Err(e) => match (
+            e.downcast_ref::<interrupt::Interrupted>(),
+            e.downcast_ref::<launch::JobStatus>(),
+        ) {
             (Some(stop), _) => {
                 eprintln!("{stop}");
                 ExitCode::from(stop.signal.exit_code())

@@ -88,6 +88,7 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, remote: Connections) 
         let net = NetCoordinator::new(world, remote, cfg.spec.wire, &inbox_tx)?;
         Box::new(Routed::new(routes, local_link, net))
     };
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, link)?;
     #[cfg(feature = "cuda")]
     {
