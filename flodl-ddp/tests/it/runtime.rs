@@ -394,8 +394,10 @@ fn hung_rank_times_out() -> TestResult {
         let cfg = small_mlp(Optimizer::sgd(0.9));
         let factory = move |ctx: &flodl_ddp::ReplicaContext| -> Result<FixedSpeed> {
             let inner = Mlp::new(&cfg, ctx.batch_size, ctx.seed, &ctx.stream)?;
-            // Rank 2's device takes 3 s per step: far past the 500 ms stall timeout.
-            let step = Duration::from_millis(if ctx.rank == 2 { 3000 } else { 0 });
+            // Rank 2's device takes 8 s per step: far past the 1.5 s stall timeout, which in
+            // turn leaves the healthy ranks room when the test's own threads share two busy
+            // cores (500 ms once declared a starved healthy rank dead on a loaded CI run).
+            let step = Duration::from_millis(if ctx.rank == 2 { 8000 } else { 0 });
             Ok(FixedSpeed { inner, step })
         };
         let t0 = std::time::Instant::now();
@@ -405,7 +407,7 @@ fn hung_rank_times_out() -> TestResult {
             .devices(Devices::Cpu(3))
             .policy(Policy::Cadence)
             .backend(backend)
-            .stall_timeout(Duration::from_millis(500))
+            .stall_timeout(Duration::from_millis(1500))
             .max_failures(0)
             .run()?
             .join()
