@@ -119,7 +119,7 @@ fn a_killed_rank_process_is_gone_promptly() -> TestResult {
     let cfg = config(&files)?;
     let server = controller(&cfg, 1)?;
     let mut command = Command::new(std::env::current_exe()?);
-    command.args(["--exact", "liveness::child_rank_process", "--ignored", "--test-threads=1"]);
+    command.args(["--exact", "liveness::child_rank_process", "--test-threads=1"]);
     command
         .env(CHILD, "1")
         .env("FLODL_RANK", "0")
@@ -148,15 +148,16 @@ fn a_killed_rank_process_is_gone_promptly() -> TestResult {
 }
 
 /// The rank process of [`a_killed_rank_process_is_gone_promptly`]: it joins from its environment,
-/// says it is alive and waits to be killed. Run only as that test's child.
+/// says it is alive and waits to be killed. In the ordinary test run (no child variable) it
+/// skips at run time, saying why; its check runs in the parent test.
 #[test]
-#[ignore = "the child process of a_killed_rank_process_is_gone_promptly"]
 fn child_rank_process() -> TestResult {
     if std::env::var_os(CHILD).is_none() {
-        return Err(format!(
-            "run only as the child of a_killed_rank_process_is_gone_promptly ({CHILD} unset)"
-        )
-        .into());
+        println!(
+            "skipped: the child process of a_killed_rank_process_is_gone_promptly ({CHILD} unset); \
+             that test runs it"
+        );
+        return Ok(());
     }
     let identity = Identity::from_env()?.ok_or("no identity in the environment")?;
     let files = TlsFiles::from_env().ok_or("no TLS files in the environment")?;
