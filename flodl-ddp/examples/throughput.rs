@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release -p flodl-ddp --example throughput -- [--epochs 5] [--slow 2.5]
 //!     [--runs solo,equal,skew] [--modes cadence-collective,...] [--lr 0.05]
-//!     [--lr-scale-ratio 0] [--max-anchor N] [--repeats 1] [--json]
+//!     [--lr-scale-ratio 0] [--max-anchor N] [--repeats 1] [--prefetch auto,2] [--json]
 //! ```
 //!
 //! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10, batch 64 per rank, SGD lr 0.05
@@ -16,15 +16,16 @@
 //! instead. `--repeats N` runs the whole set N times round-robin (so a drift of the machine's
 //! load touches every run alike) and ends with, per skew mode, the median over the repeats of
 //! the aggregate over (solo 0 + solo 1) of the same repeat, and of the slow rank's non-compute
-//! share.
+//! share. `--prefetch auto,2` runs every two-rank run once per prefetch setting (`auto`: none on
+//! CPU ranks, `off`, or a depth), side by side in each repeat, and summarises each apart.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use flodl_data::{Dataset, Mnist, Split, Verify};
 use flodl_ddp::{
-    Activity, Backend, Devices, ElCheKnobs, Mlp, MlpConfig, Optimizer, Policy, TimeBreakdown,
-    TrainedState, Trainer,
+    Activity, Backend, Devices, ElCheKnobs, Mlp, MlpConfig, Optimizer, Policy, Prefetch,
+    TimeBreakdown, TrainedState, Trainer,
 };
 
 struct Args {
@@ -37,6 +38,7 @@ struct Args {
     lr_scale_ratio: f64,
     max_anchor: Option<usize>,
     repeats: usize,
+    prefetch: Vec<Prefetch>,
 }
 
 fn parse_mode(s: &str) -> Option<(Policy, Backend)> {
@@ -60,6 +62,7 @@ fn parse() -> Result<Args, String> {
         lr_scale_ratio: 0.0,
         max_anchor: None,
         repeats: 1,
+        prefetch: vec![Prefetch::Auto],
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -80,6 +83,12 @@ fn parse() -> Result<Args, String> {
             }
             "--max-anchor" => {
                 args.max_anchor = Some(value()?.parse().map_err(|e| format!("--max-anchor: {e}"))?)
+            }
+            "--prefetch" => {
+                args.prefetch = value()?
+                    .split(',')
+                    .map(|p| p.parse().map_err(|e| format!("--prefetch: {e}")))
+                    .collect::<Result<_, _>>()?
             }
             "--lr" => args.lr = value()?.parse().map_err(|e| format!("--lr: {e}"))?,
             "--lr-scale-ratio" => {
@@ -104,6 +113,7 @@ fn train(
     policy: Policy,
     backend: Backend,
     slowdown: Vec<f64>,
+    prefetch: Prefetch,
     args: &Args,
     data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
 ) -> Result<Run, Box<dyn std::error::Error>> {
@@ -124,6 +134,7 @@ fn train(
         .learning_rate(args.lr)
         .lr_scale_ratio(args.lr_scale_ratio)
         .slowdown(slowdown)
+        .prefetch(prefetch)
         .stall_timeout(Duration::from_secs(300))
         .run()?
         .join()?;
@@ -221,8 +232,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let train_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Train, Verify::Skip)?);
     let test_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Test, Verify::Skip)?);
     let data = (&train_set, &test_set);
-    // Per skew mode: (aggregate / (solo 0 + solo 1), slow rank's non-compute share) per repeat.
-    let mut skew_figures: Vec<Vec<(f64, f64)>> = vec![Vec::new(); args.modes.len()];
+    // Per skew mode and prefetch setting: (aggregate / (solo 0 + solo 1), slow rank's
+    // non-compute share) per repeat.
+    let variants = args.modes.len() * args.prefetch.len();
+    let mut skew_figures: Vec<Vec<SkewFigure>> = vec![Vec::new(); variants];
     for repeat in 0..args.repeats {
         if args.repeats > 1 {
             println!("-- repeat {}/{}", repeat + 1, args.repeats);
@@ -233,53 +246,81 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if args.repeats > 1 {
-        for (&(p, b), figures) in args.modes.iter().zip(&skew_figures) {
+        let named = args.modes.iter().flat_map(|m| args.prefetch.iter().map(move |pf| (m, pf)));
+        for ((&(p, b), &pf), figures) in named.zip(&skew_figures) {
             if figures.is_empty() {
                 continue;
             }
-            let ratio = median(figures.iter().map(|f| f.0).collect());
-            let slow = median(figures.iter().map(|f| f.1).collect());
+            let ratio = median(figures.iter().map(|f| f.ratio).collect());
+            let slow = median(figures.iter().map(|f| f.slow_non_compute).collect());
+            // Per rank and activity, the median share over the repeats.
+            let ranks = figures.iter().map(|f| f.time_pct.len()).min().unwrap_or(0);
+            let time: Vec<Vec<f64>> = (0..ranks)
+                .map(|r| {
+                    (0..Activity::ALL.len())
+                        .map(|a| median(figures.iter().map(|f| f.time_pct[r][a]).collect()))
+                        .collect()
+                })
+                .collect();
             println!(
-                "skew x{} {}-{}: median over {} repeats: aggregate / (solo 0 + solo 1) {:.3}, slow rank non-compute {:.1}%",
+                "skew x{} {}-{}{}: median over {} repeats: aggregate / (solo 0 + solo 1) {:.3}, slow rank non-compute {:.1}%",
                 args.slow,
                 p.name(),
                 b.name(),
+                variant(pf, &args),
                 figures.len(),
                 ratio,
                 slow * 100.0
             );
+            let names: Vec<&str> = Activity::ALL.iter().map(|a| a.name()).collect();
+            println!("    median time % [{}] per rank {:?}", names.join(" "), time);
         }
     }
     Ok(())
 }
 
-/// A skew run's aggregate over (solo 0 + solo 1), and its slow rank's non-compute share.
-type SkewFigure = (f64, f64);
+/// A skew run's figures: its aggregate over (solo 0 + solo 1), its slow rank's non-compute
+/// share, and each rank's time breakdown in percent (`Activity::ALL` order).
+#[derive(Debug, Clone)]
+struct SkewFigure {
+    ratio: f64,
+    slow_non_compute: f64,
+    time_pct: Vec<Vec<f64>>,
+}
 
-/// One pass over the runs asked for; per skew mode, its aggregate over (solo 0 + solo 1) and
+/// A run name's suffix naming its prefetch setting, when several are compared.
+fn variant(prefetch: Prefetch, args: &Args) -> String {
+    if args.prefetch.len() > 1 { format!(" prefetch {prefetch}") } else { String::new() }
+}
+
+/// One pass over the runs asked for; per skew mode and prefetch setting, its aggregate over (solo 0 + solo 1) and
 /// its slow rank's non-compute share.
 fn round(
     args: &Args,
     data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
 ) -> Result<Vec<Option<SkewFigure>>, Box<dyn std::error::Error>> {
-    let mut figures = vec![None; args.modes.len()];
+    let mut figures = vec![None; args.modes.len() * args.prefetch.len()];
+    let auto = Prefetch::Auto;
     let has = |r: &str| args.runs.iter().any(|x| x == r);
     let mut solo = [None, None];
     if has("solo") || has("skew") {
         let fast =
-            train("solo rank0", 1, Policy::Sync, Backend::Collective, vec![1.0], args, data)?;
+            train("solo rank0", 1, Policy::Sync, Backend::Collective, vec![1.0], auto, args, data)?;
         report(&fast, args.json, Some(34_000.0));
         let name = format!("solo rank1 (x{})", args.slow);
-        let slow = train(&name, 1, Policy::Sync, Backend::Collective, vec![args.slow], args, data)?;
+        let slowdown = vec![args.slow];
+        let slow = train(&name, 1, Policy::Sync, Backend::Collective, slowdown, auto, args, data)?;
         report(&slow, args.json, None);
         solo = [Some(fast.state.throughput()), Some(slow.state.throughput())];
     }
     if has("equal") {
         for &(p, b) in &args.modes {
-            let name = format!("equal {}-{}", p.name(), b.name());
-            let run = train(&name, 2, p, b, vec![1.0, 1.0], args, data)?;
-            let target = (p == Policy::Cadence).then_some(60_000.0);
-            report(&run, args.json, target);
+            for &pf in &args.prefetch {
+                let name = format!("equal {}-{}{}", p.name(), b.name(), variant(pf, args));
+                let run = train(&name, 2, p, b, vec![1.0, 1.0], pf, args, data)?;
+                let target = (p == Policy::Cadence).then_some(60_000.0);
+                report(&run, args.json, target);
+            }
         }
     }
     if has("skew") {
@@ -288,13 +329,19 @@ fn round(
             _ => None,
         };
         for (i, &(p, b)) in args.modes.iter().enumerate() {
-            let name = format!("skew x{} {}-{}", args.slow, p.name(), b.name());
-            let run = train(&name, 2, p, b, vec![1.0, args.slow], args, data)?;
-            report(&run, args.json, target);
-            if let [Some(a), Some(c)] = solo {
-                let slow =
-                    breakdowns(&run.state).get(1).map_or(f64::NAN, |t| t.non_compute_share());
-                figures[i] = Some((run.state.throughput() / (a + c), slow));
+            for (j, &pf) in args.prefetch.iter().enumerate() {
+                let name = format!("skew x{} {}-{}{}", args.slow, p.name(), b.name(), variant(pf, args));
+                let run = train(&name, 2, p, b, vec![1.0, args.slow], pf, args, data)?;
+                report(&run, args.json, target);
+                if let [Some(a), Some(c)] = solo {
+                    let slow =
+                        breakdowns(&run.state).get(1).map_or(f64::NAN, |t| t.non_compute_share());
+                    figures[i * args.prefetch.len() + j] = Some(SkewFigure {
+                        ratio: run.state.throughput() / (a + c),
+                        slow_non_compute: slow,
+                        time_pct: breakdowns(&run.state).iter().map(shares_of).collect(),
+                    });
+                }
             }
         }
     }
