@@ -214,6 +214,38 @@ impl HostBatch {
         }
     }
 
+    /// Hands field `field`'s values to `dst`, a tensor of the field's batch shape and dtype on
+    /// `stream`'s device. From a batch made for a CUDA device: an asynchronous copy from the
+    /// page-locked buffer, which tracks it (the next write into the batch, such as the next
+    /// fetch, and dropping the batch wait for the copy, so the device never reads a refilled
+    /// buffer). From a CPU batch: the buffers are swapped, no copy (the batch keeps `dst`'s old
+    /// buffer and overwrites it at the next fetch) when `dst` has the field's batch shape, else
+    /// the values are copied.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchField`] for a field past the layout (or before [`HostBatch::prepare`]);
+    /// a tensor error when `dst` has another dtype, shape or device than the field and `stream`.
+    pub fn upload_field(&mut self, field: usize, dst: &mut Tensor, stream: &Stream) -> Result<()> {
+        match self.column_mut(field)? {
+            Column::F32(b) => dst.copy_from_pinned_async(b, stream)?,
+            Column::I32(b) => dst.copy_from_pinned_async(b, stream)?,
+            Column::Cpu(t)
+                if t.shape() == dst.shape()
+                    && t.dtype() == dst.dtype()
+                    && t.device() == dst.device() =>
+            {
+                std::mem::swap(t, dst)
+            }
+            // Another shape of as many values (`[n, 28, 28]` into `[n, 784]`), or another
+            // device: a copy, which names any other mismatch.
+            Column::Cpu(t) if t.dtype() == DType::I32 => {
+                dst.copy_from_host(t.as_slice::<i32>()?, stream)?
+            }
+            Column::Cpu(t) => dst.copy_from_host(t.as_slice::<f32>()?, stream)?,
+        }
+        Ok(())
+    }
+
     /// Views of every field at once (crate-internal: bulk copies).
     pub(crate) fn views(&self) -> Result<Vec<View<'_>>> {
         self.columns.iter().map(Column::view).collect()

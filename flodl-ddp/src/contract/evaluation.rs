@@ -74,7 +74,7 @@ impl EvalBatches {
                 }
             };
             let batch = &mut self.batches[slot];
-            upload(&host, batch, stream)?;
+            upload(&mut host, batch, stream)?;
             match replica.evaluate_batch(batch)? {
                 Some(e) => {
                     loss_sum += e.loss_sum;

@@ -29,17 +29,16 @@ pub(crate) fn device_batch(layout: &SampleLayout, n: usize, stream: &Stream) -> 
     Batch::new(fields)
 }
 
-/// Copies a host batch into a device batch of the same size and layout.
+/// Hands a host batch to a device batch of the same size and layout, ordered on `stream`. On
+/// a GPU the copy is asynchronous from the host batch's page-locked buffers, which track it:
+/// the next fetch into `host` waits for the copy before overwriting them, so the upload never
+/// blocks the rank and never reads a refilled buffer. On the CPU the buffers are swapped.
 ///
 /// # Errors
-/// Data errors when the host batch lacks a field or holds another dtype; tensor errors from
-/// the copy (shape mismatch when the sizes differ).
-pub(crate) fn upload(host: &HostBatch, batch: &mut Batch, stream: &Stream) -> Result<()> {
+/// Data errors when the host batch lacks a field or holds another dtype, shape or device.
+pub(crate) fn upload(host: &mut HostBatch, batch: &mut Batch, stream: &Stream) -> Result<()> {
     for (i, t) in batch.fields_mut().iter_mut().enumerate() {
-        match t.dtype() {
-            DType::I32 => t.copy_from_host(host.i32(i)?, stream)?,
-            _ => t.copy_from_host(host.f32(i)?, stream)?,
-        }
+        host.upload_field(i, t, stream)?;
     }
     Ok(())
 }
