@@ -16,8 +16,8 @@ pub enum Policy {
     /// After every step of every rank.
     Sync,
     /// When every rank has finished its ElChe window: its count, or (once ElChe is
-    /// calibrated) the anchor rank's window of compute time, whichever comes first (ranks are
-    /// held at the barrier).
+    /// calibrated) the anchor rank's window of time, whichever comes first (ranks are held at
+    /// the barrier).
     #[default]
     Cadence,
     /// When every rank has reached its ElChe count; ranks keep training up to `count +
@@ -49,12 +49,14 @@ impl Policy {
     /// `Cadence`, or less once the rank has computed `anchor_wall_ms`; `count` and up to
     /// `overshoot` more under `Async`.
     ///
-    /// The `Cadence` rule is the union of [0.5]'s (ready once the compute time reaches the
+    /// The `Cadence` rule is the union of [0.5]'s (ready once the rank's time reaches the
     /// anchor's window wall time) and [0.6+]'s (ready at the count): wall time alone makes a
     /// rank that turned out faster than estimated idle at its count until its clock catches up;
     /// the count alone makes everyone wait for a rank that turned out slower. With both, the
     /// reduce fires at the earliest moment every rank has done its share of work or a window's
-    /// worth of time.
+    /// worth of time. A rank's clock is its wall time since the window opened (not [0.5]'s
+    /// compute time): what it did besides training (an evaluation, a checkpoint part, being
+    /// descheduled) then never makes the anchor wait for it.
     pub fn window(self, round: u64, count: usize, overshoot: usize, anchor_wall_ms: f64) -> Window {
         let count = count.max(1);
         let (target, limit) = match self {
@@ -141,18 +143,18 @@ pub struct Window {
     pub target: usize,
     /// Batches after which the rank waits for the reduce.
     pub limit: usize,
-    /// Compute time that makes the rank ready short of `target` (`Cadence` once ElChe is
-    /// calibrated); `None`: the count alone.
+    /// Wall time since the window opened that makes the rank ready short of `target`
+    /// (`Cadence` once ElChe is calibrated: the anchor's window); `None`: the count alone.
     pub wall: Option<Duration>,
 }
 
 impl Window {
-    /// Whether a rank that trained `steps` batches in `train_ms` of training time in this
-    /// window (its steps with their batches' fetch and upload) is ready for the reduce: it
-    /// reached `target`, or it trained at least one batch and trained for `wall`.
-    pub fn is_reached(&self, steps: usize, train_ms: f64) -> bool {
+    /// Whether a rank that trained `steps` batches in this window, open for `clock_ms` of wall
+    /// time, is ready for the reduce: it reached `target`, or it trained at least one batch and
+    /// its window has lasted `wall`.
+    pub fn is_reached(&self, steps: usize, clock_ms: f64) -> bool {
         steps >= self.target
-            || (steps >= 1 && self.wall.is_some_and(|w| train_ms >= w.as_secs_f64() * 1000.0))
+            || (steps >= 1 && self.wall.is_some_and(|w| clock_ms >= w.as_secs_f64() * 1000.0))
     }
 }
 

@@ -36,7 +36,17 @@ pub(crate) fn check_parameters(
     stream: &Stream,
 ) -> Result<()> {
     let refs: Vec<&Tensor> = params.iter().collect();
-    if ops::global_l2_norm(&refs, stream)?.is_finite() {
+    check_norm(ops::global_l2_norm(&refs, stream)?, rank, step)
+}
+
+/// `Ok` when `norm`, the global L2 norm of `rank`'s parameters at cohort step `step`
+/// (accumulated in f64, as [`check_parameters`] computes it), is finite: every value is then
+/// finite. For a caller that has the norm already (a reduce that measured its divergence).
+///
+/// # Errors
+/// [`Error::Diverged`] with [`Divergence::Parameters`].
+pub(crate) fn check_norm(norm: f64, rank: usize, step: u64) -> Result<()> {
+    if norm.is_finite() {
         return Ok(());
     }
     Err(Error::Diverged { rank, step, cause: Divergence::Parameters, bundle: None })

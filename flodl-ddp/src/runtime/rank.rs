@@ -15,7 +15,7 @@ use crate::contract::replica::{Batch, Replica, ReplicaContext};
 use crate::contract::staging::{device_batch, upload};
 use crate::control::breakdown::Activity;
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
-use crate::control::outer::{OuterOptimizer, easgd_blend};
+use crate::control::outer::{OuterKind, OuterOptimizer, easgd_blend};
 use crate::error::{Peer, RankFailure};
 use crate::link::wire::{
     CaptureRequest, Chunk, RankCapture, RankRestore, Readiness, Regroup, ToCoordinator, ToWorker,
@@ -24,7 +24,7 @@ use crate::link::wire::{
 use crate::link::{LinkError, RankLink};
 use crate::runtime::capture::{host_tensors, outer_state, restore_outer, write_host};
 use crate::runtime::comm::{CommPlan, RankComm};
-use crate::runtime::divergence::{check_loss, check_parameters, check_snapshot};
+use crate::runtime::divergence::{check_loss, check_norm, check_parameters, check_snapshot};
 use crate::runtime::fault::{Group, Interrupted, is_group_fault};
 use crate::runtime::handle::panic_message;
 use crate::runtime::ledger::Ledger;
@@ -203,7 +203,7 @@ impl Worker {
             audit(self.rank, epoch, picks);
         }
         self.cfg.dataset.fetch(picks, &mut self.host)?;
-        upload(&self.host, &mut self.batch, &self.stream)?;
+        upload(&mut self.host, &mut self.batch, &self.stream)?;
         self.train_loaded(step)
     }
 
@@ -398,13 +398,13 @@ impl Worker {
     /// Averages with the other ranks through the collective; returns the time it took in ms
     /// and, when the run measures it and this rank stepped, its divergence
     /// `‖W_pre − W_post‖ / ‖W_post‖` (from a pre-reduce copy of the parameters).
-    pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<(f64, Option<f64>)> {
+    pub(crate) fn all_reduce(&mut self, steps: usize) -> Result<Reduced> {
         let t0 = Instant::now();
         let Some(comm) = self.comm.as_mut() else {
             return Err(Error::NoCommunicator);
         };
         self.stream.synchronize()?;
-        let mut divergence = None;
+        let (mut divergence, mut norm) = (None, None);
         if let Some((wp, wb)) = comm.weights(steps, self.cfg.spec.gamma)? {
             let measure = self.cfg.measures_divergence() && wp > 0.0;
             // What a failed collective may leave written: NCCL anything; the host collective
@@ -433,8 +433,11 @@ impl Worker {
                 return Err(e);
             }
             if measure {
-                divergence =
-                    Some(divergence_of(&self.pre_reduce, self.replica.parameters(), &self.stream)?);
+                let (d, post) =
+                    divergence_of(&self.pre_reduce, self.replica.parameters(), &self.stream)?;
+                divergence = Some(d);
+                // Plain averaging leaves the parameters as measured: their norm is the check.
+                norm = matches!(self.outer.kind(), OuterKind::Average).then_some(post);
             }
             // A round with movers: the outer step, identical on every rank.
             self.outer.step(self.replica.parameters_mut(), &self.stream)?;
@@ -442,7 +445,7 @@ impl Worker {
                 self.replica.reset_optimizer(&self.stream)?;
             }
         }
-        Ok((t0.elapsed().as_secs_f64() * 1000.0, divergence))
+        Ok(Reduced { sync_ms: t0.elapsed().as_secs_f64() * 1000.0, divergence, norm })
     }
 
     /// This rank's checkpoint part: its optimizer state, its position, and the model with the
@@ -517,8 +520,8 @@ fn put_back(tensors: &mut [Tensor], copy: &[Tensor], stream: &Stream) -> Result<
     Ok(())
 }
 
-/// `‖pre − post‖ / ‖post‖` over a list of tensors.
-fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<f64> {
+/// `‖pre − post‖ / ‖post‖` over a list of tensors, and `‖post‖`.
+fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<(f64, f64)> {
     let mut diff_sq = 0.0;
     for (a, b) in pre.iter().zip(post) {
         let d = ops::l2_norm_diff(a, b, stream)?;
@@ -526,7 +529,19 @@ fn divergence_of(pre: &[Tensor], post: &[Tensor], stream: &Stream) -> Result<f64
     }
     let refs: Vec<&Tensor> = post.iter().collect();
     let post_norm = ops::global_l2_norm(&refs, stream)?;
-    Ok(crate::control::guard::divergence(diff_sq.sqrt(), post_norm))
+    Ok((crate::control::guard::divergence(diff_sq.sqrt(), post_norm), post_norm))
+}
+
+/// What a rank's collective all-reduce gives back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reduced {
+    /// The reduce's wall time in ms.
+    pub(crate) sync_ms: f64,
+    /// The rank's divergence, when the run measures it and the rank stepped.
+    pub(crate) divergence: Option<f64>,
+    /// The parameters' global L2 norm as left by the reduce, when it was computed on the way
+    /// (a measured reduce under plain averaging): their finiteness check, without another pass.
+    pub(crate) norm: Option<f64>,
 }
 
 /// The batches of `chunk`: consecutive `batch_size` slices of its epoch's permutation from its
@@ -570,7 +585,11 @@ struct Sent {
 struct WindowState {
     window: Window,
     steps: usize,
+    /// Time in training calls (steps with their batches' fetch and upload): the window's pace.
     wall_ms: f64,
+    /// When the window opened, and the training ms carried into it from before.
+    opened: Instant,
+    carried_ms: f64,
     reported: Option<Readiness>,
     /// Host backend: the snapshot taken for the pending round.
     sent: Option<Sent>,
@@ -579,7 +598,27 @@ struct WindowState {
 impl WindowState {
     /// The start of `window`, with `carried` steps and ms already in it.
     fn new(window: Window, carried: (usize, f64)) -> WindowState {
-        WindowState { window, steps: carried.0, wall_ms: carried.1, reported: None, sent: None }
+        WindowState {
+            window,
+            steps: carried.0,
+            wall_ms: carried.1,
+            opened: Instant::now(),
+            carried_ms: carried.1,
+            reported: None,
+            sent: None,
+        }
+    }
+
+    /// Whether the window is reached: by its count, or once its clock — the wall time since
+    /// it opened (plus what was carried in) — reaches the window's wall time.
+    ///
+    /// The clock is the rank's wall time, not its time in training calls: everything else the
+    /// rank did meanwhile (an evaluation, a checkpoint part, its loop, a descheduled moment)
+    /// delays it as much as a step would, and the anchor, whose window is that wall time
+    /// measured in its own steps, would otherwise wait for this rank at every reduce.
+    fn is_reached(&self) -> bool {
+        let clock_ms = self.carried_ms + self.opened.elapsed().as_secs_f64() * 1000.0;
+        self.window.is_reached(self.steps, clock_ms)
     }
 }
 
@@ -823,7 +862,7 @@ impl<'a> RankLoop<'a> {
         }
         self.win.steps += 1;
         if self.win.reported.is_none()
-            && self.win.window.is_reached(self.win.steps, self.win.wall_ms)
+            && self.win.is_reached()
         {
             self.report(Readiness::Reached)?;
         }
@@ -833,7 +872,7 @@ impl<'a> RankLoop<'a> {
     /// Starts the window `next` after a reduce; `carried` steps and ms stay in it.
     fn start_window(&mut self, next: Window, carried: (usize, f64)) -> Result<()> {
         self.win = WindowState::new(next, carried);
-        if next.is_reached(self.win.steps, self.win.wall_ms) {
+        if self.win.is_reached() {
             self.report(Readiness::Reached)?;
         }
         Ok(())
@@ -964,10 +1003,16 @@ impl<'a> RankLoop<'a> {
         let reduced = self.worker.all_reduce(steps);
         self.ledger.charge(Activity::Reduce, t);
         match reduced {
-            Ok((sync_ms, divergence)) => {
+            Ok(Reduced { sync_ms, divergence, norm }) => {
                 let t = Instant::now();
-                let (params, stream) = (self.worker.replica.parameters(), &self.worker.stream);
-                check_parameters(params, rank, what.global_step, stream)?;
+                match norm {
+                    Some(norm) => check_norm(norm, rank, what.global_step)?,
+                    None => {
+                        let (params, stream) =
+                            (self.worker.replica.parameters(), &self.worker.stream);
+                        check_parameters(params, rank, what.global_step, stream)?;
+                    }
+                }
                 self.ledger.charge(Activity::Reduce, t);
                 let capture = self.capture(what.capture)?;
                 self.send(ToCoordinator::Reduced {

@@ -47,7 +47,7 @@ fn windows_by_policy() {
 fn a_window_is_reached_by_count_or_by_wall_time() {
     let count = Window { round: 1, target: 10, limit: 10, wall: None };
     let timed = Window { wall: Some(Duration::from_millis(100)), ..count };
-    // (window, steps, compute ms, reached)
+    // (window, steps, ms since the window opened, reached)
     let cases = [
         (count, 9, 1e9, false),
         (count, 10, 0.0, true),
