@@ -504,31 +504,57 @@ fn clipping_needs_mutable_gradients_checked_at_run_and_a_positive_norm() -> Test
     Ok(())
 }
 
-/// A replica whose ranks drift apart ever faster: the second parameter moves by `±1e-3·1.05^t`
-/// at its `t`-th step (+ on rank 0, − on the others), the first stays 1, so the replicas'
-/// divergence grows geometrically per step.
+/// A replica whose ranks drift apart ever faster: the second parameter moves by a step size
+/// that grows `DRIFT_GROWTH`-fold at every reduce the rank sees (+ on rank 0, − on the
+/// others), the first stays 1, so the replicas' divergence grows geometrically per reduce.
+///
+/// The growth is per reduce, not per step: with a growth per step, a window shorter than the
+/// previous one (a loaded machine splits the steps differently) shrank the divergence, the
+/// guard's streak broke, and the run sometimes saw no nudge at all.
 struct Drifter {
     p: Vec<Tensor>,
     sign: f32,
-    t: i32,
+    /// Reduces this rank has seen (its parameter changed under it since its last step).
+    reduces: i32,
+    /// The drift coordinate as this rank last wrote it.
+    last: f32,
 }
+
+/// Drift per step before the first reduce: a window's divergence starts above the guard's
+/// floor (`MIN_DIVERGENCE`, 1e-8), and `DRIFT_GROWTH^MAX_GROWTHS` times it stays far below the
+/// other coordinate (1), so the averaged parameters' norm stays about 1.
+const DRIFT_SEED: f32 = 1e-8;
+/// Growth of the drift per step from one reduce to the next.
+const DRIFT_GROWTH: f32 = 10.0;
+/// Reduces after which the drift stops growing.
+const MAX_GROWTHS: i32 = 5;
 
 impl Drifter {
     fn factory(ctx: &ReplicaContext) -> Result<Drifter> {
         let p = vec![Tensor::from_slice(&[1.0f32, 0.0], &[2], &ctx.stream)?];
         let sign = if ctx.rank == 0 { 1.0 } else { -1.0 };
-        Ok(Drifter { p, sign, t: 0 })
+        Ok(Drifter { p, sign, reduces: 0, last: 0.0 })
     }
 }
 
 impl Replica for Drifter {
     fn train_step(&mut self, _batch: &Batch) -> Result<f32> {
+        // Steps of about the same length on both ranks, so neither window is many times the
+        // other's.
+        std::thread::sleep(Duration::from_millis(1));
         Ok(1.0)
     }
+    /// The two ranks drift apart by `DRIFT_SEED × DRIFT_GROWTH^n` per step, `n` the reduces
+    /// seen: each reduce's divergence is at least `DRIFT_GROWTH / (2 × steps ratio)` times the
+    /// previous one's, so the guard's growth rate stays far above its nudge threshold however
+    /// the ranks' steps fall into windows (the guard's input does not depend on timing).
     fn step(&mut self, _lr: f32) -> Result<()> {
         let s = self.p[0].as_mut_slice::<f32>()?;
-        s[1] += self.sign * 1e-3 * 1.05f32.powi(self.t);
-        self.t += 1;
+        if s[1] != self.last && self.reduces < MAX_GROWTHS {
+            self.reduces += 1;
+        }
+        s[1] += self.sign * DRIFT_SEED * DRIFT_GROWTH.powi(self.reduces);
+        self.last = s[1];
         Ok(())
     }
     fn parameters(&self) -> &[Tensor] {
