@@ -330,7 +330,8 @@ fn round(
         };
         for (i, &(p, b)) in args.modes.iter().enumerate() {
             for (j, &pf) in args.prefetch.iter().enumerate() {
-                let name = format!("skew x{} {}-{}{}", args.slow, p.name(), b.name(), variant(pf, args));
+                let name =
+                    format!("skew x{} {}-{}{}", args.slow, p.name(), b.name(), variant(pf, args));
                 let run = train(&name, 2, p, b, vec![1.0, args.slow], pf, args, data)?;
                 report(&run, args.json, target);
                 if let [Some(a), Some(c)] = solo {

@@ -861,9 +861,7 @@ impl<'a> RankLoop<'a> {
             self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work })?;
         }
         self.win.steps += 1;
-        if self.win.reported.is_none()
-            && self.win.is_reached()
-        {
+        if self.win.reported.is_none() && self.win.is_reached() {
             self.report(Readiness::Reached)?;
         }
         self.heartbeat()
