@@ -79,6 +79,57 @@ fn launched_jobs_match_in_process_runs() -> Result {
     Ok(())
 }
 
+/// A launched job records each rank process's time breakdown as an in-process run does: the
+/// controller's `summary.json` has every rank's parts summing to the training wall, with compute
+/// and the host round trip over the network (reduce) on both ranks; `metrics.jsonl`'s epochs
+/// carry each rank's breakdown; the report draws both ranks' lanes and names the rank that held
+/// the run back.
+#[test]
+fn launched_jobs_account_for_every_rank_process_time() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let job = tmp.path().join("job");
+    let out = Command::new(FDL)
+        .args(["launch", "--nproc", "2", "--policy", "cadence", "--slowdown", "1,3", "--quiet"])
+        .arg("--out")
+        .arg(&job)
+        .args(JOB)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let s = summary(&job)?;
+    let wall_ms = s["train_wall_s"].as_f64().ok_or("train_wall_s")? * 1000.0;
+    let ranks = s["ranks"].as_array().ok_or("ranks")?;
+    assert_eq!(ranks.len(), 2, "{s}");
+    let parts = ["compute", "data", "reduce", "waiting", "evaluation", "checkpoint", "other"];
+    for r in ranks {
+        let ms = |p: &str| r["time"][format!("{p}_ms")].as_f64().unwrap_or(f64::NAN);
+        let sum: f64 = parts.iter().map(|p| ms(p)).sum();
+        // A short run: a few ms of scheduling noise are more than 1% of it.
+        assert!((sum - wall_ms).abs() < 0.05 * wall_ms + 5.0, "{sum} ms of {wall_ms} ms: {r}");
+        assert!(ms("compute") > 0.0 && ms("reduce") > 0.0, "{r}");
+    }
+    assert!(s["held_back"]["rank"].as_u64().is_some_and(|r| r < 2), "{s}");
+    let metrics = std::fs::read_to_string(job.join("metrics.jsonl"))?;
+    let epochs: Vec<Value> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "epoch")
+        .collect();
+    assert_eq!(epochs.len(), 2, "{metrics}");
+    for e in &epochs {
+        for r in e["ranks"].as_array().ok_or("no ranks")? {
+            assert!(r["time"]["compute_ms"].as_f64().is_some_and(|c| c > 0.0), "{e}");
+        }
+    }
+    let html = std::fs::read_to_string(job.join("report.html"))?;
+    assert!(html.contains("<h2>Rank activity</h2>"), "no swimlane");
+    assert!(html.contains("Held the run back most: <b>rank "), "no rank named");
+    for rank in 0..2 {
+        assert!(html.contains(&format!("<title>rank {rank} epoch")), "no lane for rank {rank}");
+    }
+    Ok(())
+}
+
 /// A launched job whose output lines arrive on a channel; pids by rank.
 struct Launched {
     child: Child,
