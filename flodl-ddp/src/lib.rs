@@ -84,6 +84,7 @@
 pub mod checkpoint;
 pub mod contract;
 pub mod control;
+pub mod cooperative;
 mod error;
 mod link;
 mod mlp;
@@ -95,6 +96,7 @@ pub use contract::{
     Batch, BatchEval, Capability, FailingReplica, Failure, Replica, ReplicaContext, TrainerOption,
     evaluate,
 };
+pub use cooperative::{Parameters, Step, Worker};
 pub use control::breakdown::{Activity, Straggler, TimeBreakdown, straggler};
 pub use control::dispatch::{Chunk, Cutting, Dispatcher};
 pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
@@ -114,7 +116,7 @@ pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Started};
 pub use runtime::fault::{FaultCause, FaultEvent};
-pub use runtime::handle::{DdpHandle, TrainedState};
+pub use runtime::handle::{Cooperative, DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
 pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, RunSpec};
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};
