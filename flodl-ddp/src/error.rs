@@ -81,7 +81,9 @@ pub enum Error {
     Replica(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A cooperative rank's [`Worker`](crate::Worker) is gone: dropped before the run was over
     /// (its thread ended or panicked). The rank fails with it and is declared dead.
-    #[error("the cooperative worker of rank {rank} is gone (dropped: its thread ended or panicked)")]
+    #[error(
+        "the cooperative worker of rank {rank} is gone (dropped: its thread ended or panicked)"
+    )]
     WorkerGone {
         /// The rank whose worker is gone.
         rank: usize,

@@ -96,7 +96,6 @@ pub use contract::{
     Batch, BatchEval, Capability, FailingReplica, Failure, Replica, ReplicaContext, TrainerOption,
     evaluate,
 };
-pub use cooperative::{Parameters, Step, Worker};
 pub use control::breakdown::{Activity, Straggler, TimeBreakdown, straggler};
 pub use control::dispatch::{Chunk, Cutting, Dispatcher};
 pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
@@ -109,6 +108,7 @@ pub use control::metrics::{
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::verdict::Verdict;
+pub use cooperative::{Parameters, Step, Worker};
 pub use error::{Divergence, Error, FailureKind, Peer, RankFailure, Result};
 pub use link::frame::WireFormat;
 pub use mlp::{Mlp, MlpConfig, Optimizer};

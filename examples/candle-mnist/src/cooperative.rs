@@ -21,8 +21,8 @@ pub fn rank_loop(mut worker: Worker) -> flodl_ddp::Result<usize> {
         let device = Device::Cpu;
         // Overwritten with the run's initial state before the first step.
         let model = LeNet::new(&device).map_err(candle_error)?;
-        let mut optimizer = AdamW::new(model.vars().to_vec(), ParamsAdamW::default())
-            .map_err(candle_error)?;
+        let mut optimizer =
+            AdamW::new(model.vars().to_vec(), ParamsAdamW::default()).map_err(candle_error)?;
         let mut params = CandleParams { vars: model.vars() };
         let mut steps = 0;
         while let Some(step) = worker.next_step(&mut params)? {
@@ -68,7 +68,11 @@ pub fn outcome(state: &TrainedState, settings: &Settings) -> anyhow::Result<Outc
     let device = Device::Cpu;
     let model = LeNet::new(&device)?;
     if model.vars().len() != state.params.len() {
-        anyhow::bail!("the run holds {} parameters, the model {}", state.params.len(), model.vars().len());
+        anyhow::bail!(
+            "the run holds {} parameters, the model {}",
+            state.params.len(),
+            model.vars().len()
+        );
     }
     for (v, p) in model.vars().iter().zip(&state.params) {
         write_var(v, &p.data)?;

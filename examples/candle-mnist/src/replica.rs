@@ -50,8 +50,8 @@ impl CandleReplica {
     pub fn new(ctx: &ReplicaContext) -> Result<CandleReplica> {
         let device = Device::Cpu;
         let model = LeNet::new(&device).map_err(candle_error)?;
-        let optimizer = AdamW::new(model.vars().to_vec(), ParamsAdamW::default())
-            .map_err(candle_error)?;
+        let optimizer =
+            AdamW::new(model.vars().to_vec(), ParamsAdamW::default()).map_err(candle_error)?;
         let params = model
             .vars()
             .iter()
@@ -136,7 +136,6 @@ impl Replica for CandleReplica {
         })
     }
 }
-
 
 /// Trains the model through the `Replica` tier and evaluates the averaged result.
 ///

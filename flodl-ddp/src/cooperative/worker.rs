@@ -76,7 +76,10 @@ impl Worker {
     /// [`finish`](Step::finish); [`Error::Timeout`] when the rank sends nothing within the
     /// stall timeout plus the watchdog; [`Error::ReplicaMismatch`] when `params` does not fit
     /// the run's parameters, and whatever `params` raises (the rank then fails).
-    pub fn next_step<P: Parameters + ?Sized>(&mut self, params: &mut P) -> Result<Option<Step<'_>>> {
+    pub fn next_step<P: Parameters + ?Sized>(
+        &mut self,
+        params: &mut P,
+    ) -> Result<Option<Step<'_>>> {
         match self.phase {
             Phase::Training => return Err(Error::StepUnfinished { rank: self.rank }),
             Phase::Stepping => {
@@ -161,7 +164,9 @@ fn check_count(have: usize, want: usize) -> Result<()> {
     if have == want {
         Ok(())
     } else {
-        Err(Error::ReplicaMismatch(format!("the model lends {have} parameters, the run has {want}")))
+        Err(Error::ReplicaMismatch(format!(
+            "the model lends {have} parameters, the run has {want}"
+        )))
     }
 }
 

@@ -9,20 +9,20 @@ use flodl_tensor::Device;
 
 use crate::checkpoint::{Checkpoint, CheckpointError, SaveInterval};
 use crate::contract::replica::{Replica, ReplicaContext};
-use crate::cooperative::bridge::Bridge;
-use crate::cooperative::worker::Worker;
-use crate::runtime::handle::Cooperative;
-use crate::state::HostTensor;
 use crate::control::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
 use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
+use crate::cooperative::bridge::Bridge;
+use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
 use crate::runtime::capture::{CheckpointPlan, Resumed};
 use crate::runtime::cluster::{Cluster, RankHandle, Started, own_device};
+use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
 use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, Placement, RunSpec};
+use crate::state::HostTensor;
 use crate::{Error, Result};
 
 /// Builds a rank's replica inside the rank's thread.

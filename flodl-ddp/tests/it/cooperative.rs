@@ -10,11 +10,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flodl_data::{Dataset, HostBatch, Split, Subset};
+use flodl_ddp::HostTensor;
 use flodl_ddp::{
     Backend, Batch, Devices, EpochMetrics, Error, Parameters, Policy, Result, Trainer, Worker,
     record_scalar,
 };
-use flodl_ddp::HostTensor;
 use flodl_tensor::Device;
 
 const FEATURES: usize = 784;
@@ -51,10 +51,13 @@ impl Linear {
             }
         }
         let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f32 = z.iter_mut().map(|v| {
-            *v = (*v - max).exp();
-            *v
-        }).sum();
+        let sum: f32 = z
+            .iter_mut()
+            .map(|v| {
+                *v = (*v - max).exp();
+                *v
+            })
+            .sum();
         z.iter_mut().for_each(|v| *v /= sum);
         z
     }
