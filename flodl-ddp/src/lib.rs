@@ -70,6 +70,16 @@
 //! rank's thread, from a [`ReplicaContext`] (device, stream, batch size, seed); every rank must
 //! build the same initial parameters.
 //!
+//! # The cooperative tier
+//!
+//! A stack with its own autograd and optimizer needs no [`Replica`]:
+//! [`Trainer::run_cooperative`] hands out one [`Worker`] per rank, driven by the user's own loop
+//! on a thread of theirs (`while let Some(step) = worker.next_step(&mut params)? { ..;
+//! let lr = step.finish(loss)?; .. }`), while the runtime keeps dispatch, ElChe, the policy and
+//! backend, the schedule, metrics, checkpoints and fault handling. The parameters cross through
+//! the user's [`Parameters`] only when a reduce needs them. `examples/candle-mnist` in the
+//! repository trains a candle LeNet-5 both ways.
+//!
 //! A [`Batch`] follows the dataset's layout: its fields come in the order of the dataset's
 //! [`SampleLayout`](flodl_data::SampleLayout) (MNIST: `image`, then `label`), each with its
 //! field's dtype (f32 or i32: MNIST's label is i32); a field whose samples are scalars arrives as

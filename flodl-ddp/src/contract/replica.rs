@@ -171,7 +171,10 @@ pub struct BatchEval {
 ///
 /// The runtime calls [`train_step`](Replica::train_step) then [`step`](Replica::step) once per
 /// batch, and between batches reads and overwrites [`parameters`](Replica::parameters) (and
-/// [`buffers`](Replica::buffers)) to average replicas. Parameters, gradients and buffers are
+/// [`buffers`](Replica::buffers)) to average replicas, calling
+/// [`export_parameters`](Replica::export_parameters) before it reads them and
+/// [`import_parameters`](Replica::import_parameters) after it wrote them (so a model kept in
+/// another stack's variables crosses into flodl tensors only then). Parameters, gradients and buffers are
 /// device tensors on the context's device, `f32`, in a fixed order that is the same on every
 /// rank. A replica is built inside its rank's thread and never leaves it, so it need not be
 /// `Send`.
