@@ -79,6 +79,22 @@ pub enum Error {
     /// A user replica failed.
     #[error("replica: {0}")]
     Replica(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A cooperative rank's [`Worker`](crate::Worker) is gone: dropped before the run was over
+    /// (its thread ended or panicked). The rank fails with it and is declared dead.
+    #[error(
+        "the cooperative worker of rank {rank} is gone (dropped: its thread ended or panicked)"
+    )]
+    WorkerGone {
+        /// The rank whose worker is gone.
+        rank: usize,
+    },
+    /// A cooperative [`Step`](crate::Step) was dropped without reporting its loss, and its
+    /// worker was asked for the next one.
+    #[error("rank {rank}'s last cooperative step was dropped without finish()")]
+    StepUnfinished {
+        /// The worker's rank.
+        rank: usize,
+    },
     /// A trainer option needs a part of the [`crate::Replica`] contract that the replica does
     /// not offer (reported by `run()`, when the replicas are built).
     #[error("{option} needs a replica with {capability}")]
@@ -275,7 +291,7 @@ impl RankFailure {
 impl From<&Error> for RankFailure {
     fn from(error: &Error) -> RankFailure {
         let kind = match error {
-            Error::Replica(_) => FailureKind::Replica,
+            Error::Replica(_) | Error::WorkerGone { .. } => FailureKind::Replica,
             Error::ReplicaMismatch(_) => FailureKind::ReplicaMismatch,
             Error::MissingCapability { option, capability } => {
                 FailureKind::MissingCapability { option: *option, capability: *capability }

@@ -70,6 +70,16 @@
 //! rank's thread, from a [`ReplicaContext`] (device, stream, batch size, seed); every rank must
 //! build the same initial parameters.
 //!
+//! # The cooperative tier
+//!
+//! A stack with its own autograd and optimizer needs no [`Replica`]:
+//! [`Trainer::run_cooperative`] hands out one [`Worker`] per rank, driven by the user's own loop
+//! on a thread of theirs (`while let Some(step) = worker.next_step(&mut params)? { ..;
+//! let lr = step.finish(loss)?; .. }`), while the runtime keeps dispatch, ElChe, the policy and
+//! backend, the schedule, metrics, checkpoints and fault handling. The parameters cross through
+//! the user's [`Parameters`] only when a reduce needs them. `examples/candle-mnist` in the
+//! repository trains a candle LeNet-5 both ways.
+//!
 //! A [`Batch`] follows the dataset's layout: its fields come in the order of the dataset's
 //! [`SampleLayout`](flodl_data::SampleLayout) (MNIST: `image`, then `label`), each with its
 //! field's dtype (f32 or i32: MNIST's label is i32); a field whose samples are scalars arrives as
@@ -84,6 +94,7 @@
 pub mod checkpoint;
 pub mod contract;
 pub mod control;
+pub mod cooperative;
 mod error;
 mod link;
 mod mlp;
@@ -107,6 +118,7 @@ pub use control::metrics::{
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::verdict::Verdict;
+pub use cooperative::{Parameters, Step, Worker};
 pub use error::{Divergence, Error, FailureKind, Peer, RankFailure, Result};
 pub use link::frame::WireFormat;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
@@ -114,7 +126,7 @@ pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Started};
 pub use runtime::fault::{FaultCause, FaultEvent};
-pub use runtime::handle::{DdpHandle, TrainedState};
+pub use runtime::handle::{Cooperative, DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
 pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, RunSpec};
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};

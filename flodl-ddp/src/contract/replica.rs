@@ -171,7 +171,10 @@ pub struct BatchEval {
 ///
 /// The runtime calls [`train_step`](Replica::train_step) then [`step`](Replica::step) once per
 /// batch, and between batches reads and overwrites [`parameters`](Replica::parameters) (and
-/// [`buffers`](Replica::buffers)) to average replicas. Parameters, gradients and buffers are
+/// [`buffers`](Replica::buffers)) to average replicas, calling
+/// [`export_parameters`](Replica::export_parameters) before it reads them and
+/// [`import_parameters`](Replica::import_parameters) after it wrote them (so a model kept in
+/// another stack's variables crosses into flodl tensors only then). Parameters, gradients and buffers are
 /// device tensors on the context's device, `f32`, in a fixed order that is the same on every
 /// rank. A replica is built inside its rank's thread and never leaves it, so it need not be
 /// `Send`.
@@ -262,6 +265,29 @@ pub trait Replica {
         let _ = batch;
         Ok(None)
     }
+
+    /// Brings [`parameters`](Replica::parameters) (and [`buffers`](Replica::buffers)) up to
+    /// date from where the model keeps its values, before the runtime reads them: at a reduce,
+    /// a host snapshot, a checkpoint and the end of the run. A replica whose model lives in
+    /// another stack's variables (another framework's tensors) copies them in here, so its
+    /// parameters cross into flodl tensors only at reduces; one whose parameters are its flodl
+    /// tensors needs nothing (the default).
+    ///
+    /// # Errors
+    /// Whatever reading the model raises; the run stops with it.
+    fn export_parameters(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Pushes [`parameters`](Replica::parameters) (and [`buffers`](Replica::buffers)) into the
+    /// model after the runtime wrote them: the initial state and every average. The counterpart
+    /// of [`export_parameters`](Replica::export_parameters); nothing by default.
+    ///
+    /// # Errors
+    /// Whatever writing the model raises; the run stops with it.
+    fn import_parameters(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<R: Replica + ?Sized> Replica for Box<R> {
@@ -303,5 +329,11 @@ impl<R: Replica + ?Sized> Replica for Box<R> {
     }
     fn evaluate_batch(&mut self, batch: &Batch) -> Result<Option<BatchEval>> {
         (**self).evaluate_batch(batch)
+    }
+    fn export_parameters(&mut self) -> Result<()> {
+        (**self).export_parameters()
+    }
+    fn import_parameters(&mut self) -> Result<()> {
+        (**self).import_parameters()
     }
 }

@@ -152,6 +152,19 @@ pub(crate) fn drain_scalars() -> BTreeMap<String, (f64, usize)> {
     SCALARS.with(|s| std::mem::take(&mut *s.borrow_mut()))
 }
 
+/// Adds `scalars` (drained from another thread, as `name → (sum, count)`) to the calling
+/// thread's: a cooperative rank takes over what its user's thread recorded.
+pub(crate) fn absorb_scalars(scalars: BTreeMap<String, (f64, usize)>) {
+    SCALARS.with(|s| {
+        let mut map = s.borrow_mut();
+        for (name, (sum, count)) in scalars {
+            let entry = map.entry(name).or_insert((0.0, 0));
+            entry.0 += sum;
+            entry.1 += count;
+        }
+    });
+}
+
 /// One epoch's accumulation of what the ranks did: their finished work and the reduces.
 #[derive(Debug, Clone, Default)]
 pub struct EpochTally {

@@ -355,3 +355,12 @@ pub(crate) fn trained_state(
         faults,
     })
 }
+
+/// A cooperative run: the handle of the run and one [`Worker`] per rank, in rank order.
+#[derive(Debug)]
+pub struct Cooperative {
+    /// The run's handle: metrics, reduce, guard and fault events, checkpoints, `join`.
+    pub handle: DdpHandle,
+    /// One worker per rank, `workers[r]` for rank `r`: move each to a thread of its own.
+    pub workers: Vec<crate::cooperative::Worker>,
+}

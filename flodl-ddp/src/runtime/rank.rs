@@ -290,8 +290,10 @@ impl Worker {
         Ok(())
     }
 
-    /// The parameters and buffers, copied to the host.
-    pub(crate) fn snapshot(&self) -> Result<HostState> {
+    /// The parameters and buffers, copied to the host (brought up to date by the replica
+    /// first).
+    pub(crate) fn snapshot(&mut self) -> Result<HostState> {
+        self.replica.export_parameters()?;
         let read = |ts: &[Tensor]| -> Result<Vec<Vec<f32>>> {
             ts.iter().map(|t| Ok(t.to_vec::<f32>(&self.stream)?)).collect()
         };
@@ -318,7 +320,8 @@ impl Worker {
             Ok(())
         };
         write(self.replica.parameters_mut(), &state.params)?;
-        write(self.replica.buffers_mut(), &state.buffers)
+        write(self.replica.buffers_mut(), &state.buffers)?;
+        self.replica.import_parameters()
     }
 
     /// Host backend: takes the round's average. Each parameter becomes the average shifted by
@@ -332,6 +335,8 @@ impl Worker {
         blend: Option<f32>,
     ) -> Result<()> {
         let stream = self.stream.clone();
+        // The average is shifted by what the rank trained since its snapshot: read it now.
+        self.replica.export_parameters()?;
         let params = self.replica.parameters_mut();
         if params.len() != avg.params.len() || sent.is_some_and(|s| s.len() != params.len()) {
             return Err(Error::ReplicaMismatch("averaged state does not match the replica".into()));
@@ -381,7 +386,7 @@ impl Worker {
         if self.outer.resets_inner_state() {
             self.replica.reset_optimizer(&stream)?;
         }
-        Ok(())
+        self.replica.import_parameters()
     }
 
     /// Builds the communicator of the group whose members sit at `positions` of the current
@@ -404,6 +409,8 @@ impl Worker {
             return Err(Error::NoCommunicator);
         };
         self.stream.synchronize()?;
+        // Before the group meets: a replica whose model lives elsewhere copies it in now.
+        self.replica.export_parameters()?;
         let (mut divergence, mut norm) = (None, None);
         if let Some((wp, wb)) = comm.weights(steps, self.cfg.spec.gamma)? {
             let measure = self.cfg.measures_divergence() && wp > 0.0;
@@ -444,6 +451,7 @@ impl Worker {
             if self.outer.resets_inner_state() {
                 self.replica.reset_optimizer(&self.stream)?;
             }
+            self.replica.import_parameters()?;
         }
         Ok(Reduced { sync_ms: t0.elapsed().as_secs_f64() * 1000.0, divergence, norm })
     }
@@ -451,7 +459,7 @@ impl Worker {
     /// This rank's checkpoint part: its optimizer state, its position, and the model with the
     /// outer optimizer when `request.model`.
     pub(crate) fn capture(
-        &self,
+        &mut self,
         request: CaptureRequest,
         position: Option<(Chunk, usize)>,
     ) -> Result<RankCapture> {
@@ -897,7 +905,8 @@ impl<'a> RankLoop<'a> {
         let Some(request) = request else { return Ok(None) };
         self.stage = Stage::Paused;
         let t = Instant::now();
-        let part = self.worker.capture(request, self.position());
+        let position = self.position();
+        let part = self.worker.capture(request, position);
         self.ledger.charge(Activity::Checkpoint, t);
         Ok(Some(Box::new(part?)))
     }

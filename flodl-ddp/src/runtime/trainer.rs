@@ -1,7 +1,7 @@
 //! The `Trainer` builder: what to train, on which devices, how often to average.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flodl_data::Dataset;
@@ -13,12 +13,16 @@ use crate::control::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, Trend
 use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
+use crate::cooperative::bridge::Bridge;
+use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
 use crate::runtime::capture::{CheckpointPlan, Resumed};
 use crate::runtime::cluster::{Cluster, RankHandle, Started, own_device};
+use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
 use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, Placement, RunSpec};
+use crate::state::HostTensor;
 use crate::{Error, Result};
 
 /// Builds a rank's replica inside the rank's thread.
@@ -305,6 +309,84 @@ impl Trainer {
             cluster: None,
             wire: WireFormat::F32,
         }
+    }
+
+    /// A trainer for the cooperative tier: the user's own loop trains each rank through a
+    /// [`Worker`](crate::Worker), so no replica factory is given. Start it with
+    /// [`run_cooperative`](Self::run_cooperative) ([`run`](Self::run) fails: its ranks have no
+    /// replica to build). Same defaults as [`new`](Self::new).
+    pub fn cooperative() -> Trainer {
+        Trainer::new(|_: &ReplicaContext| -> Result<Bridge> {
+            Err(Error::Config(
+                "a cooperative trainer has no replicas: start it with Trainer::run_cooperative"
+                    .into(),
+            ))
+        })
+    }
+
+    /// Starts the run with the cooperative tier: every rank trains through a
+    /// [`Worker`](crate::Worker) that the user's own loop drives (its own forward, backward and
+    /// optimizer, in any stack), while the runtime runs everything else as for a
+    /// [`Replica`]: dispatch, ElChe windows, the policy and backend, the learning-rate
+    /// schedule, averaging, metrics, checkpoints and fault handling. `initial` is the model's
+    /// trainable parameters (shapes and values, in the order the user's
+    /// [`Parameters`](crate::Parameters) lends them): every worker's model is overwritten with
+    /// them before its first step. Returns as [`run`](Self::run) does, with one worker per rank
+    /// beside the handle; each worker must be driven on a thread of its own until its
+    /// `next_step` answers `None`.
+    ///
+    /// The cooperative tier runs on CPU ranks in one process. It offers no evaluation (the
+    /// user evaluates the joined [`TrainedState`](crate::TrainedState)), no optimizer state in
+    /// checkpoints and no gradient clipping ([`Error::MissingCapability`]).
+    ///
+    /// # Errors
+    /// Those of [`run`](Self::run); [`Error::Config`] for a cluster run, a rank that is not a
+    /// CPU, or an `initial` tensor whose values do not fill its shape.
+    pub fn run_cooperative(mut self, initial: Vec<HostTensor>) -> Result<Cooperative> {
+        if self.cluster.is_some() {
+            return Err(Error::Config(
+                "the cooperative tier runs in one process (no cluster run yet)".into(),
+            ));
+        }
+        let spec = self.spec()?;
+        if let Some(d) = spec.devices.iter().find(|d| **d != Device::Cpu) {
+            return Err(Error::Config(format!("the cooperative tier runs on CPU ranks, not {d}")));
+        }
+        if let Some(p) = initial.iter().find(|p| p.shape.iter().product::<usize>() != p.data.len())
+        {
+            return Err(Error::Config(format!(
+                "an initial parameter of shape {:?} holds {} values",
+                p.shape,
+                p.data.len()
+            )));
+        }
+        // The rank waits for its worker up to the watchdog (a silent rank is declared dead by
+        // then anyway); the worker waits for its rank up to every wait the rank may be in.
+        let (rank_wait, worker_wait) = (spec.watchdog, spec.stall_timeout + spec.watchdog);
+        let mut ends = Vec::with_capacity(spec.world());
+        let mut workers = Vec::with_capacity(spec.world());
+        for rank in 0..spec.world() {
+            let (order_tx, order_rx) = flume::bounded(1);
+            let (answer_tx, answer_rx) = flume::bounded(1);
+            ends.push(Some((order_tx, answer_rx)));
+            workers.push(Worker::new(rank, order_rx, answer_tx, worker_wait));
+        }
+        let ends = Arc::new(Mutex::new(ends));
+        let initial: Arc<[HostTensor]> = initial.into();
+        self.factory = Arc::new(move |ctx: &ReplicaContext| {
+            let end = ends
+                .lock()
+                .map_err(|_| Error::protocol("the cooperative ranks' ends are poisoned"))?
+                .get_mut(ctx.rank)
+                .and_then(Option::take);
+            let (orders, answers) = end.ok_or_else(|| {
+                Error::protocol(format!("rank {}'s cooperative worker was taken twice", ctx.rank))
+            })?;
+            let bridge = Bridge::new(ctx, &initial, orders, answers, rank_wait)?;
+            Ok(Box::new(bridge) as Box<dyn Replica>)
+        });
+        let handle = self.run()?;
+        Ok(Cooperative { handle, workers })
     }
 
     /// Makes this a cluster run's trainer: every rank its own process, this process the one

@@ -4,6 +4,7 @@ mod breakdown;
 mod checkpoint;
 mod cluster;
 mod common;
+mod cooperative;
 mod custom_replica;
 mod dispatch;
 mod divergence;

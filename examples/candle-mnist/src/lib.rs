@@ -1,0 +1,23 @@
+//! The worked case of "bring your own stack": a LeNet-5-style CNN written with candle
+//! (candle-core and candle-nn, CPU), trained on MNIST across flodl-ddp's ranks two ways, and
+//! candle's own single-process loop beside them.
+//!
+//! - [`cooperative`]: the cooperative tier. Each rank is a [`flodl_ddp::Worker`] driven by a
+//!   plain candle loop (forward, `backward`, AdamW); the runtime reads and writes the candle
+//!   `Var`s through [`vars::CandleParams`] only when a reduce needs them.
+//! - [`replica`]: the `Replica` tier. [`replica::CandleReplica`] adapts the same model to
+//!   [`flodl_ddp::Replica`]; its parameters cross between candle `Var`s and flodl tensors only at
+//!   reduces ([`Replica::export_parameters`](flodl_ddp::Replica::export_parameters) and
+//!   [`import_parameters`](flodl_ddp::Replica::import_parameters)).
+//! - [`baseline`]: candle's own loop on one process with a chosen number of threads, the
+//!   throughput reference.
+//!
+//! `cargo run --release -p flodl-candle-mnist -- --help` lists the runs.
+
+pub mod baseline;
+pub mod cooperative;
+pub mod data;
+pub mod lenet;
+pub mod replica;
+pub mod settings;
+pub mod vars;
