@@ -26,3 +26,4 @@ mod schedule;
 #[path = "../../examples/softmax.rs"]
 mod softmax;
 mod spec;
+mod staging;
