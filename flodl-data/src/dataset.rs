@@ -5,6 +5,19 @@ use std::sync::Arc;
 use crate::batch::HostBatch;
 use crate::error::{Error, Result};
 use crate::layout::SampleLayout;
+use crate::staging::CacheReport;
+
+/// What one fetch from a dataset costs: whether its samples sit in memory or are read from
+/// storage. The runtime stages a dataset in a host cache filled ahead ([`crate::StagingCache`])
+/// when it reads from storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FetchCost {
+    /// Samples are copied from host memory: nothing to gain from staging.
+    #[default]
+    Memory,
+    /// Samples are read with I/O on each fetch (a file, a network store): slow to fetch.
+    Storage,
+}
 
 /// A finite, indexable set of samples that can be fetched in bulk.
 ///
@@ -30,6 +43,20 @@ pub trait Dataset: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// What a fetch costs (a hint for the runtime: [`FetchCost::Storage`] datasets are staged).
+    fn fetch_cost(&self) -> FetchCost {
+        FetchCost::Memory
+    }
+
+    /// As [`Dataset::fetch`], and says where the samples came from when the dataset is a cache
+    /// (`None` for a dataset that is not one).
+    ///
+    /// # Errors
+    /// As [`Dataset::fetch`].
+    fn fetch_traced(&self, indices: &[usize], out: &mut HostBatch) -> Result<Option<CacheReport>> {
+        self.fetch(indices, out).map(|()| None)
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Arc<D> {
@@ -44,6 +71,14 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn fetch(&self, indices: &[usize], out: &mut HostBatch) -> Result<()> {
         (**self).fetch(indices, out)
     }
+
+    fn fetch_cost(&self) -> FetchCost {
+        (**self).fetch_cost()
+    }
+
+    fn fetch_traced(&self, indices: &[usize], out: &mut HostBatch) -> Result<Option<CacheReport>> {
+        (**self).fetch_traced(indices, out)
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Box<D> {
@@ -57,6 +92,14 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
 
     fn fetch(&self, indices: &[usize], out: &mut HostBatch) -> Result<()> {
         (**self).fetch(indices, out)
+    }
+
+    fn fetch_cost(&self) -> FetchCost {
+        (**self).fetch_cost()
+    }
+
+    fn fetch_traced(&self, indices: &[usize], out: &mut HostBatch) -> Result<Option<CacheReport>> {
+        (**self).fetch_traced(indices, out)
     }
 }
 
@@ -118,5 +161,15 @@ impl<D: Dataset> Dataset for Subset<D> {
         check_indices(indices, self.indices.len())?;
         let mapped: Vec<usize> = indices.iter().map(|&i| self.indices[i]).collect();
         self.inner.fetch(&mapped, out)
+    }
+
+    fn fetch_cost(&self) -> FetchCost {
+        self.inner.fetch_cost()
+    }
+
+    fn fetch_traced(&self, indices: &[usize], out: &mut HostBatch) -> Result<Option<CacheReport>> {
+        check_indices(indices, self.indices.len())?;
+        let mapped: Vec<usize> = indices.iter().map(|&i| self.indices[i]).collect();
+        self.inner.fetch_traced(&mapped, out)
     }
 }

@@ -89,6 +89,25 @@ pub enum Error {
         /// Digest of the file (lowercase hex).
         found: String,
     },
+    /// A record of a record file fails its checksum: the file is corrupt there.
+    #[error("{path}: record {index} at byte offset {offset} fails its checksum")]
+    CorruptRecord {
+        /// The file.
+        path: PathBuf,
+        /// The record's index.
+        index: usize,
+        /// The record's byte offset in the file.
+        offset: u64,
+    },
+    /// A file is not a record file this version reads (bad magic, version, header checksum or
+    /// size).
+    #[error("{path}: not a readable record file: {reason}")]
+    BadRecordFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, in words.
+        reason: String,
+    },
     /// The checksum file lists no digest for a file.
     #[error("{sums}: no sha256 listed for {file}")]
     MissingChecksum {

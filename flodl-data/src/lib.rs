@@ -2,7 +2,9 @@
 //!
 //! - [`Dataset`]: length, [`SampleLayout`] and a bulk [`Dataset::fetch`] into a reusable
 //!   [`HostBatch`]. Readers: [`Mnist`] (idx files, gzipped or raw, validated, optional sha256)
-//!   and [`InMemory`]; [`Subset`] restricts any dataset.
+//!   and [`InMemory`]; [`Subset`] restricts any dataset; [`RecordFile`] reads samples from a
+//!   checksummed record file on every fetch (written by [`RecordWriter`] / [`write_records`]),
+//!   and says so with [`FetchCost::Storage`].
 //! - Sharding: [`epoch_permutation`] depends only on `(seed, epoch)`; [`equal_partition`] and
 //!   [`weighted_partition`] slice it into per-rank [`EpochPlan`]s; [`plan_batches`] cuts a plan
 //!   into [`BatchPicks`] under a [`TailPolicy`]. Augmentation is multiplicity ([`PickSpace`]);
@@ -40,12 +42,13 @@ pub mod mnist;
 mod permutation;
 mod plan;
 mod prefetch;
+mod record;
 mod residency;
 mod staging;
 mod transform;
 
 pub use batch::HostBatch;
-pub use dataset::{Dataset, Subset};
+pub use dataset::{Dataset, FetchCost, Subset};
 pub use depth::{CPU_DEPTH, Depth, VramBudget, vram_depth};
 pub use error::{Error, Result};
 pub use in_memory::{InMemory, Values};
@@ -56,6 +59,7 @@ pub use plan::{
     BatchPicks, EpochPlan, TailPolicy, equal_partition, plan_batches, weighted_partition,
 };
 pub use prefetch::{DeviceBatch, Feed, Next, PrefetchConfig, Prefetcher};
+pub use record::{Access, RecordFile, RecordWriter, write_records};
 pub use residency::Eviction;
 pub use staging::{CacheReport, Fill, StagingCache, StagingConfig};
 pub use transform::Transform;

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::layout::SampleLayout;
 use crate::permutation::{PickKey, PickSpace};
 use crate::plan::BatchPicks;
+use crate::staging::CacheReport;
 use crate::transform::Transform;
 
 /// A batch on the device: one tensor per layout field (`[n, ..]`), ready once [`DeviceBatch::ready`]
@@ -25,6 +26,7 @@ pub struct DeviceBatch {
     keys: Vec<PickKey>,
     valid: usize,
     index: usize,
+    cache: Option<CacheReport>,
     // CPU batches give their tensors back to the prefetcher when dropped, for reuse.
     recycle: Option<flume::Sender<Vec<Tensor>>>,
 }
@@ -87,6 +89,11 @@ impl DeviceBatch {
     /// How many leading rows are real (the rest are padding, see [`crate::TailPolicy::Pad`]).
     pub fn valid(&self) -> usize {
         self.valid
+    }
+
+    /// Where its samples came from, when the dataset is a cache.
+    pub fn cache(&self) -> Option<CacheReport> {
+        self.cache
     }
 
     /// Position of this batch in its plan.
@@ -473,7 +480,7 @@ impl Worker {
         if let Ok(tensors) = self.recycled.try_recv() {
             staging.adopt(tensors);
         }
-        self.dataset.fetch(&samples, staging)?;
+        let cache = self.dataset.fetch_traced(&samples, staging)?;
         if !staging.is_consistent() || staging.len() != samples.len() {
             return Err(Error::LayoutMismatch);
         }
@@ -493,6 +500,7 @@ impl Worker {
             keys,
             valid: picks.valid,
             index,
+            cache,
             recycle: self.stream.device().is_cpu().then(|| self.recycle.clone()),
         })
     }

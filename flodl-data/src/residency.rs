@@ -3,7 +3,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 /// How the staging cache chooses what to give up when it is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Eviction {
     /// Belady/MIN with respect to the advised stream: evict the sample whose next use is farthest
     /// (never used again counts as infinitely far), and decline to admit a sample whose next use
@@ -63,6 +64,10 @@ impl Residency {
 
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    pub(crate) fn held(&self) -> usize {
+        self.held.len()
     }
 
     pub(crate) fn is_held(&self, sample: usize) -> bool {

@@ -121,7 +121,7 @@ impl StagingCache {
         let capacity = config.budget_bytes / layout.sample_bytes().max(1);
         let state = State {
             residency: Residency::new(capacity, config.eviction),
-            store: Store::new(&layout),
+            store: Store::new(&layout, capacity),
             requested: 0,
             caught_up: 0,
             filler: FillerState::Gone,
@@ -149,6 +149,17 @@ impl StagingCache {
     /// Capacity in whole samples.
     pub fn capacity(&self) -> usize {
         self.shared.lock().residency.capacity()
+    }
+
+    /// Host bytes the cache's value arenas take now (allocated, not only used): never more
+    /// than the budget.
+    pub fn held_bytes(&self) -> usize {
+        self.shared.lock().store.allocated_bytes()
+    }
+
+    /// Samples held now.
+    pub fn held(&self) -> usize {
+        self.shared.lock().residency.held()
     }
 
     /// Whether `sample` is held now.
@@ -246,6 +257,10 @@ impl Dataset for StagingCache {
 
     fn fetch(&self, indices: &[usize], out: &mut HostBatch) -> Result<()> {
         self.fetch_reported(indices, out).map(|_| ())
+    }
+
+    fn fetch_traced(&self, indices: &[usize], out: &mut HostBatch) -> Result<Option<CacheReport>> {
+        self.fetch_reported(indices, out).map(Some)
     }
 }
 
@@ -358,10 +373,22 @@ struct Store {
     slots: HashMap<usize, usize>,
     free: Vec<usize>,
     next_slot: usize,
+    // Slots the budget allows: the arenas never grow past them.
+    max_slots: usize,
+}
+
+/// Makes `v` `len` long, growing its allocation at most to `limit` elements (doubling below it),
+/// so the arena never holds more than the budget allows.
+fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize, limit: usize) {
+    if len > v.capacity() {
+        let target = (v.capacity() * 2).max(len).min(limit.max(len));
+        v.reserve_exact(target - v.len());
+    }
+    v.resize(len, T::default());
 }
 
 impl Store {
-    fn new(layout: &SampleLayout) -> Self {
+    fn new(layout: &SampleLayout, max_slots: usize) -> Self {
         let (mut f32_per, mut i32_per) = (0, 0);
         let fields = layout
             .fields()
@@ -386,7 +413,12 @@ impl Store {
             slots: HashMap::new(),
             free: Vec::new(),
             next_slot: 0,
+            max_slots,
         }
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        (self.f32s.capacity() + self.i32s.capacity()) * 4
     }
 
     fn release(&mut self, sample: usize) {
@@ -401,8 +433,8 @@ impl Store {
             None => {
                 let slot = self.next_slot;
                 self.next_slot += 1;
-                self.f32s.resize(self.next_slot * self.f32_per, 0.0);
-                self.i32s.resize(self.next_slot * self.i32_per, 0);
+                grow(&mut self.f32s, self.next_slot * self.f32_per, self.max_slots * self.f32_per);
+                grow(&mut self.i32s, self.next_slot * self.i32_per, self.max_slots * self.i32_per);
                 slot
             }
         }

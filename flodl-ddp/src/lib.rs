@@ -112,7 +112,7 @@ pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_tot
 pub use control::eval_rank::EvalRank;
 pub use control::logic_error::{LogicError, LogicResult};
 pub use control::metrics::{
-    EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report,
+    CacheTally, EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report,
     WorkTally, record_scalar,
 };
 pub use control::overshoot::{Overshoot, OvershootMode};
@@ -128,6 +128,7 @@ pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Started};
 pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{Cooperative, DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
+pub use runtime::staging::Staging;
 pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, RunSpec};
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};
 pub use state::HostTensor;

@@ -8,7 +8,7 @@ use flodl_data::{
     SampleLayout, StagingCache, StagingConfig, TailPolicy, Values, equal_partition, plan_batches,
 };
 use flodl_tensor::{DType, Device};
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 fn random_dataset(n: usize, seed: u64) -> Result<InMemory> {
@@ -165,4 +165,72 @@ fn zero_budget_is_a_pass_through() -> Result<()> {
         .is_err()
     );
     Ok(())
+}
+
+/// What a property case does to a cache, in order.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Advise a stream of this many samples from this seed.
+    Advise(usize, u64),
+    /// Fetch a batch of this many samples from this seed.
+    Fetch(usize, u64),
+    /// Wait for the background fill.
+    Settle,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (1usize..400, any::<u64>()).prop_map(|(n, s)| Op::Advise(n, s)),
+        (1usize..64, any::<u64>()).prop_map(|(n, s)| Op::Fetch(n, s)),
+        Just(Op::Settle),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Whatever the budget (not a whole number of samples included), the eviction rule, the
+    /// fill mode and the sequence of advisories and fetches, the bytes the cache allocates
+    /// never exceed its budget, and every fetch returns the dataset's values.
+    #[test]
+    fn the_cache_never_exceeds_its_budget(
+        budget in 0usize..4000,
+        lru in proptest::bool::ANY,
+        background in proptest::bool::ANY,
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        let ds = Arc::new(random_dataset(300, 5).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?);
+        let eviction = if lru { Eviction::Lru } else { Eviction::NextUse };
+        let fill = if background { Fill::Background } else { Fill::Off };
+        let config = StagingConfig { budget_bytes: budget, eviction, fill, fill_chunk: 16 };
+        let fail = |e: Error| proptest::test_runner::TestCaseError::fail(e.to_string());
+        let cache = StagingCache::new(Arc::clone(&ds) as Arc<dyn Dataset>, config).map_err(fail)?;
+        let mut got = HostBatch::new(ds.layout(), Device::Cpu);
+        let mut want = HostBatch::new(ds.layout(), Device::Cpu);
+        for op in ops {
+            match op {
+                Op::Advise(n, seed) => {
+                    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+                    cache.advise((0..n).map(|_| rng.random_range(0..300)).collect());
+                }
+                Op::Fetch(n, seed) => {
+                    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+                    let picks: Vec<usize> = (0..n).map(|_| rng.random_range(0..300)).collect();
+                    cache.fetch(&picks, &mut got).map_err(fail)?;
+                    ds.fetch(&picks, &mut want).map_err(fail)?;
+                    proptest::prop_assert_eq!(got.f32(0).map_err(fail)?, want.f32(0).map_err(fail)?);
+                    proptest::prop_assert_eq!(got.i32(1).map_err(fail)?, want.i32(1).map_err(fail)?);
+                }
+                Op::Settle => cache.settle().map_err(fail)?,
+            }
+            proptest::prop_assert!(
+                cache.held_bytes() <= budget,
+                "{} bytes allocated over a budget of {budget}", cache.held_bytes()
+            );
+            proptest::prop_assert!(cache.held() * SAMPLE_BYTES <= budget);
+        }
+        cache.settle().map_err(fail)?;
+        proptest::prop_assert!(cache.held_bytes() <= budget);
+    }
 }

@@ -320,6 +320,140 @@ impl Dispatcher {
         None
     }
 
+    /// What `rank` will train next, as chunks in order: the chunks it holds (from its oldest),
+    /// then a forecast of what it will be handed, at most `horizon` batches in all, walking from
+    /// the oldest open epoch into the next. This is the stage advisory the coordinator sends
+    /// (BEHAVIOUR §9.3): its own span first, then speculative margins.
+    ///
+    /// Static cut: the rest of its share, exactly (then its share of the next epoch).
+    /// Progressive: the free spans are cut as [`next_chunk`](Self::next_chunk) would for ranks
+    /// asking in the order their held work runs out at the speeds `counts` (batches per window)
+    /// describe; the pieces that would fall to `rank` are its forecast. Speculative: another
+    /// rank may get them, which costs only the reads (only dispatched chunks are trained).
+    pub fn forecast(
+        &self,
+        rank: usize,
+        counts: &[usize],
+        calibrated: bool,
+        horizon: usize,
+    ) -> Vec<Chunk> {
+        let mut out = Vec::new();
+        if !self.is_live(rank) {
+            return out;
+        }
+        let bs = self.batch_size;
+        let mut budget = horizon;
+        let take = |out: &mut Vec<Chunk>, budget: &mut usize, c: Chunk| -> bool {
+            let n = c.batches(bs).min(*budget);
+            if n > 0 {
+                out.push(Chunk { epoch: c.epoch, offset: c.offset, len: n * bs });
+                *budget -= n;
+            }
+            *budget > 0
+        };
+        for pool in &self.pools {
+            for h in &pool.held[rank] {
+                if !take(&mut out, &mut budget, h.chunk) {
+                    return out;
+                }
+            }
+        }
+        let last = (self.oldest + 2).min(self.epochs);
+        // The spans still to be handed out, per epoch from the oldest: (epoch, assigned to
+        // each rank, free).
+        let total = self.batches * bs;
+        let members: Vec<usize> = (0..self.world).filter(|&r| self.live[r]).collect();
+        let mut left: Vec<(usize, Vec<VecDeque<Span>>, VecDeque<Span>)> = Vec::new();
+        for epoch in self.oldest..last {
+            match self.pools.iter().find(|p| p.epoch == epoch) {
+                Some(p) => left.push((epoch, p.assigned.clone(), p.free.clone())),
+                None => {
+                    let done: &[Span] = self
+                        .resumed
+                        .iter()
+                        .find(|(e, _)| *e == epoch)
+                        .map_or(&[], |(_, d)| d.as_slice());
+                    let mut assigned = vec![VecDeque::new(); self.world];
+                    let mut free = VecDeque::new();
+                    match self.cutting {
+                        Cutting::Static => {
+                            for (&r, share) in members.iter().zip(self.shares(members.len())) {
+                                assigned[r] = subtract(&[share], done).into();
+                            }
+                        }
+                        Cutting::Progressive { .. } => free = subtract(&[(0, total)], done).into(),
+                    }
+                    left.push((epoch, assigned, free));
+                }
+            }
+        }
+        match self.cutting {
+            Cutting::Static => {
+                for (epoch, assigned, _) in &left {
+                    for &(start, end) in &assigned[rank] {
+                        let c = Chunk { epoch: *epoch, offset: start, len: end - start };
+                        if !take(&mut out, &mut budget, c) {
+                            return out;
+                        }
+                    }
+                }
+            }
+            Cutting::Progressive { min_chunk } => {
+                // When each live rank asks next, in units of windows: its held batches over
+                // its batches per window.
+                let speed = |r: usize| counts.get(r).copied().unwrap_or(1).max(1) as f64;
+                let mut clock: Vec<f64> = (0..self.world)
+                    .map(|r| {
+                        let held: usize = self
+                            .pools
+                            .iter()
+                            .flat_map(|p| &p.held[r])
+                            .map(|h| h.chunk.batches(bs))
+                            .sum();
+                        held as f64 / speed(r)
+                    })
+                    .collect();
+                let world = self.world;
+                for (epoch, _, free) in &mut left {
+                    let mut guard = 0usize;
+                    while let Some((start, end)) = free.pop_front() {
+                        guard += 1;
+                        if guard > 100_000 {
+                            return out;
+                        }
+                        let Some(&q) = members.iter().min_by(|&&a, &&b| {
+                            clock[a].total_cmp(&clock[b]).then(a.cmp(&b))
+                        }) else {
+                            return out;
+                        };
+                        let remaining: usize =
+                            (end - start) / bs + free.iter().map(|s| (s.1 - s.0) / bs).sum::<usize>();
+                        let mine = counts.get(q).copied().unwrap_or(1).max(1);
+                        let size = if calibrated {
+                            let sum: usize = counts.iter().sum::<usize>().max(1);
+                            (remaining * mine).div_ceil(sum).min(2 * mine).max(min_chunk)
+                        } else {
+                            (self.batches / (world * 10)).max(min_chunk)
+                        }
+                        .max(1);
+                        let cut = (start + size * bs).min(end);
+                        if cut < end {
+                            free.push_front((cut, end));
+                        }
+                        clock[q] += ((cut - start) / bs) as f64 / speed(q);
+                        if q == rank {
+                            let c = Chunk { epoch: *epoch, offset: start, len: cut - start };
+                            if !take(&mut out, &mut budget, c) {
+                                return out;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Credits a completed chunk and its work; `false` (and nothing credited) when `rank` does
     /// not hold it (a retired rank's late report).
     pub fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally) -> bool {
@@ -755,6 +889,61 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A forecast starts with the chunks the rank holds and, where the dispatcher's choice
+    /// depends on nobody else (the static cut, a world of one), is exactly what it hands the
+    /// rank next, cut at the horizon; a retired rank gets none.
+    #[test]
+    fn forecast_is_what_the_rank_is_handed_next() -> TestResult {
+        // (cutting, world, batch size, batches, epochs, calibrated)
+        let cases = [
+            (Cutting::Static, 3, 2, 31, 3, false),
+            (Cutting::Static, 2, 4, 10, 2, true),
+            (Cutting::Progressive { min_chunk: 2 }, 1, 2, 50, 3, false),
+            (Cutting::Progressive { min_chunk: 1 }, 1, 3, 40, 2, true),
+        ];
+        for (i, (cutting, world, bs, batches, epochs, calibrated)) in cases.into_iter().enumerate()
+        {
+            let counts = vec![3; world];
+            let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+            let mut held = Vec::new();
+            for r in 0..world {
+                let c = d.next_chunk(r, &counts, calibrated).ok_or(format!("case {i}: none"))?;
+                if r == 0 {
+                    held.push(c);
+                }
+            }
+            for horizon in [1, 5, usize::MAX] {
+                let forecast = d.forecast(0, &counts, calibrated, horizon);
+                let mut probe = Dispatcher::new(world, bs, batches, epochs, cutting);
+                let mut want = Vec::new();
+                for r in 0..world {
+                    let c = probe.next_chunk(r, &counts, calibrated);
+                    if r == 0 {
+                        want.extend(c);
+                    }
+                }
+                while let Some(c) = probe.next_chunk(0, &counts, calibrated) {
+                    want.push(c);
+                }
+                // The same positions in the same order, cut at the horizon.
+                let flat = |cs: &[Chunk]| -> Vec<(usize, usize)> {
+                    cs.iter().flat_map(|c| (c.offset..c.end()).map(move |p| (c.epoch, p))).collect()
+                };
+                let mut want = flat(&want);
+                want.truncate(horizon.saturating_mul(bs));
+                let starts_held = horizon < usize::MAX || forecast.first() == held.first();
+                if flat(&forecast) != want || !starts_held {
+                    return Err(format!("case {i} horizon {horizon}: {forecast:?}").into());
+                }
+            }
+        }
+        let mut d = Dispatcher::new(2, 1, 10, 1, Cutting::Static);
+        d.next_chunk(1, &[1, 1], false);
+        d.retire(1, 0);
+        assert!(d.forecast(1, &[1, 1], false, 100).is_empty());
         Ok(())
     }
 

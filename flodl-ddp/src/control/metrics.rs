@@ -65,6 +65,45 @@ pub struct RankEpochMetrics {
     /// parts of all epochs sum to its training wall time.
     #[serde(default)]
     pub time: TimeBreakdown,
+    /// Time it waited for its batches' data (fetch and upload beyond its training steps), in
+    /// milliseconds: the `data` part of [`RankEpochMetrics::time`].
+    #[serde(default)]
+    pub data_starve_ms: f64,
+    /// Where its batches' samples came from, when it stages its data in a cache.
+    #[serde(default)]
+    pub cache: Option<CacheTally>,
+    /// Its cache's hit ratio (hits over samples fetched), when it stages its data.
+    #[serde(default)]
+    pub hit_ratio: Option<f64>,
+}
+
+/// Samples a rank's staging cache served (hits) and read from the dataset (misses).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheTally {
+    /// Samples served from the cache.
+    pub hits: u64,
+    /// Samples read from the dataset.
+    pub misses: u64,
+}
+
+impl CacheTally {
+    /// Adds `other`'s counts.
+    pub fn merge(&mut self, other: &CacheTally) {
+        self.hits += other.hits;
+        self.misses += other.misses;
+    }
+
+    /// Hits over samples fetched (0 when nothing was fetched).
+    pub fn hit_ratio(&self) -> f64 {
+        ratio(self.hits as f64, (self.hits + self.misses) as f64)
+    }
+}
+
+/// Adds `add` to an optional tally (none stays none only when `add` is none).
+pub(crate) fn merge_cache(into: &mut Option<CacheTally>, add: Option<&CacheTally>) {
+    if let Some(a) = add {
+        into.get_or_insert_with(CacheTally::default).merge(a);
+    }
 }
 
 /// The result of evaluating the (averaged) model on a test dataset.
@@ -181,6 +220,7 @@ struct RankTally {
     compute_ms: f64,
     time: TimeBreakdown,
     scalars: BTreeMap<String, (f64, usize)>,
+    cache: Option<CacheTally>,
     // Of `batches` and `samples`, those of a dead rank that the consensus holds but that it
     // never reported (no loss, no compute time): left out of its means and throughput.
     unreported: (usize, usize),
@@ -203,6 +243,9 @@ pub struct WorkTally {
     pub time: TimeBreakdown,
     /// User scalars as `name → (sum, count)`.
     pub scalars: BTreeMap<String, (f64, usize)>,
+    /// Where its batches' samples came from, when the rank stages its data.
+    #[serde(default)]
+    pub cache: Option<CacheTally>,
 }
 
 impl EpochTally {
@@ -229,6 +272,7 @@ impl EpochTally {
         t.loss_sum += work.loss_sum;
         t.compute_ms += work.compute_ms;
         t.time.merge(&work.time);
+        merge_cache(&mut t.cache, work.cache.as_ref());
         for (name, (sum, count)) in &work.scalars {
             let e = t.scalars.entry(name.clone()).or_insert((0.0, 0));
             e.0 += sum;
@@ -269,6 +313,9 @@ impl EpochTally {
                 throughput: ratio((t.samples - t.unreported.1) as f64 * 1000.0, t.compute_ms),
                 batch_share: ratio(t.samples as f64, samples as f64),
                 time: t.time,
+                data_starve_ms: t.time.data_ms,
+                cache: t.cache,
+                hit_ratio: t.cache.map(|c| c.hit_ratio()),
             })
             .collect();
         let mut weighted: BTreeMap<String, (f64, f64)> = BTreeMap::new();

@@ -73,6 +73,10 @@ pub(crate) enum ToWorker {
     Init { state: HostState, restore: Option<Box<RankRestore>>, window: Window },
     /// Train this chunk after the ones already queued.
     Work(Chunk),
+    /// The stage advisory: the chunks the rank is expected to train next, in order (those it
+    /// holds, then a forecast; latest wins). A rank that stages its data reads ahead along
+    /// them; one that does not ignores it.
+    Stage { chunks: Vec<Chunk> },
     /// Collective backend: average now (all ranks do), then start `next` window at cohort step
     /// `global_step`; evaluate `eval` epoch afterwards when set. With `capture`, send a
     /// checkpoint part with the acknowledgement and train nothing until [`ToWorker::Resume`].
@@ -244,12 +248,15 @@ mod tests {
             compute_ms: 9.5,
             time: time.closed(12.25),
             scalars,
+            cache: Some(crate::control::metrics::CacheTally { hits: 300, misses: 20 }),
         };
         let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
         let to_rank = vec![
             ToWorker::Init { state: state(), restore: Some(Box::new(restore)), window },
             ToWorker::Init { state: HostState::default(), restore: None, window },
             ToWorker::Work(chunk),
+            ToWorker::Stage { chunks: vec![chunk, Chunk { epoch: 2, offset: 0, len: 64 }] },
+            ToWorker::Stage { chunks: Vec::new() },
             ToWorker::Reduce { next: window, eval: Some(3), global_step: 99, capture: request },
             ToWorker::Reduce { next: window, eval: None, global_step: 0, capture: None },
             ToWorker::Snapshot { round: 4, attempt: 2, capture: request },

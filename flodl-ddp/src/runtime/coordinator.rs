@@ -825,14 +825,41 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Tops up every rank's chunks.
-    fn dispatch_all(&mut self) -> Result<()> {
+    /// ElChe's batches per window of each rank (1 each without ElChe), and whether they are
+    /// calibrated (measured or hinted): what chunks are sized by.
+    fn dispatch_counts(&self) -> (Vec<usize>, bool) {
         let counts: Vec<usize> = match &self.cadence.elche {
             Some(e) => e.counts().to_vec(),
             None => vec![1; self.cfg.world()],
         };
         let calibrated =
             self.cadence.elche.as_ref().is_some_and(|e| e.is_calibrated() || e.has_speed_hint());
+        (counts, calibrated)
+    }
+
+    /// Sends each of `ranks` its stage advisory, when the run stages: the chunks it holds, then
+    /// a forecast of what it will be handed, an epoch's batches in all. An advisory that does
+    /// not fit a full queue is dropped (the next one replaces it anyway).
+    fn advise(&mut self, ranks: &[usize]) {
+        if !self.cfg.spec.staging.advises() {
+            return;
+        }
+        let (counts, calibrated) = self.dispatch_counts();
+        let horizon = self.cfg.batches_per_epoch();
+        for &rank in ranks {
+            if !self.slots.is_live(rank) {
+                continue;
+            }
+            let chunks = self.dispatch.forecast(rank, &counts, calibrated, horizon);
+            tracing::trace!(rank, chunks = chunks.len(), "stage advisory");
+            let _ = self.link.try_send(rank, ToWorker::Stage { chunks });
+        }
+    }
+
+    /// Tops up every rank's chunks, and sends the ranks handed one their new stage advisory.
+    fn dispatch_all(&mut self) -> Result<()> {
+        let (counts, calibrated) = self.dispatch_counts();
+        let mut handed = Vec::new();
         // In the last epoch a queued chunk could leave a peer idle at the end of the run: each
         // rank then holds one chunk at a time (chunks are sized to its share of what is left).
         let ahead = if self.dispatch.in_last_epoch() { 1 } else { CHUNKS_AHEAD };
@@ -842,6 +869,9 @@ impl Coordinator {
                     break;
                 };
                 self.send(rank, ToWorker::Work(chunk))?;
+                if handed.last() != Some(&rank) {
+                    handed.push(rank);
+                }
                 if let Some(slot) = self.slots.get_mut(rank) {
                     slot.in_flight += 1;
                     slot.works_sent += 1;
@@ -851,6 +881,7 @@ impl Coordinator {
                 }
             }
         }
+        self.advise(&handed);
         Ok(())
     }
 
@@ -1369,6 +1400,8 @@ impl Coordinator {
         if let Some(e) = self.cadence.elche.as_mut() {
             e.retire(rank)?;
         }
+        // What the survivors will be handed changed: the dead rank's work is theirs now.
+        self.advise(&survivors);
         match self.cfg.spec.backend {
             Backend::Collective => self.regroup(&survivors)?,
             Backend::Host => {

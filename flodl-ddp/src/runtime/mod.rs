@@ -15,4 +15,5 @@ pub(crate) mod rank;
 pub(crate) mod slot;
 pub(crate) mod solo;
 pub(crate) mod spec;
+pub(crate) mod staging;
 pub(crate) mod trainer;

@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flodl_data::{BatchPicks, HostBatch};
+use flodl_data::{BatchPicks, CacheReport, Dataset, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
 use crate::contract::capability::{TrainerOption, require};
@@ -29,6 +29,7 @@ use crate::runtime::fault::{Group, Interrupted, is_group_fault};
 use crate::runtime::handle::panic_message;
 use crate::runtime::ledger::Ledger;
 use crate::runtime::prefetch::ChunkFeeds;
+use crate::runtime::staging::{self, Stager};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -52,7 +53,7 @@ fn emulate_slower_device(d: Duration) {
     }
 }
 
-/// The epoch permutations a rank is currently reading (at most two epochs at a time).
+/// The epoch permutations a rank is currently reading or staging (at most three at a time).
 #[derive(Debug)]
 struct Permutations {
     len: usize,
@@ -65,12 +66,17 @@ impl Permutations {
         if let Some(i) = self.cache.iter().position(|(e, _)| *e == epoch) {
             return &self.cache[i].1;
         }
-        if self.cache.len() >= 2 {
+        if self.cache.len() >= 3 {
             self.cache.pop_front();
         }
         let perm = flodl_data::epoch_permutation(self.len, self.seed, epoch as u64);
         self.cache.push_back((epoch, perm));
         self.cache.back().map_or(&[], |(_, p)| p.as_slice())
+    }
+
+    /// `epoch`'s permutation when it is computed already (empty otherwise).
+    fn peek(&self, epoch: usize) -> &[usize] {
+        self.cache.iter().find(|(e, _)| *e == epoch).map_or(&[], |(_, p)| p.as_slice())
     }
 }
 
@@ -84,6 +90,11 @@ pub(crate) struct Worker {
     batch: Batch,
     eval_batches: EvalBatches,
     perms: Permutations,
+    /// Where the rank reads its training samples: its staging cache when it stages, else the
+    /// training set.
+    data: Arc<dyn Dataset>,
+    /// The rank's staging cache, when it stages.
+    stager: Option<Stager>,
     /// The prefetcher and its chunk feeds, when the rank prefetches.
     feeds: Option<ChunkFeeds>,
     comm: Option<RankComm>,
@@ -149,9 +160,15 @@ impl Worker {
         let outer = OuterOptimizer::new(cfg.spec.outer)?;
         let perms =
             Permutations { len: cfg.dataset.len(), seed: cfg.spec.seed, cache: VecDeque::new() };
+        let ranks_here = if cfg.own.is_some() { 1 } else { cfg.world() };
+        let stager = match cfg.spec.staging.config_for(cfg.dataset.as_ref(), ranks_here) {
+            Some(config) => Some(Stager::new(cfg.dataset.clone(), config)?),
+            None => None,
+        };
+        let data = stager.as_ref().map_or_else(|| cfg.dataset.clone(), Stager::dataset);
         let feeds = match cfg.spec.prefetch.depth_on(device) {
             Some(depth) => Some(ChunkFeeds::new(
-                cfg.dataset.clone(),
+                data.clone(),
                 device,
                 depth,
                 cfg.spec.seed,
@@ -168,6 +185,8 @@ impl Worker {
             batch,
             eval_batches: EvalBatches::default(),
             perms,
+            data,
+            stager,
             feeds,
             comm,
             pre_reduce: Vec::new(),
@@ -186,14 +205,23 @@ impl Worker {
             .collect()
     }
 
+    /// Advises the rank's staging cache, when it stages, of `chunks` (the coordinator's stage
+    /// advisory), skipping the `skip` positions of the first it has already trained.
+    pub(crate) fn stage(&mut self, chunks: &[Chunk], skip: usize) {
+        if let Some(stager) = &self.stager {
+            // Every epoch named is computed first, then read.
+            let mut epochs: Vec<usize> = chunks.iter().map(|c| c.epoch).collect();
+            epochs.dedup();
+            for &e in epochs.iter().take(3) {
+                self.perms.get(e);
+            }
+            let perms = &self.perms;
+            stager.advise(chunks, skip, |e| perms.peek(e));
+        }
+    }
+
     /// Trains one batch: the picks at `offset..offset + batch_size` of `epoch`'s permutation.
-    /// Returns the loss and the step's time in ms (emulated slowdown included).
-    pub(crate) fn train_batch(
-        &mut self,
-        epoch: usize,
-        offset: usize,
-        step: u64,
-    ) -> Result<(f32, f64)> {
+    pub(crate) fn train_batch(&mut self, epoch: usize, offset: usize, step: u64) -> Result<Trained> {
         let bs = self.cfg.spec.batch_size;
         let perm = self.perms.get(epoch);
         let picks = perm.get(offset..offset + bs).ok_or_else(|| {
@@ -202,9 +230,10 @@ impl Worker {
         if let Some(audit) = &self.cfg.audit {
             audit(self.rank, epoch, picks);
         }
-        self.cfg.dataset.fetch(picks, &mut self.host)?;
+        let cache = self.data.fetch_traced(picks, &mut self.host)?;
         upload(&mut self.host, &mut self.batch, &self.stream)?;
-        self.train_loaded(step)
+        let (loss, ms) = self.train_loaded(step)?;
+        Ok(Trained { loss, ms, cache })
     }
 
     /// Trains batch `index` of `chunk` (`next`: the chunk queued after it, if any), fetched
@@ -222,7 +251,7 @@ impl Worker {
         index: usize,
         next: Option<Chunk>,
         step: u64,
-    ) -> Result<Option<(f32, f64)>> {
+    ) -> Result<Option<Trained>> {
         let bs = self.cfg.spec.batch_size;
         let offset = chunk.offset + index * bs;
         let Some(feeds) = self.feeds.as_mut() else {
@@ -254,9 +283,11 @@ impl Worker {
         }
         ready.wait(&self.stream)?;
         self.batch.exchange(ready.tensors_mut())?;
+        let cache = ready.cache();
         // Hands the previous batch's tensors (trained and synchronized) back for reuse.
         drop(ready);
-        self.train_loaded(step).map(Some)
+        let (loss, ms) = self.train_loaded(step)?;
+        Ok(Some(Trained { loss, ms, cache }))
     }
 
     /// Trains the batch in `self.batch` at cohort step `step`: forward, backward, optimizer step,
@@ -552,6 +583,15 @@ pub(crate) struct Reduced {
     pub(crate) norm: Option<f64>,
 }
 
+/// One trained batch: its loss, its step's time in ms (emulated slowdown included) and, when the
+/// rank stages, where its samples came from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trained {
+    pub(crate) loss: f32,
+    pub(crate) ms: f64,
+    pub(crate) cache: Option<CacheReport>,
+}
+
 /// The batches of `chunk`: consecutive `batch_size` slices of its epoch's permutation from its
 /// offset, as many as the rank trains for it (the same picks [`Worker::train_batch`] takes).
 fn chunk_picks(perms: &mut Permutations, chunk: Chunk, bs: usize) -> Result<Vec<BatchPicks>> {
@@ -844,17 +884,18 @@ impl<'a> RankLoop<'a> {
         let trained = self.worker.train_chunk_batch(cur.chunk, cur.done, next, step)?;
         // The call's time beyond the training step went to the batch's fetch and upload.
         let call_ms = t.elapsed().as_secs_f64() * 1000.0;
-        let compute_ms = trained.map_or(0.0, |(_, ms)| ms);
+        let compute_ms = trained.map_or(0.0, |t| t.ms);
         self.ledger.charge_ms(Activity::Compute, compute_ms);
         self.ledger.charge_ms(Activity::Data, call_ms - compute_ms);
         // The window's pace is the whole call, the batch's fetch and upload with its step: a
         // pace of compute alone gives a rank that fetches on its critical path more batches
         // than it trains in the anchor's time, and the anchor waits for it at every reduce.
         self.win.wall_ms += call_ms;
-        let Some((loss, ms)) = trained else {
+        let Some(Trained { loss, ms, cache }) = trained else {
             // A prefetched batch not ready yet: the run loop services the link and comes back.
             return self.heartbeat();
         };
+        staging::tally(&mut cur.work.cache, cache);
         cur.done += 1;
         cur.work.batches += 1;
         cur.work.samples += bs;
@@ -928,6 +969,15 @@ impl<'a> RankLoop<'a> {
                 if matches!(self.stage, Stage::Paused) {
                     self.stage = Stage::Training;
                 }
+            }
+            ToWorker::Stage { chunks } => {
+                let skip = match (&self.current, chunks.first()) {
+                    (Some(cur), Some(first)) if cur.chunk == *first => {
+                        cur.done * self.cfg.spec.batch_size
+                    }
+                    _ => 0,
+                };
+                self.worker.stage(&chunks, skip);
             }
             ToWorker::Work(chunk) => {
                 self.ledger.start();

@@ -12,7 +12,8 @@ use crate::error::RankFailure;
 use crate::link::wire::Chunk;
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::ledger::Ledger;
-use crate::runtime::rank::Worker;
+use crate::runtime::rank::{Trained, Worker};
+use crate::runtime::staging;
 use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
 
@@ -52,9 +53,12 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
         let mut work = WorkTally::default();
         let chunk = |epoch| Chunk { epoch, offset: 0, len: cfg.batches_per_epoch() * bs };
         let next = (epoch + 1 < cfg.spec.epochs).then(|| chunk(epoch + 1));
+        // The whole run is known: this epoch, then the next, is the stage advisory.
+        let advised: Vec<Chunk> = std::iter::once(chunk(epoch)).chain(next).collect();
+        worker.stage(&advised, 0);
         for b in 0..cfg.batches_per_epoch() {
             let t = Instant::now();
-            let (loss, ms) = loop {
+            let Trained { loss, ms, cache } = loop {
                 if outlets.cancel.load(Ordering::Acquire) {
                     return Err(Error::Aborted);
                 }
@@ -66,6 +70,7 @@ fn run(cfg: &Arc<RunConfig>, outlets: &Outlets) -> Result<TrainedState> {
             // The call's time beyond the training step went to the batch's fetch and upload.
             ledger.charge_ms(Activity::Compute, ms);
             ledger.charge_ms(Activity::Data, t.elapsed().as_secs_f64() * 1000.0 - ms);
+            staging::tally(&mut work.cache, cache);
             step += 1;
             work.batches += 1;
             work.samples += bs;

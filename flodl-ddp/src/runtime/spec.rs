@@ -25,6 +25,7 @@ use crate::control::outer::OuterKind;
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
 use crate::runtime::prefetch::Prefetch;
+use crate::runtime::staging::Staging;
 
 /// ElChe's knobs (see `ElChe`): the cadence of `Cadence` and `Async`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,6 +179,9 @@ pub struct RunSpec {
     pub max_grad_norm: Option<f32>,
     /// Whether ranks prepare batches ahead.
     pub prefetch: Prefetch,
+    /// Whether ranks stage their samples in a host cache filled ahead from advisories.
+    #[serde(default)]
+    pub staging: Staging,
     /// Ranks that may die before the run stops (`usize::MAX`: no limit).
     pub max_failures: usize,
     /// The test set is evaluated after every `eval_every`-th epoch and the last one.
@@ -196,7 +200,7 @@ pub struct RunSpec {
 /// covers. Left out on purpose: the epoch count (a run may be extended; a schedule that spans
 /// the epochs still differs), the devices and the placement (a bundle moves between machines
 /// and between in-process and cluster runs; bitwise equality then needs the same devices, and
-/// the world size is checked on its own first so its refusal says so), the wire format, slowdown, timeouts, the watchdog and failure limit, prefetching, evaluation,
+/// the world size is checked on its own first so its refusal says so), the wire format, slowdown, timeouts, the watchdog and failure limit, prefetching, staging, evaluation,
 /// checkpointing, and the guard (its state is restored from the bundle).
 #[derive(Serialize)]
 struct Compat<'a> {

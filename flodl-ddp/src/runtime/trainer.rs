@@ -21,6 +21,7 @@ use crate::runtime::cluster::{Cluster, RankHandle, Started, own_device};
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
+use crate::runtime::staging::Staging;
 use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, Placement, RunSpec};
 use crate::state::HostTensor;
 use crate::{Error, Result};
@@ -236,6 +237,7 @@ pub struct Trainer {
     easgd: Option<f32>,
     max_grad_norm: Option<f32>,
     prefetch: Prefetch,
+    staging: Staging,
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: SaveInterval,
     keep_checkpoints: usize,
@@ -300,6 +302,7 @@ impl Trainer {
             easgd: None,
             max_grad_norm: None,
             prefetch: Prefetch::Auto,
+            staging: Staging::Auto,
             checkpoint_dir: None,
             checkpoint_every: SaveInterval::every_epochs(1),
             keep_checkpoints: 3,
@@ -608,6 +611,15 @@ impl Trainer {
         self
     }
 
+    /// Whether each rank stages its training samples in a host cache filled ahead from the
+    /// coordinator's advisories (default [`Staging::Auto`]: for datasets that read from
+    /// storage). Batches and their order are the same either way; with prefetching on, the
+    /// prefetcher reads through the cache.
+    pub fn staging(mut self, staging: Staging) -> Trainer {
+        self.staging = staging;
+        self
+    }
+
     /// Saves checkpoint bundles in `dir` (created if needed): at reduces as
     /// [`checkpoint_every`](Self::checkpoint_every) says (default: after every epoch), when
     /// [`DdpHandle::checkpoint_now`] asks, and at the end of the run (see
@@ -746,6 +758,7 @@ impl Trainer {
             easgd: self.easgd,
             max_grad_norm: self.max_grad_norm,
             prefetch: self.prefetch,
+            staging: self.staging,
             max_failures: self.max_failures,
             eval_every: self.eval_every,
             eval_rank: self.eval_rank,

@@ -27,3 +27,4 @@ mod schedule;
 #[path = "../../examples/softmax.rs"]
 mod softmax;
 mod spec;
+mod staging;
