@@ -266,6 +266,7 @@ pub struct RankFailure {
     /// What kind of failure it was.
     pub kind: FailureKind,
     /// The error's message (the panic's payload for [`FailureKind::Panicked`]).
+    #[serde(deserialize_with = "crate::link::text::string")]
     pub message: String,
 }
 

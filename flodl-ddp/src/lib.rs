@@ -121,6 +121,8 @@ pub use control::verdict::Verdict;
 pub use cooperative::{Parameters, Step, Worker};
 pub use error::{Divergence, Error, FailureKind, Peer, RankFailure, Result};
 pub use link::frame::WireFormat;
+#[doc(hidden)]
+pub use link::fuzz as fuzz_targets;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;

@@ -242,6 +242,7 @@ pub struct WorkTally {
     #[serde(default)]
     pub time: TimeBreakdown,
     /// User scalars as `name → (sum, count)`.
+    #[serde(deserialize_with = "crate::link::text::keyed")]
     pub scalars: BTreeMap<String, (f64, usize)>,
     /// Where its batches' samples came from, when the rank stages its data.
     #[serde(default)]

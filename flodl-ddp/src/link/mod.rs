@@ -19,9 +19,13 @@ use std::time::Duration;
 use flodl_nccl::AbortHandle;
 
 pub(crate) mod frame;
+#[doc(hidden)]
+pub mod fuzz;
 pub(crate) mod local;
 pub(crate) mod net;
 pub(crate) mod route;
+pub(crate) mod samples;
+pub(crate) mod text;
 pub(crate) mod wire;
 
 use wire::{ToCoordinator, ToWorker};

@@ -166,7 +166,13 @@ pub(crate) enum ToCoordinator {
     /// Collective backend: the rank's collective for `round` in group number `generation`
     /// failed because the group broke; its state is as before the reduce and it waits for
     /// [`ToWorker::Regroup`].
-    ReduceFailed { rank: usize, round: u64, generation: u64, error: String },
+    ReduceFailed {
+        rank: usize,
+        round: u64,
+        generation: u64,
+        #[serde(deserialize_with = "crate::link::text::string")]
+        error: String,
+    },
     /// The rank is building its communicator of group number `generation` (silent until
     /// [`ToCoordinator::Joined`]: an NCCL group waits for every member).
     Joining { rank: usize, generation: u64 },
@@ -198,136 +204,8 @@ impl ToCoordinator {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::error::FailureKind;
-
-    fn state() -> HostState {
-        HostState {
-            params: vec![vec![1.5, -2.0], vec![f32::MIN_POSITIVE]],
-            buffers: vec![vec![3.0]],
-        }
-    }
-
-    fn capture() -> RankCapture {
-        let t = HostTensor { shape: vec![2], data: vec![0.25, 4.0] };
-        RankCapture {
-            optimizer: vec![t.clone()],
-            optimizer_steps: 17,
-            model: Some(state()),
-            outer: Some((vec![t.clone()], vec![t])),
-            position: Some((Chunk { epoch: 2, offset: 128, len: 64 }, 1)),
-        }
-    }
-
-    /// One of every message each way, with every optional part filled and left out.
-    fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
-        let window = Window {
-            round: 9,
-            target: 4,
-            limit: 6,
-            wall: Some(std::time::Duration::from_millis(12)),
-        };
-        let chunk = Chunk { epoch: 1, offset: 640, len: 320 };
-        let restore = RankRestore {
-            optimizer: vec![HostTensor { shape: vec![1], data: vec![7.0] }],
-            optimizer_steps: 3,
-            outer: None,
-            global_step: 88,
-        };
-        let request = Some(CaptureRequest { model: true });
-        let mut scalars = BTreeMap::new();
-        scalars.insert("grad_norm".to_string(), (2.5, 3));
-        let mut time = crate::control::breakdown::TimeBreakdown::default();
-        time.add(crate::control::breakdown::Activity::Compute, 9.5);
-        let work = WorkTally {
-            batches: 5,
-            samples: 320,
-            loss_sum: 1.25,
-            compute_ms: 9.5,
-            time: time.closed(12.25),
-            scalars,
-            cache: Some(crate::control::metrics::CacheTally { hits: 300, misses: 20 }),
-        };
-        let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
-        let to_rank = vec![
-            ToWorker::Init { state: state(), restore: Some(Box::new(restore)), window },
-            ToWorker::Init { state: HostState::default(), restore: None, window },
-            ToWorker::Work(chunk),
-            ToWorker::Stage { chunks: vec![chunk, Chunk { epoch: 2, offset: 0, len: 64 }] },
-            ToWorker::Stage { chunks: Vec::new() },
-            ToWorker::Reduce { next: window, eval: Some(3), global_step: 99, capture: request },
-            ToWorker::Reduce { next: window, eval: None, global_step: 0, capture: None },
-            ToWorker::Snapshot { round: 4, attempt: 2, capture: request },
-            ToWorker::Resume,
-            ToWorker::Update { state: state(), next: window, eval: None, global_step: 12 },
-            ToWorker::Evaluate { epoch: 5 },
-            ToWorker::Finish { capture: true },
-            ToWorker::Stop,
-            ToWorker::Ping,
-            ToWorker::Regroup { generation: 2, members: vec![0, 2], how: Regroup::Host },
-            ToWorker::AbortGroup { generation: u64::MAX },
-        ];
-        let to_coordinator = vec![
-            ToCoordinator::Ready {
-                rank: 0,
-                shapes: vec![vec![2, 3], vec![3]],
-                initial: Some(state()),
-            },
-            ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None },
-            ToCoordinator::ChunkDone { rank: 1, chunk, work },
-            ToCoordinator::Progress {
-                rank: 2,
-                round: 7,
-                steps: 4,
-                wall_ms: 3.5,
-                why: Readiness::Idle,
-                works: 11,
-            },
-            ToCoordinator::Reduced {
-                rank: 0,
-                round: 7,
-                steps: 4,
-                sync_ms: 0.5,
-                divergence: Some(0.01),
-                capture: Some(Box::new(capture())),
-            },
-            ToCoordinator::Snapshot {
-                rank: 1,
-                round: 3,
-                attempt: 1,
-                state: state(),
-                steps: 2,
-                capture: None,
-            },
-            ToCoordinator::Evaluated {
-                rank: 0,
-                epoch: 1,
-                eval: Some(EvalMetrics { loss: 0.1, accuracy: 0.97, samples: 10_000 }),
-            },
-            ToCoordinator::Final { rank: 0, state: state(), capture: Some(Box::new(capture())) },
-            ToCoordinator::Alive { rank: 3 },
-            ToCoordinator::Failed { rank: 2, failure },
-            ToCoordinator::Failed {
-                rank: 0,
-                failure: RankFailure {
-                    kind: FailureKind::MissingCapability {
-                        option: crate::TrainerOption::MaxGradNorm,
-                        capability: crate::Capability::MutableGradients,
-                    },
-                    message: "needs".into(),
-                },
-            },
-            ToCoordinator::Diverged { rank: 1, step: 40, cause: Divergence::Loss(f32::INFINITY) },
-            ToCoordinator::Diverged { rank: 0, step: 41, cause: Divergence::Parameters },
-            ToCoordinator::Reducing { rank: 1, round: 8 },
-            ToCoordinator::ReduceFailed { rank: 1, round: 8, generation: 0, error: "lost".into() },
-            ToCoordinator::Joining { rank: 0, generation: 1 },
-            ToCoordinator::Joined { rank: 0, generation: 1 },
-        ];
-        (to_rank, to_coordinator)
-    }
+    use crate::link::samples::messages;
 
     fn round_trip<T>(msg: &T) -> Result<T, String>
     where
