@@ -112,7 +112,7 @@ pub use link::frame::WireFormat;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;
-pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Started};
+pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Seat, Started};
 pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;

@@ -207,7 +207,7 @@ impl MpiComm {
                 .iter_mut()
                 .map(|buf| world.process_at_rank(rank).immediate_broadcast_into(scope, &mut **buf))
                 .collect();
-            settle(world, requests, deadline, aborted, "broadcast");
+            settle(world, requests, Wait::Data, deadline, aborted, "broadcast");
         });
         Ok(())
     }
@@ -251,7 +251,7 @@ impl MpiComm {
                     SystemOperation::sum(),
                 ));
             }
-            settle(world, requests, deadline, aborted, "all_reduce");
+            settle(world, requests, Wait::Data, deadline, aborted, "all_reduce");
         });
         Ok(())
     }
@@ -279,7 +279,7 @@ impl MpiComm {
         mpi::request::scope(|scope| {
             let request =
                 world.immediate_all_reduce_into(scope, &mine[..], &mut all[..], SystemOperation::max());
-            settle(world, vec![request], deadline, aborted, op.name());
+            settle(world, vec![request], Wait::Rendezvous, deadline, aborted, op.name());
         });
         let what = ["operation", "buffer count", "buffer lengths"];
         for (i, name) in what.iter().enumerate() {
@@ -303,17 +303,29 @@ fn mpi_rank(rank: usize) -> Result<mpi::Rank> {
         .map_err(|_| Error::InvalidArgument(format!("rank {rank} is beyond MPI's ranks")))
 }
 
+/// How [`settle`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The rendezvous (peers may still be computing): spin for [`SPIN`], then poll every
+    /// [`NAP`], leaving the core to them.
+    Rendezvous,
+    /// The data (every rank is in the operation): spin, yielding now and then.
+    Data,
+}
+
 /// Waits until every request has completed, polling; past `deadline`, or once `aborted` is set,
 /// the collective cannot be taken back from MPI, so the job is aborted (`MPI_Abort` does not
 /// return).
 fn settle<'a, D: ?Sized, S: Scope<'a>>(
     world: &SimpleCommunicator,
     mut requests: Vec<Request<'a, D, S>>,
+    wait: Wait,
     deadline: Instant,
     aborted: &AtomicBool,
     op: &'static str,
 ) {
     let mut spins = 0u32;
+    let started = Instant::now();
     while !requests.is_empty() {
         let mut pending = Vec::with_capacity(requests.len());
         for request in requests {
@@ -335,11 +347,18 @@ fn settle<'a, D: ?Sized, S: Scope<'a>>(
         }
         // MPI progresses inside `test`: spin, yielding the core now and then.
         spins = spins.wrapping_add(1);
-        if spins % 64 == 0 {
+        if wait == Wait::Rendezvous && started.elapsed() > SPIN {
+            std::thread::sleep(NAP);
+        } else if spins % 64 == 0 {
             std::thread::yield_now();
         }
     }
 }
+
+/// How long a rendezvous polls without sleeping.
+const SPIN: Duration = Duration::from_millis(2);
+/// The pause between polls after that.
+const NAP: Duration = Duration::from_micros(50);
 
 impl MpiComm {
     /// The tensors as host slices; `InvalidArgument` for a tensor that is not `f32` on the CPU.
