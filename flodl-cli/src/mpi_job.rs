@@ -58,15 +58,17 @@ enum Attempt {
 pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     let (keys, files, port) = crate::launch::job_keys()?;
     let exe = std::env::current_exe().context("cannot find this fdl binary")?;
-    let train = crate::launch::child_args();
-    // Restarts resume from the checkpoint directory: the user's, else one beside the keys.
-    let (checkpoints, added) = match &args.train.run.checkpoint_dir {
-        Some(dir) => (Some(dir.clone()), None),
+    let mut train = crate::launch::child_args();
+    // Restarts resume from the checkpoint directory: the user's, else one beside the keys
+    // (given to every process: it is part of the run specification they agree on).
+    let checkpoints = match &args.train.run.checkpoint_dir {
+        Some(dir) => Some(dir.clone()),
         None if args.max_restarts > 0 => {
             let dir = keys.path().join("checkpoints");
-            (Some(dir.clone()), Some(dir))
+            train.extend(["--checkpoint-dir".into(), dir.as_os_str().to_owned()]);
+            Some(dir)
         }
-        None => (None, None),
+        None => None,
     };
     let mut env: Vec<(String, OsString)> = vec![
         (flodl_cluster::identity::CONTROLLER_ADDR.into(), "127.0.0.1".into()),
@@ -96,9 +98,6 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     for attempt in 0..=args.max_restarts {
         let mut controller_args = train.clone();
         controller_args.extend(["--controller".into(), world.to_string().into()]);
-        if let Some(dir) = &added {
-            controller_args.extend(["--checkpoint-dir".into(), dir.as_os_str().to_owned()]);
-        }
         if let Some(from) = &resume {
             controller_args.extend(["--resume".into(), from.as_os_str().to_owned()]);
         }
