@@ -64,6 +64,15 @@ pub(crate) struct LaunchArgs {
     /// Number of rank processes.
     #[arg(long, value_name = "N")]
     pub(crate) nproc: usize,
+    /// Start the ranks with Open MPI's `mpirun` as one MPI world (the collective backend's
+    /// data plane on CPU ranks; needs an fdl built with `--features mpi`), the controller in a
+    /// process of its own outside it.
+    #[arg(long)]
+    pub(crate) mpi: bool,
+    /// With --mpi: how many times a job that a rank's death ended is restarted from its last
+    /// checkpoint bundle (default 0).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "mpi")]
+    pub(crate) max_restarts: usize,
     /// Every `fdl train` flag, passed to each rank process.
     #[command(flatten)]
     pub(crate) train: TrainArgs,
@@ -85,6 +94,11 @@ pub(crate) struct ClusterFlags {
     /// Where rank 0's controller listens (default: 127.0.0.1 on the controller port).
     #[arg(long, value_name = "ADDR")]
     pub(crate) bind: Option<std::net::SocketAddr>,
+    /// Run only the controller of an N-rank MPI job (the collective backend across
+    /// processes), outside the MPI world: start it before `mpirun`, whose ranks find it
+    /// through FLODL_CONTROLLER_ADDR and FLODL_CONTROLLER_PORT.
+    #[arg(long, value_name = "N")]
+    pub(crate) controller: Option<usize>,
     /// Seconds the controller waits for every rank to join (default 300).
     #[arg(long, value_name = "SECS")]
     pub(crate) join_timeout: Option<f64>,

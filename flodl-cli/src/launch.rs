@@ -21,10 +21,10 @@ use signal_hook::iterator::Signals;
 use crate::args::LaunchArgs;
 
 /// How often the launcher looks at its children.
-const POLL: Duration = Duration::from_millis(50);
+pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// How long the other ranks may outlive rank 0 (they exit on their own once the controller is
 /// gone; this bounds a stuck one), on top of the watchdog.
-const GRACE: Duration = Duration::from_secs(15);
+pub(crate) const GRACE: Duration = Duration::from_secs(15);
 
 /// The job's status: rank 0's exit (128 + the signal when it was killed).
 #[derive(Debug)]
@@ -42,7 +42,7 @@ impl std::fmt::Display for JobStatus {
 impl std::error::Error for JobStatus {}
 
 /// The exit code of a status: its code, or 128 + the signal that killed it.
-fn code_of(status: ExitStatus) -> u8 {
+pub(crate) fn code_of(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(c), _) => u8::try_from(c).unwrap_or(1),
         (None, Some(s)) => u8::try_from(128 + s).unwrap_or(1),
@@ -51,7 +51,7 @@ fn code_of(status: ExitStatus) -> u8 {
 }
 
 /// A status in words.
-fn describe(status: ExitStatus) -> String {
+pub(crate) fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(c), _) => format!("exited with {c}"),
         (None, Some(s)) => format!("was killed by signal {s}"),
@@ -59,23 +59,43 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// The `train` arguments of the children: this process's arguments after `launch`, less
-/// `--nproc`.
-fn child_args() -> Vec<OsString> {
+/// The `train` arguments of the children: this process's arguments after `launch`, less the
+/// launcher's own (`--nproc N`, `--mpi`, `--max-restarts N`).
+pub(crate) fn child_args() -> Vec<OsString> {
+    const WITH_VALUE: [&str; 2] = ["--nproc", "--max-restarts"];
     let mut args = std::env::args_os().skip_while(|a| a != "launch").skip(1);
     let mut out = vec![OsString::from("train")];
     while let Some(arg) = args.next() {
-        if arg == "--nproc" {
+        let text = arg.to_string_lossy();
+        if WITH_VALUE.contains(&text.as_ref()) {
             args.next();
-        } else if !arg.to_string_lossy().starts_with("--nproc=") {
+        } else if text != "--mpi" && !WITH_VALUE.iter().any(|f| text.starts_with(&format!("{f}=")))
+        {
             out.push(arg);
         }
     }
     out
 }
 
+/// A job's keys (a fresh CA in a private temporary directory, removed when dropped) and a free
+/// loopback port for its controller.
+pub(crate) fn job_keys() -> Result<(tempfile::TempDir, flodl_cluster::TlsFiles, u16)> {
+    let keys = tempfile::Builder::new()
+        .prefix("flodl-job-")
+        .tempdir()
+        .context("cannot make a private directory for the job's keys")?;
+    let hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let files = JobKeys::generate(keys.path(), &hosts).context("cannot make the job's keys")?;
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0")
+            .context("cannot find a free loopback port")?;
+        probe.local_addr()?.port()
+    };
+    Ok((keys, files, port))
+}
+
 /// Copies `from`'s lines to stdout or stderr, each prefixed with `tag`.
-fn relay(
+pub(crate) fn relay(
     from: impl Read + Send + 'static,
     tag: String,
     to_stderr: bool,
@@ -102,17 +122,17 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     if args.nproc == 0 {
         bail!("--nproc must be at least 1");
     }
-    let keys = tempfile::Builder::new()
-        .prefix("flodl-job-")
-        .tempdir()
-        .context("cannot make a private directory for the job's keys")?;
-    let hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
-    let files = JobKeys::generate(keys.path(), &hosts).context("cannot make the job's keys")?;
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0")
-            .context("cannot find a free loopback port")?;
-        probe.local_addr()?.port()
-    };
+    if args.mpi {
+        return crate::mpi_job::run(args);
+    }
+    let (cfg, _) = crate::config::resolve(&args.train.flags, &args.train.run)?;
+    if cfg.backend == flodl_ddp::Backend::Collective {
+        bail!(
+            "the collective backend across processes runs its ranks as one MPI world: use \
+             fdl launch --mpi (an fdl built with --features mpi), or --backend host"
+        );
+    }
+    let (keys, files, port) = job_keys()?;
     let exe = std::env::current_exe().context("cannot find this fdl binary")?;
     let train = child_args();
     let mut children: Vec<Child> = Vec::with_capacity(args.nproc);
@@ -255,6 +275,9 @@ pub(crate) fn place(
     flags: &crate::args::ClusterFlags,
     cfg: &crate::config::TrainConfig,
 ) -> Result<Option<flodl_ddp::Cluster>> {
+    if let Some(world) = flags.controller {
+        return controller_place(flags, world).map(Some);
+    }
     let Some(identity) = flodl_cluster::Identity::from_env()? else {
         if flags.tls_ca.is_some() || flags.bind.is_some() || flags.join_timeout.is_some() {
             bail!(
@@ -265,23 +288,57 @@ pub(crate) fn place(
         return Ok(None);
     };
     crate::log_warnings();
-    let files = match (&flags.tls_ca, &flags.tls_cert, &flags.tls_key) {
+    let files = tls_files(flags, &format!("rank {}", identity.rank))?;
+    let mut cluster = flodl_ddp::Cluster::new(identity, &files)?;
+    if let Some(addr) = flags.bind {
+        cluster = cluster.bind(addr);
+    }
+    Ok(Some(finish_place(cluster, flags, cfg)))
+}
+
+/// The certificate files from the flags, else from `FLODL_TLS_*`; `who` names the process in
+/// the error.
+fn tls_files(flags: &crate::args::ClusterFlags, who: &str) -> Result<flodl_cluster::TlsFiles> {
+    Ok(match (&flags.tls_ca, &flags.tls_cert, &flags.tls_key) {
         (Some(ca), Some(cert), Some(key)) => {
             flodl_cluster::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() }
         }
         _ => flodl_cluster::TlsFiles::from_env().with_context(|| {
             format!(
-                "rank {} of a cluster job needs the job's certificates: --tls-ca/--tls-cert/\
+                "{who} of a cluster job needs the job's certificates: --tls-ca/--tls-cert/\
                  --tls-key or FLODL_TLS_CA/FLODL_TLS_CERT/FLODL_TLS_KEY (fdl cluster keys makes \
-                 them)",
-                identity.rank
+                 them)"
             )
         })?,
+    })
+}
+
+/// The place of an MPI job's controller (`--controller N`): listening on `--bind`, else on
+/// loopback at FLODL_CONTROLLER_PORT (default 29600).
+fn controller_place(flags: &crate::args::ClusterFlags, world: usize) -> Result<flodl_ddp::Cluster> {
+    crate::log_warnings();
+    let files = tls_files(flags, "the controller")?;
+    let bind = match flags.bind {
+        Some(addr) => addr,
+        None => {
+            let port = match std::env::var(flodl_cluster::identity::CONTROLLER_PORT) {
+                Ok(p) => p.trim().parse().with_context(|| {
+                    format!("{}={p} is not a port", flodl_cluster::identity::CONTROLLER_PORT)
+                })?,
+                Err(_) => flodl_cluster::identity::DEFAULT_CONTROLLER_PORT,
+            };
+            std::net::SocketAddr::from(([127, 0, 0, 1], port))
+        }
     };
-    let mut cluster = flodl_ddp::Cluster::new(identity, &files)?;
-    if let Some(addr) = flags.bind {
-        cluster = cluster.bind(addr);
-    }
+    Ok(flodl_ddp::Cluster::controller(world, &files, bind)?)
+}
+
+/// The join timeout and the frame cap of the model applied to `cluster`.
+fn finish_place(
+    mut cluster: flodl_ddp::Cluster,
+    flags: &crate::args::ClusterFlags,
+    cfg: &crate::config::TrainConfig,
+) -> flodl_ddp::Cluster {
     if let Some(secs) = flags.join_timeout {
         cluster = cluster.join_timeout(Duration::from_secs_f64(secs));
     }
@@ -291,7 +348,7 @@ pub(crate) fn place(
     widths.extend(&cfg.hidden);
     widths.push(flodl_data::mnist::CLASSES);
     let params: usize = widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
-    Ok(Some(cluster.bulk_cap(params * 4 * 4 + (1 << 20))))
+    cluster.bulk_cap(params * 4 * 4 + (1 << 20))
 }
 
 /// The devices of a cluster job as this process sees them: one of the job's kind per rank
@@ -341,10 +398,11 @@ pub(crate) fn cluster_trainer(
 /// # Errors
 /// The rank was refused, its replica failed, or the controller is gone.
 pub(crate) fn run_rank(trainer: flodl_ddp::Trainer, cluster: &flodl_ddp::Cluster) -> Result<()> {
-    let rank = cluster.rank();
+    let Some(rank) = cluster.rank() else { bail!("the controller's process has no rank to run") };
     match trainer.start()? {
         flodl_ddp::Started::Rank(handle) => {
-            println!("rank {rank} of {}: joined the controller", cluster.world());
+            let pid = std::process::id();
+            println!("rank {rank} of {}: joined the controller (pid {pid})", cluster.world());
             handle.join()?;
             println!("rank {rank}: finished");
             Ok(())

@@ -9,6 +9,7 @@ mod devices;
 mod failure;
 mod interrupt;
 mod launch;
+mod mpi_job;
 mod progress;
 mod record;
 mod report;
@@ -62,7 +63,11 @@ fn main() -> ExitCode {
             }
             (None, None) => {
                 eprintln!("error: {}", one_line(&e));
-                ExitCode::FAILURE
+                if resume::CannotGoOn::is(&e) {
+                    ExitCode::from(resume::CannotGoOn::EXIT)
+                } else {
+                    ExitCode::FAILURE
+                }
             }
         },
     }

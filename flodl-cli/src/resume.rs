@@ -98,12 +98,12 @@ pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Err
                 .filter(|l| !detail.contains(&root_cause(l.as_ref())))
                 .map(|l| format!(": {l}"))
                 .unwrap_or_default();
-            anyhow!(
+            anyhow::Error::new(CannotGoOn(format!(
                 "the run cannot go on ({reason:?}): {detail}{cause}; its state is saved in {} \
                  (resume with --resume {})",
                 path.display(),
                 path.display()
-            )
+            )))
         }
         (Error::Diverged { rank, step, cause, bundle: Some(path) }, _) => anyhow!(
             "training diverged on rank {rank} at step {step}: {cause}; the last good state is \
@@ -126,6 +126,31 @@ pub(crate) fn explain(error: Error, resume: Option<&ResumePoint>) -> anyhow::Err
         (e, _) => anyhow::Error::new(e).context("training failed"),
     }
 }
+
+/// A run that ended because it could not go on (ranks lost, reduces stalled) with its state
+/// saved: `fdl` exits with [`CannotGoOn::EXIT`], on which `fdl launch --mpi` restarts the job
+/// from the checkpoint.
+#[derive(Debug)]
+pub(crate) struct CannotGoOn(String);
+
+impl CannotGoOn {
+    /// The exit status of such a run.
+    pub(crate) const EXIT: u8 = 3;
+
+    /// Whether `error` is such a run's.
+    pub(crate) fn is(error: &anyhow::Error) -> bool {
+        error.downcast_ref::<CannotGoOn>().is_some()
+            || matches!(error.downcast_ref::<Error>(), Some(Error::Unrecoverable { .. }))
+    }
+}
+
+impl std::fmt::Display for CannotGoOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CannotGoOn {}
 
 /// The text of the innermost source of `error`.
 fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {

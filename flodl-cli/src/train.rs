@@ -34,9 +34,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         Some(c) => crate::launch::cluster_devices(&cfg, c.world())?,
         None => cfg.devices()?,
     };
-    // In a cluster job only the controller's process (rank 0) saves and resumes: the other
-    // ranks restore from what it sends them, and may not see its files at all.
-    let controller = cluster.as_ref().is_none_or(flodl_ddp::Cluster::is_controller);
+    // In a cluster job only the controller's process (rank 0's, or its own in an MPI job)
+    // saves and resumes: the ranks restore from what it sends them, and may not see its files.
+    let controller = cluster.as_ref().is_none_or(|c| c.hosts_controller(cfg.backend));
     let resume = match &opts.resume {
         Some(path) if controller => Some(ResumePoint::locate(path)?),
         _ => None,
@@ -54,7 +54,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         trainer = crate::launch::cluster_trainer(trainer, &devices, &cfg, c.clone());
     }
     let spec = trainer.spec().map_err(|e| resume::explain(e, resume.as_ref()))?;
-    if let Some(c) = cluster.as_ref().filter(|c| !c.is_controller())
+    if let Some(c) = cluster.as_ref().filter(|c| !c.hosts_controller(spec.backend))
         && !args.dry_run
     {
         return crate::launch::run_rank(trainer, c);

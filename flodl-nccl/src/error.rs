@@ -68,6 +68,10 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver error: {0}")]
     Cuda(String),
+    /// MPI cannot be used in this process (already initialized, too weak thread support, a
+    /// library that will not say what it is).
+    #[error("MPI: {0}")]
+    Mpi(String),
     /// A tensor operation failed (e.g. a tensor is not on the device the communicator needs).
     #[error(transparent)]
     Tensor(#[from] flodl_tensor::Error),

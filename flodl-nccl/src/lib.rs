@@ -8,6 +8,9 @@
 //! - `NcclComm` (feature `cuda`): one rank of an NCCL communicator, loaded at run time, created
 //!   non-blocking, watched by a watchdog thread and abortable from any thread; implements
 //!   [`Collective`] for CUDA tensors on its GPU, and offers raw device-pointer entry points.
+//! - `MpiComm` (feature `mpi`): one rank per process of an MPI world, for CPU ranks in
+//!   separate processes; implements [`Collective`] for CPU tensors. A world cannot shrink: a
+//!   collective abandoned in flight ends the MPI job.
 //! - [`AbortHandle`]: a cloneable, idempotent way to kill a group and wake every waiting rank.
 //!
 //! ```
@@ -39,6 +42,8 @@ mod abort;
 mod collective;
 mod error;
 mod host;
+#[cfg(feature = "mpi")]
+mod mpi;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod plan;
@@ -49,6 +54,8 @@ pub use abort::AbortHandle;
 pub use collective::Collective;
 pub use error::{Error, Result};
 pub use host::{DEFAULT_TIMEOUT, HostComm};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiComm;
 #[cfg(feature = "cuda")]
 pub use nccl::{
     DeviceBuffer, NCCL_LIB_ENV, NcclComm, NcclDType, NcclVersion, RawStream, Reduction, UniqueId,

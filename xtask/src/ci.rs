@@ -30,7 +30,7 @@ impl Step {
 }
 
 /// The steps, in the order `.ci/run` runs them (a test keeps the two equal).
-pub(crate) const STEPS: [Step; 5] = [
+pub(crate) const STEPS: [Step; 8] = [
     Step { title: "format", args: &["fmt", "--all", "--check"], env: &[] },
     Step {
         title: "lint",
@@ -44,6 +44,37 @@ pub(crate) const STEPS: [Step; 5] = [
         title: "browser",
         args: &["test", "--release", "-p", "flodl-cli", "--test", "browser"],
         env: &[("FLODL_BROWSER_TESTS", "1")],
+    },
+    // `.ci/run` installs Open MPI and libclang first when missing; here they must be present.
+    Step {
+        title: "mpi lint",
+        args: &[
+            "clippy",
+            "--release",
+            "-p",
+            "flodl-nccl",
+            "-p",
+            "flodl-ddp",
+            "-p",
+            "flodl-cli",
+            "--all-targets",
+            "--features",
+            "flodl-nccl/mpi,flodl-cli/mpi",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Step {
+        title: "mpi comm",
+        args: &["test", "--release", "-p", "flodl-nccl", "--features", "mpi", "--test", "mpi_comm"],
+        env: &[("FLODL_REQUIRE_MPI", "1")],
+    },
+    Step {
+        title: "mpi jobs",
+        args: &["test", "--release", "-p", "flodl-cli", "--features", "mpi", "--test", "mpi"],
+        env: &[("FLODL_REQUIRE_MPI", "1")],
     },
 ];
 
@@ -153,8 +184,11 @@ mod tests {
                     StepResult::NotRun,
                     StepResult::NotRun,
                     StepResult::NotRun,
+                    StepResult::NotRun,
+                    StepResult::NotRun,
+                    StepResult::NotRun,
                 ],
-                ["ok", "FAILED (exit 101)", "not run", "not run", "not run"],
+                ["ok", "FAILED (exit 101)", "not run", "not run", "not run", "not run", "not run", "not run"],
             ),
             (
                 [
@@ -162,9 +196,12 @@ mod tests {
                     StepResult::Passed { seconds: 2.0 },
                     StepResult::Passed { seconds: 40.0 },
                     StepResult::Passed { seconds: 9.0 },
+                    StepResult::Passed { seconds: 3.0 },
+                    StepResult::Passed { seconds: 5.0 },
+                    StepResult::Passed { seconds: 8.0 },
                     StepResult::Failed { seconds: 3.0, code: None },
                 ],
-                ["ok", "ok", "ok", "ok", "FAILED (signal)"],
+                ["ok", "ok", "ok", "ok", "ok", "ok", "ok", "FAILED (signal)"],
             ),
         ];
         for (results, verdicts) in cases {

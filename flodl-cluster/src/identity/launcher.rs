@@ -34,9 +34,9 @@ pub(crate) struct Variables {
 }
 
 /// The variable that names the controller's host under every launcher, when set.
-pub(crate) const CONTROLLER_ADDR: &str = "FLODL_CONTROLLER_ADDR";
+pub const CONTROLLER_ADDR: &str = "FLODL_CONTROLLER_ADDR";
 /// The variable that gives the controller's port.
-pub(crate) const CONTROLLER_PORT: &str = "FLODL_CONTROLLER_PORT";
+pub const CONTROLLER_PORT: &str = "FLODL_CONTROLLER_PORT";
 /// Slurm's node list of the current step, then of the job.
 pub(crate) const SLURM_NODE_LISTS: [&str; 2] = ["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"];
 

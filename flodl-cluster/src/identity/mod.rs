@@ -24,4 +24,4 @@ pub use address::{ControllerAddr, DEFAULT_CONTROLLER_PORT};
 pub use environment::Identity;
 pub use error::IdentityError;
 pub use hostlist::first_host;
-pub use launcher::Launcher;
+pub use launcher::{CONTROLLER_ADDR, CONTROLLER_PORT, Launcher};

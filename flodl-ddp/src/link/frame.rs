@@ -152,6 +152,8 @@ impl Framed for ToCoordinator {
         match self {
             ToCoordinator::Snapshot { .. } | ToCoordinator::Final { .. } => Lane::Bulk,
             ToCoordinator::Ready { initial: Some(_), .. } => Lane::Bulk,
+            // A checkpoint part holds the optimizer state (and maybe the model): model-sized.
+            ToCoordinator::Reduced { capture: Some(_), .. } => Lane::Bulk,
             _ => Lane::Control,
         }
     }
@@ -243,6 +245,20 @@ mod tests {
         }
     }
 
+    /// A collective reduce's report, with a checkpoint part or without.
+    fn reduced(part: bool) -> ToCoordinator {
+        let capture = part.then(|| {
+            Box::new(crate::link::wire::RankCapture {
+                optimizer: Vec::new(),
+                optimizer_steps: 2,
+                model: None,
+                outer: None,
+                position: None,
+            })
+        });
+        ToCoordinator::Reduced { rank: 1, round: 3, steps: 4, sync_ms: 1.5, divergence: None, capture }
+    }
+
     fn window() -> Window {
         Window { round: 3, target: 5, limit: 7, wall: None }
     }
@@ -290,6 +306,8 @@ mod tests {
                 Lane::Bulk,
             ),
             (ToCoordinator::Alive { rank: 0 }.lane(), Lane::Control),
+            (reduced(true).lane(), Lane::Bulk),
+            (reduced(false).lane(), Lane::Control),
         ];
         for (i, (got, want)) in lanes.iter().enumerate() {
             if got != want {

@@ -1,9 +1,11 @@
 //! Cluster runs: every rank its own process, rank 0's process hosting the controller (the
 //! coordinator, with rank 0's worker beside it on the in-process link) and every other
-//! process running one rank over the network link.
+//! process running one rank over the network link. With the collective backend the ranks form
+//! an MPI world and the controller runs in a process of its own outside it
+//! ([`Seat::Controller`]); every rank, rank 0 included, then joins it over the network link.
 //!
-//! [`Cluster`] is this process's place in such a run: its rank, the world, its local rank
-//! and how it meets the others (a [`Rendezvous`]: mutual TLS through flodl-cluster, or
+//! [`Cluster`] is this process's place in such a run: its seat (a rank, or the controller
+//! alone), the world, its local rank and how it meets the others (a [`Rendezvous`]: mutual TLS through flodl-cluster, or
 //! in-memory connections for tests). [`crate::Trainer::cluster`] makes a trainer a cluster
 //! run's; [`crate::Trainer::start`] then binds the controller and waits for the others, or
 //! joins it, and says which it did ([`Started`]).
@@ -35,7 +37,8 @@ pub(crate) trait Rendezvous: Send + Sync + 'static {
     #[cfg(feature = "cluster")]
     fn as_any(&self) -> &dyn std::any::Any;
 
-    /// Controller: a connection from each of the `world − 1` other ranks, within `wait`.
+    /// Controller: a connection from each rank of `ranks` (the ranks in other processes),
+    /// within `wait`.
     ///
     /// # Errors
     /// [`Error::RanksMissing`] naming the ranks that did not join in time; the transport's
@@ -45,6 +48,7 @@ pub(crate) trait Rendezvous: Send + Sync + 'static {
         &self,
         run: [u8; 32],
         world: usize,
+        ranks: &[usize],
         wait: Duration,
         silence: Duration,
     ) -> Result<Connections>;
@@ -63,10 +67,21 @@ pub(crate) trait Rendezvous: Send + Sync + 'static {
     ) -> Result<Arc<dyn Frames>>;
 }
 
+/// Which part of a cluster run a process plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seat {
+    /// One rank (rank 0's process also hosts the controller, unless the run keeps the
+    /// controller apart: see [`Cluster::hosts_controller`]).
+    Rank(usize),
+    /// The controller alone, outside the ranks' MPI world (the collective backend across
+    /// processes).
+    Controller,
+}
+
 /// This process's place in a cluster run.
 #[derive(Clone)]
 pub struct Cluster {
-    rank: usize,
+    seat: Seat,
     world: usize,
     local_rank: usize,
     join_timeout: Duration,
@@ -79,7 +94,7 @@ pub struct Cluster {
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster")
-            .field("rank", &self.rank)
+            .field("seat", &self.seat)
             .field("world", &self.world)
             .field("local_rank", &self.local_rank)
             .finish_non_exhaustive()
@@ -89,16 +104,21 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// A place from its parts.
     pub(crate) fn with(
-        rank: usize,
+        seat: Seat,
         world: usize,
         local_rank: usize,
         rendezvous: Arc<dyn Rendezvous>,
     ) -> Result<Cluster> {
-        if world == 0 || rank >= world {
+        if let Seat::Rank(rank) = seat
+            && rank >= world
+        {
             return Err(Error::Config(format!("rank {rank} is not one of a world of {world}")));
         }
+        if world == 0 {
+            return Err(Error::Config("a cluster run needs at least one rank".into()));
+        }
         Ok(Cluster {
-            rank,
+            seat,
             world,
             local_rank,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
@@ -112,12 +132,22 @@ impl Cluster {
     /// within one process, for tests (every process-facing path runs but the transport).
     pub fn in_memory(world: usize) -> Result<Vec<Cluster>> {
         let rendezvous = Arc::new(crate::runtime::cluster::memory::Memory::new(world));
-        (0..world).map(|rank| Cluster::with(rank, world, rank, rendezvous.clone())).collect()
+        (0..world)
+            .map(|rank| Cluster::with(Seat::Rank(rank), world, rank, rendezvous.clone()))
+            .collect()
     }
 
-    /// This process's rank.
-    pub fn rank(&self) -> usize {
-        self.rank
+    /// This process's seat: a rank, or the controller alone.
+    pub fn seat(&self) -> Seat {
+        self.seat
+    }
+
+    /// This process's rank (`None` for the controller's own process).
+    pub fn rank(&self) -> Option<usize> {
+        match self.seat {
+            Seat::Rank(rank) => Some(rank),
+            Seat::Controller => None,
+        }
     }
 
     /// Ranks in the run.
@@ -131,9 +161,15 @@ impl Cluster {
         self.local_rank
     }
 
-    /// Whether this process hosts the controller (rank 0).
-    pub fn is_controller(&self) -> bool {
-        self.rank == 0
+    /// Whether this process hosts the controller in a run on `backend`: the controller's own
+    /// process; rank 0's with the host backend. With the collective backend the ranks form an
+    /// MPI world that the controller stays outside (see [`crate::RunSpec::controller_apart`]),
+    /// so rank 0 joins it like every other rank.
+    pub fn hosts_controller(&self, backend: crate::Backend) -> bool {
+        match self.seat {
+            Seat::Controller => true,
+            Seat::Rank(rank) => rank == 0 && backend != crate::Backend::Collective,
+        }
     }
 
     /// How long the controller waits for every other rank to join (default 300 s), and a
@@ -180,7 +216,8 @@ impl RankHandle {
         let thread = std::thread::Builder::new()
             .name(format!("flodl-rank-{rank}"))
             .spawn(move || {
-                let outcome = crate::runtime::rank::run_rank(rank, cfg, None, &link, first);
+                let comm = comm_across(&cfg);
+                let outcome = crate::runtime::rank::run_rank(rank, cfg, comm, &link, first);
                 // The link closes last, after the rank's last word.
                 drop(link);
                 outcome
@@ -225,6 +262,22 @@ impl Drop for RankHandle {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// How a rank in its own process joins the collective backend: the MPI world it was started
+/// in (the spec refuses the collective backend across processes without the `mpi` feature).
+fn comm_across(cfg: &RunConfig) -> Option<crate::runtime::comm::CommPlan> {
+    if cfg.spec.backend != crate::Backend::Collective {
+        return None;
+    }
+    #[cfg(feature = "mpi")]
+    {
+        Some(crate::runtime::comm::CommPlan::Mpi { world: cfg.world() })
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        None
     }
 }
 
@@ -285,13 +338,32 @@ impl Cluster {
             bulk_cap: DEFAULT_BULK_CAP,
         };
         let mut cluster = Cluster::with(
-            identity.rank,
+            Seat::Rank(identity.rank),
             identity.world,
             identity.local_rank,
             Arc::new(rendezvous),
         )?;
         cluster.identity = Some(identity);
         Ok(cluster)
+    }
+
+    /// The controller's own process of a run of `world` ranks that keeps it apart (the
+    /// collective backend across processes: the ranks form an MPI world, started by `mpirun`,
+    /// and each joins this process over mutual TLS), listening on `bind`, authenticated by
+    /// `files`.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] when the files do not load; [`Error::Config`] for a world of none.
+    pub fn controller(
+        world: usize,
+        files: &flodl_cluster::TlsFiles,
+        bind: std::net::SocketAddr,
+    ) -> Result<Cluster> {
+        let tls = flodl_cluster::Tls::load(files)?;
+        let controller =
+            flodl_cluster::ControllerAddr { host: bind.ip().to_string(), port: bind.port() };
+        let rendezvous = tls::TlsRendezvous { tls, controller, bind, bulk_cap: DEFAULT_BULK_CAP };
+        Cluster::with(Seat::Controller, world, 0, Arc::new(rendezvous))
     }
 
     /// Rebuilds the TLS rendezvous with `f` applied (a place made otherwise is unchanged).
@@ -443,14 +515,17 @@ pub(crate) mod memory {
         fn accept(
             &self,
             run: [u8; 32],
-            world: usize,
+            _world: usize,
+            ranks: &[usize],
             wait: Duration,
             _silence: Duration,
         ) -> Result<Connections> {
             let deadline = Instant::now() + wait;
             let mut posted = self.posted.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                let missing: Vec<usize> = (1..world)
+                let missing: Vec<usize> = ranks
+                    .iter()
+                    .copied()
                     .filter(|&r| posted.ends.get(r).is_none_or(Option::is_none))
                     .collect();
                 if missing.is_empty() {
@@ -464,7 +539,10 @@ pub(crate) mod memory {
                     self.arrived.wait_timeout(posted, left).unwrap_or_else(|p| p.into_inner()).0;
             }
             let mut out = Connections::new();
-            for (rank, slot) in posted.ends.iter_mut().enumerate().skip(1) {
+            for (rank, slot) in posted.ends.iter_mut().enumerate() {
+                if !ranks.contains(&rank) {
+                    continue;
+                }
                 if let Some((theirs, end)) = slot.take() {
                     if theirs != run {
                         end.close();

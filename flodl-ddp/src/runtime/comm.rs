@@ -15,6 +15,10 @@ pub(crate) enum CommPlan {
     /// NCCL: every rank is a GPU and joins the group named by this id inside its own thread.
     #[cfg(feature = "cuda")]
     Nccl { id: flodl_nccl::UniqueId, world: usize },
+    /// MPI: a CPU rank in its own process joins the MPI world it was started in (`mpirun`),
+    /// whose rank and size must be the cluster's.
+    #[cfg(feature = "mpi")]
+    Mpi { world: usize },
 }
 
 impl CommPlan {
@@ -45,6 +49,17 @@ impl CommPlan {
                 let fence = flodl_tensor::Event::new(device)?;
                 Ok(RankComm::Device { comm: Box::new(comm), stream, meta, fence })
             }
+            #[cfg(feature = "mpi")]
+            CommPlan::Mpi { world } => {
+                if device != Device::Cpu {
+                    return Err(Error::Config(format!(
+                        "an MPI rank trains on the CPU, this one on {device}"
+                    )));
+                }
+                let mut comm = flodl_nccl::MpiComm::world()?;
+                comm.set_timeout(timeout);
+                RankComm::across(Box::new(comm), rank, world)
+            }
         }
     }
 }
@@ -72,6 +87,37 @@ pub(crate) enum RankComm {
         /// Recorded on the compute stream; the comm stream waits for it.
         fence: flodl_tensor::Event,
     },
+    /// A collective across processes (MPI) reducing CPU tensors in place on the rank's thread.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Across {
+        /// The communicator.
+        comm: Box<dyn flodl_nccl::Collective>,
+        /// Every rank's step count (one slot per rank).
+        meta: Tensor,
+    },
+}
+
+impl RankComm {
+    /// A communicator across processes for CPU tensors, checked to be rank `rank` of a world
+    /// of `world` (the cluster identity's).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    fn across(
+        comm: Box<dyn flodl_nccl::Collective>,
+        rank: usize,
+        world: usize,
+    ) -> Result<RankComm> {
+        if comm.rank() != rank || comm.world_size() != world {
+            return Err(Error::Config(format!(
+                "the MPI world says rank {} of {}, the cluster identity rank {rank} of {world}: \
+                 start the ranks with mpirun (fdl launch --mpi)",
+                comm.rank(),
+                comm.world_size()
+            )));
+        }
+        let stream = Stream::cpu_with_threads(1);
+        let meta = Tensor::zeros(&[comm.world_size()], flodl_tensor::DType::F32, &stream)?;
+        Ok(RankComm::Across { comm, meta })
+    }
 }
 
 impl std::fmt::Debug for RankComm {
@@ -80,6 +126,9 @@ impl std::fmt::Debug for RankComm {
             RankComm::Host { comm, .. } => f.debug_tuple("Host").field(comm).finish(),
             RankComm::Device { comm, .. } => {
                 f.debug_struct("Device").field("rank", &comm.rank()).finish_non_exhaustive()
+            }
+            RankComm::Across { comm, .. } => {
+                f.debug_struct("Across").field("rank", &comm.rank()).finish_non_exhaustive()
             }
         }
     }
@@ -101,7 +150,9 @@ impl RankComm {
     pub(crate) fn abort_handle(&self) -> AbortHandle {
         match self {
             RankComm::Host { comm, .. } => comm.abort_handle(),
-            RankComm::Device { comm, .. } => comm.abort_handle(),
+            RankComm::Device { comm, .. } | RankComm::Across { comm, .. } => {
+                comm.abort_handle()
+            }
         }
     }
 
@@ -117,7 +168,9 @@ impl RankComm {
     pub(crate) fn weights(&mut self, steps: usize, gamma: f64) -> Result<Option<(f32, f32)>> {
         let (rank, world) = match self {
             RankComm::Host { comm, .. } => (comm.rank(), comm.world_size()),
-            RankComm::Device { comm, .. } => (comm.rank(), comm.world_size()),
+            RankComm::Device { comm, .. } | RankComm::Across { comm, .. } => {
+                (comm.rank(), comm.world_size())
+            }
         };
         let mut host = vec![0.0f32; world];
         if let Some(slot) = host.get_mut(rank) {
@@ -130,6 +183,12 @@ impl RankComm {
                 meta.copy_from_host(&host, stream)?;
                 comm.all_reduce_sum(&mut [meta], stream)?;
                 meta.copy_to_host(&mut host, stream)?;
+            }
+            RankComm::Across { comm, meta } => {
+                let stream = Stream::cpu_with_threads(1);
+                meta.copy_from_host(&host, &stream)?;
+                comm.all_reduce_sum(&mut [meta], &stream)?;
+                meta.copy_to_host(&mut host, &stream)?;
             }
         }
         let all: Vec<u64> = host.iter().map(|&s| s.max(0.0).round() as u64).collect();
@@ -163,6 +222,11 @@ impl RankComm {
                 comm_stream.wait_event(fence)?;
                 let mut refs: Vec<&mut Tensor> = tensors.iter_mut().collect();
                 comm.all_reduce_weighted(&mut refs, weight, comm_stream)?;
+                Ok(())
+            }
+            RankComm::Across { comm, .. } => {
+                let mut refs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+                comm.all_reduce_weighted(&mut refs, weight, stream)?;
                 Ok(())
             }
         }

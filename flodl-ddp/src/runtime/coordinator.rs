@@ -37,7 +37,7 @@ use crate::runtime::fault::{FaultCause, FaultEvent, RankThread};
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::rank::run_rank;
-use crate::runtime::slot::{GroupBook, InCollective, Ready, Slots, Standing};
+use crate::runtime::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -88,12 +88,8 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, remote: Connections) 
         let net = NetCoordinator::new(world, remote, cfg.spec.wire, &inbox_tx)?;
         Box::new(Routed::new(routes, local_link, net))
     };
-    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, link)?;
-    #[cfg(feature = "cuda")]
-    {
-        coord.group.nccl = comms.iter().any(|c| matches!(c, Some(CommPlan::Nccl { .. })));
-    }
+    coord.group.engine = engine(&cfg, &comms);
     let mut workers = Vec::with_capacity(world);
     let comms = comms.into_iter().enumerate().filter(|(rank, _)| here.contains(rank));
     for ((rank, comm), end) in comms.zip(ends) {
@@ -124,12 +120,26 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, remote: Connections) 
     Ok((main, workers))
 }
 
-/// How each rank joins the collective backend: NCCL when every rank is a distinct GPU (and the
-/// `cuda` feature is on), the host collective otherwise (device tensors then go through host
-/// copies).
+/// The engine of the run's collective groups: MPI across processes, NCCL when the plans say so,
+/// the host collective otherwise.
+fn engine(cfg: &RunConfig, comms: &[Option<CommPlan>]) -> Engine {
+    if cfg.spec.controller_apart() {
+        return Engine::Mpi;
+    }
+    #[cfg(feature = "cuda")]
+    if comms.iter().any(|c| matches!(c, Some(CommPlan::Nccl { .. }))) {
+        return Engine::Nccl;
+    }
+    let _ = comms;
+    Engine::Host
+}
+
+/// How each rank of this process joins the collective backend: NCCL when every rank is a
+/// distinct GPU (and the `cuda` feature is on), the host collective otherwise (device tensors
+/// then go through host copies). Ranks in their own processes (MPI) join in their process.
 fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
     let world = cfg.world();
-    if cfg.spec.backend == Backend::Host {
+    if cfg.spec.backend == Backend::Host || cfg.spec.controller_apart() {
         return Ok((0..world).map(|_| None).collect());
     }
     #[cfg(feature = "cuda")]
@@ -739,7 +749,10 @@ impl Coordinator {
             if self.cfg.checkpoints.is_some() {
                 self.saves.last_bundle = Some(self.starting_bundle(&initial)?);
             }
-            for rank in 1..world {
+            // Rank 0 trains from its own replica, which is the initial state; in its own
+            // process (the controller kept apart) it still needs its first window.
+            let first = usize::from(!self.cfg.spec.controller_apart());
+            for rank in first..world {
                 let state = initial.clone();
                 let window = self.first_window(rank);
                 self.send(rank, ToWorker::Init { state, restore: None, window })?;
@@ -1363,11 +1376,19 @@ impl Coordinator {
         let _ = self.outlets.faults.try_send(event);
         // A rank stuck in its replica reads this when (if) it returns.
         let _ = self.link.try_send(rank, ToWorker::Stop);
-        let lone_nccl = self.group.nccl && survivors.len() == 1;
+        let lone_nccl = self.group.engine == Engine::Nccl && survivors.len() == 1;
         let error = Error::Rank { rank, failure };
         if self.slots.deaths() > self.cfg.spec.max_failures {
             self.save_failure_bundle(SaveReason::MaxFailureExceeded);
             return Err(error);
+        }
+        if self.group.engine == Engine::Mpi {
+            let detail = format!("rank {rank} {cause}; {}", self.work_lost());
+            tracing::warn!(%detail, "an MPI world cannot shrink: the job ends");
+            let reason = SaveReason::Fault { detail: "an MPI world cannot shrink".into() };
+            let bundle = self.save_failure_bundle(reason.clone());
+            let last = Some(Box::new(error));
+            return Err(Error::Unrecoverable { reason, detail, bundle, last });
         }
         if survivors.is_empty() || lone_nccl {
             let reason = if survivors.is_empty() {
@@ -1437,7 +1458,7 @@ impl Coordinator {
     /// by a fresh id.
     fn regroup_how(&self) -> Result<Regroup> {
         #[cfg(feature = "cuda")]
-        if self.group.nccl {
+        if self.group.engine == Engine::Nccl {
             return Ok(Regroup::Nccl(flodl_nccl::UniqueId::new()?));
         }
         Ok(Regroup::Host)
@@ -1493,6 +1514,28 @@ impl Coordinator {
     /// state when it saved none, re-labelled) as `failure.fdlck` next to the step bundles, and
     /// returns its path; `None` when the run has no checkpoint directory or the write fails
     /// (the run's own error is what matters then).
+    /// What a job restarted from the last bundle trains again, in words: the reduces and
+    /// cohort steps since that bundle, plus the windows in progress (at most one checkpoint
+    /// interval when every reduce is saved).
+    fn work_lost(&self) -> String {
+        let (reduce, step) = match (&self.saves.last_bundle, self.cfg.checkpoints.as_ref()) {
+            (Some(b), Some(_)) => (b.reduce_version, b.global_step),
+            _ => {
+                return format!(
+                    "no checkpoint is kept, so a restart trains again from the start \
+                     ({} reduce(s), {} step(s) lost)",
+                    self.rounds.reduces, self.rounds.global_step
+                );
+            }
+        };
+        format!(
+            "work lost: {} reduce(s) and {} step(s) since the last bundle (reduce {reduce}, \
+             step {step}), plus the windows in progress",
+            self.rounds.reduces.saturating_sub(reduce),
+            self.rounds.global_step.saturating_sub(step)
+        )
+    }
+
     fn save_failure_bundle(&mut self, reason: SaveReason) -> Option<std::path::PathBuf> {
         let plan = self.cfg.checkpoints.as_ref()?;
         let Some(mut ckpt) = self.saves.last_bundle.clone() else {

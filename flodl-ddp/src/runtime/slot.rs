@@ -193,8 +193,21 @@ pub(crate) struct GroupBook {
     first_failure: Option<Instant>,
     /// Attempts of the pending reduce that failed with nobody dead.
     futile: usize,
-    /// Whether the groups are NCCL groups (rebuilt from a new id; never shrunk to one rank).
-    pub(crate) nccl: bool,
+    /// What the groups are made of, which decides how they survive a death.
+    pub(crate) engine: Engine,
+}
+
+/// The engine of a run's collective groups.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// The in-process host collective: shrunk to the survivors.
+    #[default]
+    Host,
+    /// NCCL: rebuilt from a new id; never shrunk to one rank.
+    Nccl,
+    /// MPI across processes: a world cannot shrink, so a death ends the run (the launcher
+    /// restarts the job from the last bundle).
+    Mpi,
 }
 
 impl GroupBook {

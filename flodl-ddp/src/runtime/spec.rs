@@ -108,7 +108,8 @@ pub enum Placement {
     /// Every rank a thread of one process; `devices` lists each rank's device.
     #[default]
     Threads,
-    /// Every rank its own process (a cluster run, rank 0's process hosting the controller);
+    /// Every rank its own process (a cluster run; rank 0's process hosts the controller, or,
+    /// with the collective backend, a process outside the ranks' MPI world does);
     /// `devices` names each rank's kind of device only (`cpu`, or `cuda:0` for "a GPU"), since
     /// which GPU of its host a process trains on (`cuda:LOCAL_RANK`) is that process's own
     /// business and must not make the processes' specs differ.
@@ -239,6 +240,14 @@ impl RunSpec {
     /// Ranks in the run.
     pub fn world(&self) -> usize {
         self.devices.len()
+    }
+
+    /// Whether the controller runs in a process of its own, outside the ranks' processes: with
+    /// the collective backend across processes the ranks form an MPI world (the data plane)
+    /// that the controller is not part of, so every rank, rank 0 included, joins it over the
+    /// cluster link. Otherwise rank 0's process hosts the controller.
+    pub fn controller_apart(&self) -> bool {
+        self.placement == Placement::Processes && self.backend == crate::Backend::Collective
     }
 
     /// Full batches per epoch (the tail smaller than a batch is dropped).

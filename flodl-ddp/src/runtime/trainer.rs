@@ -17,7 +17,7 @@ use crate::cooperative::bridge::Bridge;
 use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
 use crate::runtime::capture::{CheckpointPlan, Resumed};
-use crate::runtime::cluster::{Cluster, RankHandle, Started, own_device};
+use crate::runtime::cluster::{Cluster, RankHandle, Seat, Started, own_device};
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
@@ -672,11 +672,7 @@ impl Trainer {
             None => (self.devices.resolve()?, Placement::Threads),
         };
         if placement == Placement::Processes && self.backend == Backend::Collective {
-            return Err(Error::Config(
-                "the collective backend does not run across processes yet: use --backend host \
-                 (Backend::Host); NCCL/MPI across processes is not built yet"
-                    .into(),
-            ));
+            check_mpi(&devices)?;
         }
         if self.batch_size == 0 || self.epochs == 0 {
             return Err(Error::Config("batch size and epochs must be at least 1".into()));
@@ -784,11 +780,12 @@ impl Trainer {
     /// of the contract the replica does not offer; [`Error::ReplicaMismatch`] when the replicas
     /// disagree.
     pub fn run(self) -> Result<DdpHandle> {
-        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.is_controller()) {
+        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.hosts_controller(self.backend))
+        {
             return Err(Error::Config(format!(
                 "this process is rank {} of a cluster run, which has no DdpHandle: start it \
                  with Trainer::start, whose RankHandle reports the rank's outcome",
-                cluster.rank()
+                cluster.rank().unwrap_or(0)
             )));
         }
         match self.start()? {
@@ -853,22 +850,32 @@ impl Trainer {
         if let Some(cluster) = &self.cluster {
             let run = config.spec.hash()?.0;
             let kind = config.spec.devices.first().copied().unwrap_or(Device::Cpu);
-            config.own = Some((cluster.rank(), own_device(kind, cluster.local_rank())));
-            if !cluster.is_controller() {
+            match cluster.seat() {
+                Seat::Rank(rank) => {
+                    config.own = Some((rank, own_device(kind, cluster.local_rank())));
+                }
+                Seat::Controller if !config.spec.controller_apart() => {
+                    return Err(Error::Config(
+                        "a controller of its own serves only runs of the collective backend \
+                         across processes (MPI); with the host backend rank 0's process hosts \
+                         the controller"
+                            .into(),
+                    ));
+                }
+                Seat::Controller => {}
+            }
+            if let Some(rank) = cluster.rank().filter(|_| !cluster.hosts_controller(self.backend))
+            {
                 // The controller alone saves and resumes: a rank restores from `Init`.
                 config.checkpoints = None;
                 let frames = cluster.rendezvous().join(
                     run,
-                    cluster.rank(),
+                    rank,
                     cluster.world(),
                     cluster.join_wait(),
                     config.spec.watchdog,
                 )?;
-                return Ok(Started::Rank(RankHandle::start(
-                    Arc::new(config),
-                    cluster.rank(),
-                    frames,
-                )?));
+                return Ok(Started::Rank(RankHandle::start(Arc::new(config), rank, frames)?));
             }
         }
         if let Some(from) = &self.resume {
@@ -894,11 +901,41 @@ impl Trainer {
             Some(cluster) => {
                 let run = config.spec.hash()?.0;
                 let silence = config.spec.watchdog;
-                cluster.rendezvous().accept(run, cluster.world(), cluster.join_wait(), silence)?
+                // Every rank but this process's own.
+                let ranks: Vec<usize> =
+                    (0..cluster.world()).filter(|&r| Some(r) != cluster.rank()).collect();
+                let wait = cluster.join_wait();
+                cluster.rendezvous().accept(run, cluster.world(), &ranks, wait, silence)?
             }
             None => Vec::new(),
         };
         DdpHandle::start(Arc::new(config), remote).map(Started::Coordinator)
+    }
+}
+
+/// Checks that the collective backend can run across processes on `devices`: CPU ranks,
+/// through MPI (feature `mpi`).
+///
+/// # Errors
+/// [`Error::Config`] for GPU ranks (NCCL across processes is not built yet) or a build
+/// without the `mpi` feature.
+fn check_mpi(devices: &[Device]) -> Result<()> {
+    if devices.iter().any(|d| *d != Device::Cpu) {
+        return Err(Error::Config(
+            "the collective backend across processes runs CPU ranks through MPI; NCCL across \
+             processes is not built yet: use --backend host (Backend::Host) for GPU ranks"
+                .into(),
+        ));
+    }
+    if cfg!(feature = "mpi") {
+        Ok(())
+    } else {
+        Err(Error::Config(
+            "the collective backend across processes needs MPI: build with the `mpi` feature \
+             (cargo build --features mpi; Debian: libopenmpi-dev, openmpi-bin, libclang-dev) \
+             or use --backend host (Backend::Host)"
+                .into(),
+        ))
     }
 }
 

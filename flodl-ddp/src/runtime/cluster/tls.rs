@@ -143,6 +143,7 @@ impl Rendezvous for TlsRendezvous {
         &self,
         run: [u8; 32],
         world: usize,
+        ranks: &[usize],
         wait: Duration,
         silence: Duration,
     ) -> Result<Connections> {
@@ -152,7 +153,8 @@ impl Rendezvous for TlsRendezvous {
         let deadline = Instant::now() + wait;
         let mut joined: Vec<Option<Arc<dyn Frames>>> = (0..world).map(|_| None).collect();
         loop {
-            let missing: Vec<usize> = (1..world).filter(|&r| joined[r].is_none()).collect();
+            let missing: Vec<usize> =
+                ranks.iter().copied().filter(|&r| joined.get(r).is_none_or(Option::is_none)).collect();
             if missing.is_empty() {
                 break;
             }
@@ -164,7 +166,7 @@ impl Rendezvous for TlsRendezvous {
                 Ok(session) => {
                     let rank = session.rank();
                     match joined.get_mut(rank) {
-                        Some(slot @ None) if rank != 0 => {
+                        Some(slot @ None) if ranks.contains(&rank) => {
                             *slot = Some(SessionFrames::shared(session))
                         }
                         // The controller admits each rank once; anything else is dropped.

@@ -1,0 +1,240 @@
+//! MPI jobs of real processes on loopback (feature `mpi`): `fdl launch --mpi --nproc 3` runs
+//! the controller in a process of its own and the 3 ranks under
+//! `mpirun --oversubscribe -np 3` (plus `--allow-run-as-root` as root) as one MPI world, the
+//! collective backend's data plane. Without `mpirun` on the PATH the tests skip with a printed
+//! reason, unless `FLODL_REQUIRE_MPI=1` (CI sets it).
+#![cfg(feature = "mpi")]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const FDL: &str = env!("CARGO_BIN_EXE_fdl");
+
+/// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
+const JOB: [&str; 12] = [
+    "--backend",
+    "collective",
+    "--train-subset",
+    "4096",
+    "--test-subset",
+    "1000",
+    "--epochs",
+    "2",
+    "--hidden",
+    "64",
+    "--batch-size",
+    "32",
+];
+/// Accuracy an MPI job may differ by from the in-process run of the same flags.
+const BAND: f64 = 0.06;
+
+/// Why the MPI tests cannot run here, when they cannot; an error when they must.
+fn skip() -> Result<Option<String>> {
+    let found = Command::new("mpirun").arg("--version").output();
+    if found.is_ok_and(|o| o.status.success()) {
+        return Ok(None);
+    }
+    let why = "mpirun is not on the PATH (Debian: apt-get install openmpi-bin)".to_owned();
+    if std::env::var("FLODL_REQUIRE_MPI").is_ok_and(|v| v == "1") {
+        return Err(format!("FLODL_REQUIRE_MPI=1 but {why}").into());
+    }
+    Ok(Some(why))
+}
+
+fn summary(dir: &Path) -> Result<Value> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?)
+}
+
+fn accuracy(dir: &Path) -> Result<f64> {
+    summary(dir)?["test"]["accuracy"].as_f64().ok_or_else(|| "no test accuracy".into())
+}
+
+/// The in-process run of `flags` on 3 CPU ranks; its test accuracy.
+fn in_process(flags: &[&str], out: &Path) -> Result<f64> {
+    let run = Command::new(FDL)
+        .args(["train", "--ranks", "3", "--quiet", "--out"])
+        .arg(out)
+        .args(flags)
+        .output()?;
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    accuracy(out)
+}
+
+/// Every policy on the collective backend across 3 MPI processes completes, with the
+/// controller outside the world, and its accuracy is in the band of the in-process run.
+#[test]
+fn every_policy_across_three_mpi_processes_matches_in_process() -> Result {
+    if let Some(why) = skip()? {
+        println!("skipped: {why}");
+        return Ok(());
+    }
+    let tmp = tempfile::tempdir()?;
+    for policy in ["sync", "cadence", "async"] {
+        let mut flags = vec!["--policy", policy];
+        flags.extend(JOB);
+        let alone = in_process(&flags, &tmp.path().join(format!("alone-{policy}")))?;
+        let job = tmp.path().join(format!("mpi-{policy}"));
+        let started = Instant::now();
+        let out = Command::new(FDL)
+            .args(["launch", "--mpi", "--nproc", "3", "--quiet", "--out"])
+            .arg(&job)
+            .args(&flags)
+            .output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{policy}: {stdout}\n{stderr}");
+        for rank in 0..3 {
+            let joined = format!("rank {rank} of 3: joined the controller");
+            assert!(stdout.contains(&joined), "{policy}: no {joined:?} in {stdout}");
+        }
+        assert!(stdout.contains("[launch] the controller exited with 0"), "{stdout}");
+        assert!(stdout.contains("[launch] mpirun exited with 0"), "{stdout}");
+        let mpi = accuracy(&job)?;
+        assert!(
+            alone > 0.75 && (alone - mpi).abs() <= BAND,
+            "{policy}: in-process {alone:.3}, MPI {mpi:.3}"
+        );
+        let s = summary(&job)?;
+        assert_eq!(s["spec"]["placement"], "processes");
+        assert_eq!(s["spec"]["backend"], "collective");
+        println!("{policy}: in-process {alone:.4}, MPI {mpi:.4} in {:?}", started.elapsed());
+    }
+    Ok(())
+}
+
+/// Output lines of a launched job on a channel.
+struct Launched {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Launched {
+    fn start(args: &[&str]) -> Result<Launched> {
+        let mut child =
+            Command::new(FDL).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let (tx, lines) = mpsc::channel();
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(std::result::Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Ok(Launched { child, lines, seen: Vec::new() })
+    }
+
+    /// The first line containing `what`, within `wait`.
+    fn wait_for(&mut self, what: &str, wait: Duration) -> Result<String> {
+        let deadline = Instant::now() + wait;
+        while let Ok(line) =
+            self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.seen.push(line.clone());
+            if line.contains(what) {
+                return Ok(line);
+            }
+        }
+        Err(format!("no line with {what:?} within {wait:?}; saw:\n{}", self.seen.join("\n")).into())
+    }
+
+    /// Waits for the launcher to exit; its code and every line.
+    fn finish(mut self, wait: Duration) -> Result<(Option<i32>, String)> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+                    self.seen.push(line);
+                }
+                return Ok((status.code(), self.seen.join("\n")));
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(format!(
+                    "the launcher did not exit within {wait:?}:\n{}",
+                    self.seen.join("\n")
+                )
+                .into());
+            }
+            while let Ok(line) = self.lines.try_recv() {
+                self.seen.push(line);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A slow job: every rank slowed so an epoch lasts about a second.
+const SLOW: [&str; 14] = [
+    "--backend",
+    "collective",
+    "--policy",
+    "cadence",
+    "--train-subset",
+    "6144",
+    "--test-subset",
+    "1000",
+    "--epochs",
+    "4",
+    "--slowdown",
+    "20,20,20",
+    "--watchdog",
+    "10",
+];
+
+/// `kill -9` of rank 1's process mid-run ends the MPI job (a world cannot shrink); the
+/// launcher restarts it from the last bundle, the work lost is printed, and the restarted job
+/// completes with an accuracy in the band of the clean in-process run.
+#[test]
+fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
+    if let Some(why) = skip()? {
+        println!("skipped: {why}");
+        return Ok(());
+    }
+    let tmp = tempfile::tempdir()?;
+    let clean = in_process(&SLOW, &tmp.path().join("clean"))?;
+    let dir = tmp.path().join("killed");
+    let ckpt = tmp.path().join("ckpt");
+    let mut args = vec!["launch", "--mpi", "--nproc", "3", "--max-restarts", "1"];
+    let (dir_s, ckpt_s) = (dir.to_string_lossy().into_owned(), ckpt.to_string_lossy().into_owned());
+    // Saved at every reduce: a death loses at most the windows in progress.
+    args.extend(["--out", &dir_s, "--checkpoint-dir", &ckpt_s, "--checkpoint-every-reduces", "1"]);
+    args.extend(SLOW);
+    let mut job = Launched::start(&args)?;
+    let line = job.wait_for("rank 1 of 3: joined the controller (pid", Duration::from_secs(60))?;
+    let pid: i32 =
+        line.rsplit("(pid ").next().and_then(|p| p.trim_end_matches(')').parse().ok()).ok_or("no pid")?;
+    job.wait_for("epoch 1/4", Duration::from_secs(90))?;
+    let killed = Command::new("kill").args(["-9", &pid.to_string()]).status()?;
+    assert!(killed.success(), "kill -9 {pid}");
+    let (code, out) = job.finish(Duration::from_secs(240))?;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("an MPI world cannot shrink"), "{out}");
+    assert!(out.contains("work lost:"), "{out}");
+    assert!(out.contains("restart 1 of 1"), "{out}");
+    assert!(out.contains("resuming from"), "{out}");
+    let mpi = accuracy(&dir)?;
+    assert!(clean > 0.75 && (clean - mpi).abs() <= BAND, "clean {clean:.3}, restarted {mpi:.3}");
+    for line in out.lines().filter(|l| l.contains("[launch]") || l.contains("error:")) {
+        println!("{line}");
+    }
+    println!("clean {clean:.4}, restarted {mpi:.4}");
+    let s = summary(&dir)?;
+    assert!(s["epochs_restored"].as_u64().is_some_and(|n| n >= 1), "{s}");
+    Ok(())
+}
