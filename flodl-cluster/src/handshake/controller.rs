@@ -13,6 +13,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 
+use super::dropped::Dropped;
 use super::refusal::{Refusal, View};
 use super::registry::{Offer, Registry};
 use crate::error::NetError;
@@ -234,19 +235,18 @@ async fn admit(
     }
 }
 
-/// TLS, then the hello: refused, held or complete; `Err` for a connection dropped without a
-/// refusal (it never got TLS up or sent no readable hello).
+/// TLS, then the hello: refused, held or complete; [`Dropped`] for a connection dropped without
+/// a refusal (it never got TLS up or sent no readable hello).
 async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     admission: &Admission,
-) -> Result<Step, String> {
-    let tls =
-        admission.acceptor.accept(tcp).await.map_err(|e| format!("TLS handshake failed: {e}"))?;
+) -> Result<Step, Dropped> {
+    let tls = admission.acceptor.accept(tcp).await.map_err(Dropped::Tls)?;
     let mut framed = Framed::new(tls, codec(HANDSHAKE_MAX));
     let first = match framed.next().await {
-        None => return Err("closed before its hello".into()),
-        Some(Err(e)) => return Err(format!("reading its hello: {e}")),
+        None => return Err(Dropped::Closed),
+        Some(Err(e)) => return Err(Dropped::Read(e)),
         Some(Ok(first)) => first,
     };
     let hello = match Message::decode(first) {

@@ -2,6 +2,7 @@
 //! pairs each rank's two lanes) and on a joining rank's side.
 
 mod controller;
+mod dropped;
 mod join;
 mod refusal;
 mod registry;

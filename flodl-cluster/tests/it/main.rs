@@ -4,6 +4,7 @@
 mod support;
 
 mod decode;
+mod fuzz;
 mod hello;
 mod identity;
 mod intruders;
