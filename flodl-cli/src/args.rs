@@ -64,6 +64,11 @@ pub(crate) struct LaunchArgs {
     /// Number of rank processes.
     #[arg(long, value_name = "N")]
     pub(crate) nproc: usize,
+    /// Restart a rank process (other than rank 0, whose process hosts the controller) that
+    /// dies, at most N times over the job: the new process joins the running job at its next
+    /// reduce (host backend) (default 0).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) max_restarts: usize,
     /// Every `fdl train` flag, passed to each rank process.
     #[command(flatten)]
     pub(crate) train: TrainArgs,
@@ -88,6 +93,10 @@ pub(crate) struct ClusterFlags {
     /// Seconds the controller waits for every rank to join (default 300).
     #[arg(long, value_name = "SECS")]
     pub(crate) join_timeout: Option<f64>,
+    /// Rank 0: start once N ranks (rank 0 included) have joined; a process for a rank still
+    /// missing joins the running job at a reduce (host backend) (default: every rank).
+    #[arg(long, value_name = "N")]
+    pub(crate) quorum: Option<usize>,
 }
 
 /// Flags shared by `train` and `bench`: what to train, on which ranks, and how.

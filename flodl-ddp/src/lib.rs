@@ -113,7 +113,7 @@ pub use mlp::{Mlp, MlpConfig, Optimizer};
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Started};
-pub use runtime::fault::{FaultCause, FaultEvent};
+pub use runtime::fault::{FaultCause, FaultEvent, RejoinEvent};
 pub use runtime::handle::{DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
 pub use runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, RunSpec};

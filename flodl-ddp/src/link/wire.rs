@@ -69,8 +69,9 @@ pub(crate) enum Regroup {
 pub(crate) enum ToWorker {
     /// Load these initial weights (rank 0's, or a resumed checkpoint's consensus with the
     /// rank's own optimizer state), then start in `window` (a rank in another process cannot
-    /// know it: on a resume it follows from the bundle's ElChe state).
-    Init { state: HostState, restore: Option<Box<RankRestore>>, window: Window },
+    /// know it: on a resume it follows from the bundle's ElChe state), at cohort step
+    /// `global_step` (a rank joining a running run starts at the run's).
+    Init { state: HostState, restore: Option<Box<RankRestore>>, window: Window, global_step: u64 },
     /// Train this chunk after the ones already queued.
     Work(Chunk),
     /// Collective backend: average now (all ranks do), then start `next` window at cohort step
@@ -247,8 +248,13 @@ mod tests {
         };
         let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
         let to_rank = vec![
-            ToWorker::Init { state: state(), restore: Some(Box::new(restore)), window },
-            ToWorker::Init { state: HostState::default(), restore: None, window },
+            ToWorker::Init {
+                state: state(),
+                restore: Some(Box::new(restore)),
+                window,
+                global_step: 0,
+            },
+            ToWorker::Init { state: HostState::default(), restore: None, window, global_step: 41 },
             ToWorker::Work(chunk),
             ToWorker::Reduce { next: window, eval: Some(3), global_step: 99, capture: request },
             ToWorker::Reduce { next: window, eval: None, global_step: 0, capture: None },

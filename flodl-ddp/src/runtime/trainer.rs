@@ -799,9 +799,10 @@ impl Trainer {
             Some(cluster) => {
                 let run = config.spec.hash()?.0;
                 let silence = config.spec.watchdog;
-                cluster.rendezvous().accept(run, cluster.world(), cluster.join_wait(), silence)?
+                let (world, quorum) = (cluster.world(), cluster.quorum_of());
+                cluster.rendezvous().accept(run, world, quorum, cluster.join_wait(), silence)?
             }
-            None => Vec::new(),
+            None => (Vec::new(), None),
         };
         DdpHandle::start(Arc::new(config), remote).map(Started::Coordinator)
     }

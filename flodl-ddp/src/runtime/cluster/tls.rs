@@ -11,10 +11,10 @@ use flodl_cluster::{
     SessionReceiver, SessionSender, Tls,
 };
 
-use super::{Connections, Rendezvous};
+use super::{Admitted, Rendezvous};
 use crate::link::LinkError;
 use crate::link::frame::Lane;
-use crate::link::net::Frames;
+use crate::link::net::{Arrivals, Frames};
 use crate::{Error, Result};
 
 /// The control lane's frame cap: orders and reports are small.
@@ -109,6 +109,25 @@ impl Frames for SessionFrames {
     }
 }
 
+/// The controller after the start: the sessions of ranks joining again.
+struct Later {
+    controller: Controller,
+}
+
+impl Arrivals for Later {
+    fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)> {
+        match self.controller.accept(wait) {
+            Ok(session) => Some((session.rank(), SessionFrames::shared(session))),
+            Err(NetError::Timeout(_)) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "the controller stopped admitting ranks");
+                std::thread::sleep(wait);
+                None
+            }
+        }
+    }
+}
+
 /// Meeting over mutual TLS: the controller binds `bind` and admits the other ranks; a rank
 /// joins `controller`.
 pub(crate) struct TlsRendezvous {
@@ -143,9 +162,10 @@ impl Rendezvous for TlsRendezvous {
         &self,
         run: [u8; 32],
         world: usize,
+        quorum: usize,
         wait: Duration,
         silence: Duration,
-    ) -> Result<Connections> {
+    ) -> Result<Admitted> {
         let controller = Controller::bind(self.bind, run, world, self.config(silence))
             .map_err(net("binding the controller"))?;
         tracing::info!(addr = %controller.local_addr(), world, "controller waiting for ranks");
@@ -153,7 +173,7 @@ impl Rendezvous for TlsRendezvous {
         let mut joined: Vec<Option<Arc<dyn Frames>>> = (0..world).map(|_| None).collect();
         loop {
             let missing: Vec<usize> = (1..world).filter(|&r| joined[r].is_none()).collect();
-            if missing.is_empty() {
+            if world - missing.len() >= quorum {
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -175,7 +195,10 @@ impl Rendezvous for TlsRendezvous {
                 Err(e) => return Err(net("admitting ranks")(e)),
             }
         }
-        Ok(joined.into_iter().enumerate().filter_map(|(r, f)| f.map(|f| (r, f))).collect())
+        let now = joined.into_iter().enumerate().filter_map(|(r, f)| f.map(|f| (r, f))).collect();
+        // The controller keeps admitting for the whole run: a rank process restarted after its
+        // death joins again (same CA, same run, its seat free once its old session ended).
+        Ok((now, Some(Box::new(Later { controller }))))
     }
 
     fn join(
