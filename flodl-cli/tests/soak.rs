@@ -62,8 +62,9 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     let soak = Duration::from_secs(env_secs("FLODL_SOAK_SECS", 60)?);
     let long = soak >= Duration::from_secs(300);
     let every = Duration::from_secs(env_secs("FLODL_SOAK_EVERY", if long { 60 } else { 15 })?);
-    // About 5 s an epoch on a loaded 2-core machine at this slowdown; the run outlasts the soak.
-    let epochs = (soak.as_secs() / 4).max(12);
+    // About 2 s an epoch on a loaded 2-core machine at this slowdown (each rank's batch held
+    // 40 times its compute): the run lasts about the soak, more when the machine is slower.
+    let epochs = (soak.as_secs() / 2).max(20);
     let restarts = (soak.as_secs() / every.as_secs().max(1) + 4).to_string();
     let epochs_s = epochs.to_string();
     let train = TRAIN.to_string();
@@ -97,11 +98,11 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     let mut args = flags.clone();
     args.extend([
         "--slowdown",
-        "12,12,12",
+        "40,40,40",
         "--checkpoint-dir",
         &ckpt_s,
         "--checkpoint-every-reduces",
-        "25",
+        "10",
         "--quiet",
     ]);
     let log = ("RUST_LOG", "warn,flodl_ddp::runtime::coordinator=debug");
@@ -152,7 +153,7 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
             return Err(e);
         }
     }
-    let limit = soak + Duration::from_secs(60 + epochs * 30);
+    let limit = soak + Duration::from_secs(120 + epochs * 10);
     let (code, out) = job.finish(limit)?;
     let wall = started.elapsed();
     assert_eq!(code, Some(0), "{}", out.lines().rev().take(60).collect::<Vec<_>>().join("\n"));
@@ -167,6 +168,19 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
         .filter_map(|f| f["at_ms"].as_f64())
         .filter_map(|t| reduces.iter().find(|&&r| r > t).map(|r| r - t))
         .collect();
+    // Back in: a death → that rank's next admission.
+    let back_in: Vec<f64> = faults
+        .iter()
+        .filter_map(|f| {
+            let (rank, t) = (f["rank"].as_u64()?, f["at_ms"].as_f64()?);
+            rejoins
+                .iter()
+                .filter(|j| j["rank"].as_u64() == Some(rank))
+                .filter_map(|j| j["at_ms"].as_f64())
+                .find(|&j| j > t)
+                .map(|j| j - t)
+        })
+        .collect();
     let requeued: u64 = faults.iter().filter_map(|f| f["requeued_samples"].as_u64()).sum();
     let epochs_rec = records(&dir, "epoch")?;
     let per_epoch = ((TRAIN / BATCH) * BATCH) as u64;
@@ -176,7 +190,7 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     println!(
         "soak: {:.0} s wall, {} kills ({} random, {} at a reduce start, {} at a save start), \
          {} deaths survived, {} rejoins, median recovery {} ms (death → next completed \
-         reduce, {} deaths), {requeued} samples re-dispatched (upper bound on samples \
+         reduce, {} deaths), median {} ms from a death to its rank's rejoin, {requeued} samples re-dispatched (upper bound on samples \
          trained twice), {exact}/{} epochs trained exactly once, accuracy {c:.4} (clean run \
          {a:.4})",
         wall.as_secs_f64(),
@@ -188,6 +202,7 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
         rejoins.len(),
         median(recoveries.clone()).map_or("-".into(), |m| format!("{m:.0}")),
         recoveries.len(),
+        median(back_in).map_or("-".into(), |m| format!("{m:.0}")),
         epochs_rec.len()
     );
     assert!(kills.len() >= 2, "only {} kills in {soak:?}", kills.len());
