@@ -161,7 +161,8 @@ fn cluster_runs_refuse_what_they_cannot_do() -> TestResult {
 fn a_new_rank_joins_a_running_run() -> TestResult {
     let train = train_subset(SAMPLES);
     let test: Arc<dyn Dataset> = Arc::new(Subset::first(mnist(Split::Test), 2000));
-    let slow = |t: Trainer| t.epochs(5).slowdown(vec![8.0; WORLD]);
+    // About 2 s an epoch (each batch held 100 times its compute): rank 2 joins well before the end.
+    let slow = |t: Trainer| t.epochs(5).slowdown(vec![100.0; WORLD]);
     let alone = slow(trainer(Policy::Cadence, &train, &test)).run()?.join()?;
     let mut places = Cluster::in_memory(WORLD)?.into_iter();
     let (zero, one, two) = match (places.next(), places.next(), places.next()) {
