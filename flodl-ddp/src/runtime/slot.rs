@@ -337,8 +337,9 @@ mod tests {
             Admit(bool),
         }
         use Standing::*;
-        // (step on rank 1, then: live ranks, joining ranks, deaths, rank 1 flagged dead)
-        let steps: [(Step, &[usize], &[usize], usize, bool); 9] = [
+        /// A step on rank 1, then: live ranks, joining ranks, deaths, rank 1 flagged dead.
+        type Case = (Step, &'static [usize], &'static [usize], usize, bool);
+        let steps: [Case; 9] = [
             (Step::Admit(false), &[0, 1, 2], &[], 0, false),
             (Step::Bury, &[0, 2], &[], 1, true),
             (Step::Admit(false), &[0, 2], &[], 1, true),
