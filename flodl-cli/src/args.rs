@@ -69,9 +69,11 @@ pub(crate) struct LaunchArgs {
     /// process of its own outside it.
     #[arg(long)]
     pub(crate) mpi: bool,
-    /// With --mpi: how many times a job that a rank's death ended is restarted from its last
-    /// checkpoint bundle (default 0).
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "mpi")]
+    /// Restarts after a death, at most N over the job (default 0). Host backend: a rank process
+    /// other than rank 0 (whose process hosts the controller) that dies is restarted and joins
+    /// the running job at its next reduce. With --mpi, where a death ends the MPI job: the job
+    /// is restarted from its last checkpoint bundle.
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) max_restarts: usize,
     /// Every `fdl train` flag, passed to each rank process.
     #[command(flatten)]
@@ -102,6 +104,10 @@ pub(crate) struct ClusterFlags {
     /// Seconds the controller waits for every rank to join (default 300).
     #[arg(long, value_name = "SECS")]
     pub(crate) join_timeout: Option<f64>,
+    /// Rank 0: start once N ranks (rank 0 included) have joined; a process for a rank still
+    /// missing joins the running job at a reduce (host backend) (default: every rank).
+    #[arg(long, value_name = "N")]
+    pub(crate) quorum: Option<usize>,
 }
 
 /// Flags shared by `train` and `bench`: what to train, on which ranks, and how.

@@ -3,7 +3,9 @@
 //! running `fdl train` with the cluster's environment (rank, world, controller on a free
 //! loopback port, certificate files), each output line prefixed with its rank, Ctrl-C and
 //! SIGTERM forwarded to the ranks by pid, and the job's status (rank 0's, whose process hosts
-//! the controller and decides the run) returned.
+//! the controller and decides the run) returned. With `--max-restarts N`, a rank process other
+//! than rank 0 that dies (exits non-zero or is killed) is started again with the same rank, at
+//! most N times over the job; it joins the running job at its next reduce (host backend).
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -113,6 +115,56 @@ pub(crate) fn relay(
     })
 }
 
+/// How the launcher starts a rank process: this binary running `fdl train` with the job's
+/// environment.
+struct RankCommand {
+    exe: std::path::PathBuf,
+    train: Vec<OsString>,
+    world: usize,
+    port: u16,
+    files: flodl_cluster::TlsFiles,
+}
+
+impl RankCommand {
+    /// Starts rank `rank`'s process, its output relayed with the rank's tag.
+    fn spawn(&self, rank: usize, relays: &mut Vec<std::thread::JoinHandle<()>>) -> Result<Child> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(&self.train)
+            .env("FLODL_RANK", rank.to_string())
+            .env("FLODL_WORLD_SIZE", self.world.to_string())
+            .env("FLODL_LOCAL_RANK", rank.to_string())
+            .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
+            .env("FLODL_CONTROLLER_PORT", self.port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
+            // forwards it once.
+            .process_group(0);
+        for (name, path) in self.files.vars() {
+            cmd.env(name, path);
+        }
+        let mut child = cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?;
+        println!("[launch] rank {rank}: pid {}", child.id());
+        let tag = format!("[rank {rank}]");
+        if let Some(out) = child.stdout.take() {
+            relays.push(relay(out, tag.clone(), false));
+        }
+        if let Some(err) = child.stderr.take() {
+            relays.push(relay(err, tag, true));
+        }
+        Ok(child)
+    }
+}
+
+/// The children's pids, by rank, shared with the signal forwarder (a restarted rank's pid
+/// replaces its predecessor's).
+type Pids = std::sync::Arc<std::sync::Mutex<Vec<Pid>>>;
+
+fn pid_of(child: &Child) -> Pid {
+    Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
+}
+
 /// `fdl launch`.
 ///
 /// # Errors
@@ -134,59 +186,42 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     }
     let (keys, files, port) = job_keys()?;
     let exe = std::env::current_exe().context("cannot find this fdl binary")?;
-    let train = child_args();
+    let command = RankCommand { exe, train: child_args(), world: args.nproc, port, files };
     let mut children: Vec<Child> = Vec::with_capacity(args.nproc);
     let mut relays = Vec::new();
     for rank in 0..args.nproc {
-        let mut cmd = Command::new(&exe);
-        cmd.args(&train)
-            .env("FLODL_RANK", rank.to_string())
-            .env("FLODL_WORLD_SIZE", args.nproc.to_string())
-            .env("FLODL_LOCAL_RANK", rank.to_string())
-            .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
-            .env("FLODL_CONTROLLER_PORT", port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
-            // forwards it once.
-            .process_group(0);
-        for (name, path) in files.vars() {
-            cmd.env(name, path);
-        }
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
+        match command.spawn(rank, &mut relays) {
+            Ok(child) => children.push(child),
             Err(e) => {
                 stop_all(&mut children, Signal::SIGKILL);
-                return Err(e).context(format!("cannot start rank {rank}"));
+                return Err(e);
             }
-        };
-        println!("[launch] rank {rank}: pid {}", child.id());
-        let tag = format!("[rank {rank}]");
-        if let Some(out) = child.stdout.take() {
-            relays.push(relay(out, tag.clone(), false));
         }
-        if let Some(err) = child.stderr.take() {
-            relays.push(relay(err, tag, true));
-        }
-        children.push(child);
     }
-    let pids: Vec<Pid> =
-        children.iter().filter_map(|c| i32::try_from(c.id()).ok()).map(Pid::from_raw).collect();
+    let pids: Pids =
+        std::sync::Arc::new(std::sync::Mutex::new(children.iter().map(pid_of).collect()));
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("cannot catch SIGINT/SIGTERM")?;
     let handle = signals.handle();
+    let forwarded = pids.clone();
     let forwarder = std::thread::spawn(move || {
         for signal in signals.forever() {
             let Ok(signal) = Signal::try_from(signal) else { continue };
-            for pid in &pids {
+            let pids = forwarded.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for pid in pids {
                 // A child that has ended (or whose pid was reaped) refuses: nothing to do.
-                let _ = kill(*pid, signal);
+                let _ = kill(pid, signal);
             }
         }
     });
     let watchdog =
         args.train.flags.watchdog.map_or(Duration::from_secs(30), Duration::from_secs_f64);
-    let status = wait_job(&mut children, watchdog + GRACE);
+    let restarts = Restarts {
+        left: args.max_restarts,
+        total: args.max_restarts,
+        command: &command,
+        pids: &pids,
+    };
+    let status = wait_job(&mut children, watchdog + GRACE, restarts, &mut relays);
     handle.close();
     let _ = forwarder.join();
     for relay in relays {
@@ -200,21 +235,73 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     }
 }
 
-/// Waits for the children; once rank 0 has ended, the others get `grace` to end on their own
-/// before they are killed. Returns rank 0's status.
-fn wait_job(children: &mut [Child], grace: Duration) -> Option<ExitStatus> {
+/// The restarts a job may still make of its dead rank processes.
+struct Restarts<'a> {
+    left: usize,
+    total: usize,
+    command: &'a RankCommand,
+    pids: &'a Pids,
+}
+
+impl Restarts<'_> {
+    /// Restarts `rank`, which ended with `status`, when it died (not a clean exit), is not rank
+    /// 0 and restarts are left; true when it runs again.
+    fn restart(
+        &mut self,
+        rank: usize,
+        status: ExitStatus,
+        children: &mut [Child],
+        relays: &mut Vec<std::thread::JoinHandle<()>>,
+    ) -> bool {
+        if rank == 0 || status.success() || self.left == 0 {
+            return false;
+        }
+        let n = self.total - self.left + 1;
+        println!("[launch] restarting rank {rank} (restart {n} of at most {})", self.total);
+        match self.command.spawn(rank, relays) {
+            Ok(child) => {
+                self.left -= 1;
+                if let Some(pid) = self.pids.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
+                {
+                    *pid = pid_of(&child);
+                }
+                if let Some(slot) = children.get_mut(rank) {
+                    *slot = child;
+                }
+                true
+            }
+            Err(e) => {
+                println!("[launch] rank {rank} could not be restarted: {e:#}");
+                false
+            }
+        }
+    }
+}
+
+/// Waits for the children, restarting dead ones while `restarts` allows and rank 0 runs; once
+/// rank 0 has ended, the others get `grace` to end on their own before they are killed.
+/// Returns rank 0's status.
+fn wait_job(
+    children: &mut [Child],
+    grace: Duration,
+    mut restarts: Restarts<'_>,
+    relays: &mut Vec<std::thread::JoinHandle<()>>,
+) -> Option<ExitStatus> {
     let mut ended: Vec<Option<ExitStatus>> = children.iter().map(|_| None).collect();
     let mut since_rank0: Option<Instant> = None;
     loop {
-        for (rank, child) in children.iter_mut().enumerate() {
-            if ended[rank].is_none()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                ended[rank] = Some(status);
-                println!("[launch] rank {rank} {}", describe(status));
-                if rank == 0 {
-                    since_rank0 = Some(Instant::now());
-                }
+        for rank in 0..children.len() {
+            if ended[rank].is_some() {
+                continue;
+            }
+            let Ok(Some(status)) = children[rank].try_wait() else { continue };
+            println!("[launch] rank {rank} {}", describe(status));
+            if since_rank0.is_none() && restarts.restart(rank, status, children, relays) {
+                continue;
+            }
+            ended[rank] = Some(status);
+            if rank == 0 {
+                since_rank0 = Some(Instant::now());
             }
         }
         if ended.iter().all(Option::is_some) {
@@ -279,10 +366,15 @@ pub(crate) fn place(
         return controller_place(flags, world).map(Some);
     }
     let Some(identity) = flodl_cluster::Identity::from_env()? else {
-        if flags.tls_ca.is_some() || flags.bind.is_some() || flags.join_timeout.is_some() {
+        if flags.tls_ca.is_some()
+            || flags.bind.is_some()
+            || flags.join_timeout.is_some()
+            || flags.quorum.is_some()
+        {
             bail!(
-                "--tls-*, --bind and --join-timeout are for a rank of a cluster job: run under \
-                 fdl launch, torchrun, srun or mpirun (no launcher's rank variable is set)"
+                "--tls-*, --bind, --join-timeout and --quorum are for a rank of a cluster job: \
+                 run under fdl launch, torchrun, srun or mpirun (no launcher's rank variable is \
+                 set)"
             );
         }
         return Ok(None);
@@ -341,6 +433,9 @@ fn finish_place(
 ) -> flodl_ddp::Cluster {
     if let Some(secs) = flags.join_timeout {
         cluster = cluster.join_timeout(Duration::from_secs_f64(secs));
+    }
+    if let Some(ranks) = flags.quorum {
+        cluster = cluster.quorum(ranks);
     }
     // A snapshot with a checkpoint part carries the parameters and the momentum: a bulk frame
     // is at most about four times the model's bytes.

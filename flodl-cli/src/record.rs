@@ -5,13 +5,15 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 use flodl_ddp::{
-    EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent, RunSpec, Straggler, TimeBreakdown,
+    EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent, RejoinEvent, RunSpec, Straggler,
+    TimeBreakdown,
 };
 
 use crate::config::{RunOptions, TrainConfig};
 
 /// What a line of `metrics.jsonl` reports, tagged by `kind`: flodl-ddp's `Report` (`epoch`,
-/// `reduce`, with the library's field names) plus the rank deaths (`fault`).
+/// `reduce`, with the library's field names) plus the rank deaths (`fault`) and the ranks that
+/// joined again (`rejoin`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum Entry {
@@ -21,6 +23,8 @@ pub(crate) enum Entry {
     Reduce(ReduceEvent),
     /// A rank was declared dead.
     Fault(FaultEvent),
+    /// A rank joined the run again after its death.
+    Rejoin(RejoinEvent),
 }
 
 /// One line of `metrics.jsonl`: an entry plus, on epoch lines, when fdl received it.
@@ -44,6 +48,7 @@ impl Line {
         match &self.entry {
             Entry::Reduce(r) => Some(r.at_ms / 1000.0),
             Entry::Fault(f) => Some(f.at_ms / 1000.0),
+            Entry::Rejoin(r) => Some(r.at_ms / 1000.0),
             Entry::Epoch(_) => self.t_s,
         }
     }
@@ -96,6 +101,9 @@ pub(crate) struct Summary {
     /// Ranks declared dead during the run, in order.
     #[serde(default)]
     pub(crate) faults: Vec<FaultEvent>,
+    /// Ranks that joined the run again after their death, in order.
+    #[serde(default)]
+    pub(crate) rejoins: Vec<RejoinEvent>,
     /// The run specification every rank agreed on (flodl-ddp's `RunSpec`: devices, resolved
     /// schedule, timeouts, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -37,7 +37,7 @@ impl<'a> Timeline<'a> {
             .filter(|l| l.restored)
             .filter_map(|l| match &l.entry {
                 Entry::Epoch(e) => Some(e.epoch_ms / 1000.0),
-                Entry::Reduce(_) | Entry::Fault(_) => None,
+                Entry::Reduce(_) | Entry::Fault(_) | Entry::Rejoin(_) => None,
             })
             .sum();
         let mut timeline = Timeline::default();
@@ -52,7 +52,7 @@ impl<'a> Timeline<'a> {
                 }
                 Entry::Reduce(r) => timeline.reduces.push((shifted.unwrap_or(cumulative_s), r)),
                 // Deaths are listed in their own table.
-                Entry::Fault(_) => {}
+                Entry::Fault(_) | Entry::Rejoin(_) => {}
             }
         }
         timeline
@@ -487,6 +487,7 @@ mod tests {
             epochs_restored: 0,
             checkpoint: None,
             faults: Vec::new(),
+            rejoins: Vec::new(),
             spec: None,
         };
         (summary, lines)
@@ -575,6 +576,7 @@ mod tests {
             at_ms: 1500.0,
             cause: FaultCause::Failed { error: "<gone>".into() },
             survivors: vec![0],
+            requeued_samples: 0,
         }
     }
 

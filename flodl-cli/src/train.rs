@@ -167,6 +167,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     if !summary.faults.is_empty() {
         println!("{} rank(s) died during the run (see summary.json)", summary.faults.len());
     }
+    if !summary.rejoins.is_empty() {
+        println!("{} rank(s) joined again during the run", summary.rejoins.len());
+    }
     if let Some(ckpt) = &summary.checkpoint {
         println!("checkpoint: {}", ckpt.display());
     }
@@ -371,6 +374,13 @@ pub(crate) fn execute(
             faults.push(fault.clone());
             emit(Line { entry: Entry::Fault(fault), t_s: None, restored: false }, &mut lines)?;
         }
+        for rejoin in handle.poll_rejoin_events() {
+            progress.alert(&format!(
+                "rank {} rejoined at reduce {} (members now {:?})",
+                rejoin.rank, rejoin.reduce, rejoin.members
+            ));
+            emit(Line { entry: Entry::Rejoin(rejoin), t_s: None, restored: false }, &mut lines)?;
+        }
         for event in handle.poll_reduce_events() {
             progress.reduce(&event, start.elapsed());
             emit(Line { entry: Entry::Reduce(event), t_s: None, restored: false }, &mut lines)?;
@@ -504,7 +514,7 @@ pub(crate) fn summarise(
         .iter()
         .filter_map(|l| match &l.entry {
             Entry::Reduce(r) => Some(r.sync_ms),
-            Entry::Epoch(_) | Entry::Fault(_) => None,
+            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) => None,
         })
         .sum();
     let reduce_lines = outcome.lines.iter().filter(|l| matches!(l.entry, Entry::Reduce(_))).count();
@@ -532,6 +542,7 @@ pub(crate) fn summarise(
             .and_then(|d| flodl_ddp::checkpoint::locate(d).ok())
             .map(|found| found.path),
         faults: outcome.faults.clone(),
+        rejoins: outcome.state.rejoins.clone(),
         spec: Some(outcome.spec.clone()),
     }
 }

@@ -2,17 +2,16 @@
 //! mutual TLS, with ranks and the controller killed, a rank of another run specification and
 //! hostile clients on the controller's port.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+mod support;
 
-const FDL: &str = env!("CARGO_BIN_EXE_fdl");
+use support::launched::{FDL, Launched, Result, accuracy, kill9, summary};
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
 const JOB: [&str; 12] = [
@@ -31,14 +30,6 @@ const JOB: [&str; 12] = [
 ];
 /// Accuracy a launched job may differ by from the in-process run of the same flags.
 const BAND: f64 = 0.06;
-
-fn summary(dir: &Path) -> Result<Value> {
-    Ok(serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?)
-}
-
-fn accuracy(dir: &Path) -> Result<f64> {
-    summary(dir)?["test"]["accuracy"].as_f64().ok_or_else(|| "no test accuracy".into())
-}
 
 /// `fdl launch --nproc 3` under each policy completes with every rank exiting 0, and its
 /// accuracy is in the band of the in-process run of the same flags (bf16 on the wire for one).
@@ -128,92 +119,6 @@ fn launched_jobs_account_for_every_rank_process_time() -> Result {
         assert!(html.contains(&format!("<title>rank {rank} epoch")), "no lane for rank {rank}");
     }
     Ok(())
-}
-
-/// A launched job whose output lines arrive on a channel; pids by rank.
-struct Launched {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    pids: Vec<i32>,
-    seen: Vec<String>,
-}
-
-impl Launched {
-    fn start(args: &[&str], out: &Path) -> Result<Launched> {
-        let mut child = Command::new(FDL)
-            .args(["launch", "--nproc", "3", "--out"])
-            .arg(out)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let (tx, lines) = mpsc::channel();
-        for stream in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(std::result::Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
-        let mut job = Launched { child, lines, pids: Vec::new(), seen: Vec::new() };
-        for rank in 0..3 {
-            let line =
-                job.wait_for(&format!("[launch] rank {rank}: pid"), Duration::from_secs(20))?;
-            job.pids.push(line.rsplit(' ').next().ok_or("no pid")?.parse()?);
-        }
-        Ok(job)
-    }
-
-    /// The first line containing `what`, within `wait`.
-    fn wait_for(&mut self, what: &str, wait: Duration) -> Result<String> {
-        let deadline = Instant::now() + wait;
-        while let Ok(line) =
-            self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            self.seen.push(line.clone());
-            if line.contains(what) {
-                return Ok(line);
-            }
-        }
-        Err(format!("no line with {what:?} within {wait:?}; saw:\n{}", self.seen.join("\n")).into())
-    }
-
-    /// Waits for the launcher to exit; its code and every line.
-    fn finish(mut self, wait: Duration) -> Result<(Option<i32>, String)> {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
-                    self.seen.push(line);
-                }
-                return Ok((status.code(), self.seen.join("\n")));
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                return Err(format!(
-                    "the launcher did not exit within {wait:?}:\n{}",
-                    self.seen.join("\n")
-                )
-                .into());
-            }
-            while let Ok(line) = self.lines.try_recv() {
-                self.seen.push(line);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn kill9(pid: i32) -> Result {
-    let ok = Command::new("kill").args(["-9", &pid.to_string()]).status()?.success();
-    if ok { Ok(()) } else { Err(format!("kill -9 {pid} failed").into()) }
 }
 
 /// A slow job: every rank slowed so an epoch lasts about half a second.

@@ -26,6 +26,10 @@ pub enum NetError {
     /// The controller refused to let this process join; the line says why.
     #[error("refused by the controller: {reason}")]
     Refused { reason: String },
+    /// The controller refused this process because another live process holds its rank (a
+    /// rank's seat is free again once that process's session has ended); the line says so.
+    #[error("refused by the controller: {reason}")]
+    RankTaken { rank: usize, reason: String },
     /// The connection to the controller failed at the socket level.
     #[error("{0}")]
     Io(#[from] std::io::Error),

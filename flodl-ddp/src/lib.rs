@@ -127,7 +127,7 @@ pub use mlp::{Mlp, MlpConfig, Optimizer};
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Seat, Started};
-pub use runtime::fault::{FaultCause, FaultEvent};
+pub use runtime::fault::{FaultCause, FaultEvent, RejoinEvent};
 pub use runtime::handle::{Cooperative, DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
 pub use runtime::staging::Staging;

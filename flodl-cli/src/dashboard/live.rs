@@ -150,7 +150,7 @@ impl LiveRun {
         match &line.entry {
             Entry::Reduce(r) => self.tally.reduce(r),
             Entry::Epoch(m) if !line.restored => self.tally.epoch(m),
-            Entry::Epoch(_) | Entry::Fault(_) => {}
+            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) => {}
         }
         self.lines.push(line);
     }
@@ -203,6 +203,7 @@ impl LiveRun {
                     last_reduce = Some(r);
                 }
                 Entry::Fault(d) => f.deaths.push(d.clone()),
+                Entry::Rejoin(_) => {}
             }
         }
         f.last_reduce = last_reduce.cloned();
@@ -312,6 +313,7 @@ pub(crate) mod tests {
             at_ms: 1500.0,
             cause: FaultCause::Failed { error: "boom".into() },
             survivors: vec![0],
+            requeued_samples: 0,
         });
         Line { entry, t_s: None, restored: false }
     }

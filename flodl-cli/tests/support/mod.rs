@@ -4,5 +4,6 @@
 
 pub(crate) mod devtools;
 pub(crate) mod http;
+pub(crate) mod launched;
 pub(crate) mod prometheus;
 pub(crate) mod serving;

@@ -139,7 +139,10 @@ async fn reply(mut framed: Joining) -> Result<Conn<TlsStream<TcpStream>>, NetErr
             let parts = framed.into_parts();
             Ok(Conn { stream: parts.io, leftover: parts.read_buf })
         }
-        Message::Refused(reason) => Err(NetError::Refused { reason }),
+        Message::Refused(reason) => Err(match super::refusal::taken_rank(&reason) {
+            Some(rank) => NetError::RankTaken { rank, reason },
+            None => NetError::Refused { reason },
+        }),
         other => Err(NetError::Handshake(format!("an unexpected reply: {other:?}"))),
     }
 }

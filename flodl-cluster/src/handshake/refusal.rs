@@ -97,6 +97,16 @@ impl Refusal {
     }
 }
 
+/// The rank a joiner's refusal line says another live process holds (a session running, or
+/// another join under way), read back from the phrasing of [`Refusal::line`].
+pub(crate) fn taken_rank(line: &str) -> Option<usize> {
+    let rest = line.strip_prefix("rank ")?;
+    let (rank, tail) = rest.split_once(' ')?;
+    let taken =
+        tail == "is already connected" || tail == "is already joining from another connection";
+    taken.then(|| rank.parse().ok()).flatten()
+}
+
 /// The first bytes of a hash in hex, enough to tell two apart.
 fn short(hash: &[u8; 32]) -> String {
     let mut out = String::with_capacity(9);

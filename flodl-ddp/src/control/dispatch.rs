@@ -522,6 +522,20 @@ impl Dispatcher {
         requeued
     }
 
+    /// Admits a retired `rank` again (a process that joined the run again): it is handed work
+    /// from the free spans from now on (under the static cut, its share from the next epoch
+    /// opened) and counts as having nothing in the consensus yet. False when it was live or is
+    /// no rank.
+    pub fn admit(&mut self, rank: usize) -> bool {
+        if rank >= self.world || self.is_live(rank) {
+            return false;
+        }
+        self.live[rank] = true;
+        // Its new life starts with nothing handed that the consensus does not hold.
+        self.reduced[rank] = self.handed[rank];
+        true
+    }
+
     /// Records a completed reduce: `steps[r]` batches of rank `r` (trained since its previous
     /// reduce) are now in the consensus, and the reduce took `sync_ms` (counted toward the
     /// oldest incomplete epoch).
@@ -707,9 +721,9 @@ mod tests {
         Ok(())
     }
 
-    /// Random deaths at random moments: every position of every epoch is still completed
-    /// exactly once by a live rank, a retired rank is handed nothing, and its late report is
-    /// refused.
+    /// Random deaths and rejoins at random moments: every position of every epoch is still
+    /// completed exactly once by a live rank, a retired rank is handed nothing until it is
+    /// admitted again, its late report is refused, and only a retired rank can be admitted.
     #[test]
     fn retired_work_is_completed_once_by_the_living() -> TestResult {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
@@ -754,6 +768,14 @@ mod tests {
                         );
                     }
                     held[r].clear();
+                } else if rng.random_bool(0.01) {
+                    // A process joins again as rank r (refused while r is live).
+                    if d.admit(r) != dead[r] {
+                        return Err(
+                            format!("case {case}: admit({r}) when dead = {}", dead[r]).into()
+                        );
+                    }
+                    dead[r] = false;
                 } else if rng.random_bool(0.5) {
                     if let Some(c) = d.next_chunk(r, &counts, true) {
                         if dead[r] {

@@ -561,6 +561,23 @@ impl ElChe {
         Ok(())
     }
 
+    /// Admits a retired `rank` again (a process that joined the run again) with a fresh
+    /// estimate: its count is the anchor's until its first measured window.
+    ///
+    /// # Errors
+    /// [`LogicError::RankOutOfRange`].
+    pub fn admit(&mut self, rank: usize) -> LogicResult<()> {
+        self.check_rank(rank)?;
+        self.membership[rank] = Membership::Alive;
+        self.windows[rank] = TrustWindow::default();
+        self.slack_ms[rank] = 0.0;
+        if self.anchor_rank.is_none() {
+            self.anchor_rank = self.elect();
+        }
+        self.refresh(Refresh::Forced);
+        Ok(())
+    }
+
     /// The checkpointable state.
     pub fn state(&self) -> ElCheState {
         ElCheState {

@@ -296,7 +296,8 @@ mod tests {
         }
         let lanes = [
             (
-                ToWorker::Init { state: state(2), restore: None, window: window() }.lane(),
+                ToWorker::Init { state: state(2), restore: None, window: window(), global_step: 0 }
+                    .lane(),
                 Lane::Bulk,
             ),
             (ToWorker::Ping.lane(), Lane::Control),

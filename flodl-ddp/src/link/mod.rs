@@ -61,6 +61,14 @@ pub(crate) enum Inbound<L> {
         /// The rank whose link ended.
         rank: usize,
     },
+    /// `rank`, whose link was gone, connected again (a restarted rank process): its new
+    /// connection, for [`CoordinatorLink::attach`]. What follows from `rank` comes through it.
+    Joined {
+        /// The rank that joined again.
+        rank: usize,
+        /// Its new connection.
+        frames: net::Attached,
+    },
     /// An event from within the coordinator's process.
     Local(L),
 }
@@ -79,6 +87,12 @@ pub(crate) trait CoordinatorLink: Send {
     /// # Errors
     /// [`LinkError::Gone`], or [`LinkError::Full`] (the message is dropped).
     fn try_send(&self, rank: usize, msg: ToWorker) -> Result<(), LinkError>;
+
+    /// Reaches `rank` through `frames` from now on (a rank that joined again), closing its
+    /// old connection; false when `rank` is not reached over connections.
+    fn attach(&self, _rank: usize, _frames: std::sync::Arc<dyn net::Frames>) -> bool {
+        false
+    }
 }
 
 /// A rank's end of the link.

@@ -124,68 +124,188 @@ fn send_frame<M: Framed>(
     }
 }
 
+/// Connections of ranks that join a running job (a rank process restarted after its death),
+/// as they are admitted: authenticated and checked like the first ones.
+pub(crate) trait Arrivals: Send + 'static {
+    /// The next admitted rank and its connection, waiting at most `wait`.
+    fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)>;
+}
+
+/// A rank's connection as handed to the coordinator when the rank joins again.
+#[derive(Clone)]
+pub(crate) struct Attached(pub(crate) Arc<dyn Frames>);
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Attached(..)")
+    }
+}
+
+/// A connection per rank, by global rank (`None` for ranks that are not remote).
+type Table = std::sync::RwLock<Vec<Option<Arc<dyn Frames>>>>;
+/// The reader thread of each rank's current connection.
+type Readers = std::sync::Mutex<Vec<Option<JoinHandle<()>>>>;
+
 /// The coordinator's end of the network link: a connection per remote rank, each read by its
-/// own thread into the coordinator's inbox.
+/// own thread into the coordinator's inbox, and a thread that takes the connections of ranks
+/// joining again.
+///
+/// Per rank, the inbox holds the old connection's messages, its `Gone`, then
+/// [`Inbound::Joined`] with the new connection, then the new connection's messages: the
+/// joining thread waits for the old reader to end before it posts the join and starts the new
+/// reader. The coordinator sends on the new connection only once it has read the join
+/// ([`CoordinatorLink::attach`]), so orders meant for the dead process never reach its
+/// successor.
 pub(crate) struct NetCoordinator {
-    /// By global rank; `None` for ranks that are not remote.
-    ranks: Vec<Option<Arc<dyn Frames>>>,
+    ranks: Arc<Table>,
     format: WireFormat,
     stop: Arc<AtomicBool>,
-    readers: Vec<JoinHandle<()>>,
+    readers: Arc<Readers>,
+    joiner: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for NetCoordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ranks = self.ranks.read().unwrap_or_else(|p| p.into_inner());
         let remote: Vec<usize> =
-            self.ranks.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(r, _)| r).collect();
+            ranks.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(r, _)| r).collect();
         f.debug_struct("NetCoordinator").field("remote", &remote).finish_non_exhaustive()
     }
 }
 
+/// Starts the thread that reads `frames`, rank `rank`'s connection, into `inbox`.
+fn spawn_reader<L: Send + 'static>(
+    rank: usize,
+    frames: Arc<dyn Frames>,
+    inbox: flume::Sender<Inbound<L>>,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("flodl-link-{rank}"))
+        .spawn(move || {
+            let peer = format!("rank {rank}");
+            let to_inbox = |msg| deliver(&inbox, Inbound::Wire { rank, msg }, &stop);
+            if read_frames::<ToCoordinator>(frames.as_ref(), &peer, &stop, to_inbox) {
+                deliver(&inbox, Inbound::Gone { rank }, &stop);
+            }
+        })
+        .map_err(|source| Error::Spawn { what: "a link reader", source })
+}
+
+/// How long the joining thread waits for a rejoining rank's old reader to end (its session has
+/// ended already: the controller frees a rank's seat only then).
+const OLD_READER: Duration = Duration::from_secs(30);
+
 impl NetCoordinator {
     /// The coordinator's end for `world` ranks, of which the ranks in `remote` are reached
-    /// through their connection; what they send goes to `inbox`.
+    /// through their connection; what they send goes to `inbox`. Ranks that join again later
+    /// come from `arrivals`.
     ///
     /// # Errors
-    /// [`Error::Spawn`] when a reader thread cannot start.
+    /// [`Error::Spawn`] when a thread cannot start.
     pub(crate) fn new<L: Send + 'static>(
         world: usize,
         remote: Vec<(usize, Arc<dyn Frames>)>,
         format: WireFormat,
         inbox: &flume::Sender<Inbound<L>>,
+        arrivals: Option<Box<dyn Arrivals>>,
     ) -> Result<NetCoordinator> {
         let stop = Arc::new(AtomicBool::new(false));
+        let mut table: Vec<Option<Arc<dyn Frames>>> = vec![None; world];
+        let mut readers: Vec<Option<JoinHandle<()>>> = (0..world).map(|_| None).collect();
         let mut link = NetCoordinator {
-            ranks: vec![None; world],
+            ranks: Arc::new(Table::default()),
             format,
             stop: stop.clone(),
-            readers: Vec::new(),
+            readers: Arc::new(Readers::default()),
+            joiner: None,
         };
         for (rank, frames) in remote {
-            let Some(slot) = link.ranks.get_mut(rank) else {
+            let (Some(slot), Some(reader)) = (table.get_mut(rank), readers.get_mut(rank)) else {
                 return Err(Error::protocol(format!(
                     "remote rank {rank} is outside a world of {world}"
                 )));
             };
             *slot = Some(frames.clone());
-            let (inbox, stop) = (inbox.clone(), stop.clone());
-            let reader = std::thread::Builder::new()
-                .name(format!("flodl-link-{rank}"))
-                .spawn(move || {
-                    let peer = format!("rank {rank}");
-                    let to_inbox = |msg| deliver(&inbox, Inbound::Wire { rank, msg }, &stop);
-                    if read_frames::<ToCoordinator>(frames.as_ref(), &peer, &stop, to_inbox) {
-                        deliver(&inbox, Inbound::Gone { rank }, &stop);
-                    }
-                })
-                .map_err(|source| Error::Spawn { what: "a link reader", source })?;
-            link.readers.push(reader);
+            *reader = Some(spawn_reader(rank, frames, inbox.clone(), stop.clone())?);
+        }
+        link.ranks = Arc::new(std::sync::RwLock::new(table));
+        link.readers = Arc::new(std::sync::Mutex::new(readers));
+        if let Some(arrivals) = arrivals {
+            let (readers, inbox) = (link.readers.clone(), inbox.clone());
+            let joiner = std::thread::Builder::new()
+                .name("flodl-link-joins".into())
+                .spawn(move || take_joins(arrivals.as_ref(), world, &readers, &inbox, &stop))
+                .map_err(|source| Error::Spawn { what: "the link's joining thread", source })?;
+            link.joiner = Some(joiner);
         }
         Ok(link)
     }
 
-    fn frames(&self, rank: usize) -> std::result::Result<&dyn Frames, LinkError> {
-        self.ranks.get(rank).and_then(Option::as_deref).ok_or(LinkError::Gone)
+    fn frames(&self, rank: usize) -> std::result::Result<Arc<dyn Frames>, LinkError> {
+        let ranks = self.ranks.read().unwrap_or_else(|p| p.into_inner());
+        ranks.get(rank).cloned().flatten().ok_or(LinkError::Gone)
+    }
+}
+
+/// The joining thread: each rank admitted again (never rank 0, whose process hosts the
+/// controller) is posted to the inbox once its old reader has ended, then read.
+fn take_joins<L: Send + 'static>(
+    arrivals: &dyn Arrivals,
+    world: usize,
+    readers: &Readers,
+    inbox: &flume::Sender<Inbound<L>>,
+    stop: &Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Acquire) {
+        let Some((rank, frames)) = arrivals.next(POLL) else { continue };
+        if rank == 0 || rank >= world {
+            tracing::warn!(rank, "a join for a rank that cannot join again was closed");
+            frames.close();
+            continue;
+        }
+        let old =
+            readers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank).and_then(Option::take);
+        if let Some(old) = old {
+            let deadline = std::time::Instant::now() + OLD_READER;
+            while !old.is_finished() && std::time::Instant::now() < deadline {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(POLL);
+            }
+            if !old.is_finished() {
+                tracing::warn!(
+                    rank,
+                    "rank's old connection still read after {OLD_READER:?}: its new one is closed"
+                );
+                frames.close();
+                if let Some(slot) = readers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
+                {
+                    *slot = Some(old);
+                }
+                continue;
+            }
+            let _ = old.join();
+        }
+        tracing::info!(rank, "rank connected again");
+        if !deliver(inbox, Inbound::Joined { rank, frames: Attached(frames.clone()) }, stop) {
+            frames.close();
+            return;
+        }
+        match spawn_reader(rank, frames.clone(), inbox.clone(), stop.clone()) {
+            Ok(reader) => {
+                if let Some(slot) = readers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
+                {
+                    *slot = Some(reader);
+                }
+            }
+            Err(e) => {
+                tracing::error!(rank, error = %e, "no reader for a rank joining again");
+                frames.close();
+                deliver(inbox, Inbound::Gone { rank }, stop);
+            }
+        }
     }
 }
 
@@ -196,18 +316,41 @@ impl CoordinatorLink for NetCoordinator {
         msg: ToWorker,
         wait: Duration,
     ) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?, msg, self.format, Some(wait))
+        send_frame(self.frames(rank)?.as_ref(), msg, self.format, Some(wait))
     }
 
     fn try_send(&self, rank: usize, msg: ToWorker) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?, msg, self.format, None)
+        send_frame(self.frames(rank)?.as_ref(), msg, self.format, None)
+    }
+
+    fn attach(&self, rank: usize, frames: Arc<dyn Frames>) -> bool {
+        let mut ranks = self.ranks.write().unwrap_or_else(|p| p.into_inner());
+        match ranks.get_mut(rank) {
+            Some(slot) => {
+                if let Some(old) = slot.replace(frames) {
+                    old.close();
+                }
+                true
+            }
+            None => false,
+        }
     }
 }
 
 impl Drop for NetCoordinator {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        for reader in self.readers.drain(..) {
+        if let Some(joiner) = self.joiner.take() {
+            let _ = joiner.join();
+        }
+        let readers: Vec<JoinHandle<()>> = self
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        for reader in readers {
             // A reader catches nothing: a panic there has nothing left to report.
             let _ = reader.join();
         }
@@ -323,6 +466,7 @@ mod tests {
             vec![(1, c1 as Arc<dyn Frames>), (2, c2.clone() as Arc<dyn Frames>)],
             WireFormat::Bf16,
             &inbox_tx,
+            None,
         )
         .map_err(|e| e.to_string())?;
         let rank1 = NetRank::new(r1, WireFormat::Bf16).map_err(|e| e.to_string())?;

@@ -44,6 +44,13 @@ impl<A: CoordinatorLink, B: CoordinatorLink> CoordinatorLink for Routed<A, B> {
             Route::Remote => self.remote.try_send(rank, msg),
         }
     }
+
+    fn attach(&self, rank: usize, frames: std::sync::Arc<dyn super::net::Frames>) -> bool {
+        match self.routes.get(rank) {
+            Some(Route::Remote) => self.remote.attach(rank, frames),
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,9 +72,14 @@ mod tests {
         let (inbox_tx, inbox) = flume::bounded::<Inbound<()>>(16);
         let (local, mut ends) = local::link(1, 4, &inbox_tx);
         let (c, r) = mem_pair();
-        let remote =
-            NetCoordinator::new(2, vec![(1, c as Arc<dyn Frames>)], WireFormat::F32, &inbox_tx)
-                .map_err(|e| e.to_string())?;
+        let remote = NetCoordinator::new(
+            2,
+            vec![(1, c as Arc<dyn Frames>)],
+            WireFormat::F32,
+            &inbox_tx,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
         let link = Routed::new(vec![Route::Local(0), Route::Remote], local, remote);
         let rank0 = ends.pop().ok_or("no local end")?;
         let rank1 = NetRank::new(r, WireFormat::F32).map_err(|e| e.to_string())?;

@@ -52,8 +52,8 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
     let failure = RankFailure { kind: FailureKind::Replica, message: "boom".into() };
     #[allow(unused_mut)] // a build with cuda adds an NCCL regroup
     let mut to_rank = vec![
-        ToWorker::Init { state: state(), restore: Some(Box::new(restore)), window },
-        ToWorker::Init { state: HostState::default(), restore: None, window },
+        ToWorker::Init { state: state(), restore: Some(Box::new(restore)), window, global_step: 0 },
+        ToWorker::Init { state: HostState::default(), restore: None, window, global_step: 41 },
         ToWorker::Work(chunk),
         ToWorker::Stage { chunks: vec![chunk, Chunk { epoch: 2, offset: 0, len: 64 }] },
         ToWorker::Stage { chunks: Vec::new() },

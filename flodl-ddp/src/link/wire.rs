@@ -69,8 +69,9 @@ pub(crate) enum Regroup {
 pub(crate) enum ToWorker {
     /// Load these initial weights (rank 0's, or a resumed checkpoint's consensus with the
     /// rank's own optimizer state), then start in `window` (a rank in another process cannot
-    /// know it: on a resume it follows from the bundle's ElChe state).
-    Init { state: HostState, restore: Option<Box<RankRestore>>, window: Window },
+    /// know it: on a resume it follows from the bundle's ElChe state), at cohort step
+    /// `global_step` (a rank joining a running run starts at the run's).
+    Init { state: HostState, restore: Option<Box<RankRestore>>, window: Window, global_step: u64 },
     /// Train this chunk after the ones already queued.
     Work(Chunk),
     /// The stage advisory: the chunks the rank is expected to train next, in order (those it

@@ -17,7 +17,7 @@ use std::time::Duration;
 use flodl_tensor::Device;
 
 use crate::error::RankFailure;
-use crate::link::net::{Frames, NetRank};
+use crate::link::net::{Arrivals, Frames, NetRank};
 use crate::link::wire::Window;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::trainer::RunConfig;
@@ -29,6 +29,10 @@ pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// The connections of a cluster run: by rank, each to the controller.
 pub(crate) type Connections = Vec<(usize, Arc<dyn Frames>)>;
 
+/// What the controller's rendezvous admitted: every other rank's connection, and where the
+/// connections of ranks joining again during the run come from.
+pub(crate) type Admitted = (Connections, Option<Box<dyn Arrivals>>);
+
 /// How a cluster run's processes meet: the controller accepts a connection from every other
 /// rank, each other rank connects to the controller; both sides prove they run the same run
 /// (`run`, the spec's hash).
@@ -38,7 +42,9 @@ pub(crate) trait Rendezvous: Send + Sync + 'static {
     fn as_any(&self) -> &dyn std::any::Any;
 
     /// Controller: a connection from each rank of `ranks` (the ranks in other processes),
-    /// within `wait`.
+    /// within `wait` (or from enough of them that `quorum` ranks, this process's included,
+    /// take part), and the ranks that join again later (the rendezvous keeps admitting until
+    /// those are dropped).
     ///
     /// # Errors
     /// [`Error::RanksMissing`] naming the ranks that did not join in time; the transport's
@@ -49,9 +55,10 @@ pub(crate) trait Rendezvous: Send + Sync + 'static {
         run: [u8; 32],
         world: usize,
         ranks: &[usize],
+        quorum: usize,
         wait: Duration,
         silence: Duration,
-    ) -> Result<Connections>;
+    ) -> Result<Admitted>;
 
     /// Rank `rank`: its connection to the controller, within `wait`.
     ///
@@ -85,6 +92,8 @@ pub struct Cluster {
     world: usize,
     local_rank: usize,
     join_timeout: Duration,
+    /// Ranks (rank 0 included) the controller waits for before the run starts.
+    quorum: usize,
     rendezvous: Arc<dyn Rendezvous>,
     /// The launcher identity it was read from.
     #[cfg(feature = "cluster")]
@@ -122,6 +131,7 @@ impl Cluster {
             world,
             local_rank,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
+            quorum: world,
             rendezvous,
             #[cfg(feature = "cluster")]
             identity: None,
@@ -185,6 +195,20 @@ impl Cluster {
 
     pub(crate) fn join_wait(&self) -> Duration {
         self.join_timeout
+    }
+
+    /// Starts the run once `ranks` ranks (rank 0 included; default: the whole world) have
+    /// joined. The ranks still missing are vacant seats: a process for one joins the running
+    /// run at a reduce, as a rank process restarted after its death does (host backend). This
+    /// is how a job grows: its world is its capacity, and a new process takes a rank id never
+    /// used yet.
+    pub fn quorum(mut self, ranks: usize) -> Cluster {
+        self.quorum = ranks.clamp(1, self.world);
+        self
+    }
+
+    pub(crate) fn quorum_of(&self) -> usize {
+        self.quorum
     }
 }
 
@@ -410,10 +434,10 @@ pub(crate) mod memory {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use super::{Connections, Rendezvous};
+    use super::{Admitted, Connections, Rendezvous};
     use crate::link::LinkError;
     use crate::link::frame::Lane;
-    use crate::link::net::Frames;
+    use crate::link::net::{Arrivals, Frames};
     use crate::{Error, Result};
 
     /// Frames queued per direction of a connection.
@@ -492,17 +516,49 @@ pub(crate) mod memory {
         ends: Vec<Option<([u8; 32], Arc<MemFrames>)>>,
     }
 
+    /// The posted ends and the signal that one arrived.
+    #[derive(Debug)]
+    struct Board {
+        posted: Mutex<Posted>,
+        arrived: std::sync::Condvar,
+    }
+
     /// An in-memory meeting place of `world` ranks.
     #[derive(Debug)]
     pub(crate) struct Memory {
-        posted: Mutex<Posted>,
-        arrived: std::sync::Condvar,
+        board: Arc<Board>,
     }
 
     impl Memory {
         pub(crate) fn new(world: usize) -> Memory {
             let posted = Posted { ends: (0..world).map(|_| None).collect() };
-            Memory { posted: Mutex::new(posted), arrived: std::sync::Condvar::new() }
+            let board = Board { posted: Mutex::new(posted), arrived: std::sync::Condvar::new() };
+            Memory { board: Arc::new(board) }
+        }
+    }
+
+    /// Ranks that post their end after the start: joins of a running run.
+    struct Later {
+        board: Arc<Board>,
+        run: [u8; 32],
+    }
+
+    impl Arrivals for Later {
+        fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)> {
+            let board = &self.board;
+            let mut posted = board.posted.lock().unwrap_or_else(|p| p.into_inner());
+            if posted.ends.iter().all(Option::is_none) {
+                posted =
+                    board.arrived.wait_timeout(posted, wait).unwrap_or_else(|p| p.into_inner()).0;
+            }
+            let rank = posted.ends.iter().position(Option::is_some)?;
+            let (theirs, end) = posted.ends.get_mut(rank)?.take()?;
+            if theirs != self.run {
+                tracing::warn!(rank, "a join of another run was closed");
+                end.close();
+                return None;
+            }
+            Some((rank, end as Arc<dyn Frames>))
         }
     }
 
@@ -515,20 +571,22 @@ pub(crate) mod memory {
         fn accept(
             &self,
             run: [u8; 32],
-            _world: usize,
+            world: usize,
             ranks: &[usize],
+            quorum: usize,
             wait: Duration,
             _silence: Duration,
-        ) -> Result<Connections> {
+        ) -> Result<Admitted> {
             let deadline = Instant::now() + wait;
-            let mut posted = self.posted.lock().unwrap_or_else(|p| p.into_inner());
+            let board = &self.board;
+            let mut posted = board.posted.lock().unwrap_or_else(|p| p.into_inner());
             loop {
                 let missing: Vec<usize> = ranks
                     .iter()
                     .copied()
                     .filter(|&r| posted.ends.get(r).is_none_or(Option::is_none))
                     .collect();
-                if missing.is_empty() {
+                if world - missing.len() >= quorum {
                     break;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -536,7 +594,7 @@ pub(crate) mod memory {
                     return Err(Error::RanksMissing { missing, after: wait });
                 }
                 posted =
-                    self.arrived.wait_timeout(posted, left).unwrap_or_else(|p| p.into_inner()).0;
+                    board.arrived.wait_timeout(posted, left).unwrap_or_else(|p| p.into_inner()).0;
             }
             let mut out = Connections::new();
             for (rank, slot) in posted.ends.iter_mut().enumerate() {
@@ -551,7 +609,8 @@ pub(crate) mod memory {
                     out.push((rank, end as Arc<dyn Frames>));
                 }
             }
-            Ok(out)
+            let later = Later { board: self.board.clone(), run };
+            Ok((out, Some(Box::new(later))))
         }
 
         fn join(
@@ -563,13 +622,13 @@ pub(crate) mod memory {
             _silence: Duration,
         ) -> Result<Arc<dyn Frames>> {
             let (controller, own) = pair();
-            let mut posted = self.posted.lock().unwrap_or_else(|p| p.into_inner());
+            let mut posted = self.board.posted.lock().unwrap_or_else(|p| p.into_inner());
             let slot = posted
                 .ends
                 .get_mut(rank)
                 .ok_or_else(|| Error::Config(format!("rank {rank} is outside the world")))?;
             *slot = Some((run, controller));
-            self.arrived.notify_all();
+            self.board.arrived.notify_all();
             Ok(own)
         }
     }

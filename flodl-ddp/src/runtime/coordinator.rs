@@ -31,9 +31,9 @@ use crate::link::{CoordinatorLink, Inbound, LinkError, local};
 use crate::runtime::capture::{
     Progress, Resumed, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };
-use crate::runtime::cluster::Connections;
+use crate::runtime::cluster::Admitted;
 use crate::runtime::comm::{CommPlan, RankComm};
-use crate::runtime::fault::{FaultCause, FaultEvent, RankThread};
+use crate::runtime::fault::{FaultCause, FaultEvent, RankThread, RejoinEvent};
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::rank::run_rank;
@@ -73,22 +73,30 @@ type Event = Inbound<Local>;
 /// Starts one thread per rank of this process, linked to the coordinator in-process, and the
 /// coordinator's thread; the ranks in `remote` are in other processes, reached through their
 /// connection (the network link).
-pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, remote: Connections) -> Result<Spawned> {
+pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -> Result<Spawned> {
     let world = cfg.world();
+    let (remote, arrivals) = admitted;
     let comms = comm_plans(&cfg)?;
     let (inbox_tx, inbox) = flume::bounded(INBOX);
-    let here: Vec<usize> = (0..world).filter(|r| remote.iter().all(|(x, _)| x != r)).collect();
+    // A cluster controller runs its own rank only; a seat no process has joined is vacant.
+    let here: Vec<usize> = match cfg.own {
+        Some((own, _)) => vec![own],
+        None => (0..world).filter(|r| remote.iter().all(|(x, _)| x != r)).collect(),
+    };
+    let vacant: Vec<usize> =
+        (0..world).filter(|r| !here.contains(r) && remote.iter().all(|(x, _)| x != r)).collect();
     let (local_link, ends) = local::link_ranks(&here, TO_RANK, &inbox_tx);
-    let link: Box<dyn CoordinatorLink> = if remote.is_empty() {
+    let link: Box<dyn CoordinatorLink> = if remote.is_empty() && arrivals.is_none() {
         Box::new(local_link)
     } else {
         let routes = (0..world)
             .map(|r| here.iter().position(|x| *x == r).map_or(Route::Remote, Route::Local))
             .collect();
-        let net = NetCoordinator::new(world, remote, cfg.spec.wire, &inbox_tx)?;
+        let net = NetCoordinator::new(world, remote, cfg.spec.wire, &inbox_tx, arrivals)?;
         Box::new(Routed::new(routes, local_link, net))
     };
     let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, link)?;
+    coord.vacate(&vacant)?;
     coord.group.engine = engine(&cfg, &comms);
     let mut workers = Vec::with_capacity(world);
     let comms = comms.into_iter().enumerate().filter(|(rank, _)| here.contains(rank));
@@ -307,6 +315,11 @@ struct Coordinator {
     clock: Clock,
     /// The deaths so far, for the final state.
     faults: Vec<FaultEvent>,
+    /// The ranks that joined again so far, for the final state.
+    rejoins: Vec<RejoinEvent>,
+    /// Host backend: the consensus of the last completed reduce (or the starting state), what
+    /// a rank joining again starts from.
+    consensus: Option<HostState>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -387,6 +400,8 @@ impl Coordinator {
             saves: Saves::default(),
             clock: Clock { start: Instant::now(), train_start: None, train_end: None },
             faults: Vec::new(),
+            rejoins: Vec::new(),
+            consensus: None,
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
@@ -397,6 +412,20 @@ impl Coordinator {
             slot.window = w;
         }
         Ok(coord)
+    }
+
+    /// Leaves `ranks` out of the start: no process joined their seats (a cluster run started
+    /// on a quorum); a process that joins one later is admitted like a rank joining again.
+    fn vacate(&mut self, ranks: &[usize]) -> Result<()> {
+        for &rank in ranks {
+            tracing::info!(rank, "rank {rank}'s seat is vacant at the start");
+            self.slots.set_joining(rank, Standing::Vacant);
+            self.dispatch.retire(rank, 0);
+            if let Some(e) = self.cadence.elche.as_mut() {
+                e.retire(rank)?;
+            }
+        }
+        Ok(())
     }
 
     /// Seeds the book, ElChe, the guard, the outer optimizer and the counters from a checkpoint.
@@ -476,7 +505,7 @@ impl Coordinator {
             let now = Instant::now();
             match &self.phase {
                 Phase::Starting { deadline, .. } => {
-                    if self.slots.iter().all(|s| s.standing == Standing::Alive) {
+                    if self.slots.iter().all(|s| s.standing != Standing::Starting) {
                         self.start_training()?;
                         continue;
                     }
@@ -529,7 +558,14 @@ impl Coordinator {
                 self.averaged(round, state, divergence)
             }
             Inbound::Gone { rank } => self.gone(rank),
+            Inbound::Joined { rank, frames } => self.joined(rank, frames.0),
             Inbound::Wire { rank, msg } => {
+                if matches!(
+                    self.slots.standing(rank),
+                    Some(Standing::Rejoining | Standing::Waiting)
+                ) {
+                    return self.joining_wire(rank, msg);
+                }
                 if !self.slots.is_live(rank) {
                     // The coordinator decides membership: a dead rank's late words change nothing.
                     return Ok(());
@@ -558,7 +594,13 @@ impl Coordinator {
     }
 
     /// `rank`'s link is gone: after its final state that is the end of it; before, it died.
+    /// A process joining again that goes away leaves the seat dead.
     fn gone(&mut self, rank: usize) -> Result<()> {
+        if matches!(self.slots.standing(rank), Some(Standing::Rejoining | Standing::Waiting)) {
+            tracing::warn!(rank, "the process joining again as rank {rank} went away");
+            self.slots.set_joining(rank, Standing::Dead);
+            return Ok(());
+        }
         if !self.slots.is_live(rank) {
             return Ok(());
         }
@@ -572,6 +614,124 @@ impl Coordinator {
                 self.rank_died(rank, FaultCause::Gone, failure)
             }
         }
+    }
+
+    /// A new process for `rank` connected (the controller admitted it: same job CA, same run,
+    /// the rank's seat free). A dead rank's seat starts rejoining; on the collective backend,
+    /// or once the run finishes, it is turned away.
+    fn joined(&mut self, rank: usize, frames: Arc<dyn crate::link::net::Frames>) -> Result<()> {
+        let training = matches!(self.phase, Phase::Training);
+        if !training || self.cfg.spec.backend != Backend::Host {
+            // Needs the host backend: a collective group does not take members mid-run here.
+            tracing::warn!(
+                rank,
+                "a process joining again as rank {rank} was turned away: {}",
+                if training {
+                    "joining a running run needs the host backend"
+                } else {
+                    "the run is not training"
+                }
+            );
+            frames.close();
+            return Ok(());
+        }
+        if self.slots.is_live(rank) {
+            // Its old connection has ended (the controller frees a seat only then), even if
+            // its `Gone` was not read yet.
+            let failure = RankFailure::from(&Error::PeerGone(Peer::Rank(rank)));
+            self.rank_died(rank, FaultCause::Gone, failure)?;
+        }
+        if !self.link.attach(rank, frames.clone()) {
+            frames.close();
+            return Ok(());
+        }
+        self.slots.set_joining(rank, Standing::Rejoining);
+        tracing::info!(
+            rank,
+            reduce = self.rounds.reduces,
+            "rank {rank} connected again; rejoining"
+        );
+        Ok(())
+    }
+
+    /// A message from a process joining again: its replica is built (`Ready`), or it failed.
+    fn joining_wire(&mut self, rank: usize, msg: ToCoordinator) -> Result<()> {
+        if msg.rank() != rank {
+            tracing::warn!(
+                rank,
+                "the process joining again as rank {rank} sent a message as rank {}",
+                msg.rank()
+            );
+            let _ = self.link.try_send(rank, ToWorker::Stop);
+            self.slots.set_joining(rank, Standing::Dead);
+            return Ok(());
+        }
+        match msg {
+            ToCoordinator::Ready { shapes, .. } => {
+                if shapes != self.shapes {
+                    tracing::warn!(
+                        rank,
+                        "the process joining again as rank {rank} has other parameter shapes: turned away"
+                    );
+                    let _ = self.link.try_send(rank, ToWorker::Stop);
+                    self.slots.set_joining(rank, Standing::Dead);
+                } else {
+                    self.slots.set_joining(rank, Standing::Waiting);
+                    tracing::info!(
+                        rank,
+                        "rank {rank} is ready; it joins at the end of the next reduce"
+                    );
+                }
+            }
+            ToCoordinator::Failed { failure, .. } => {
+                tracing::warn!(rank, error = %failure.message, "the process joining again as rank {rank} failed");
+                self.slots.set_joining(rank, Standing::Dead);
+            }
+            _ => {
+                if let Some(slot) = self.slots.get_mut(rank) {
+                    slot.heard = Instant::now();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Host backend, at the end of a reduce whose consensus is `state`: admits every rank
+    /// waiting to join again. ElChe and the dispatcher take it back (a fresh estimate, work
+    /// from the free spans), and it starts from `state` with a fresh optimizer in the window
+    /// the others start now.
+    fn admit_waiting(&mut self, state: &HostState) -> Result<()> {
+        let waiting: Vec<usize> = self
+            .slots
+            .joining()
+            .into_iter()
+            .filter(|&r| self.slots.standing(r) == Some(Standing::Waiting))
+            .collect();
+        for rank in waiting {
+            self.dispatch.admit(rank);
+            if let Some(e) = self.cadence.elche.as_mut() {
+                e.admit(rank)?;
+            }
+            let window = self
+                .make_windows(self.rounds.round)
+                .get(rank)
+                .copied()
+                .unwrap_or(Window { round: self.rounds.round, target: 1, limit: 1, wall: None });
+            self.slots.admit(rank, window);
+            if let Some(at) = self.epochs.reported.get_mut(rank) {
+                *at = None;
+            }
+            let global_step = self.rounds.global_step;
+            let init = ToWorker::Init { state: state.clone(), restore: None, window, global_step };
+            self.send(rank, init)?;
+            let reduce = self.rounds.reduces;
+            let members = self.slots.live_ranks();
+            tracing::info!(rank, reduce, ?members, "rank {rank} rejoined at reduce {reduce}");
+            let event = RejoinEvent { rank, at_ms: self.clock.at_ms(), reduce, members };
+            self.rejoins.push(event.clone());
+            let _ = self.outlets.rejoins.try_send(event);
+        }
+        Ok(())
     }
 
     fn handle_wire(&mut self, msg: ToCoordinator) -> Result<()> {
@@ -722,7 +882,6 @@ impl Coordinator {
     /// Every replica is built: checks a resumed bundle against them and sends the initial
     /// weights (rank 0's, or the bundle's consensus) to every rank that needs them.
     fn start_training(&mut self) -> Result<()> {
-        let world = self.cfg.world();
         let Phase::Starting { initial, .. } = std::mem::replace(&mut self.phase, Phase::Training)
         else {
             return Ok(());
@@ -739,23 +898,30 @@ impl Coordinator {
                     initial.buffers.len()
                 )));
             }
-            for rank in 0..world {
+            if self.cfg.spec.backend == Backend::Host {
+                self.consensus = Some(resumed.consensus.clone());
+            }
+            for rank in self.slots.live_ranks() {
                 let restore = resumed.ranks.get(rank).cloned().map(Box::new);
                 let state = resumed.consensus.clone();
                 let window = self.first_window(rank);
-                self.send(rank, ToWorker::Init { state, restore, window })?;
+                let global_step = self.rounds.global_step;
+                self.send(rank, ToWorker::Init { state, restore, window, global_step })?;
             }
         } else {
             if self.cfg.checkpoints.is_some() {
                 self.saves.last_bundle = Some(self.starting_bundle(&initial)?);
             }
+            if self.cfg.spec.backend == Backend::Host {
+                self.consensus = Some(initial.clone());
+            }
             // Rank 0 trains from its own replica, which is the initial state; in its own
             // process (the controller kept apart) it still needs its first window.
-            let first = usize::from(!self.cfg.spec.controller_apart());
-            for rank in first..world {
+            let apart = self.cfg.spec.controller_apart();
+            for rank in self.slots.live_ranks().into_iter().filter(|&r| apart || r != 0) {
                 let state = initial.clone();
                 let window = self.first_window(rank);
-                self.send(rank, ToWorker::Init { state, restore: None, window })?;
+                self.send(rank, ToWorker::Init { state, restore: None, window, global_step: 0 })?;
             }
         }
         let _ = self.outlets.started.try_send(());
@@ -826,7 +992,9 @@ impl Coordinator {
             return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
         }
         let beat = self.cfg.heartbeat();
-        for rank in self.slots.live_ranks() {
+        let mut heard = self.slots.live_ranks();
+        heard.extend(self.slots.joining());
+        for rank in heard {
             let Some(slot) = self.slots.get_mut(rank) else { continue };
             if slot.sent.elapsed() >= beat {
                 slot.sent = Instant::now();
@@ -1008,6 +1176,7 @@ impl Coordinator {
             slot.ready = None;
         }
         let started = Instant::now();
+        tracing::debug!(round = ending, "reduce started");
         let capture = self.save_due();
         if let Some(reason) = capture.clone() {
             tracing::debug!(round = ending, ?reason, "checkpoint at this reduce");
@@ -1082,6 +1251,8 @@ impl Coordinator {
         }
         let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
         self.complete_reduce(done.round, done.counts, done.steps, sync_ms, divergence);
+        self.admit_waiting(&state)?;
+        self.consensus = Some(state);
         Ok(())
     }
 
@@ -1192,6 +1363,12 @@ impl Coordinator {
     /// Tells every live rank to finish.
     fn start_finishing(&mut self) -> Result<()> {
         let capture = self.cfg.checkpoints.is_some();
+        for rank in self.slots.joining() {
+            // Nothing is left to join: the process ends.
+            tracing::info!(rank, "the run finishes before rank {rank} could join again");
+            let _ = self.link.try_send(rank, ToWorker::Stop);
+            self.slots.set_joining(rank, Standing::Dead);
+        }
         for rank in self.slots.live_ranks() {
             self.send(rank, ToWorker::Finish { capture })?;
         }
@@ -1239,7 +1416,18 @@ impl Coordinator {
         };
         let epochs = std::mem::take(&mut self.epochs.emitted);
         let faults = std::mem::take(&mut self.faults);
-        trained_state(&self.shapes, state, epochs, self.rounds.reduces, wall_ms, train_ms, faults)
+        let rejoins = std::mem::take(&mut self.rejoins);
+        let mut trained = trained_state(
+            &self.shapes,
+            state,
+            epochs,
+            self.rounds.reduces,
+            wall_ms,
+            train_ms,
+            faults,
+        )?;
+        trained.rejoins = rejoins;
+        Ok(trained)
     }
 
     /// Why a checkpoint is due at the reduce being started, if one is.
@@ -1365,14 +1553,29 @@ impl Coordinator {
         self.slots.bury(rank);
         let survivors = self.slots.live_ranks();
         tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
+        // Its part of a reduce in progress that the consensus holds already counts for it.
+        let pending = match &self.reduce {
+            Reduce::Collective { acks, .. } => acks.get(rank).copied().flatten().map_or(0, |a| a.0),
+            Reduce::Host(hr) => hr.averaging_steps(rank),
+            Reduce::Idle => 0,
+        };
+        let requeued = self.dispatch.retire(rank, pending);
+        let requeued_samples = requeued.iter().map(|c| c.len).sum();
+        tracing::debug!(
+            rank,
+            chunks = requeued.len(),
+            requeued_samples,
+            "the dead rank's unfinished chunks re-queued"
+        );
         let event = FaultEvent {
             rank,
             at_ms: self.clock.at_ms(),
             cause: cause.clone(),
             survivors: survivors.clone(),
+            requeued_samples,
         };
         self.faults.push(event.clone());
-        // At most one event per rank: the queue holds a slot per rank.
+        // Dropped when the handle does not drain its queue.
         let _ = self.outlets.faults.try_send(event);
         // A rank stuck in its replica reads this when (if) it returns.
         let _ = self.link.try_send(rank, ToWorker::Stop);
@@ -1406,18 +1609,6 @@ impl Coordinator {
             let last = Some(Box::new(error));
             return Err(Error::Unrecoverable { reason, detail, bundle, last });
         }
-        // Its part of a reduce in progress that the consensus holds already counts for it.
-        let pending = match &self.reduce {
-            Reduce::Collective { acks, .. } => acks.get(rank).copied().flatten().map_or(0, |a| a.0),
-            Reduce::Host(hr) => hr.averaging_steps(rank),
-            Reduce::Idle => 0,
-        };
-        let requeued = self.dispatch.retire(rank, pending);
-        tracing::debug!(
-            rank,
-            chunks = requeued.len(),
-            "the dead rank's unfinished chunks re-queued"
-        );
         if let Some(e) = self.cadence.elche.as_mut() {
             e.retire(rank)?;
         }

@@ -5,12 +5,18 @@
 //! (or its runtime) returns an error or panics, when its link is gone, when it has been silent past the watchdog
 //! deadline while not inside a collective, when a reduce it never entered has been pending
 //! past that deadline, or when it is still inside a reduce its peers gave up on (their
-//! collectives fail after the deadline). Membership only shrinks. On a death the coordinator
+//! collectives fail after the deadline). On a death the coordinator
 //! orders the collective group aborted, retires the rank from dispatch and ElChe, and tells the
 //! survivors the new membership (`ToWorker::Regroup`); each survivor then builds its new
 //! communicator and redoes an interrupted reduce from its pre-reduce state. The host backend's
 //! rounds simply stop waiting for the dead rank (a rank that misses its snapshot deadline on
 //! every retry is declared dead too).
+//!
+//! Membership grows back on the host backend: a dead rank's id may be claimed again by a new
+//! process (a restarted one: `fdl launch --max-restarts`), which joins at the end of the next
+//! reduce from its consensus ([`RejoinEvent`]; the states a rank's seat goes through are
+//! `slot::Standing`). A rank id is one seat: a second live process claiming it is refused by
+//! the controller (`NetError::RankTaken` on its side), and the world never grows.
 //!
 //! Known limit (NCCL, not exercised without GPUs): NCCL collectives are not all-or-nothing
 //! across ranks, so a group aborted at the very end of a reduce could leave some survivors
@@ -91,6 +97,27 @@ pub struct FaultEvent {
     pub cause: FaultCause,
     /// The ranks still alive afterwards, in order.
     pub survivors: Vec<usize>,
+    /// Samples of its chunks that the consensus did not hold, handed back to the living: an
+    /// upper bound on the samples trained twice because of this death (the rank may not have
+    /// reached all of them).
+    #[serde(default)]
+    pub requeued_samples: usize,
+}
+
+/// A rank process that joined the run again after its rank's death (restarted, or a new process
+/// for that rank), as reported while the run goes on: it was admitted at the end of a reduce,
+/// starting from that reduce's consensus with a fresh optimizer, a fresh ElChe estimate and
+/// work from the dispatcher.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RejoinEvent {
+    /// The rank that joined again.
+    pub rank: usize,
+    /// Milliseconds since the run started, when it was admitted.
+    pub at_ms: f64,
+    /// Reduces completed when it was admitted: it starts from the consensus of this one.
+    pub reduce: u64,
+    /// The ranks alive afterwards, in order.
+    pub members: Vec<usize>,
 }
 
 /// A rank's thread, and a channel that disconnects when the thread ends (so the run's handle
@@ -124,6 +151,13 @@ impl DeadFlags {
     pub(crate) fn mark(&self, rank: usize) {
         if let Some(f) = self.0.get(rank) {
             f.store(true, Ordering::Release);
+        }
+    }
+
+    /// `rank` takes part again (it joined again after its death).
+    pub(crate) fn revive(&self, rank: usize) {
+        if let Some(f) = self.0.get(rank) {
+            f.store(false, Ordering::Release);
         }
     }
 }

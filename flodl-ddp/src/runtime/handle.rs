@@ -12,7 +12,7 @@ use crate::state::{HostState, HostTensor};
 
 use crate::contract::replica::Replica;
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
-use crate::runtime::fault::{DeadFlags, FaultEvent, RankThread};
+use crate::runtime::fault::{DeadFlags, FaultEvent, RankThread, RejoinEvent};
 use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
 
@@ -38,6 +38,10 @@ pub struct TrainedState {
     /// [`DdpHandle::poll_fault_events`] streams while it runs).
     #[serde(default)]
     pub faults: Vec<FaultEvent>,
+    /// Every rank that joined the run again after its death, in order (the same events
+    /// [`DdpHandle::poll_rejoin_events`] streams while it runs).
+    #[serde(default)]
+    pub rejoins: Vec<RejoinEvent>,
 }
 
 impl TrainedState {
@@ -99,6 +103,8 @@ pub(crate) struct Outlets {
     pub(crate) save_now: Arc<crate::runtime::capture::SaveRequest>,
     /// Rank deaths (dropped when the handle does not drain them).
     pub(crate) faults: flume::Sender<FaultEvent>,
+    /// Ranks joining again (dropped when the handle does not drain them).
+    pub(crate) rejoins: flume::Sender<RejoinEvent>,
     /// Which ranks the coordinator declared dead.
     pub(crate) dead: DeadFlags,
     /// Sent once every replica is built and checked and training starts.
@@ -107,6 +113,8 @@ pub(crate) struct Outlets {
 
 /// Capacity of the reduce-event queue.
 const REDUCE_QUEUE: usize = 1 << 16;
+/// Capacity of the death and rejoin queues (a rank may die and join again many times).
+const MEMBERSHIP_QUEUE: usize = 1 << 12;
 
 /// A run in progress: read its metrics while it trains, then [`join`](DdpHandle::join) it.
 ///
@@ -122,6 +130,7 @@ pub struct DdpHandle {
     main: Option<JoinHandle<Result<TrainedState>>>,
     workers: Vec<RankThread>,
     faults: flume::Receiver<FaultEvent>,
+    rejoins: flume::Receiver<RejoinEvent>,
     dead: DeadFlags,
     /// How long a failed run's `join` waits for a live rank's thread to end.
     grace: Duration,
@@ -134,12 +143,13 @@ impl DdpHandle {
     /// controller), by rank.
     pub(crate) fn start(
         config: Arc<RunConfig>,
-        remote: crate::runtime::cluster::Connections,
+        remote: crate::runtime::cluster::Admitted,
     ) -> Result<DdpHandle> {
         let (epochs_tx, epochs) = flume::bounded(config.spec.epochs + 1);
         let (reduces_tx, reduces) = flume::bounded(REDUCE_QUEUE);
         let (guards_tx, guards) = flume::bounded(REDUCE_QUEUE);
-        let (faults_tx, faults) = flume::bounded(config.world() + 1);
+        let (faults_tx, faults) = flume::bounded(MEMBERSHIP_QUEUE);
+        let (rejoins_tx, rejoins) = flume::bounded(MEMBERSHIP_QUEUE);
         let dead = DeadFlags::new(config.world());
         let grace = config.spec.stall_timeout;
         let cancel = Arc::new(AtomicBool::new(false));
@@ -153,6 +163,7 @@ impl DdpHandle {
             cancel: cancel.clone(),
             save_now: save_now.clone(),
             faults: faults_tx,
+            rejoins: rejoins_tx,
             dead: dead.clone(),
             started: started_tx,
         };
@@ -160,7 +171,7 @@ impl DdpHandle {
         let solo = config.world() == 1
             && config.checkpoints.is_none()
             && config.resume.is_none()
-            && remote.is_empty();
+            && remote.0.is_empty();
         let wait = config.spec.stall_timeout.saturating_mul(2);
         let (main, workers) = if solo {
             (crate::runtime::solo::spawn(config, outlets)?, Vec::new())
@@ -177,6 +188,7 @@ impl DdpHandle {
             main: Some(main),
             workers,
             faults,
+            rejoins,
             dead,
             grace,
         };
@@ -233,10 +245,15 @@ impl DdpHandle {
         }
     }
 
-    /// The ranks declared dead since the last call, without waiting (at most one event per
-    /// rank is ever emitted).
+    /// The ranks declared dead since the last call, without waiting (a rank that joined again
+    /// may die again; events are dropped when more than 4096 wait unread).
     pub fn poll_fault_events(&mut self) -> Vec<FaultEvent> {
         self.faults.try_iter().collect()
+    }
+
+    /// The ranks that joined the run again since the last call, without waiting.
+    pub fn poll_rejoin_events(&mut self) -> Vec<RejoinEvent> {
+        self.rejoins.try_iter().collect()
     }
 
     /// Whether the run has ended (successfully or not); `join` then returns at once.
@@ -353,6 +370,7 @@ pub(crate) fn trained_state(
         train_ms,
         samples,
         faults,
+        rejoins: Vec::new(),
     })
 }
 

@@ -955,10 +955,11 @@ impl<'a> RankLoop<'a> {
     fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
         let rank = self.worker.rank;
         match msg {
-            ToWorker::Init { state, restore, window } => {
+            ToWorker::Init { state, restore, window, global_step } => {
                 self.win = WindowState::new(window, (0, 0.0));
                 self.ledger.start();
                 self.worker.load(&state)?;
+                self.global_step = global_step;
                 if let Some(restore) = restore {
                     self.worker.restore(&restore)?;
                     self.global_step = restore.global_step;

@@ -9,7 +9,9 @@ use crate::runtime::fault::DeadFlags;
 /// Batches a rank's measured pace spans (without ElChe) before older ones weigh half.
 const PACE_BATCHES: usize = 512;
 
-/// Whether a rank takes part in the run. Membership only shrinks.
+/// Whether a rank takes part in the run: a rank's seat goes `Starting → Alive → Dead`, and on
+/// the host backend back from `Dead` through `Rejoining → Waiting → Alive` when a new process
+/// claims it (a `Rejoining` or `Waiting` seat whose connection ends is `Dead` again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Standing {
     /// Building its replica, not yet reported ready.
@@ -18,6 +20,13 @@ pub(crate) enum Standing {
     Alive,
     /// Declared dead by the coordinator; later words from it change nothing.
     Dead,
+    /// A new process claimed the dead rank's seat: it builds its replica.
+    Rejoining,
+    /// Its replica is built: it is admitted at the end of the next reduce, from its consensus.
+    Waiting,
+    /// No process has taken this seat yet (a cluster run started on a quorum); one that does
+    /// goes `Rejoining → Waiting → Alive`.
+    Vacant,
 }
 
 /// Where a rank is with respect to the pending collective reduce.
@@ -140,9 +149,52 @@ impl Slots {
         self.slots.iter_mut()
     }
 
-    /// Whether `rank` has not been declared dead.
+    /// Whether `rank` takes part (starting or alive: not dead, not yet admitted again).
     pub(crate) fn is_live(&self, rank: usize) -> bool {
-        self.slots.get(rank).is_some_and(|s| s.standing != Standing::Dead)
+        self.slots
+            .get(rank)
+            .is_some_and(|s| matches!(s.standing, Standing::Starting | Standing::Alive))
+    }
+
+    /// `rank`'s standing.
+    pub(crate) fn standing(&self, rank: usize) -> Option<Standing> {
+        self.slots.get(rank).map(|s| s.standing)
+    }
+
+    /// The ranks joining again (connected after their death, not yet admitted).
+    pub(crate) fn joining(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&r| {
+                self.slots
+                    .get(r)
+                    .is_some_and(|s| matches!(s.standing, Standing::Rejoining | Standing::Waiting))
+            })
+            .collect()
+    }
+
+    /// Moves `rank`'s seat to `standing` (a join again: `Rejoining`, `Waiting`, or `Dead`
+    /// when the joining process went away); false for no rank.
+    pub(crate) fn set_joining(&mut self, rank: usize, standing: Standing) -> bool {
+        match self.slots.get_mut(rank) {
+            Some(slot) => {
+                slot.standing = standing;
+                slot.heard = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Admits `rank` again, alive in `window` with a fresh slot; false unless it was waiting.
+    pub(crate) fn admit(&mut self, rank: usize, window: Window) -> bool {
+        match self.slots.get_mut(rank) {
+            Some(slot) if slot.standing == Standing::Waiting => {
+                *slot = RankSlot { standing: Standing::Alive, ..RankSlot::new(window) };
+                self.dead.revive(rank);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The ranks not declared dead, in order.
@@ -155,15 +207,20 @@ impl Slots {
         (0..self.slots.len()).find(|&r| self.is_live(r))
     }
 
-    /// Ranks declared dead so far.
+    /// Ranks dead now (declared dead, and not admitted again).
     pub(crate) fn deaths(&self) -> usize {
-        self.slots.iter().filter(|s| s.standing == Standing::Dead).count()
+        self.slots
+            .iter()
+            .filter(|s| {
+                matches!(s.standing, Standing::Dead | Standing::Rejoining | Standing::Waiting)
+            })
+            .count()
     }
 
-    /// Declares `rank` dead; false when it already was (or is no rank).
+    /// Declares `rank` dead; false when it was not live (or is no rank).
     pub(crate) fn bury(&mut self, rank: usize) -> bool {
         match self.slots.get_mut(rank) {
-            Some(slot) if slot.standing != Standing::Dead => {
+            Some(slot) if matches!(slot.standing, Standing::Starting | Standing::Alive) => {
                 *slot = RankSlot { standing: Standing::Dead, ..RankSlot::new(slot.window) };
                 self.dead.mark(rank);
                 true
@@ -177,7 +234,7 @@ impl Slots {
     pub(crate) fn all_failed(&self) -> bool {
         self.slots
             .iter()
-            .filter(|s| s.standing != Standing::Dead)
+            .filter(|s| matches!(s.standing, Standing::Starting | Standing::Alive))
             .all(|s| s.collective == InCollective::Failed)
     }
 }
@@ -279,6 +336,55 @@ mod tests {
 
     fn window() -> Window {
         Window { round: 1, target: 1, limit: 1, wall: None }
+    }
+
+    /// A seat's life, step by step: dead, a process joining (not live, pinged, counted dead),
+    /// waiting, admitted (live again, its dead flag cleared); a joiner that goes away leaves the
+    /// seat dead; a vacant seat is not a death; only a waiting seat can be admitted.
+    #[test]
+    fn a_seat_dies_and_is_taken_again() -> Result<(), String> {
+        #[derive(Debug, Clone, Copy)]
+        enum Step {
+            Bury,
+            Join(Standing),
+            Admit(bool),
+        }
+        use Standing::*;
+        /// A step on rank 1, then: live ranks, joining ranks, deaths, rank 1 flagged dead.
+        type Case = (Step, &'static [usize], &'static [usize], usize, bool);
+        let steps: [Case; 9] = [
+            (Step::Admit(false), &[0, 1, 2], &[], 0, false),
+            (Step::Bury, &[0, 2], &[], 1, true),
+            (Step::Admit(false), &[0, 2], &[], 1, true),
+            (Step::Join(Rejoining), &[0, 2], &[1], 1, true),
+            (Step::Join(Dead), &[0, 2], &[], 1, true),
+            (Step::Join(Rejoining), &[0, 2], &[1], 1, true),
+            (Step::Join(Waiting), &[0, 2], &[1], 1, true),
+            (Step::Admit(true), &[0, 1, 2], &[], 0, false),
+            (Step::Join(Vacant), &[0, 2], &[], 0, false),
+        ];
+        let flags = DeadFlags::new(3);
+        let mut slots = Slots::new(vec![window(); 3], flags.clone());
+        for (i, (step, live, joining, deaths, flagged)) in steps.into_iter().enumerate() {
+            match step {
+                Step::Bury => {
+                    slots.bury(1);
+                }
+                Step::Join(standing) => {
+                    slots.set_joining(1, standing);
+                }
+                Step::Admit(expected) => {
+                    if slots.admit(1, window()) != expected {
+                        return Err(format!("step {i}: admit should be {expected}"));
+                    }
+                }
+            }
+            let got = (slots.live_ranks(), slots.joining(), slots.deaths(), flags.is_dead(1));
+            if got != (live.to_vec(), joining.to_vec(), deaths, flagged) {
+                return Err(format!("step {i} ({step:?}): got {got:?}"));
+            }
+        }
+        Ok(())
     }
 
     /// Random deaths: the slots' live ranks, lowest rank and death count follow a plain vector

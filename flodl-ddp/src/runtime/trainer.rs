@@ -904,10 +904,10 @@ impl Trainer {
                 // Every rank but this process's own.
                 let ranks: Vec<usize> =
                     (0..cluster.world()).filter(|&r| Some(r) != cluster.rank()).collect();
-                let wait = cluster.join_wait();
-                cluster.rendezvous().accept(run, cluster.world(), &ranks, wait, silence)?
+                let (world, quorum) = (cluster.world(), cluster.quorum_of());
+                cluster.rendezvous().accept(run, world, &ranks, quorum, cluster.join_wait(), silence)?
             }
-            None => Vec::new(),
+            None => (Vec::new(), None),
         };
         DdpHandle::start(Arc::new(config), remote).map(Started::Coordinator)
     }

@@ -155,3 +155,60 @@ fn cluster_runs_refuse_what_they_cannot_do() -> TestResult {
         other => Err(format!("run() on rank 1: {other:?}").into()),
     }
 }
+
+/// A new process joins a running run: the controller starts on a quorum of 2 of a world of 3,
+/// and rank 2's process (a rank id never used yet) joins after the first epoch. It is
+/// admitted at a reduce and trains; every epoch trains each of its samples exactly once, and
+/// the accuracy is in the band of the in-process run.
+#[test]
+fn a_new_rank_joins_a_running_run() -> TestResult {
+    let train = train_subset(SAMPLES);
+    let test: Arc<dyn Dataset> = Arc::new(Subset::first(mnist(Split::Test), 2000));
+    // About 2 s an epoch (each batch held 100 times its compute): rank 2 joins well before the end.
+    let slow = |t: Trainer| t.epochs(5).slowdown(vec![100.0; WORLD]);
+    let alone = slow(trainer(Policy::Cadence, &train, &test)).run()?.join()?;
+    let mut places = Cluster::in_memory(WORLD)?.into_iter();
+    let (zero, one, two) = match (places.next(), places.next(), places.next()) {
+        (Some(a), Some(b), Some(c)) => (a, b, c),
+        _ => return Err("three places".into()),
+    };
+    let (epoch_tx, epochs) = std::sync::mpsc::channel();
+    let controller = slow(trainer(Policy::Cadence, &train, &test))
+        .on_epoch(move |m| {
+            let _ = epoch_tx.send(m.epoch);
+        })
+        .cluster(zero.quorum(2).join_timeout(Duration::from_secs(20)));
+    let controller = std::thread::spawn(move || match controller.start() {
+        Ok(Started::Coordinator(handle)) => handle.join(),
+        Ok(Started::Rank(_)) => Err(Error::Aborted),
+        Err(e) => Err(e),
+    });
+    let start_rank = |trainer: Trainer, place: Cluster| {
+        std::thread::spawn(move || match trainer.cluster(place).start() {
+            Ok(Started::Rank(rank)) => rank.join(),
+            Ok(Started::Coordinator(_)) => Err(Error::Aborted),
+            Err(e) => Err(e),
+        })
+    };
+    let first = start_rank(slow(trainer(Policy::Cadence, &train, &test)), one);
+    epochs.recv_timeout(Duration::from_secs(120))?;
+    let late = start_rank(slow(trainer(Policy::Cadence, &train, &test)), two);
+    let state = controller.join().map_err(|_| "the controller panicked")??;
+    first.join().map_err(|_| "rank 1 panicked")??;
+    late.join().map_err(|_| "rank 2 panicked")??;
+    assert_eq!(state.rejoins.len(), 1, "{:?}", state.rejoins);
+    assert_eq!((state.rejoins[0].rank, state.rejoins[0].members.clone()), (2, vec![0, 1, 2]));
+    assert!(state.faults.is_empty(), "{:?}", state.faults);
+    let per_epoch = (SAMPLES / 32) * 32;
+    for e in &state.epochs {
+        assert_eq!(e.samples, per_epoch, "epoch {} trained {} samples", e.epoch, e.samples);
+    }
+    let last = state.epochs.last().ok_or("no epoch")?;
+    assert!(last.ranks.get(2).is_some_and(|r| r.samples > 0), "rank 2 trained nothing: {last:?}");
+    let (a, c) = (
+        alone.final_eval().map_or(0.0, |e| e.accuracy),
+        state.final_eval().map_or(0.0, |e| e.accuracy),
+    );
+    assert!(a > 0.8 && (a - c).abs() <= BAND, "in-process {a:.3}, grown {c:.3}");
+    Ok(())
+}

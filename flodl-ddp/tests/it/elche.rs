@@ -208,6 +208,26 @@ fn retire_reelects_and_zeroes_count() -> TestResult {
     Ok(())
 }
 
+/// A retired rank admitted again starts from a fresh estimate (the anchor's count), keeps the
+/// elected anchor, and is calibrated by its next measured window.
+#[test]
+fn admit_gives_a_fresh_estimate() -> TestResult {
+    let mut el = ElChe::new(3, 10)?;
+    report(&mut el, &[4.0, 10.0, 5.0], 10, 0.0)?;
+    el.retire(1)?;
+    assert_eq!(el.counts(), &[13, 0, 10]);
+    el.admit(1)?;
+    assert_eq!(el.membership()[1], Membership::Alive);
+    assert_eq!(el.anchor_rank(), Some(2));
+    // No estimate yet: the anchor's count.
+    assert_eq!(el.counts(), &[13, 10, 10]);
+    report(&mut el, &[4.0, 2.5, 5.0], 10, 0.0)?;
+    // Calibrated on its first window: twice the anchor rank's speed, twice its count.
+    assert_eq!(el.counts()[1], 2 * el.counts()[2], "{:?}", el.counts());
+    assert!(matches!(el.admit(3), Err(LogicError::RankOutOfRange { rank: 3, world: 3 })));
+    Ok(())
+}
+
 #[test]
 fn recent_share_is_mean_of_counts() -> TestResult {
     let mut el = ElChe::new(2, 10)?;

@@ -11,10 +11,10 @@ use flodl_cluster::{
     SessionReceiver, SessionSender, Tls,
 };
 
-use super::{Connections, Rendezvous};
+use super::{Admitted, Rendezvous};
 use crate::link::LinkError;
 use crate::link::frame::Lane;
-use crate::link::net::Frames;
+use crate::link::net::{Arrivals, Frames};
 use crate::{Error, Result};
 
 /// The control lane's frame cap: orders and reports are small.
@@ -109,6 +109,25 @@ impl Frames for SessionFrames {
     }
 }
 
+/// The controller after the start: the sessions of ranks joining again.
+struct Later {
+    controller: Controller,
+}
+
+impl Arrivals for Later {
+    fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)> {
+        match self.controller.accept(wait) {
+            Ok(session) => Some((session.rank(), SessionFrames::shared(session))),
+            Err(NetError::Timeout(_)) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "the controller stopped admitting ranks");
+                std::thread::sleep(wait);
+                None
+            }
+        }
+    }
+}
+
 /// Meeting over mutual TLS: the controller binds `bind` and admits the other ranks; a rank
 /// joins `controller`.
 pub(crate) struct TlsRendezvous {
@@ -144,9 +163,10 @@ impl Rendezvous for TlsRendezvous {
         run: [u8; 32],
         world: usize,
         ranks: &[usize],
+        quorum: usize,
         wait: Duration,
         silence: Duration,
-    ) -> Result<Connections> {
+    ) -> Result<Admitted> {
         let controller = Controller::bind(self.bind, run, world, self.config(silence))
             .map_err(net("binding the controller"))?;
         tracing::info!(addr = %controller.local_addr(), world, "controller waiting for ranks");
@@ -155,7 +175,7 @@ impl Rendezvous for TlsRendezvous {
         loop {
             let missing: Vec<usize> =
                 ranks.iter().copied().filter(|&r| joined.get(r).is_none_or(Option::is_none)).collect();
-            if missing.is_empty() {
+            if world - missing.len() >= quorum {
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -177,7 +197,10 @@ impl Rendezvous for TlsRendezvous {
                 Err(e) => return Err(net("admitting ranks")(e)),
             }
         }
-        Ok(joined.into_iter().enumerate().filter_map(|(r, f)| f.map(|f| (r, f))).collect())
+        let now = joined.into_iter().enumerate().filter_map(|(r, f)| f.map(|f| (r, f))).collect();
+        // The controller keeps admitting for the whole run: a rank process restarted after its
+        // death joins again (same CA, same run, its seat free once its old session ended).
+        Ok((now, Some(Box::new(Later { controller }))))
     }
 
     fn join(

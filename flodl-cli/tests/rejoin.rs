@@ -1,0 +1,97 @@
+//! Rank processes that join a running job again: `fdl launch --max-restarts` restarts a killed
+//! rank process, which the controller admits at a reduce from the consensus; the run completes
+//! with every sample of every epoch trained once.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+mod support;
+
+use support::launched::{FDL, Launched, Result, accuracy, kill9, records, summary};
+
+/// Training and test samples, epochs of the job.
+const TRAIN: usize = 8192;
+const EPOCHS: usize = 8;
+/// The job's flags: every rank slowed so an epoch lasts a second or two.
+const JOB: [&str; 16] = [
+    "--backend",
+    "host",
+    "--policy",
+    "cadence",
+    "--train-subset",
+    "8192",
+    "--test-subset",
+    "1000",
+    "--epochs",
+    "8",
+    "--hidden",
+    "64",
+    "--slowdown",
+    "20,20,20",
+    "--watchdog",
+    "10",
+];
+/// Accuracy a job with deaths and rejoins may differ by from the clean in-process run.
+const BAND: f64 = 0.06;
+
+/// Every epoch trained each of its samples exactly once (the default batch of 64).
+fn check_coverage(dir: &std::path::Path) -> Result<Vec<Value>> {
+    let epochs = records(dir, "epoch")?;
+    if epochs.len() != EPOCHS {
+        return Err(format!("{} epochs recorded, {EPOCHS} expected", epochs.len()).into());
+    }
+    let per_epoch = (TRAIN / 64) * 64;
+    for e in &epochs {
+        if e["samples"].as_u64() != Some(per_epoch as u64) {
+            return Err(format!("an epoch's coverage is not exactly once: {e}").into());
+        }
+    }
+    Ok(epochs)
+}
+
+/// `kill -9` of rank 2's process mid-run under `--max-restarts 1`: the launcher restarts it, it
+/// rejoins at a reduce and trains (its windows after the rejoin have steps), every epoch trains
+/// every sample once, and the accuracy is in the band of the clean in-process run.
+#[test]
+fn a_killed_rank_process_is_restarted_and_rejoins() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let clean = tmp.path().join("clean");
+    let flags: Vec<&str> = JOB.iter().copied().filter(|f| !f.contains("20,20")).collect();
+    let flags: Vec<&str> = flags.into_iter().filter(|f| *f != "--slowdown").collect();
+    let out = Command::new(FDL)
+        .args(["train", "--ranks", "3", "--quiet", "--out"])
+        .arg(&clean)
+        .args(&flags)
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = tmp.path().join("rejoined");
+    let mut job = Launched::start_with(3, &["--max-restarts", "1"], &JOB, &dir, &[])?;
+    job.wait_for("epoch 1/8", Duration::from_secs(90))?;
+    kill9(job.pids[2])?;
+    job.wait_for("[launch] restarting rank 2 (restart 1 of at most 1)", Duration::from_secs(20))?;
+    job.wait_for("rank 2 rejoined at reduce", Duration::from_secs(90))?;
+    let (code, out) = job.finish(Duration::from_secs(180))?;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("rank 2 was killed by signal 9"), "{out}");
+    assert!(out.contains("[launch] rank 2 exited with 0"), "the restarted rank: {out}");
+    let s = summary(&dir)?;
+    let faults = s["faults"].as_array().ok_or("no faults")?;
+    let rejoins = s["rejoins"].as_array().ok_or("no rejoins")?;
+    assert_eq!((faults.len(), rejoins.len()), (1, 1), "{s}");
+    assert_eq!((faults[0]["rank"].as_u64(), rejoins[0]["rank"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(rejoins[0]["members"], serde_json::json!([0, 1, 2]));
+    check_coverage(&dir)?;
+    // Its windows after the rejoin: rank 2 trained in reduces after it was admitted.
+    let back = rejoins[0]["at_ms"].as_f64().ok_or("no rejoin time")?;
+    let trained_after: u64 = records(&dir, "reduce")?
+        .iter()
+        .filter(|r| r["at_ms"].as_f64().is_some_and(|t| t > back))
+        .filter_map(|r| r["steps"].get(2).and_then(Value::as_u64))
+        .sum();
+    assert!(trained_after > 0, "rank 2 trained nothing after its rejoin");
+    let (a, c) = (accuracy(&clean)?, accuracy(&dir)?);
+    assert!(a > 0.8 && (a - c).abs() <= BAND, "clean {a:.3}, with a rejoin {c:.3}");
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! `fdl launch` jobs driven by a test: output lines on a channel, rank pids, the run directory's
+//! records.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub(crate) type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+pub(crate) const FDL: &str = env!("CARGO_BIN_EXE_fdl");
+
+/// The run directory's `summary.json`.
+pub(crate) fn summary(dir: &Path) -> Result<Value> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?)
+}
+
+/// The final test accuracy of a run directory.
+pub(crate) fn accuracy(dir: &Path) -> Result<f64> {
+    summary(dir)?["test"]["accuracy"].as_f64().ok_or_else(|| "no test accuracy".into())
+}
+
+/// The records of `metrics.jsonl` of kind `kind`, in order.
+pub(crate) fn records(dir: &Path, kind: &str) -> Result<Vec<Value>> {
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
+    Ok(metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == kind)
+        .collect())
+}
+
+/// `kill -9 pid`.
+pub(crate) fn kill9(pid: i32) -> Result {
+    let ok = Command::new("kill").args(["-9", &pid.to_string()]).status()?.success();
+    if ok { Ok(()) } else { Err(format!("kill -9 {pid} failed").into()) }
+}
+
+/// A launched job whose output lines arrive on a channel; the current pid of each rank.
+pub(crate) struct Launched {
+    pub(crate) child: Child,
+    lines: mpsc::Receiver<String>,
+    pub(crate) pids: Vec<i32>,
+    pub(crate) seen: Vec<String>,
+}
+
+impl Launched {
+    /// `fdl launch --nproc 3 --out OUT ARGS`.
+    pub(crate) fn start(args: &[&str], out: &Path) -> Result<Launched> {
+        Launched::start_with(3, &[], args, out, &[])
+    }
+
+    /// `fdl launch --nproc NPROC LAUNCHER --out OUT ARGS` with `env` added.
+    pub(crate) fn start_with(
+        nproc: usize,
+        launcher: &[&str],
+        args: &[&str],
+        out: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Launched> {
+        let mut child = Command::new(FDL)
+            .args(["launch", "--nproc", &nproc.to_string()])
+            .args(launcher)
+            .arg("--out")
+            .arg(out)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let (tx, lines) = mpsc::channel();
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(std::result::Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        let mut job = Launched { child, lines, pids: Vec::new(), seen: Vec::new() };
+        for rank in 0..nproc {
+            let line =
+                job.wait_for(&format!("[launch] rank {rank}: pid"), Duration::from_secs(20))?;
+            job.pids.push(pid_in(&line)?);
+        }
+        Ok(job)
+    }
+
+    /// Takes one line (within `wait`), keeping track of restarted ranks' pids; `None` when no
+    /// line came.
+    pub(crate) fn next_line(&mut self, wait: Duration) -> Option<String> {
+        let line = self.lines.recv_timeout(wait).ok()?;
+        for (rank, pid) in self.pids.iter_mut().enumerate() {
+            if line.starts_with(&format!("[launch] rank {rank}: pid"))
+                && let Ok(p) = pid_in(&line)
+            {
+                *pid = p;
+            }
+        }
+        self.seen.push(line.clone());
+        Some(line)
+    }
+
+    /// The first line containing `what`, within `wait`.
+    pub(crate) fn wait_for(&mut self, what: &str, wait: Duration) -> Result<String> {
+        let deadline = Instant::now() + wait;
+        while let Some(line) = self.next_line(deadline.saturating_duration_since(Instant::now())) {
+            if line.contains(what) {
+                return Ok(line);
+            }
+        }
+        let tail = self.seen.iter().rev().take(80).rev().cloned().collect::<Vec<_>>();
+        Err(format!("no line with {what:?} within {wait:?}; last lines:\n{}", tail.join("\n"))
+            .into())
+    }
+
+    /// Waits for the launcher to exit; its code and every line.
+    pub(crate) fn finish(mut self, wait: Duration) -> Result<(Option<i32>, String)> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                while self.next_line(Duration::from_millis(500)).is_some() {}
+                return Ok((status.code(), self.seen.join("\n")));
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return Err(format!(
+                    "the launcher did not exit within {wait:?}:\n{}",
+                    self.seen.join("\n")
+                )
+                .into());
+            }
+            while self.next_line(Duration::ZERO).is_some() {}
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The pid at the end of a `[launch] rank R: pid P` line.
+fn pid_in(line: &str) -> Result<i32> {
+    Ok(line.rsplit(' ').next().ok_or("no pid")?.parse()?)
+}
