@@ -311,3 +311,50 @@ impl HostBatch {
 fn type_error(field: usize, found: DType, requested: DType) -> Error {
     Error::FieldType { field, found, requested }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Field;
+
+    /// A CPU batch hands a field over by swapping buffers into a tensor of the field's batch
+    /// shape (the batch keeps the old buffer), by copying into another shape of as many
+    /// values, and refuses a tensor of another size or dtype.
+    #[test]
+    fn upload_field_swaps_copies_or_refuses() -> Result<()> {
+        let stream = Stream::cpu_with_threads(1);
+        let layout = SampleLayout::new(vec![
+            Field::new("x", &[2, 2], DType::F32),
+            Field::new("y", &[], DType::I32),
+        ])?;
+        let mut host = HostBatch::new(&layout, Device::Cpu);
+        host.prepare(&layout, 2)?;
+        host.f32_mut(0)?.copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        host.i32_mut(1)?.copy_from_slice(&[4, 9]);
+        let values: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+        // (destination shape, dtype, accepted)
+        let cases: [(&[usize], DType, bool); 4] = [
+            (&[2, 2, 2], DType::F32, true),
+            (&[2, 4], DType::F32, true),
+            (&[2, 3], DType::F32, false),
+            (&[2, 4], DType::I32, false),
+        ];
+        for (shape, dtype, accepted) in cases {
+            let mut dst = Tensor::zeros(shape, dtype, &stream)?;
+            let handed = host.upload_field(0, &mut dst, &stream);
+            assert_eq!(handed.is_ok(), accepted, "{shape:?} {dtype:?}: {handed:?}");
+            if accepted {
+                assert_eq!(dst.to_vec::<f32>(&stream)?, values, "{shape:?}");
+                assert_eq!(dst.shape(), shape);
+                // After a swap the batch holds the destination's old (zero) buffer; refill it.
+                host.f32_mut(0)?.copy_from_slice(&values);
+            }
+        }
+        let mut labels = Tensor::zeros(&[2], DType::I32, &stream)?;
+        host.upload_field(1, &mut labels, &stream)?;
+        assert_eq!(labels.to_vec::<i32>(&stream)?, vec![4, 9]);
+        let mut past = Tensor::zeros(&[2], DType::I32, &stream)?;
+        assert!(matches!(host.upload_field(2, &mut past, &stream), Err(Error::NoSuchField { .. })));
+        Ok(())
+    }
+}

@@ -110,8 +110,7 @@ struct Run {
 fn train(
     name: &str,
     devices: usize,
-    policy: Policy,
-    backend: Backend,
+    (policy, backend): (Policy, Backend),
     slowdown: Vec<f64>,
     prefetch: Prefetch,
     args: &Args,
@@ -304,12 +303,20 @@ fn round(
     let has = |r: &str| args.runs.iter().any(|x| x == r);
     let mut solo = [None, None];
     if has("solo") || has("skew") {
-        let fast =
-            train("solo rank0", 1, Policy::Sync, Backend::Collective, vec![1.0], auto, args, data)?;
+        let fast = train(
+            "solo rank0",
+            1,
+            (Policy::Sync, Backend::Collective),
+            vec![1.0],
+            auto,
+            args,
+            data,
+        )?;
         report(&fast, args.json, Some(34_000.0));
         let name = format!("solo rank1 (x{})", args.slow);
         let slowdown = vec![args.slow];
-        let slow = train(&name, 1, Policy::Sync, Backend::Collective, slowdown, auto, args, data)?;
+        let slow =
+            train(&name, 1, (Policy::Sync, Backend::Collective), slowdown, auto, args, data)?;
         report(&slow, args.json, None);
         solo = [Some(fast.state.throughput()), Some(slow.state.throughput())];
     }
@@ -317,7 +324,7 @@ fn round(
         for &(p, b) in &args.modes {
             for &pf in &args.prefetch {
                 let name = format!("equal {}-{}{}", p.name(), b.name(), variant(pf, args));
-                let run = train(&name, 2, p, b, vec![1.0, 1.0], pf, args, data)?;
+                let run = train(&name, 2, (p, b), vec![1.0, 1.0], pf, args, data)?;
                 let target = (p == Policy::Cadence).then_some(60_000.0);
                 report(&run, args.json, target);
             }
@@ -332,7 +339,7 @@ fn round(
             for (j, &pf) in args.prefetch.iter().enumerate() {
                 let name =
                     format!("skew x{} {}-{}{}", args.slow, p.name(), b.name(), variant(pf, args));
-                let run = train(&name, 2, p, b, vec![1.0, args.slow], pf, args, data)?;
+                let run = train(&name, 2, (p, b), vec![1.0, args.slow], pf, args, data)?;
                 report(&run, args.json, target);
                 if let [Some(a), Some(c)] = solo {
                     let slow =
