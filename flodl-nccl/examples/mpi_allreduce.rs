@@ -71,6 +71,12 @@ fn child() -> Result {
         let secs = time(n, |b| Ok(comm.all_reduce_weighted_f32(&mut [b], 0.5)?))?;
         println!("mpi {rank} {n} {secs:.6}");
     }
+    if std::env::var("PROBE").is_ok() {
+        let secs = time(1, |_| Ok(comm.barrier()?))?;
+        println!("probe {rank} barrier {secs:.6}");
+        let secs = time(SIZES[0], |b| Ok(comm.all_reduce_sum_f32(&mut [b])?))?;
+        println!("probe {rank} sum {secs:.6}");
+    }
     Ok(())
 }
 
