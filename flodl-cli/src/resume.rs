@@ -312,7 +312,9 @@ mod tests {
             ),
             (
                 names(3, "cuda:0"),
-                Some("resuming 3 ranks onto 3: optimizer states 0←0, 1←1, 2←2; devices cpu, cpu, cpu → cuda:0, cuda:0, cuda:0"),
+                Some(
+                    "resuming 3 ranks onto 3: optimizer states 0←0, 1←1, 2←2; devices cpu, cpu, cpu → cuda:0, cuda:0, cuda:0",
+                ),
             ),
         ];
         for (devices, want) in cases {

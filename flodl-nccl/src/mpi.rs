@@ -278,8 +278,12 @@ impl MpiComm {
         let mut all = vec![0i64; mine.len()];
         let (world, deadline, aborted) = (&self.world, self.deadline(), &self.aborted);
         mpi::request::scope(|scope| {
-            let request =
-                world.immediate_all_reduce_into(scope, &mine[..], &mut all[..], SystemOperation::max());
+            let request = world.immediate_all_reduce_into(
+                scope,
+                &mine[..],
+                &mut all[..],
+                SystemOperation::max(),
+            );
             settle(world, vec![request], Wait::Rendezvous, deadline, aborted, op.name());
         });
         let what = ["operation", "buffer count", "buffer lengths"];
@@ -290,7 +294,11 @@ impl MpiComm {
                     what: name,
                     rank: self.rank,
                     expected: format!("{} (the largest)", max),
-                    found: format!("{} (this rank: {} buffers, {total} elements)", facts[i], lens.len()),
+                    found: format!(
+                        "{} (this rank: {} buffers, {total} elements)",
+                        facts[i],
+                        lens.len()
+                    ),
                 });
             }
         }

@@ -693,8 +693,7 @@ impl Trainer {
     /// of the contract the replica does not offer; [`Error::ReplicaMismatch`] when the replicas
     /// disagree.
     pub fn run(self) -> Result<DdpHandle> {
-        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.hosts_controller(self.backend))
-        {
+        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.hosts_controller(self.backend)) {
             return Err(Error::Config(format!(
                 "this process is rank {} of a cluster run, which has no DdpHandle: start it \
                  with Trainer::start, whose RankHandle reports the rank's outcome",
@@ -777,8 +776,7 @@ impl Trainer {
                 }
                 Seat::Controller => {}
             }
-            if let Some(rank) = cluster.rank().filter(|_| !cluster.hosts_controller(self.backend))
-            {
+            if let Some(rank) = cluster.rank().filter(|_| !cluster.hosts_controller(self.backend)) {
                 // The controller alone saves and resumes: a rank restores from `Init`.
                 config.checkpoints = None;
                 let frames = cluster.rendezvous().join(
