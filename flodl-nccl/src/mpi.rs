@@ -358,7 +358,7 @@ fn settle<'a, D: ?Sized, S: Scope<'a>>(
         spins = spins.wrapping_add(1);
         if wait == Wait::Rendezvous && started.elapsed() > SPIN {
             std::thread::sleep(NAP);
-        } else if wait == Wait::Rendezvous && spins % 64 == 0 {
+        } else if wait == Wait::Rendezvous && spins.is_multiple_of(64) {
             std::thread::yield_now();
         }
     }
