@@ -53,7 +53,9 @@ fn main() -> Result {
         "1,2.5",
         "--quiet",
     ];
-    println!("| policy | in-process samples/s | MPI processes samples/s | ratio | accuracy (in-process / MPI) |");
+    println!(
+        "| policy | in-process samples/s | MPI processes samples/s | ratio | accuracy (in-process / MPI) |"
+    );
     println!("|---|---|---|---|---|");
     for policy in ["cadence", "async"] {
         let mut figures = Vec::new();

@@ -29,12 +29,32 @@ use crate::launch::{GRACE, JobStatus, POLL, code_of, describe, relay};
 /// How long a process that is told to stop may take before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// The ranks of a restarted job. Resuming a bundle onto another world size ("elastic
-/// resume") is not in this branch, so the job restarts with as many ranks as it had (the
-/// dead rank's slot is started afresh); `survivors` is what an elastic resume would take.
+/// The ranks of a restarted job: the survivors, the bundle resumed onto that smaller world
+/// (elastic resume: per-rank optimizer state mapped, the rest of the epoch re-sharded).
 fn restart_world(world: usize, survivors: usize) -> usize {
-    let _ = survivors;
-    world
+    survivors.clamp(1, world)
+}
+
+/// `args` with the per-rank `--slowdown` factors cut to the first `world` ranks (a restart
+/// on fewer ranks would refuse more factors than ranks).
+fn fit_ranks(args: &[OsString], world: usize) -> Vec<OsString> {
+    let cut = |list: &str| list.split(',').take(world).collect::<Vec<_>>().join(",");
+    let mut out = Vec::with_capacity(args.len());
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let text = arg.to_string_lossy();
+        if text == "--slowdown" {
+            out.push(arg.clone());
+            if let Some(list) = iter.next() {
+                out.push(cut(&list.to_string_lossy()).into());
+            }
+        } else if let Some(list) = text.strip_prefix("--slowdown=") {
+            out.push(format!("--slowdown={}", cut(list)).into());
+        } else {
+            out.push(arg.clone());
+        }
+    }
+    out
 }
 
 /// How one attempt of the job ended.
@@ -96,6 +116,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     let mut resume: Option<PathBuf> = None;
     let mut outcome = Err(JobStatus { code: 1 }.into());
     for attempt in 0..=args.max_restarts {
+        let train = fit_ranks(&train, world);
         let mut controller_args = train.clone();
         controller_args.extend(["--controller".into(), world.to_string().into()]);
         if let Some(from) = &resume {
@@ -305,4 +326,31 @@ fn stop(child: &mut Child, signal: Signal) -> ExitStatus {
     }
     let _ = child.kill();
     child.wait().unwrap_or_else(|_| std::os::unix::process::ExitStatusExt::from_raw(9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_rank_factors_are_cut_to_the_restarted_world() {
+        let cases: [(&[&str], usize, &[&str]); 4] = [
+            (
+                &["train", "--slowdown", "20,20,1", "--epochs", "2"],
+                2,
+                &["train", "--slowdown", "20,20", "--epochs", "2"],
+            ),
+            (&["train", "--slowdown=1,2.5,3"], 1, &["train", "--slowdown=1"]),
+            (&["train", "--slowdown", "1,2"], 3, &["train", "--slowdown", "1,2"]),
+            (&["train", "--epochs", "2"], 2, &["train", "--epochs", "2"]),
+        ];
+        for (args, world, want) in cases {
+            let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+            let got = fit_ranks(&args, world);
+            let want: Vec<OsString> = want.iter().map(OsString::from).collect();
+            assert_eq!(got, want, "{args:?} on {world}");
+        }
+        assert_eq!(restart_world(3, 2), 2);
+        assert_eq!(restart_world(2, 0), 1);
+    }
 }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow, bail};
-use flodl_ddp::checkpoint::{self, CheckpointError};
+use flodl_ddp::checkpoint::{self, CheckpointError, RankMap};
 use flodl_ddp::{Error, ResumeFrom};
 
 /// The bundle a run resumes from, read and checked for integrity (not yet for compatibility).
@@ -20,6 +20,12 @@ pub(crate) struct ResumePoint {
     pub(crate) epochs_done: u64,
     /// Their metrics, as that run recorded them.
     pub(crate) epochs: Vec<flodl_ddp::EpochMetrics>,
+    /// Ranks of the run that saved it.
+    pub(crate) world: usize,
+    /// Which of them saved an optimizer state (for the rank map of an elastic resume).
+    pub(crate) saved: Vec<bool>,
+    /// Their devices, when the bundle records them.
+    pub(crate) devices: Option<Vec<String>>,
 }
 
 impl ResumePoint {
@@ -38,14 +44,39 @@ impl ResumePoint {
             }
             e => refusal(given, &e),
         })?;
-        let epochs = found.checkpoint.epoch_metrics().map_err(|e| refusal(&found.path, &e))?;
+        let ckpt = &found.checkpoint;
+        let epochs = ckpt.epoch_metrics().map_err(|e| refusal(&found.path, &e))?;
+        let devices = ckpt.saved_devices().map_err(|e| refusal(&found.path, &e))?;
         Ok(ResumePoint {
             epochs,
+            world: ckpt.world_size,
+            saved: ckpt.optimizer.iter().map(|s| !s.is_empty()).collect(),
+            devices,
             skipped: found.skipped.into_iter().map(|(p, e)| (p, e.to_string())).collect(),
             step: found.checkpoint.global_step,
             epochs_done: found.checkpoint.epoch,
             bundle: found.path,
         })
+    }
+
+    /// What changes when this bundle resumes onto `devices` (one per rank), as one line, when
+    /// anything does: "resuming 3 ranks onto 2: optimizer states 0←0, 1←1 (dropped: rank 2);
+    /// devices cpu, cpu, cpu → cpu, cpu; ElChe re-calibrates; the rest of the open epochs is
+    /// re-sharded".
+    pub(crate) fn changes(&self, devices: &[String]) -> Option<String> {
+        let map = RankMap::new(self.world, devices.len(), &self.saved);
+        let moved = self.devices.as_deref().is_some_and(|d| d != devices);
+        if map.same_world() && !moved {
+            return None;
+        }
+        let mut line = format!("resuming {map}");
+        if let Some(before) = self.devices.as_deref().filter(|_| moved) {
+            line.push_str(&format!("; devices {} → {}", before.join(", "), devices.join(", ")));
+        }
+        if !map.same_world() {
+            line.push_str("; ElChe re-calibrates; the rest of the open epochs is re-sharded");
+        }
+        Some(line)
     }
 
     /// What the trainer reads: the bundle located here (so the run resumes exactly the bundle
@@ -58,10 +89,10 @@ impl ResumePoint {
 /// The one-line refusal of `bundle` for `error`.
 fn refusal(bundle: &Path, error: &CheckpointError) -> anyhow::Error {
     let hint = match error {
-        CheckpointError::ConfigMismatch { .. } => {
-            " (ranks, policy, backend, batch size, training set, seed, lr, schedule and warmup \
-             must be those of the run that saved it; every schedule but constant also spans \
-             --epochs)"
+        CheckpointError::ConfigMismatch { .. } | CheckpointError::TermMismatch { .. } => {
+            " (policy, backend, batch size, training set, seed, lr, schedule and warmup must be \
+             those of the run that saved it; every schedule but constant also spans --epochs; \
+             ranks and devices may differ)"
         }
         CheckpointError::WorldSizeMismatch { .. } => {
             " (use as many ranks as the run that saved it)"
@@ -181,6 +212,9 @@ mod tests {
             step: 10,
             epochs_done: 1,
             epochs: Vec::new(),
+            world: 3,
+            saved: vec![true; 3],
+            devices: Some(vec!["cpu".into(); 3]),
         }
     }
 
@@ -192,6 +226,15 @@ mod tests {
                 Error::Checkpoint(CheckpointError::WorldSizeMismatch { expected: 3, found: 2 }),
                 Some(point()),
                 vec!["cannot resume from ck/latest.fdlck", "world size 2", "3", "ranks"],
+            ),
+            (
+                Error::Checkpoint(CheckpointError::TermMismatch {
+                    field: "seed",
+                    expected: "4".into(),
+                    found: "9".into(),
+                }),
+                Some(point()),
+                vec!["ck/latest.fdlck", "another seed: 9, this run has 4", "ranks and devices may"],
             ),
             (
                 Error::Checkpoint(CheckpointError::ChecksumMismatch),
@@ -248,6 +291,41 @@ mod tests {
                 assert!(text.contains(n), "{n:?} missing from {text:?}");
             }
         }
+    }
+
+    /// An elastic resume says what changes; the same world on the same devices says nothing.
+    #[test]
+    fn changes_name_ranks_devices_and_resharding() -> Result<()> {
+        let names = |n: usize, d: &str| vec![d.to_owned(); n];
+        let cases: [(Vec<String>, Option<&str>); 4] = [
+            (names(3, "cpu"), None),
+            (
+                names(2, "cpu"),
+                Some(
+                    "resuming 3 ranks onto 2: optimizer states 0←0, 1←1 (dropped: rank 2); \
+                     ElChe re-calibrates; the rest of the open epochs is re-sharded",
+                ),
+            ),
+            (
+                names(4, "cpu"),
+                Some("resuming 3 ranks onto 4: optimizer states 0←0, 1←1, 2←2, 3←0; ElChe"),
+            ),
+            (
+                names(3, "cuda:0"),
+                Some(
+                    "resuming 3 ranks onto 3: optimizer states 0←0, 1←1, 2←2; devices cpu, cpu, cpu → cuda:0, cuda:0, cuda:0",
+                ),
+            ),
+        ];
+        for (devices, want) in cases {
+            let got = point().changes(&devices);
+            match (want, got.as_deref()) {
+                (None, None) => {}
+                (Some(w), Some(g)) if g.starts_with(w) => {}
+                (w, g) => bail!("{devices:?}: want {w:?}, got {g:?}"),
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -115,6 +115,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
             for (path, why) in &point.skipped {
                 println!("  skipped {}: {why}", path.display());
             }
+            if let Some(changes) = point.changes(&names) {
+                println!("{changes}");
+            }
         }
     }
     if let Some(d) = &dashboard {

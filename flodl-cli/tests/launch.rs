@@ -70,6 +70,71 @@ fn launched_jobs_match_in_process_runs() -> Result {
     Ok(())
 }
 
+/// Elastic resume across processes: a bundle a 3-process job saved early in its first epoch
+/// resumes onto 2 processes, and one of a 2-process job onto 3. The job says what changed, the
+/// resumed run trains exactly the samples the bundle left (its first epoch reports just those)
+/// and every sample of the next epoch, and its accuracy is in the band of the saving job's.
+#[test]
+fn launched_jobs_resume_onto_another_world() -> Result {
+    use flodl_ddp::checkpoint::{Checkpoint, step_bundles};
+    let tmp = tempfile::tempdir()?;
+    for (from, to) in [(3usize, 2usize), (2, 3)] {
+        let ck = tmp.path().join(format!("ck-{from}"));
+        let saved = tmp.path().join(format!("saved-{from}"));
+        let (nfrom, nto) = (from.to_string(), to.to_string());
+        let out = Command::new(FDL)
+            .args(["launch", "--nproc", &nfrom, "--policy", "cadence", "--quiet"])
+            .args(["--checkpoint-every-reduces", "2", "--keep-checkpoints", "100"])
+            .arg("--checkpoint-dir")
+            .arg(&ck)
+            .arg("--out")
+            .arg(&saved)
+            .args(JOB)
+            .output()?;
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        // The first bundle of the first epoch with part of it done.
+        let mut chosen = None;
+        for (_, path) in step_bundles(&ck)? {
+            let c = Checkpoint::read(&path)?;
+            if c.epoch == 0 && c.coverage_of(0).is_some_and(|e| !e.is_complete()) {
+                chosen = Some((path, c));
+                break;
+            }
+        }
+        let (bundle, ckpt) = chosen.ok_or("no mid-epoch bundle")?;
+        assert_eq!(ckpt.world_size, from);
+        let left = ckpt.coverage_of(0).map_or(0, |c| c.total - c.done_count());
+        let resumed = tmp.path().join(format!("resumed-{from}-{to}"));
+        let out = Command::new(FDL)
+            .args(["launch", "--nproc", &nto, "--policy", "cadence", "--resume"])
+            .arg(&bundle)
+            .arg("--out")
+            .arg(&resumed)
+            .args(JOB)
+            .output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains(&format!("resuming {from} ranks onto {to}")), "{stdout}");
+        let s = summary(&resumed)?;
+        assert_eq!(s["epochs_completed"], 2, "{s}");
+        let metrics = std::fs::read_to_string(resumed.join("metrics.jsonl"))?;
+        let epochs: Vec<Value> = metrics
+            .lines()
+            .map(serde_json::from_str::<Value>)
+            .collect::<std::result::Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|l| l["kind"] == "epoch")
+            .collect();
+        let samples =
+            |e: u64| epochs.iter().find(|l| l["epoch"] == e).and_then(|l| l["samples"].as_u64());
+        assert_eq!(samples(0), Some(left as u64), "{from} → {to}: the rest of epoch 0");
+        assert_eq!(samples(1), Some(4096), "{from} → {to}: epoch 1");
+        let (a, b) = (accuracy(&saved)?, accuracy(&resumed)?);
+        assert!(a > 0.75 && (a - b).abs() <= BAND, "{from} → {to}: saved {a:.3}, resumed {b:.3}");
+    }
+    Ok(())
+}
+
 /// A launched job records each rank process's time breakdown as an in-process run does: the
 /// controller's `summary.json` has every rank's parts summing to the training wall, with compute
 /// and the host round trip over the network (reduce) on both ranks; `metrics.jsonl`'s epochs

@@ -198,8 +198,9 @@ const SLOW: [&str; 14] = [
 ];
 
 /// `kill -9` of rank 1's process mid-run ends the MPI job (a world cannot shrink); the
-/// launcher restarts it from the last bundle, the work lost is printed, and the restarted job
-/// completes with an accuracy in the band of the clean in-process run.
+/// launcher restarts the 2 survivors from the last bundle (elastic resume 3 → 2), the work
+/// lost is printed, and the restarted job completes with an accuracy in the band of the clean
+/// in-process run.
 #[test]
 fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
     if let Some(why) = skip()? {
@@ -217,8 +218,11 @@ fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
     args.extend(SLOW);
     let mut job = Launched::start(&args)?;
     let line = job.wait_for("rank 1 of 3: joined the controller (pid", Duration::from_secs(60))?;
-    let pid: i32 =
-        line.rsplit("(pid ").next().and_then(|p| p.trim_end_matches(')').parse().ok()).ok_or("no pid")?;
+    let pid: i32 = line
+        .rsplit("(pid ")
+        .next()
+        .and_then(|p| p.trim_end_matches(')').parse().ok())
+        .ok_or("no pid")?;
     job.wait_for("epoch 1/4", Duration::from_secs(90))?;
     let killed = Command::new("kill").args(["-9", &pid.to_string()]).status()?;
     assert!(killed.success(), "kill -9 {pid}");
@@ -226,7 +230,7 @@ fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("an MPI world cannot shrink"), "{out}");
     assert!(out.contains("work lost:"), "{out}");
-    assert!(out.contains("restart 1 of 1"), "{out}");
+    assert!(out.contains("restart 1 of 1: 2 rank(s) (2 survived)"), "{out}");
     assert!(out.contains("resuming from"), "{out}");
     let mpi = accuracy(&dir)?;
     assert!(clean > 0.75 && (clean - mpi).abs() <= BAND, "clean {clean:.3}, restarted {mpi:.3}");
@@ -236,5 +240,6 @@ fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
     println!("clean {clean:.4}, restarted {mpi:.4}");
     let s = summary(&dir)?;
     assert!(s["epochs_restored"].as_u64().is_some_and(|n| n >= 1), "{s}");
+    assert_eq!(s["spec"]["devices"].as_array().map(Vec::len), Some(2), "{s}");
     Ok(())
 }

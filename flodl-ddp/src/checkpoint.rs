@@ -89,6 +89,7 @@ mod error;
 mod format;
 mod interval;
 mod location;
+mod rank_map;
 mod record;
 mod signature;
 mod store;
@@ -100,6 +101,7 @@ pub use error::{CheckpointError, Result};
 pub use format::{FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_META_BYTES, ReadLimits};
 pub use interval::SaveInterval;
 pub use location::{Located, locate, step_bundles};
+pub use rank_map::RankMap;
 pub use record::{StoredDType, TensorRecord, TensorSet};
 pub use signature::{ConfigHash, Expectation, ModelSignature, SignatureEntry};
 pub use store::{

@@ -52,9 +52,17 @@ fn host(n: usize) -> Result<f64> {
     let secs = std::thread::scope(|s| {
         let ranks: Vec<_> = HostComm::group(2)
             .into_iter()
-            .map(|mut comm| s.spawn(move || time(n, |b| Ok(comm.all_reduce_weighted_f32(&mut [b], 0.5)?)).map_err(|e| e.to_string())))
+            .map(|mut comm| {
+                s.spawn(move || {
+                    time(n, |b| Ok(comm.all_reduce_weighted_f32(&mut [b], 0.5)?))
+                        .map_err(|e| e.to_string())
+                })
+            })
             .collect();
-        ranks.into_iter().map(|r| r.join().map_err(|_| "rank panicked".to_string())?).collect::<std::result::Result<Vec<f64>, String>>()
+        ranks
+            .into_iter()
+            .map(|r| r.join().map_err(|_| "rank panicked".to_string())?)
+            .collect::<std::result::Result<Vec<f64>, String>>()
     })?;
     Ok(secs.into_iter().fold(0.0, f64::max))
 }
@@ -71,6 +79,12 @@ fn child() -> Result {
         let secs = time(n, |b| Ok(comm.all_reduce_weighted_f32(&mut [b], 0.5)?))?;
         println!("mpi {rank} {n} {secs:.6}");
     }
+    if std::env::var("PROBE").is_ok() {
+        let secs = time(1, |_| Ok(comm.barrier()?))?;
+        println!("probe {rank} barrier {secs:.6}");
+        let secs = time(SIZES[0], |b| Ok(comm.all_reduce_sum_f32(&mut [b])?))?;
+        println!("probe {rank} sum {secs:.6}");
+    }
     Ok(())
 }
 
@@ -84,14 +98,18 @@ fn main() -> Result {
     }
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "-np", "2"]);
-    if std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-    {
+    if std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0) {
         cmd.arg("--allow-run-as-root");
     }
     let out = cmd.args(["-x", CHILD]).env(CHILD, "1").arg(std::env::current_exe()?).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        return Err(format!("mpirun {}: {text}\n{}", out.status, String::from_utf8_lossy(&out.stderr)).into());
+        return Err(format!(
+            "mpirun {}: {text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
     }
     // Per size, the slower rank's time is the operation's.
     let mut mpi: Vec<(usize, f64)> = SIZES.iter().map(|&n| (n, 0.0)).collect();

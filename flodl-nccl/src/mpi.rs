@@ -2,8 +2,9 @@
 //! world (feature `mpi`, through rsmpi).
 //!
 //! A weighted all-reduce pre-weights each buffer into a reusable send buffer (`w·x`, one pass,
-//! the pass an in-place pre-weighting would make) and then runs a plain sum all-reduce from it
-//! into the caller's buffer, so the caller's buffer ends reduced in place. (rsmpi's safe API
+//! the pass an in-place pre-weighting would make, done before waiting for the peers) and then
+//! runs a plain sum all-reduce from it into the caller's buffer, so the caller's buffer ends
+//! reduced in place. (rsmpi's safe API
 //! has no `MPI_IN_PLACE`, and its value differs between MPI libraries.)
 //!
 //! Every operation is non-blocking underneath (`MPI_Iallreduce`, `MPI_Ibcast`,
@@ -226,16 +227,16 @@ impl MpiComm {
 
     fn all_reduce(&mut self, bufs: &mut [&mut [f32]], weight: Option<f32>) -> Result<()> {
         let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
-        self.agree(Op::AllReduce, &lens)?;
-        let total: usize = lens.iter().sum();
+        // Weighted first: the pass overlaps the wait for the peers.
         self.send.clear();
-        self.send.reserve(total);
+        self.send.reserve(lens.iter().sum());
         for buf in bufs.iter() {
             match weight {
                 Some(w) => self.send.extend(buf.iter().map(|x| w * x)),
                 None => self.send.extend_from_slice(buf),
             }
         }
+        self.agree(Op::AllReduce, &lens)?;
         let (world, deadline, aborted) = (&self.world, self.deadline(), &self.aborted);
         let send = &self.send[..];
         mpi::request::scope(|scope| {
@@ -277,8 +278,12 @@ impl MpiComm {
         let mut all = vec![0i64; mine.len()];
         let (world, deadline, aborted) = (&self.world, self.deadline(), &self.aborted);
         mpi::request::scope(|scope| {
-            let request =
-                world.immediate_all_reduce_into(scope, &mine[..], &mut all[..], SystemOperation::max());
+            let request = world.immediate_all_reduce_into(
+                scope,
+                &mine[..],
+                &mut all[..],
+                SystemOperation::max(),
+            );
             settle(world, vec![request], Wait::Rendezvous, deadline, aborted, op.name());
         });
         let what = ["operation", "buffer count", "buffer lengths"];
@@ -289,7 +294,11 @@ impl MpiComm {
                     what: name,
                     rank: self.rank,
                     expected: format!("{} (the largest)", max),
-                    found: format!("{} (this rank: {} buffers, {total} elements)", facts[i], lens.len()),
+                    found: format!(
+                        "{} (this rank: {} buffers, {total} elements)",
+                        facts[i],
+                        lens.len()
+                    ),
                 });
             }
         }
@@ -349,7 +358,7 @@ fn settle<'a, D: ?Sized, S: Scope<'a>>(
         spins = spins.wrapping_add(1);
         if wait == Wait::Rendezvous && started.elapsed() > SPIN {
             std::thread::sleep(NAP);
-        } else if spins % 64 == 0 {
+        } else if wait == Wait::Rendezvous && spins.is_multiple_of(64) {
             std::thread::yield_now();
         }
     }

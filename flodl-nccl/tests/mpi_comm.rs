@@ -102,7 +102,10 @@ fn world_member() -> Result {
         for (b, buf) in bufs.iter().enumerate() {
             for (i, got) in buf.iter().enumerate() {
                 let want: f32 = (0..world).map(|r| weights[r] * value(r, b, i)).sum();
-                assert!((got - want).abs() <= want.abs() * 1e-6, "{lens:?} [{b}][{i}]: {got} != {want}");
+                assert!(
+                    (got - want).abs() <= want.abs() * 1e-6,
+                    "{lens:?} [{b}][{i}]: {got} != {want}"
+                );
             }
         }
     }

@@ -111,6 +111,18 @@ pub enum CheckpointError {
         /// The bundle's configuration hash.
         found: ConfigHash,
     },
+    /// The bundle was written by a run with another setting that changes the maths of
+    /// training (one of [`crate::ResumeTerms`]'s fields: model data, batch size, seed,
+    /// schedule, policy, ...).
+    #[error("checkpoint was saved with another {field}: {found}, this run has {expected}")]
+    TermMismatch {
+        /// The field of [`crate::ResumeTerms`] that differs (`"seed"`, `"batch_size"`, ...).
+        field: &'static str,
+        /// This run's value.
+        expected: String,
+        /// The bundle's value.
+        found: String,
+    },
     /// A restore target list does not have as many tensors as the stored set.
     #[error("{set}: {found} target tensors for {expected} stored")]
     CountMismatch {

@@ -124,6 +124,9 @@ pub struct Dispatcher {
     oldest: usize,
     /// Completed spans of epochs not yet opened (from a resumed checkpoint).
     resumed: Vec<(usize, Vec<Span>)>,
+    /// Static cut of a resumed epoch: split its rest evenly over the ranks (a resume onto
+    /// another world) instead of handing each rank the rest of its own share.
+    reshard: bool,
     /// Per rank: batches handed to it so far, and how many of them the consensus holds (the
     /// sum of its steps in completed reduces). It trains them in the order handed.
     handed: Vec<u64>,
@@ -149,6 +152,7 @@ impl Dispatcher {
             pools: VecDeque::new(),
             oldest: 0,
             resumed: Vec::new(),
+            reshard: false,
             handed: vec![0; world],
             reduced: vec![0; world],
         }
@@ -196,6 +200,16 @@ impl Dispatcher {
         Ok(self)
     }
 
+    /// A resumed book whose resumed epochs are re-sharded: under the static cut the rest of
+    /// each (what its coverage leaves) is split evenly in whole batches over the live ranks, in
+    /// position order, as a resume onto a world of another size needs (the saving world's
+    /// shares minus what was done would leave the new ranks unequal parts). Progressive cuts
+    /// hand out the rest on demand anyway. Epochs with no coverage are cut as usual.
+    pub fn reshard(mut self) -> Self {
+        self.reshard = true;
+        self
+    }
+
     /// The oldest epoch not yet complete (`epochs` when all are).
     pub fn oldest(&self) -> usize {
         self.oldest
@@ -226,13 +240,22 @@ impl Dispatcher {
 
     fn open(&mut self, epoch: usize) -> Pool {
         let total = self.batches * self.batch_size;
-        let done = match self.resumed.iter().position(|(e, _)| *e == epoch) {
-            Some(i) => self.resumed.swap_remove(i).1,
-            None => Vec::new(),
+        let (done, resumed) = match self.resumed.iter().position(|(e, _)| *e == epoch) {
+            Some(i) => (self.resumed.swap_remove(i).1, true),
+            None => (Vec::new(), false),
         };
         let mut assigned = vec![VecDeque::new(); self.world];
         let mut free = VecDeque::new();
         match self.cutting {
+            Cutting::Static if resumed && self.reshard => {
+                let members: Vec<usize> = (0..self.world).filter(|&r| self.live[r]).collect();
+                let rest = subtract(&[(0, total)], &done);
+                for (&rank, piece) in
+                    members.iter().zip(split(&rest, members.len(), self.batch_size))
+                {
+                    assigned[rank] = piece.into();
+                }
+            }
             Cutting::Static => {
                 let members: Vec<usize> = (0..self.world).filter(|&r| self.live[r]).collect();
                 for (&rank, share) in members.iter().zip(self.shares(members.len())) {
@@ -966,6 +989,109 @@ mod tests {
         d.next_chunk(1, &[1, 1], false);
         d.retire(1, 0);
         assert!(d.forecast(1, &[1, 1], false, 100).is_empty());
+        Ok(())
+    }
+
+    /// Elastic resume: a book of one world size interrupted at a random moment, resumed and
+    /// re-sharded on another world size. Together they complete every position once; under
+    /// the static cut the rest of the interrupted epoch is split over the new ranks with batch
+    /// counts at most one apart.
+    #[test]
+    fn reshard_onto_another_world_trains_the_rest_once() -> TestResult {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
+        for case in 0..300 {
+            let from = rng.random_range(1..5);
+            let to = rng.random_range(1..5);
+            let bs = rng.random_range(1..4);
+            let batches = rng.random_range(from.max(to)..40);
+            let epochs = rng.random_range(1..4);
+            let cutting = if case % 2 == 0 {
+                Cutting::Static
+            } else {
+                Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+            };
+            let mut completed = vec![vec![0u32; batches * bs]; epochs];
+            let mut d = Dispatcher::new(from, bs, batches, epochs, cutting);
+            let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); from];
+            for _ in 0..rng.random_range(0..200) {
+                if d.all_done() {
+                    break;
+                }
+                let r = rng.random_range(0..from);
+                if rng.random_bool(0.5) {
+                    if let Some(c) = d.next_chunk(r, &vec![2; from], false) {
+                        held[r].push(c);
+                    }
+                } else if let Some(c) = held[r].pop() {
+                    d.complete(r, &c, &WorkTally::default());
+                    for n in &mut completed[c.epoch][c.offset..c.end()] {
+                        *n += 1;
+                    }
+                }
+                while d.pop_complete().is_some() {}
+            }
+            let coverage = d.coverage(&[], 42)?;
+            let oldest = d.oldest();
+            let mut e = Dispatcher::new(to, bs, batches, epochs, cutting)
+                .resume(oldest, &coverage)
+                .map_err(|e| format!("case {case}: {e}"))?
+                .reshard();
+            // Static: what each new rank is handed of the resumed epoch, before anything ends.
+            if cutting == Cutting::Static && oldest < epochs {
+                let mut mine = vec![0usize; to];
+                e.pool_mut(oldest);
+                for (r, n) in mine.iter_mut().enumerate() {
+                    while e
+                        .pools
+                        .front()
+                        .is_some_and(|p| p.epoch == oldest && !p.assigned[r].is_empty())
+                    {
+                        let c = e.next_chunk(r, &[], false).ok_or("an assigned span not handed")?;
+                        *n += c.batches(bs);
+                        held_push(&mut e, &mut completed, r, c)?;
+                    }
+                }
+                let (lo, hi) = (mine.iter().min(), mine.iter().max());
+                if let (Some(lo), Some(hi)) = (lo, hi)
+                    && hi - lo > 1
+                {
+                    return Err(format!("case {case}: {from}→{to} shares {mine:?}").into());
+                }
+                while e.pop_complete().is_some() {}
+            }
+            let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); to];
+            for _ in 0..100_000 {
+                if e.all_done() {
+                    break;
+                }
+                let r = rng.random_range(0..to);
+                if rng.random_bool(0.5) {
+                    if let Some(c) = e.next_chunk(r, &vec![2; to], false) {
+                        held[r].push(c);
+                    }
+                } else if let Some(c) = held[r].pop() {
+                    held_push(&mut e, &mut completed, r, c)?;
+                }
+                while e.pop_complete().is_some() {}
+            }
+            if !e.all_done() {
+                return Err(format!("case {case}: the resumed run did not finish").into());
+            }
+            if completed.iter().flatten().any(|&n| n != 1) {
+                return Err(format!("case {case}: {from}→{to}: a position not trained once").into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes chunk `c` of rank `r` in `e` and counts its positions.
+    fn held_push(e: &mut Dispatcher, completed: &mut [Vec<u32>], r: usize, c: Chunk) -> TestResult {
+        if !e.complete(r, &c, &WorkTally::default()) {
+            return Err(format!("rank {r} did not hold {c:?}").into());
+        }
+        for n in &mut completed[c.epoch][c.offset..c.end()] {
+            *n += 1;
+        }
         Ok(())
     }
 

@@ -256,7 +256,14 @@ mod tests {
                 position: None,
             })
         });
-        ToCoordinator::Reduced { rank: 1, round: 3, steps: 4, sync_ms: 1.5, divergence: None, capture }
+        ToCoordinator::Reduced {
+            rank: 1,
+            round: 3,
+            steps: 4,
+            sync_ms: 1.5,
+            divergence: None,
+            capture,
+        }
     }
 
     fn window() -> Window {

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use flodl_tensor::{Stream, Tensor};
 
 use crate::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, EpochCoverage, OpaqueState, SampleRange,
+    Checkpoint, CheckpointError, CheckpointStore, EpochCoverage, OpaqueState, RankMap, SampleRange,
     SaveInterval, SaveReason, TensorRecord, TensorSet,
 };
 use crate::control::elche::ElCheState;
@@ -28,6 +28,7 @@ use crate::control::guard::Guard;
 use crate::control::metrics::EpochMetrics;
 use crate::control::outer::OuterOptimizer;
 use crate::link::wire::{RankCapture, RankRestore};
+use crate::runtime::spec::ResumeTerms;
 use crate::runtime::trainer::RunConfig;
 use crate::state::{HostState, HostTensor};
 use crate::{Error, Result};
@@ -42,6 +43,8 @@ const OUTER_VELOCITY: &str = "outer.velocity";
 const EXTRA_EPOCHS: &str = "epochs";
 const EXTRA_GUARD: &str = "guard";
 const EXTRA_OPTIMIZER_STEPS: &str = "optimizer_steps";
+const EXTRA_RESUME_TERMS: &str = "resume_terms";
+const EXTRA_DEVICES: &str = "devices";
 
 /// Where and when a run saves checkpoints.
 #[derive(Debug, Clone)]
@@ -94,6 +97,8 @@ pub(crate) struct Resumed {
     pub(crate) epochs: Vec<EpochMetrics>,
     /// The coverage of the open epochs.
     pub(crate) coverage: Vec<EpochCoverage>,
+    /// Whose per-rank state each rank takes (the saving world may differ: elastic resume).
+    pub(crate) map: RankMap,
 }
 
 /// Everything except tensors that a bundle records about the run at its cut.
@@ -267,12 +272,17 @@ pub(crate) fn assemble(
     let steps: Vec<u64> =
         captures.iter().map(|c| c.as_ref().map_or(0, |c| c.optimizer_steps)).collect();
     extras.insert(EXTRA_OPTIMIZER_STEPS.to_owned(), OpaqueState::encode(&steps)?);
+    extras.insert(EXTRA_RESUME_TERMS.to_owned(), OpaqueState::encode(&cfg.spec.resume_terms())?);
+    let devices: Vec<String> = cfg.spec.devices.iter().map(ToString::to_string).collect();
+    extras.insert(EXTRA_DEVICES.to_owned(), OpaqueState::encode(&devices)?);
     ckpt.extras = extras;
     ckpt.validate()?;
     Ok(ckpt)
 }
 
-/// Decodes a bundle for a resumed run of `cfg` (world size and configuration already checked).
+/// Decodes a bundle for a resumed run of `cfg` (its terms already checked): the consensus and
+/// outer state for every rank, and each rank's inner optimizer state by the [`RankMap`] rule
+/// (the saving world may be another size).
 pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
     let params = host_of(&bundle.params, PARAM)?;
     let buffers = host_of(&bundle.buffers, BUFFER)?;
@@ -289,15 +299,19 @@ pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
         Some(s) => s.decode()?,
         None => Vec::new(),
     };
+    let map = RankMap::of(&bundle, cfg.world());
     let ranks = (0..cfg.world())
         .map(|r| {
-            let optimizer = match bundle.optimizer.get(r) {
-                Some(set) => host_of(set, OPTIMIZER)?,
-                None => Vec::new(),
+            let (optimizer, optimizer_steps) = match map.source(r) {
+                Some(old) => match bundle.optimizer.get(old) {
+                    Some(set) => (host_of(set, OPTIMIZER)?, steps.get(old).copied().unwrap_or(0)),
+                    None => (Vec::new(), 0),
+                },
+                None => (Vec::new(), 0),
             };
             Ok(RankRestore {
                 optimizer,
-                optimizer_steps: steps.get(r).copied().unwrap_or(0),
+                optimizer_steps,
                 outer: outer.clone(),
                 global_step: bundle.global_step,
             })
@@ -310,7 +324,7 @@ pub(crate) fn decode(cfg: &RunConfig, bundle: Checkpoint) -> Result<Resumed> {
         None => Vec::new(),
     };
     let coverage = bundle.coverage.clone();
-    Ok(Resumed { bundle, consensus, ranks, elche, guard, epochs, coverage })
+    Ok(Resumed { bundle, consensus, ranks, elche, guard, epochs, coverage, map })
 }
 
 impl Checkpoint {
@@ -324,6 +338,24 @@ impl Checkpoint {
             Some(e) => e.decode(),
             None => Ok(Vec::new()),
         }
+    }
+
+    /// The settings of the run that wrote this bundle which a resuming run must share (`None`
+    /// for a bundle written before they were recorded, or by no run).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Malformed`] or a decode error when the recorded terms do not decode.
+    pub fn resume_terms(&self) -> std::result::Result<Option<ResumeTerms>, CheckpointError> {
+        self.extras.get(EXTRA_RESUME_TERMS).map(OpaqueState::decode).transpose()
+    }
+
+    /// The devices of the run that wrote this bundle, one per rank (`cpu`, `cuda:1`; a cluster
+    /// run's name the kind only), when it recorded them.
+    ///
+    /// # Errors
+    /// As [`resume_terms`](Self::resume_terms).
+    pub fn saved_devices(&self) -> std::result::Result<Option<Vec<String>>, CheckpointError> {
+        self.extras.get(EXTRA_DEVICES).map(OpaqueState::decode).transpose()
     }
 }
 

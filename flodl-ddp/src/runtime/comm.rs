@@ -150,9 +150,7 @@ impl RankComm {
     pub(crate) fn abort_handle(&self) -> AbortHandle {
         match self {
             RankComm::Host { comm, .. } => comm.abort_handle(),
-            RankComm::Device { comm, .. } | RankComm::Across { comm, .. } => {
-                comm.abort_handle()
-            }
+            RankComm::Device { comm, .. } | RankComm::Across { comm, .. } => comm.abort_handle(),
         }
     }
 

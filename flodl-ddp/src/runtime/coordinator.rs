@@ -438,8 +438,13 @@ impl Coordinator {
         self.dispatch =
             Dispatcher::new(world, cfg.spec.batch_size, batches, cfg.spec.epochs, cutting(cfg))
                 .resume(epoch, &resumed.coverage)
+                .map(|d| if resumed.map.same_world() { d } else { d.reshard() })
                 .map_err(|e| Error::protocol(format!("cannot resume: {e}")))?;
-        if let (Some(e), Some(state)) = (self.cadence.elche.as_mut(), &resumed.elche) {
+        // On another world ElChe's estimates (per-rank speeds) describe ranks that are gone:
+        // it starts afresh and calibrates on the new one.
+        if let (Some(e), Some(state), true) =
+            (self.cadence.elche.as_mut(), &resumed.elche, resumed.map.same_world())
+        {
             e.restore(state)?;
         }
         if let Some(guard) = &resumed.guard {
@@ -456,6 +461,9 @@ impl Coordinator {
         self.epochs.emitted = resumed.epochs.clone();
         self.saves.epochs_saved = epoch;
         tracing::info!(epoch, step = bundle.global_step, "resuming from a checkpoint");
+        if !resumed.map.same_world() {
+            tracing::info!(map = %resumed.map, "elastic resume: ElChe re-calibrates, the open epochs are re-sharded");
+        }
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::Result;
-use crate::checkpoint::{CheckpointError, ConfigHash, SaveInterval, StoredDType};
+use crate::checkpoint::{Checkpoint, CheckpointError, ConfigHash, SaveInterval, StoredDType};
 use crate::control::eval_rank::EvalRank;
 use crate::control::guard::Guard;
 use crate::control::outer::OuterKind;
@@ -156,6 +156,9 @@ pub struct RunSpec {
     pub schedule: Schedule,
     /// The linear-scaling factor every rate is multiplied by (`1 + (ranks − 1)·ratio`).
     pub lr_scale: f64,
+    /// The linear-scaling ratio the factor was resolved from.
+    #[serde(default)]
+    pub lr_scale_ratio: f64,
     /// ElChe's knobs.
     pub elche: ElCheKnobs,
     /// Per-rank slowdown factors (missing ranks run at 1).
@@ -197,14 +200,78 @@ pub struct RunSpec {
     pub test: Option<DataSpec>,
 }
 
-/// What a bundle's resume depends on: the subset of [`RunSpec`] that [`RunSpec::compat_hash`]
-/// covers. Left out on purpose: the epoch count (a run may be extended; a schedule that spans
-/// the epochs still differs), the devices and the placement (a bundle moves between machines
-/// and between in-process and cluster runs; bitwise equality then needs the same devices, and
-/// the world size is checked on its own first so its refusal says so), the wire format, slowdown, timeouts, the watchdog and failure limit, prefetching, staging, evaluation,
-/// checkpointing, and the guard (its state is restored from the bundle).
+/// What a bundle's resume depends on: the settings that change the maths of training, which a
+/// run resuming a bundle must share with the run that saved it ([`RunSpec::resume_terms`];
+/// [`RunSpec::compat_hash`] is their hash). Bundles record them (so a refusal names the field
+/// that differs) and their hash.
+///
+/// Left out on purpose, so a bundle resumes onto another world (elastic resume): the world size
+/// and the devices (per-rank state is mapped by [`crate::checkpoint::RankMap`], ElChe
+/// re-calibrates, the open epochs' rest is re-sharded), the placement (in-process or cluster),
+/// ElChe's speed hint (it names a rank of one world), the resolved linear-scaling factor (the
+/// ratio is kept: the factor follows the new world), the epoch count (a run may be extended; a
+/// schedule that spans the epochs still differs), the wire format, slowdown, timeouts, the
+/// watchdog and failure limit, prefetching, staging, evaluation, checkpointing, and the guard (restored
+/// from the bundle).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResumeTerms {
+    /// When to average.
+    pub policy: Policy,
+    /// How to average.
+    pub backend: Backend,
+    /// Samples per batch on every rank.
+    pub batch_size: usize,
+    /// The training set's identity.
+    pub train: DataSpec,
+    /// Seed of the initial weights and of the epoch permutations.
+    pub seed: u64,
+    /// The learning-rate schedule in cohort steps.
+    pub schedule: Schedule,
+    /// The linear-scaling ratio (the factor is `1 + (ranks − 1)·ratio` of each run's world).
+    pub lr_scale_ratio: f64,
+    /// Work-weighting exponent γ.
+    pub gamma: f64,
+    /// The outer optimizer.
+    pub outer: OuterKind,
+    /// Host backend: the EASGD blend factor.
+    pub easgd: Option<f32>,
+    /// Gradient clipping by global norm.
+    pub max_grad_norm: Option<f32>,
+    /// ElChe's knobs, without the speed hint.
+    pub elche: ElCheKnobs,
+}
+
+impl ResumeTerms {
+    /// The first field (in declaration order) whose value differs from `other`'s, with both
+    /// values as text (`self`'s first).
+    pub fn first_difference(&self, other: &ResumeTerms) -> Option<(&'static str, String, String)> {
+        fn differs<T: PartialEq + std::fmt::Debug>(
+            field: &'static str,
+            a: &T,
+            b: &T,
+        ) -> Option<(&'static str, String, String)> {
+            (a != b).then(|| (field, format!("{a:?}"), format!("{b:?}")))
+        }
+        differs("policy", &self.policy, &other.policy)
+            .or_else(|| differs("backend", &self.backend, &other.backend))
+            .or_else(|| differs("batch_size", &self.batch_size, &other.batch_size))
+            .or_else(|| differs("train", &self.train, &other.train))
+            .or_else(|| differs("seed", &self.seed, &other.seed))
+            .or_else(|| differs("schedule", &self.schedule, &other.schedule))
+            .or_else(|| differs("lr_scale_ratio", &self.lr_scale_ratio, &other.lr_scale_ratio))
+            .or_else(|| differs("gamma", &self.gamma, &other.gamma))
+            .or_else(|| differs("outer", &self.outer, &other.outer))
+            .or_else(|| differs("easgd", &self.easgd, &other.easgd))
+            .or_else(|| differs("max_grad_norm", &self.max_grad_norm, &other.max_grad_norm))
+            .or_else(|| differs("elche", &self.elche, &other.elche))
+    }
+}
+
+/// The resume terms of bundles written before elastic resume (tag v2): the world size was one
+/// of them, and the resolved linear-scaling factor and the whole of ElChe's knobs. Such a
+/// bundle still resumes onto a run whose terms would have hashed alike with the bundle's world.
 #[derive(Serialize)]
-struct Compat<'a> {
+struct LegacyTerms<'a> {
     world: usize,
     policy: Policy,
     backend: Backend,
@@ -222,11 +289,15 @@ struct Compat<'a> {
 
 /// Domain tags of the two hashes: a new layout of either gets a new tag.
 const SPEC_TAG: &[u8] = b"flodl-run-spec v1\0";
-const COMPAT_TAG: &[u8] = b"flodl-run-compat v2\0";
+const COMPAT_TAG: &[u8] = b"flodl-run-compat v3\0";
+const LEGACY_COMPAT_TAG: &[u8] = b"flodl-run-compat v2\0";
 
 /// The canonical encoding hashed: bincode 2, little-endian fixed-width integers, pinned here
 /// so that a change of bincode's defaults cannot move a hash.
-fn canonical<T: Serialize>(tag: &[u8], value: &T) -> Result<ConfigHash> {
+fn canonical<T: Serialize>(
+    tag: &[u8],
+    value: &T,
+) -> std::result::Result<ConfigHash, CheckpointError> {
     let config = bincode::config::standard().with_little_endian().with_fixed_int_encoding();
     let bytes = bincode::serde::encode_to_vec(value, config)
         .map_err(|source| CheckpointError::Encode { what: "run specification", source })?;
@@ -262,37 +333,83 @@ impl RunSpec {
     /// [`CheckpointError::Encode`] (as [`crate::Error::Checkpoint`]) when the spec does not
     /// encode.
     pub fn hash(&self) -> Result<ConfigHash> {
-        canonical(SPEC_TAG, self)
+        Ok(canonical(SPEC_TAG, self)?)
     }
 
-    /// The hash of what a checkpoint's resume depends on: world size, policy, backend, batch
-    /// size, training-set identity (length and layout), seed, schedule, linear scaling, γ,
-    /// outer optimizer, EASGD, clipping and ElChe's knobs. Left out: the epoch count (a run may
-    /// be extended; a schedule spanning the epochs still differs), devices, slowdown, timeouts,
-    /// failure limits, prefetching, evaluation, checkpointing and the guard (restored from the
-    /// bundle). Bundles record it, and a bundle resumes only into a run with the same one.
+    /// The settings a resumed bundle must share with this run (see [`ResumeTerms`]).
+    pub fn resume_terms(&self) -> ResumeTerms {
+        ResumeTerms {
+            policy: self.policy,
+            backend: self.backend,
+            batch_size: self.batch_size,
+            train: self.train.clone(),
+            seed: self.seed,
+            schedule: self.schedule.clone(),
+            lr_scale_ratio: self.lr_scale_ratio,
+            gamma: self.gamma,
+            outer: self.outer,
+            easgd: self.easgd,
+            max_grad_norm: self.max_grad_norm,
+            elche: ElCheKnobs { speed_hint: None, ..self.elche.clone() },
+        }
+    }
+
+    /// The hash of [`resume_terms`](Self::resume_terms): policy, backend, batch size,
+    /// training-set identity (length and layout), seed, schedule, linear-scaling ratio, γ, outer
+    /// optimizer, EASGD, clipping and ElChe's knobs — not the world size or the devices (a
+    /// bundle resumes onto another world), nor the epoch count, slowdown, timeouts, failure
+    /// limits, prefetching, evaluation, checkpointing or the guard. Bundles record it, and a
+    /// bundle resumes only into a run with the same one ([`check_bundle`](Self::check_bundle)).
     ///
     /// # Errors
     /// As [`RunSpec::hash`].
     pub fn compat_hash(&self) -> Result<ConfigHash> {
-        canonical(
-            COMPAT_TAG,
-            &Compat {
-                world: self.world(),
+        Ok(canonical(COMPAT_TAG, &self.resume_terms())?)
+    }
+
+    /// Checks that `bundle` may resume into this run: its recorded terms equal this run's
+    /// (the world size and devices may differ). A bundle written before elastic resume, which
+    /// records only a hash that covered its world size, is checked against that hash with the
+    /// bundle's world.
+    ///
+    /// # Errors
+    /// [`CheckpointError::TermMismatch`] naming the first field that differs, when the bundle
+    /// records its terms; [`CheckpointError::ConfigMismatch`] when the hashes differ otherwise;
+    /// [`CheckpointError::Encode`] or a decode error when the terms do not encode or decode.
+    pub fn check_bundle(&self, bundle: &Checkpoint) -> std::result::Result<(), CheckpointError> {
+        let terms = self.resume_terms();
+        let hash = canonical(COMPAT_TAG, &terms)?;
+        if bundle.config_hash == hash {
+            return Ok(());
+        }
+        if let Some(theirs) = bundle.resume_terms()? {
+            if let Some((field, expected, found)) = terms.first_difference(&theirs) {
+                return Err(CheckpointError::TermMismatch { field, expected, found });
+            }
+        } else {
+            let legacy = LegacyTerms {
+                world: bundle.world_size,
                 policy: self.policy,
                 backend: self.backend,
                 batch_size: self.batch_size,
                 train: &self.train,
                 seed: self.seed,
                 schedule: &self.schedule,
-                lr_scale: self.lr_scale,
+                lr_scale: crate::control::schedule::lr_scale(
+                    bundle.world_size,
+                    self.lr_scale_ratio,
+                ),
                 gamma: self.gamma,
                 outer: self.outer,
                 easgd: self.easgd,
                 max_grad_norm: self.max_grad_norm,
                 elche: &self.elche,
-            },
-        )
+            };
+            if bundle.config_hash == canonical(LEGACY_COMPAT_TAG, &legacy)? {
+                return Ok(());
+            }
+        }
+        Err(CheckpointError::ConfigMismatch { expected: hash, found: bundle.config_hash })
     }
 }
 

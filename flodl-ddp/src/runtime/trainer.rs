@@ -646,9 +646,16 @@ impl Trainer {
     /// Resumes from a checkpoint: the consensus model, every rank's optimizer state, the outer
     /// optimizer, ElChe, the guard, the cohort step and the epochs' metrics are restored, and
     /// only the ranges of the open epochs the bundle does not cover are trained. The bundle
-    /// must come from a run with the same world size and configuration (the same
-    /// [`RunSpec::compat_hash`]) and the same model; the epoch count may differ. A resumed
-    /// `Sync` run on the same devices ends bitwise equal to the uninterrupted one.
+    /// must come from a run with the same model and the same [`crate::ResumeTerms`] (batch
+    /// size, training set, seed, schedule, policy, backend and the other settings that change
+    /// the maths); the epoch count may differ. A resumed `Sync` run on the same devices ends
+    /// bitwise equal to the uninterrupted one.
+    ///
+    /// Elastic resume: the world size and the devices may differ. Then each rank's inner
+    /// optimizer state is mapped by [`crate::checkpoint::RankMap`]'s rule (new rank `r` takes
+    /// old rank `r mod W`'s), ElChe starts its estimates afresh for the new world, and the
+    /// rest of each open epoch is re-sharded over the new ranks (under `Sync`, split evenly),
+    /// so every remaining sample is still trained exactly once.
     pub fn resume(mut self, from: ResumeFrom) -> Trainer {
         self.resume = Some(from);
         self
@@ -742,6 +749,7 @@ impl Trainer {
             seed: self.seed,
             schedule,
             lr_scale,
+            lr_scale_ratio: self.lr_scale_ratio,
             elche: self.elche.clone(),
             slowdown: self.slowdown.clone(),
             stall_timeout: self.stall_timeout,
@@ -775,13 +783,12 @@ impl Trainer {
     /// # Errors
     /// Those of [`spec`](Self::spec); [`Error::Checkpoint`] when the checkpoint directory cannot
     /// be created or listed, or the checkpoint to resume from is missing, unreadable, corrupt,
-    /// or from a run of another world size, configuration or model; [`Error::Rank`] when a
+    /// or from a run of another configuration (`TermMismatch` names the setting) or model; [`Error::Rank`] when a
     /// rank's replica cannot be built; [`Error::MissingCapability`] when an option needs a part
     /// of the contract the replica does not offer; [`Error::ReplicaMismatch`] when the replicas
     /// disagree.
     pub fn run(self) -> Result<DdpHandle> {
-        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.hosts_controller(self.backend))
-        {
+        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.hosts_controller(self.backend)) {
             return Err(Error::Config(format!(
                 "this process is rank {} of a cluster run, which has no DdpHandle: start it \
                  with Trainer::start, whose RankHandle reports the rank's outcome",
@@ -864,8 +871,7 @@ impl Trainer {
                 }
                 Seat::Controller => {}
             }
-            if let Some(rank) = cluster.rank().filter(|_| !cluster.hosts_controller(self.backend))
-            {
+            if let Some(rank) = cluster.rank().filter(|_| !cluster.hosts_controller(self.backend)) {
                 // The controller alone saves and resumes: a rank restores from `Init`.
                 config.checkpoints = None;
                 let frames = cluster.rendezvous().join(
@@ -880,21 +886,7 @@ impl Trainer {
         }
         if let Some(from) = &self.resume {
             let bundle = from.read()?;
-            if bundle.world_size != config.world() {
-                return Err(CheckpointError::WorldSizeMismatch {
-                    expected: config.world(),
-                    found: bundle.world_size,
-                }
-                .into());
-            }
-            let hash = config.spec.compat_hash()?;
-            if bundle.config_hash != hash {
-                return Err(CheckpointError::ConfigMismatch {
-                    expected: hash,
-                    found: bundle.config_hash,
-                }
-                .into());
-            }
+            config.spec.check_bundle(&bundle)?;
             config.resume = Some(Arc::new(crate::runtime::capture::decode(&config, bundle)?));
         }
         let remote = match &self.cluster {

@@ -104,12 +104,16 @@ fn spec_round_trips_through_bincode_and_json() -> TestResult {
 }
 
 /// Which options the checkpoint compatibility hash covers (what the trajectory depends on) and
-/// which it leaves out (a bundle resumes into a longer run, on other devices, with other
-/// timeouts), while the whole-spec hash changes with every option.
+/// which it leaves out (a bundle resumes into a longer run, on other devices and another world
+/// size, with other timeouts), while the whole-spec hash changes with every option.
 #[test]
 fn compat_hash_covers_what_the_trajectory_depends_on() -> TestResult {
     type Change = fn(Trainer) -> Trainer;
-    let same: [(&str, Change); 10] = [
+    let same: [(&str, Change); 12] = [
+        ("world", |t| t.devices(Devices::Cpu(3))),
+        ("speed hint", |t| {
+            t.elche(ElCheKnobs { speed_hint: Some((1, 2.0)), ..Default::default() })
+        }),
         ("epochs", |t| t.epochs(5)),
         ("slowdown", |t| t.slowdown(vec![1.0, 3.0])),
         ("stall timeout", |t| t.stall_timeout(Duration::from_secs(9))),
@@ -121,8 +125,7 @@ fn compat_hash_covers_what_the_trajectory_depends_on() -> TestResult {
         ("guard", |t| t.guard(Guard::Off)),
         ("devices", |t| t.devices(Devices::List(vec![Device::Cpu, Device::Cuda(0)]))),
     ];
-    let differ: [(&str, Change); 14] = [
-        ("world", |t| t.devices(Devices::Cpu(3))),
+    let differ: [(&str, Change); 13] = [
         ("policy", |t| t.policy(Policy::Async)),
         ("backend", |t| t.backend(Backend::Collective)),
         ("batch size", |t| t.batch_size(16)),

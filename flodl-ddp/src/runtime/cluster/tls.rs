@@ -173,8 +173,11 @@ impl Rendezvous for TlsRendezvous {
         let deadline = Instant::now() + wait;
         let mut joined: Vec<Option<Arc<dyn Frames>>> = (0..world).map(|_| None).collect();
         loop {
-            let missing: Vec<usize> =
-                ranks.iter().copied().filter(|&r| joined.get(r).is_none_or(Option::is_none)).collect();
+            let missing: Vec<usize> = ranks
+                .iter()
+                .copied()
+                .filter(|&r| joined.get(r).is_none_or(Option::is_none))
+                .collect();
             if world - missing.len() >= quorum {
                 break;
             }
