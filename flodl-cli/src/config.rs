@@ -732,6 +732,7 @@ mod tests {
             batch-size = 8\nlr = 1\nmomentum = 0.5\nschedule = \"one-cycle\"\n\
             warmup-epochs = 1\nseed = 7\nslowdown = [1, 2]\nhidden = [5]\ndata = \"d\"\n\
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
+            staging = \"64M:lru\"\nrecords = \"r.fdr\"\ndirect = true\n\
             max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\neval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
@@ -762,6 +763,9 @@ mod tests {
             train_subset: Some(100),
             test_subset: Some(50),
             prefetch: Prefetch::Off,
+            staging: Staging::Budget { bytes: 64 << 20, eviction: flodl_data::Eviction::Lru },
+            records: Some("r.fdr".into()),
+            direct: true,
             watchdog_s: Some(3.0),
             max_failures: Some(2),
             fail_rank: vec![FailAt { rank: 0, batch: 1 }, FailAt { rank: 2, batch: 4 }],

@@ -80,14 +80,17 @@ mod tests {
         for (i, s) in shifts.iter().enumerate() {
             assert!(!shifts[..i].contains(s), "copy {i} repeats {s:?}");
         }
-        let train = Subset::first(Mnist::load(mnist::vendored_dir(), Split::Train, Verify::Skip)?, 50);
+        let train =
+            Subset::first(Mnist::load(mnist::vendored_dir(), Split::Train, Verify::Skip)?, 50);
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("m.fdr");
         write_records(&train, &path, 3, &shift)?;
         let file = RecordFile::open(&path, Access::Buffered)?;
         assert_eq!(file.len(), 150);
-        let (mut a, mut b) =
-            (HostBatch::new(file.layout(), Device::Cpu), HostBatch::new(file.layout(), Device::Cpu));
+        let (mut a, mut b) = (
+            HostBatch::new(file.layout(), Device::Cpu),
+            HostBatch::new(file.layout(), Device::Cpu),
+        );
         train.fetch(&[7], &mut a)?;
         file.fetch(&[7], &mut b)?;
         assert_eq!(a.f32(0)?, b.f32(0)?);

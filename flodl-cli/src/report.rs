@@ -268,7 +268,11 @@ pub(crate) fn data_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
     for (_, e, _) in epochs {
         for r in &e.ranks {
             let wall = r.time.wall_ms();
-            let share = if wall > 0.0 { format!("{:.1}%", 100.0 * r.data_starve_ms / wall) } else { "–".into() };
+            let share = if wall > 0.0 {
+                format!("{:.1}%", 100.0 * r.data_starve_ms / wall)
+            } else {
+                "–".into()
+            };
             let hits = r.hit_ratio.map_or("–".to_owned(), |h| format!("{:.1}%", 100.0 * h));
             let _ = write!(
                 html,
@@ -631,10 +635,12 @@ mod tests {
         summary.epochs_restored = 2;
         let html = render(&summary, &lines);
         assert!(html.contains("Rank deaths") && html.contains("&lt;gone&gt;"));
+        assert!(html.contains("<h2>Data plane</h2>") && html.contains("90.0%"), "no data table");
         assert!(html.contains("ck/latest.fdlck") && html.contains("1 (restored)"));
         let times: Vec<f64> = html
             .split("<h2>Epochs</h2>")
             .nth(1)
+            .and_then(|rest| rest.split("<h2>").next())
             .unwrap_or_default()
             .split("<tr><td>")
             .skip(1)

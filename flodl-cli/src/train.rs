@@ -10,8 +10,8 @@ use flodl_data::{Access, RecordFile};
 use flodl_data::{Dataset, Subset};
 use flodl_ddp::checkpoint::SaveInterval;
 use flodl_ddp::{
-    CacheTally, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec, TimeBreakdown,
-    TrainedState, Trainer,
+    CacheTally, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec,
+    TimeBreakdown, TrainedState, Trainer,
 };
 use flodl_tensor::Device;
 

@@ -18,8 +18,8 @@ use crate::runtime::capture::{CheckpointPlan, Resumed};
 use crate::runtime::cluster::{Cluster, RankHandle, Started, own_device};
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
-use crate::runtime::staging::Staging;
 use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, Placement, RunSpec};
+use crate::runtime::staging::Staging;
 use crate::{Error, Result};
 
 /// Builds a rank's replica inside the rank's thread.
