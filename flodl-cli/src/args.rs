@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use flodl_ddp::{Backend, Policy, Prefetch};
+use flodl_ddp::{Backend, Policy, Prefetch, Staging};
 use flodl_tensor::Device;
 use serde::Deserialize;
 
@@ -37,6 +37,32 @@ pub(crate) enum Command {
     /// Cluster jobs across hosts.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Datasets on disk.
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+/// `fdl data`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DataCommand {
+    /// Write MNIST's training images to a record file (checksummed records, read from disk on
+    /// every fetch by `fdl train --records`), optionally several times over with shifted
+    /// copies (augmentation as multiplicity).
+    Write(DataWriteArgs),
+}
+
+/// `fdl data write`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct DataWriteArgs {
+    /// The record file to write.
+    pub(crate) out: PathBuf,
+    /// Directory with the MNIST idx files (default: data/mnist of this repository).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data: Option<PathBuf>,
+    /// Copies of the training set to write: copy 0 as is, copy c shifted by a pixel offset
+    /// that depends on c (default 1).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) copies: usize,
 }
 
 /// `fdl cluster`.
@@ -180,6 +206,22 @@ pub(crate) struct TrainFlags {
     #[arg(long, value_name = "MODE")]
     #[serde(default, deserialize_with = "text::optional")]
     pub(crate) prefetch: Option<Prefetch>,
+    /// Stage each rank's training samples in a host cache filled ahead from the coordinator's
+    /// advisories: auto (datasets read from storage, e.g. --records), off, or a budget per
+    /// rank such as 64M (K, M, G: powers of 1024), with :lru to compare against LRU eviction
+    /// (default auto).
+    #[arg(long, value_name = "MODE")]
+    #[serde(default, deserialize_with = "text::optional")]
+    pub(crate) staging: Option<Staging>,
+    /// Train on a record file (written by `fdl data write`), read from disk on every fetch,
+    /// instead of MNIST's training images (the test set stays MNIST's).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) records: Option<PathBuf>,
+    /// Read the record file around the page cache (O_DIRECT, Linux), so every fetch reads the
+    /// disk (honest benchmarks).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default)]
+    pub(crate) direct: Option<bool>,
     /// Seconds a rank may be silent (or miss a reduce) before it is declared dead and the
     /// others go on without it (default 30).
     #[arg(long, value_name = "SECS")]
@@ -278,6 +320,11 @@ pub(crate) struct BenchArgs {
     /// Skip the solo runs (one per device).
     #[arg(long)]
     pub(crate) no_solo: bool,
+    /// Instead of the policy x backend matrix, run the configured policy and backend three
+    /// times: staging off, the --staging budget with next-use eviction, and the same budget
+    /// with LRU eviction (data-starve share, throughput and hit ratio side by side).
+    #[arg(long)]
+    pub(crate) staging_ab: bool,
     /// No progress output, even on a terminal.
     #[arg(long)]
     pub(crate) quiet: bool,

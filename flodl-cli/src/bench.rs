@@ -5,7 +5,8 @@ use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use flodl_ddp::{Activity, Backend, Policy, TimeBreakdown};
+use flodl_data::Eviction;
+use flodl_ddp::{Activity, Backend, CacheTally, Policy, Staging, TimeBreakdown};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{BenchArgs, RunFlags};
@@ -35,6 +36,12 @@ pub(crate) struct Row {
     pub(crate) avg_sync_ms: Option<f64>,
     /// Per rank: where its training wall time went (all epochs summed).
     pub(crate) time: Vec<TimeBreakdown>,
+    /// Samples trained per second of training wall, all ranks together.
+    #[serde(default)]
+    pub(crate) samples_per_s: f64,
+    /// Per rank: its staging cache's hit ratio over the run, when it staged.
+    #[serde(default)]
+    pub(crate) hit_ratio: Vec<Option<f64>>,
 }
 
 /// `bench.json`: the configuration and the rows.
@@ -76,15 +83,29 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             modes.push((format!("solo-{rank} ({device})"), solo));
         }
     }
-    for policy in Policy::ALL {
-        for backend in Backend::ALL {
-            let mode_cfg = TrainConfig {
-                ranks: RankSpec::Devices(devices.clone()),
-                policy,
-                backend,
-                ..cfg.clone()
-            };
-            modes.push((format!("{backend}-{policy}"), mode_cfg));
+    if args.staging_ab {
+        let Staging::Budget { bytes, .. } = cfg.staging else {
+            anyhow::bail!("--staging-ab needs a --staging budget, such as --staging 64M");
+        };
+        for (name, staging) in [
+            ("staging-off", Staging::Off),
+            ("staging-next-use", Staging::Budget { bytes, eviction: Eviction::NextUse }),
+            ("staging-lru", Staging::Budget { bytes, eviction: Eviction::Lru }),
+        ] {
+            let ranks = RankSpec::Devices(devices.clone());
+            modes.push((name.to_owned(), TrainConfig { ranks, staging, ..cfg.clone() }));
+        }
+    } else {
+        for policy in Policy::ALL {
+            for backend in Backend::ALL {
+                let mode_cfg = TrainConfig {
+                    ranks: RankSpec::Devices(devices.clone()),
+                    policy,
+                    backend,
+                    ..cfg.clone()
+                };
+                modes.push((format!("{backend}-{policy}"), mode_cfg));
+            }
         }
     }
 
@@ -155,15 +176,20 @@ fn row(mode: String, outcome: &Outcome) -> Row {
             Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) => None,
         })
         .collect();
-    let time = (0..outcome.spec.world())
+    let (time, hit_ratio) = (0..outcome.spec.world())
         .map(|rank| {
             let mut t = TimeBreakdown::default();
+            let mut cache: Option<CacheTally> = None;
             for r in state.epochs.iter().filter_map(|e| e.ranks.get(rank)) {
                 t.merge(&r.time);
+                if let Some(c) = &r.cache {
+                    cache.get_or_insert_with(CacheTally::default).merge(c);
+                }
             }
-            t
+            (t, cache.map(|c| c.hit_ratio()))
         })
-        .collect();
+        .unzip();
+    let samples: usize = state.epochs.iter().map(|e| e.samples).sum();
     Row {
         mode,
         devices: outcome.spec.devices.iter().map(ToString::to_string).collect(),
@@ -173,15 +199,22 @@ fn row(mode: String, outcome: &Outcome) -> Row {
         syncs: state.reduces,
         avg_sync_ms: (!sync.is_empty()).then(|| sync.iter().sum::<f64>() / sync.len() as f64),
         time,
+        samples_per_s: if state.train_ms > 0.0 {
+            samples as f64 * 1000.0 / state.train_ms
+        } else {
+            0.0
+        },
+        hit_ratio,
     }
 }
 
 fn row_summary(row: &Row) -> String {
     format!(
-        "loss {}  eval {}  wall {:.1} s  syncs {}",
+        "loss {}  eval {}  wall {:.1} s  {:.0} samples/s  syncs {}",
         opt(row.loss, |l| format!("{l:.4}")),
         opt(row.eval_accuracy, |a| format!("{:.2}%", a * 100.0)),
         row.wall_s,
+        row.samples_per_s,
         row.syncs
     )
 }
@@ -204,21 +237,23 @@ pub(crate) fn markdown(report: &BenchReport) -> String {
         "fdl bench, {}: {} epochs, batch {}, lr {} ({}), seed {}, slowdown {slowdown}\n",
         report.started_at, c.epochs, c.batch_size, c.lr, c.schedule, c.seed
     );
-    out.push_str("| mode | loss | eval | wall (s) | syncs | avg sync (ms) |");
+    out.push_str("| mode | loss | eval | wall (s) | samples/s | syncs | avg sync (ms) |");
     for a in Activity::ALL {
         let _ = write!(out, " {a} |");
     }
-    out.push_str("\n|---|---|---|---|---|---|");
-    out.push_str(&"---|".repeat(Activity::ALL.len()));
+    out.push_str(" cache hit ratio |");
+    out.push_str("\n|---|---|---|---|---|---|---|");
+    out.push_str(&"---|".repeat(Activity::ALL.len() + 1));
     out.push('\n');
     for r in &report.rows {
         let _ = write!(
             out,
-            "| {} | {} | {} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {:.1} | {:.0} | {} | {} |",
             r.mode,
             opt(r.loss, |l| format!("{l:.4}")),
             opt(r.eval_accuracy, |a| format!("{:.2}%", a * 100.0)),
             r.wall_s,
+            r.samples_per_s,
             r.syncs,
             opt(r.avg_sync_ms, |m| format!("{m:.2}")),
         );
@@ -227,10 +262,15 @@ pub(crate) fn markdown(report: &BenchReport) -> String {
                 r.time.iter().map(|t| format!("{:.1}%", t.share(a) * 100.0)).collect();
             let _ = write!(out, " {} |", shares.join(" / "));
         }
+        let hits: Vec<String> =
+            r.hit_ratio.iter().map(|h| opt(*h, |h| format!("{:.1}%", h * 100.0))).collect();
+        let hits = if hits.is_empty() { "–".to_owned() } else { hits.join(" / ") };
+        let _ = write!(out, " {hits} |");
         out.push('\n');
     }
     out.push_str(
-        "\nActivity columns: per rank (rank 0 / rank 1 / ...), the share of its training wall.\n",
+        "\nActivity and hit-ratio columns: per rank (rank 0 / rank 1 / ...); an activity's share of \
+         the rank's training wall (data: starved for data). samples/s: all ranks over the wall.\n",
     );
     out
 }
@@ -258,6 +298,8 @@ mod tests {
                     t
                 })
                 .collect(),
+            samples_per_s: 1234.4,
+            hit_ratio: vec![None, Some(0.5)],
         };
         let report = BenchReport {
             started_at: "2026-01-01T00:00:00Z".into(),
@@ -267,12 +309,12 @@ mod tests {
         let md = markdown(&report);
         let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(table.len(), 4);
-        assert!(table.iter().all(|l| l.matches('|').count() == 14));
+        assert!(table.iter().all(|l| l.matches('|').count() == 16));
         assert!(table[2].contains("97.50%") && table[2].contains("| – |"));
         // compute, data, reduce, waiting: rank 0 9 of 10 ms computing, rank 1 6 of 8.
         assert!(
             table[3].contains(
-                "| 100 | 1.50 | 90.0% / 75.0% | 0.0% / 0.0% | 0.0% / 0.0% | 10.0% / 25.0% |"
+                "| 1234 | 100 | 1.50 | 90.0% / 75.0% | 0.0% / 0.0% | 0.0% / 0.0% | 10.0% / 25.0% |"
             ),
             "{}",
             table[3]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
 use flodl_ddp::control::schedule::Schedule;
-use flodl_ddp::{Backend, Devices, Policy, Prefetch};
+use flodl_ddp::{Backend, Devices, Policy, Prefetch, Staging};
 use flodl_tensor::Device;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -151,6 +151,15 @@ pub(crate) struct TrainConfig {
     /// Batch prefetching: `auto`, `off` or a depth.
     #[serde(default, with = "text::one")]
     pub(crate) prefetch: Prefetch,
+    /// Staging: `auto`, `off` or a budget per rank.
+    #[serde(default, with = "text::one")]
+    pub(crate) staging: Staging,
+    /// A record file to train on instead of MNIST's training images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) records: Option<PathBuf>,
+    /// Read the record file around the page cache.
+    #[serde(default)]
+    pub(crate) direct: bool,
     /// Watchdog deadline in seconds (the library's default when unset).
     #[serde(default)]
     pub(crate) watchdog_s: Option<f64>,
@@ -222,6 +231,9 @@ impl TrainConfig {
             train_subset: None,
             test_subset: None,
             prefetch: Prefetch::Auto,
+            staging: Staging::Auto,
+            records: None,
+            direct: false,
             watchdog_s: None,
             max_failures: None,
             fail_rank: Vec::new(),
@@ -280,6 +292,9 @@ impl TrainFlags {
             train_subset: self.train_subset.or(file.train_subset),
             test_subset: self.test_subset.or(file.test_subset),
             prefetch: self.prefetch.or(file.prefetch),
+            staging: self.staging.or(file.staging),
+            records: self.records.or(file.records),
+            direct: self.direct.or(file.direct),
             watchdog: self.watchdog.or(file.watchdog),
             max_failures: self.max_failures.or(file.max_failures),
             fail_rank: self.fail_rank.or(file.fail_rank),
@@ -349,6 +364,9 @@ pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig
         train_subset: f.train_subset,
         test_subset: f.test_subset,
         prefetch: f.prefetch.unwrap_or(d.prefetch),
+        staging: f.staging.unwrap_or(d.staging),
+        records: f.records,
+        direct: f.direct.unwrap_or(false),
         watchdog_s: f.watchdog,
         max_failures: f.max_failures,
         fail_rank: f.fail_rank.unwrap_or_default(),
@@ -714,6 +732,7 @@ mod tests {
             batch-size = 8\nlr = 1\nmomentum = 0.5\nschedule = \"one-cycle\"\n\
             warmup-epochs = 1\nseed = 7\nslowdown = [1, 2]\nhidden = [5]\ndata = \"d\"\n\
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
+            staging = \"64M:lru\"\nrecords = \"r.fdr\"\ndirect = true\n\
             max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\neval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
@@ -744,6 +763,9 @@ mod tests {
             train_subset: Some(100),
             test_subset: Some(50),
             prefetch: Prefetch::Off,
+            staging: Staging::Budget { bytes: 64 << 20, eviction: flodl_data::Eviction::Lru },
+            records: Some("r.fdr".into()),
+            direct: true,
             watchdog_s: Some(3.0),
             max_failures: Some(2),
             fail_rank: vec![FailAt { rank: 0, batch: 1 }, FailAt { rank: 2, batch: 4 }],

@@ -1,10 +1,11 @@
-//! `fdl`: the flodl command line — devices, train, bench, report.
+//! `fdl`: the flodl command line — devices, train, bench, report, launch, cluster, data.
 
 mod args;
 mod bench;
 mod chart;
 mod config;
 mod dashboard;
+mod data;
 mod devices;
 mod failure;
 mod interrupt;
@@ -26,7 +27,7 @@ use anyhow::Result;
 use clap::Parser;
 use clap::error::ErrorKind;
 
-use crate::args::{Cli, ClusterCommand, Command};
+use crate::args::{Cli, ClusterCommand, Command, DataCommand};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -110,6 +111,7 @@ fn run(command: Command) -> Result<()> {
             launch::run(&args)
         }
         Command::Cluster(ClusterCommand::Keys(args)) => launch::keys(&args),
+        Command::Data(DataCommand::Write(args)) => data::write(&args),
     }
 }
 

@@ -129,4 +129,11 @@ pub(crate) struct RankSummary {
     /// Where its training wall time went, summed over the epochs.
     #[serde(default)]
     pub(crate) time: TimeBreakdown,
+    /// Time it waited for its batches' data over the epochs, in milliseconds (its breakdown's
+    /// `data` part).
+    #[serde(default)]
+    pub(crate) data_starve_ms: f64,
+    /// Its staging cache's hit ratio over the run, when it staged its data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) hit_ratio: Option<f64>,
 }

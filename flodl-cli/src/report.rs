@@ -104,6 +104,7 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     activity_section(&mut html, summary, &timeline);
     chart_section(&mut html, &summary.devices, &timeline);
     epoch_table(&mut html, &timeline.epochs);
+    data_table(&mut html, &timeline.epochs);
     resume_note(&mut html, summary.resumed_from.as_deref(), summary.epochs_restored);
     fault_table(&mut html, &summary.faults);
     config_table(&mut html, summary);
@@ -248,6 +249,39 @@ pub(crate) fn epoch_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
             tl,
             ta
         );
+    }
+    html.push_str("</table>");
+}
+
+/// The data plane per epoch and rank: time starved for data (and its share of the rank's wall)
+/// and, when the rank staged its data, its cache's hit ratio. Nothing when no rank waited for
+/// data nor staged.
+pub(crate) fn data_table(html: &mut String, epochs: &[TimedEpoch<'_>]) {
+    let shown = epochs
+        .iter()
+        .flat_map(|(_, e, _)| &e.ranks)
+        .any(|r| r.data_starve_ms > 0.0 || r.cache.is_some());
+    if !shown {
+        return;
+    }
+    html.push_str("<h2>Data plane</h2><table><tr><th>epoch</th><th>rank</th><th>data-starve (ms)</th><th>share of wall</th><th>cache hit ratio</th></tr>");
+    for (_, e, _) in epochs {
+        for r in &e.ranks {
+            let wall = r.time.wall_ms();
+            let share = if wall > 0.0 {
+                format!("{:.1}%", 100.0 * r.data_starve_ms / wall)
+            } else {
+                "–".into()
+            };
+            let hits = r.hit_ratio.map_or("–".to_owned(), |h| format!("{:.1}%", 100.0 * h));
+            let _ = write!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{share}</td><td>{hits}</td></tr>",
+                e.epoch + 1,
+                r.rank,
+                r.data_starve_ms,
+            );
+        }
     }
     html.push_str("</table>");
 }
@@ -429,6 +463,9 @@ mod tests {
                     throughput: 111.0,
                     batch_share: 0.5,
                     time: rank_time(r, 100.0),
+                    data_starve_ms: rank_time(r, 100.0).data_ms,
+                    cache: (r == 1).then_some(flodl_ddp::CacheTally { hits: 90, misses: 10 }),
+                    hit_ratio: (r == 1).then_some(0.9),
                 })
                 .collect();
             let entry = Entry::Epoch(EpochMetrics {
@@ -480,6 +517,8 @@ mod tests {
                     share: 0.5,
                     idle: Some(0.1),
                     time: rank_time(r, 100.0),
+                    data_starve_ms: rank_time(r, 100.0).data_ms,
+                    hit_ratio: None,
                 })
                 .collect(),
             held_back: None,
@@ -598,10 +637,12 @@ mod tests {
         summary.epochs_restored = 2;
         let html = render(&summary, &lines);
         assert!(html.contains("Rank deaths") && html.contains("&lt;gone&gt;"));
+        assert!(html.contains("<h2>Data plane</h2>") && html.contains("90.0%"), "no data table");
         assert!(html.contains("ck/latest.fdlck") && html.contains("1 (restored)"));
         let times: Vec<f64> = html
             .split("<h2>Epochs</h2>")
             .nth(1)
+            .and_then(|rest| rest.split("<h2>").next())
             .unwrap_or_default()
             .split("<tr><td>")
             .skip(1)

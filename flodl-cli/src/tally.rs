@@ -80,6 +80,9 @@ mod tests {
                 throughput: 1.0,
                 batch_share: 0.5,
                 time: Default::default(),
+                data_starve_ms: 0.0,
+                cache: None,
+                hit_ratio: None,
             })
             .collect();
         EpochMetrics {

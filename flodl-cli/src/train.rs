@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use flodl_data::mnist::{self, Mnist, Split, Verify};
+use flodl_data::{Access, RecordFile};
 use flodl_data::{Dataset, Subset};
 use flodl_ddp::checkpoint::SaveInterval;
 use flodl_ddp::{
-    Devices, FaultEvent, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec, TimeBreakdown,
-    TrainedState, Trainer,
+    CacheTally, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec,
+    TimeBreakdown, TrainedState, Trainer,
 };
 use flodl_tensor::Device;
 
@@ -224,11 +225,24 @@ impl Data {
             Mnist::load(&dir, split, verify)
                 .with_context(|| format!("cannot load MNIST from {}", dir.display()))
         };
-        let train = load(Split::Train)?;
         let test = load(Split::Test)?;
+        let train: Arc<dyn Dataset> = match &cfg.records {
+            Some(path) => {
+                let access = if cfg.direct { Access::Direct } else { Access::Buffered };
+                let file = RecordFile::open(path, access)
+                    .with_context(|| format!("cannot open the record file {}", path.display()))?;
+                ensure!(
+                    file.layout() == test.layout(),
+                    "{} holds samples of another layout than MNIST's",
+                    path.display()
+                );
+                Arc::new(file)
+            }
+            None => Arc::new(load(Split::Train)?),
+        };
         let train: Arc<dyn Dataset> = match cfg.train_subset {
             Some(n) => Arc::new(Subset::first(train, n)),
-            None => Arc::new(train),
+            None => train,
         };
         let test: Arc<dyn Dataset> = match cfg.test_subset {
             Some(n) => Arc::new(Subset::first(test, n)),
@@ -285,7 +299,8 @@ pub(crate) fn trainer(
         .learning_rate(cfg.lr as f32)
         .seed(cfg.seed)
         .slowdown(cfg.slowdown.clone())
-        .prefetch(cfg.prefetch);
+        .prefetch(cfg.prefetch)
+        .staging(cfg.staging);
     // The runtime indexes schedules in cohort steps: every rank's batches together.
     let per_epoch_steps = (data.train.len() / cfg.batch_size) as u64;
     let total_steps = cfg.epochs as u64 * per_epoch_steps;
@@ -486,10 +501,14 @@ pub(crate) fn summarise(
         .map(|(rank, device)| {
             let of_rank = state.epochs.iter().filter_map(|e| e.ranks.get(rank));
             let (mut samples, mut compute_ms, mut time) = (0, 0.0, TimeBreakdown::default());
+            let mut cache: Option<CacheTally> = None;
             for r in of_rank {
                 samples += r.samples;
                 compute_ms += r.compute_ms;
                 time.merge(&r.time);
+                if let Some(c) = &r.cache {
+                    cache.get_or_insert_with(CacheTally::default).merge(c);
+                }
             }
             let idle = if time.wall_ms() > 0.0 {
                 Some(time.non_compute_share())
@@ -508,6 +527,8 @@ pub(crate) fn summarise(
                 share: if total > 0 { samples as f64 / total as f64 } else { 0.0 },
                 idle,
                 time,
+                data_starve_ms: time.data_ms,
+                hit_ratio: cache.map(|c| c.hit_ratio()),
             }
         })
         .collect::<Vec<RankSummary>>();

@@ -3,7 +3,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 /// How the staging cache chooses what to give up when it is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Eviction {
     /// Belady/MIN with respect to the advised stream: evict the sample whose next use is farthest

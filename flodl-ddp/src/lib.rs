@@ -112,8 +112,8 @@ pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_tot
 pub use control::eval_rank::EvalRank;
 pub use control::logic_error::{LogicError, LogicResult};
 pub use control::metrics::{
-    CacheTally, EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent, Report,
-    WorkTally, record_scalar,
+    CacheTally, EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent,
+    Report, WorkTally, record_scalar,
 };
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
@@ -130,9 +130,9 @@ pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Seat, Star
 pub use runtime::fault::{FaultCause, FaultEvent, RejoinEvent};
 pub use runtime::handle::{Cooperative, DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
-pub use runtime::staging::Staging;
 pub use runtime::spec::{
     CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, ResumeTerms, RunSpec,
 };
+pub use runtime::staging::Staging;
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};
 pub use state::HostTensor;

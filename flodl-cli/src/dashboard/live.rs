@@ -286,6 +286,9 @@ pub(crate) mod tests {
                 throughput: samples as f64 * 10.0,
                 batch_share: 0.5,
                 time: Default::default(),
+                data_starve_ms: 0.0,
+                cache: None,
+                hit_ratio: None,
             })
             .collect();
         let eval =

@@ -444,13 +444,14 @@ impl Dispatcher {
                         if guard > 100_000 {
                             return out;
                         }
-                        let Some(&q) = members.iter().min_by(|&&a, &&b| {
-                            clock[a].total_cmp(&clock[b]).then(a.cmp(&b))
-                        }) else {
+                        let Some(&q) = members
+                            .iter()
+                            .min_by(|&&a, &&b| clock[a].total_cmp(&clock[b]).then(a.cmp(&b)))
+                        else {
                             return out;
                         };
-                        let remaining: usize =
-                            (end - start) / bs + free.iter().map(|s| (s.1 - s.0) / bs).sum::<usize>();
+                        let remaining: usize = (end - start) / bs
+                            + free.iter().map(|s| (s.1 - s.0) / bs).sum::<usize>();
                         let mine = counts.get(q).copied().unwrap_or(1).max(1);
                         let size = if calibrated {
                             let sum: usize = counts.iter().sum::<usize>().max(1);

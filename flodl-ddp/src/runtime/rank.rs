@@ -221,7 +221,12 @@ impl Worker {
     }
 
     /// Trains one batch: the picks at `offset..offset + batch_size` of `epoch`'s permutation.
-    pub(crate) fn train_batch(&mut self, epoch: usize, offset: usize, step: u64) -> Result<Trained> {
+    pub(crate) fn train_batch(
+        &mut self,
+        epoch: usize,
+        offset: usize,
+        step: u64,
+    ) -> Result<Trained> {
         let bs = self.cfg.spec.batch_size;
         let perm = self.perms.get(epoch);
         let picks = perm.get(offset..offset + bs).ok_or_else(|| {

@@ -196,7 +196,11 @@ mod tests {
             ("OFF", Staging::Off, "off"),
             ("4096", Staging::bytes(4096), "4096"),
             ("512M", Staging::bytes(512 << 20), "536870912"),
-            ("2g:lru", Staging::Budget { bytes: 2 << 30, eviction: Eviction::Lru }, "2147483648:lru"),
+            (
+                "2g:lru",
+                Staging::Budget { bytes: 2 << 30, eviction: Eviction::Lru },
+                "2147483648:lru",
+            ),
             ("1k:next-use", Staging::bytes(1024), "1024"),
         ];
         for (input, want, shown) in cases {

@@ -21,8 +21,8 @@ use crate::runtime::cluster::{Cluster, RankHandle, Seat, Started, own_device};
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
-use crate::runtime::staging::Staging;
 use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, Placement, RunSpec};
+use crate::runtime::staging::Staging;
 use crate::state::HostTensor;
 use crate::{Error, Result};
 

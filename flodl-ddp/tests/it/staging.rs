@@ -63,7 +63,12 @@ fn budget(data: &dyn Dataset) -> u64 {
 
 /// 3 CPU ranks of the reference MLP on `data`, rank 1 at half speed, rank `dies` failing at
 /// its step `at` when given.
-fn trainer(policy: Policy, backend: Backend, data: Arc<dyn Dataset>, dies: Option<(usize, usize)>) -> Trainer {
+fn trainer(
+    policy: Policy,
+    backend: Backend,
+    data: Arc<dyn Dataset>,
+    dies: Option<(usize, usize)>,
+) -> Trainer {
     let build = Mlp::factory(MlpConfig::new(&[784, 32, 10], Optimizer::sgd(0.9)));
     let factory = move |ctx: &ReplicaContext| {
         let at = dies.filter(|(rank, _)| *rank == ctx.rank).map(|(_, at)| at);
@@ -109,7 +114,10 @@ fn check_metrics(state: &TrainedState, what: &str) -> Result<(), String> {
             let Some(c) = r.cache else {
                 // Only a rank that reported nothing (a dead rank's held batches) has none.
                 if r.compute_ms > 0.0 {
-                    return Err(format!("{what} epoch {}: rank {} has no cache tally", e.epoch, r.rank));
+                    return Err(format!(
+                        "{what} epoch {}: rank {} has no cache tally",
+                        e.epoch, r.rank
+                    ));
                 }
                 continue;
             };
@@ -136,7 +144,8 @@ fn staging_trains_every_sample_once_per_epoch() -> TestResult {
     for (policy, backend, prefetch) in cases {
         let what = format!("{policy:?} {backend:?} {prefetch:?}");
         let staged = Arc::new(AtomicUsize::new(0));
-        let data: Arc<dyn Dataset> = Arc::new(ReadAhead { inner: file.clone(), staged: staged.clone() });
+        let data: Arc<dyn Dataset> =
+            Arc::new(ReadAhead { inner: file.clone(), staged: staged.clone() });
         let (seen, audit) = audited();
         let state = trainer(policy, backend, data, None)
             .prefetch(prefetch)
