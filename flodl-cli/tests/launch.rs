@@ -134,9 +134,8 @@ fn launched_jobs_resume_onto_another_world() -> Result {
             .into_iter()
             .filter(|l| l["kind"] == "epoch")
             .collect();
-        let samples = |e: u64| {
-            epochs.iter().find(|l| l["epoch"] == e).and_then(|l| l["samples"].as_u64())
-        };
+        let samples =
+            |e: u64| epochs.iter().find(|l| l["epoch"] == e).and_then(|l| l["samples"].as_u64());
         assert_eq!(samples(0), Some(left as u64), "{from} → {to}: the rest of epoch 0");
         assert_eq!(samples(1), Some(4096), "{from} → {to}: epoch 1");
         let (a, b) = (accuracy(&saved)?, accuracy(&resumed)?);

@@ -117,7 +117,8 @@ pub use runtime::fault::{FaultCause, FaultEvent};
 pub use runtime::handle::{DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
 pub use runtime::spec::{
-    CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, ResumeTerms, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, Placement, ResumeTerms,
+    RunSpec,
 };
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};
 pub use state::HostTensor;

@@ -34,9 +34,7 @@ impl RankMap {
     pub fn new(from_world: usize, to_world: usize, saved: &[bool]) -> RankMap {
         let has = |r: usize| saved.get(r).copied().unwrap_or(false);
         let sources = (0..to_world)
-            .map(|r| {
-                (0..from_world).map(|k| (r + k) % from_world.max(1)).find(|&old| has(old))
-            })
+            .map(|r| (0..from_world).map(|k| (r + k) % from_world.max(1)).find(|&old| has(old)))
             .collect();
         RankMap { from_world, sources }
     }
@@ -106,7 +104,14 @@ mod tests {
     fn maps_follow_the_documented_rule() -> Result<(), String> {
         // (from, to, saved, expected sources, expected dropped, text)
         let cases: &[(usize, usize, &[bool], &[Option<usize>], &[usize], &str)] = &[
-            (2, 2, &[true, true], &[Some(0), Some(1)], &[], "2 ranks onto 2: optimizer states 0←0, 1←1"),
+            (
+                2,
+                2,
+                &[true, true],
+                &[Some(0), Some(1)],
+                &[],
+                "2 ranks onto 2: optimizer states 0←0, 1←1",
+            ),
             (
                 3,
                 2,
@@ -115,12 +120,40 @@ mod tests {
                 &[2],
                 "3 ranks onto 2: optimizer states 0←0, 1←1 (dropped: rank 2)",
             ),
-            (2, 3, &[true, true], &[Some(0), Some(1), Some(0)], &[], "2 ranks onto 3: optimizer states 0←0, 1←1, 2←0"),
+            (
+                2,
+                3,
+                &[true, true],
+                &[Some(0), Some(1), Some(0)],
+                &[],
+                "2 ranks onto 3: optimizer states 0←0, 1←1, 2←0",
+            ),
             // A rank dead at the save left nothing: the next old rank stands in.
-            (3, 3, &[true, false, true], &[Some(0), Some(2), Some(2)], &[1], "3 ranks onto 3: optimizer states 0←0, 1←2, 2←2 (dropped: rank 1)"),
-            (4, 1, &[true; 4], &[Some(0)], &[1, 2, 3], "4 ranks onto 1: optimizer states 0←0 (dropped: ranks 1, 2, 3)"),
+            (
+                3,
+                3,
+                &[true, false, true],
+                &[Some(0), Some(2), Some(2)],
+                &[1],
+                "3 ranks onto 3: optimizer states 0←0, 1←2, 2←2 (dropped: rank 1)",
+            ),
+            (
+                4,
+                1,
+                &[true; 4],
+                &[Some(0)],
+                &[1, 2, 3],
+                "4 ranks onto 1: optimizer states 0←0 (dropped: ranks 1, 2, 3)",
+            ),
             // No state at all: fresh optimizers.
-            (2, 3, &[false, false], &[None, None, None], &[0, 1], "2 ranks onto 3: optimizer states 0 fresh, 1 fresh, 2 fresh (dropped: ranks 0, 1)"),
+            (
+                2,
+                3,
+                &[false, false],
+                &[None, None, None],
+                &[0, 1],
+                "2 ranks onto 3: optimizer states 0 fresh, 1 fresh, 2 fresh (dropped: ranks 0, 1)",
+            ),
         ];
         for (from, to, saved, sources, dropped, text) in cases {
             let map = RankMap::new(*from, *to, saved);

@@ -874,12 +874,7 @@ mod tests {
     }
 
     /// Completes chunk `c` of rank `r` in `e` and counts its positions.
-    fn held_push(
-        e: &mut Dispatcher,
-        completed: &mut [Vec<u32>],
-        r: usize,
-        c: Chunk,
-    ) -> TestResult {
+    fn held_push(e: &mut Dispatcher, completed: &mut [Vec<u32>], r: usize, c: Chunk) -> TestResult {
         if !e.complete(r, &c, &WorkTally::default()) {
             return Err(format!("rank {r} did not hold {c:?}").into());
         }

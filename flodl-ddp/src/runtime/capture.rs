@@ -20,8 +20,8 @@ use std::path::PathBuf;
 use flodl_tensor::{Stream, Tensor};
 
 use crate::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, EpochCoverage, OpaqueState, RankMap,
-    SampleRange, SaveInterval, SaveReason, TensorRecord, TensorSet,
+    Checkpoint, CheckpointError, CheckpointStore, EpochCoverage, OpaqueState, RankMap, SampleRange,
+    SaveInterval, SaveReason, TensorRecord, TensorSet,
 };
 use crate::control::elche::ElCheState;
 use crate::control::guard::Guard;

@@ -34,10 +34,12 @@ use crate::runtime::capture::{
 use crate::runtime::cluster::Connections;
 use crate::runtime::comm::{CommPlan, RankComm};
 use crate::runtime::fault::{FaultCause, FaultEvent, RankThread};
+use crate::runtime::formation::Formation;
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::rank::run_rank;
 use crate::runtime::slot::{GroupBook, InCollective, Ready, Slots, Standing};
+use crate::runtime::spec::{CollectiveEngine, Placement};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -94,6 +96,12 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, remote: Connections) 
     {
         coord.group.nccl = comms.iter().any(|c| matches!(c, Some(CommPlan::Nccl { .. })));
     }
+    if cfg.spec.placement == Placement::Processes && cfg.spec.backend == Backend::Collective {
+        // The ranks are in several processes: each group's id is made by its lowest member
+        // and relayed by the coordinator (see `Formation`).
+        coord.group.relay = true;
+        coord.group.nccl = cfg.spec.collective_engine() == Some(CollectiveEngine::Nccl);
+    }
     let mut workers = Vec::with_capacity(world);
     let comms = comms.into_iter().enumerate().filter(|(rank, _)| here.contains(rank));
     for ((rank, comm), end) in comms.zip(ends) {
@@ -129,13 +137,13 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, remote: Connections) 
 /// copies).
 fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
     let world = cfg.world();
-    if cfg.spec.backend == Backend::Host {
+    // Host backend: no communicator; ranks in several processes: every rank joins the first
+    // group when the coordinator relays its id.
+    if cfg.spec.backend == Backend::Host || cfg.spec.placement == Placement::Processes {
         return Ok((0..world).map(|_| None).collect());
     }
     #[cfg(feature = "cuda")]
-    if cfg.spec.devices.iter().all(|d| matches!(d, flodl_tensor::Device::Cuda(_)))
-        && cfg.spec.devices.iter().collect::<std::collections::HashSet<_>>().len() == world
-    {
+    if cfg.spec.collective_engine() == Some(CollectiveEngine::Nccl) {
         let id = flodl_nccl::UniqueId::new()?;
         return Ok((0..world).map(|_| Some(CommPlan::Nccl { id: id.clone(), world })).collect());
     }
@@ -297,6 +305,8 @@ struct Coordinator {
     clock: Clock,
     /// The deaths so far, for the final state.
     faults: Vec<FaultEvent>,
+    /// The collective group being formed through the coordinator (ranks in several processes).
+    formation: Formation,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -377,6 +387,7 @@ impl Coordinator {
             saves: Saves::default(),
             clock: Clock { start: Instant::now(), train_start: None, train_end: None },
             faults: Vec::new(),
+            formation: Formation::Idle,
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
@@ -682,6 +693,11 @@ impl Coordinator {
                     self.group.left(&mut self.slots, rank, generation, false);
                 }
             }
+            ToCoordinator::GroupId { rank, generation, how } => {
+                for (to, order) in self.formation.on_id(rank, generation, how) {
+                    self.send(to, order)?;
+                }
+            }
         }
         Ok(())
     }
@@ -726,6 +742,7 @@ impl Coordinator {
             return Ok(());
         };
         let initial = initial.ok_or(Error::PeerGone(Peer::Rank(0)))?;
+        let mut inits = Vec::with_capacity(world);
         if let Some(resumed) = self.saves.resumed.clone() {
             let n = initial.params.len();
             let found = resumed.bundle.signature();
@@ -741,7 +758,7 @@ impl Coordinator {
                 let restore = resumed.ranks.get(rank).cloned().map(Box::new);
                 let state = resumed.consensus.clone();
                 let window = self.first_window(rank);
-                self.send(rank, ToWorker::Init { state, restore, window })?;
+                inits.push((rank, ToWorker::Init { state, restore, window }));
             }
         } else {
             if self.cfg.checkpoints.is_some() {
@@ -750,7 +767,19 @@ impl Coordinator {
             for rank in 1..world {
                 let state = initial.clone();
                 let window = self.first_window(rank);
-                self.send(rank, ToWorker::Init { state, restore: None, window })?;
+                inits.push((rank, ToWorker::Init { state, restore: None, window }));
+            }
+        }
+        if self.group.relay {
+            // The first group forms through the coordinator before the ranks train.
+            let all: Vec<usize> = (0..world).collect();
+            if let Some((maker, ask)) = self.formation.ask(0, &all, inits) {
+                tracing::info!(maker, "asking the lowest rank for the first group's id");
+                self.send(maker, ask)?;
+            }
+        } else {
+            for (rank, msg) in inits {
+                self.send(rank, msg)?;
             }
         }
         let _ = self.outlets.started.try_send(());
@@ -1399,6 +1428,17 @@ impl Coordinator {
             let _ = self.link.try_send(rank, ToWorker::AbortGroup { generation: old });
         }
         let generation = self.group.next_generation(&mut self.slots);
+        if self.group.relay {
+            tracing::info!(
+                generation,
+                ?members,
+                "regrouping the collective through its lowest rank"
+            );
+            if let Some((maker, ask)) = self.formation.ask(generation, members, Vec::new()) {
+                self.send(maker, ask)?;
+            }
+            return Ok(());
+        }
         let how = self.regroup_how()?;
         tracing::info!(generation, ?members, "regrouping the collective");
         for &rank in members {

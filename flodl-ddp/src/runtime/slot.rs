@@ -195,6 +195,9 @@ pub(crate) struct GroupBook {
     futile: usize,
     /// Whether the groups are NCCL groups (rebuilt from a new id; never shrunk to one rank).
     pub(crate) nccl: bool,
+    /// Whether each group's id is made by its lowest member and relayed by the coordinator
+    /// (the ranks are in several processes).
+    pub(crate) relay: bool,
 }
 
 impl GroupBook {

@@ -114,6 +114,20 @@ pub enum Placement {
     Processes,
 }
 
+/// What carries the collective backend's in-place average (the engine follows the devices).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CollectiveEngine {
+    /// NCCL: every rank is a GPU of its own (across processes, each group's unique id is made
+    /// by its lowest rank and relayed by the controller).
+    Nccl,
+    /// The host all-reduce (`HostComm`): CPU ranks, or GPU ranks through host copies.
+    Host {
+        /// The world mixes GPU and CPU ranks (NCCL needs every rank on a GPU of its own).
+        mixed: bool,
+    },
+}
+
 /// Where and how often a run saves checkpoint bundles.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointSpec {
@@ -306,6 +320,25 @@ impl RunSpec {
     /// Ranks in the run.
     pub fn world(&self) -> usize {
         self.devices.len()
+    }
+
+    /// The engine of the collective backend, `None` on the host backend: NCCL when every rank
+    /// is a GPU — distinct GPUs in-process; in a cluster run each process's own — and the
+    /// build has the `cuda` feature; the host all-reduce otherwise (`mixed` when the world
+    /// has both GPU and CPU ranks).
+    pub fn collective_engine(&self) -> Option<CollectiveEngine> {
+        if self.backend != Backend::Collective {
+            return None;
+        }
+        let gpus = self.devices.iter().filter(|d| matches!(d, Device::Cuda(_))).count();
+        let distinct = self.placement == Placement::Processes
+            || self.devices.iter().collect::<std::collections::HashSet<_>>().len()
+                == self.devices.len();
+        if cfg!(feature = "cuda") && gpus == self.devices.len() && distinct {
+            Some(CollectiveEngine::Nccl)
+        } else {
+            Some(CollectiveEngine::Host { mixed: gpus > 0 && gpus < self.devices.len() })
+        }
     }
 
     /// Full batches per epoch (the tail smaller than a batch is dropped).

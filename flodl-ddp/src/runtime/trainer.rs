@@ -584,10 +584,15 @@ impl Trainer {
             Some(cluster) => (vec![self.device_kind()?; cluster.world()], Placement::Processes),
             None => (self.devices.resolve()?, Placement::Threads),
         };
-        if placement == Placement::Processes && self.backend == Backend::Collective {
+        // GPU processes average through NCCL (ids relayed by the controller); CPU processes
+        // would need MPI.
+        if placement == Placement::Processes
+            && self.backend == Backend::Collective
+            && devices.first() == Some(&Device::Cpu)
+        {
             return Err(Error::Config(
-                "the collective backend does not run across processes yet: use --backend host \
-                 (Backend::Host); NCCL/MPI across processes is not built yet"
+                "the collective backend across CPU rank processes needs MPI, which is not built \
+                 yet: use --backend host (Backend::Host)"
                     .into(),
             ));
         }

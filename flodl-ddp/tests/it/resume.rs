@@ -345,9 +345,7 @@ fn elastic_resume_onto_fewer_and_more_ranks() -> TestResult {
     for (from, to, policy, backend) in cases {
         let what = format!("{from} → {to} {policy:?} {backend:?}");
         let make = |ranks: usize| {
-            trainer(policy, backend, 32)
-                .devices(Devices::Cpu(ranks))
-                .test_dataset(test.clone(), 1)
+            trainer(policy, backend, 32).devices(Devices::Cpu(ranks)).test_dataset(test.clone(), 1)
         };
         let seen: Arc<Mutex<BTreeMap<usize, Vec<usize>>>> = Arc::default();
         let audit = {
@@ -359,8 +357,7 @@ fn elastic_resume_onto_fewer_and_more_ranks() -> TestResult {
             })
         };
         let dir = tempfile::tempdir()?;
-        let mut first =
-            make(from).checkpoint_dir(dir.path()).sample_audit(audit.clone()).run()?;
+        let mut first = make(from).checkpoint_dir(dir.path()).sample_audit(audit.clone()).run()?;
         first.next_metrics(Duration::from_secs(120)).ok_or_else(|| format!("{what}: no epoch"))?;
         first.stop_with_checkpoint();
         let bundle = match first.join() {
@@ -416,7 +413,8 @@ fn elastic_resume_refuses_other_terms_naming_the_field() -> TestResult {
     ];
     for (field, t) in cases {
         match t.resume(latest.clone()).run() {
-            Err(Error::Checkpoint(CheckpointError::TermMismatch { field: f, .. })) if f == field => {}
+            Err(Error::Checkpoint(CheckpointError::TermMismatch { field: f, .. }))
+                if f == field => {}
             other => return Err(format!("{field}: {:?}", other.map(|_| ())).into()),
         }
     }
