@@ -100,10 +100,13 @@ impl fmt::Display for RankMap {
 mod tests {
     use super::RankMap;
 
+    /// (saving world, resuming world, which old ranks saved, sources, dropped, text).
+    type Case<'a> = (usize, usize, &'a [bool], &'a [Option<usize>], &'a [usize], &'a str);
+
     #[test]
     fn maps_follow_the_documented_rule() -> Result<(), String> {
         // (from, to, saved, expected sources, expected dropped, text)
-        let cases: &[(usize, usize, &[bool], &[Option<usize>], &[usize], &str)] = &[
+        let cases: &[Case<'_>] = &[
             (
                 2,
                 2,

@@ -813,8 +813,8 @@ mod tests {
                     }
                 } else if let Some(c) = held[r].pop() {
                     d.complete(r, &c, &WorkTally::default());
-                    for p in c.offset..c.end() {
-                        completed[c.epoch][p] += 1;
+                    for n in &mut completed[c.epoch][c.offset..c.end()] {
+                        *n += 1;
                     }
                 }
                 while d.pop_complete().is_some() {}
@@ -878,8 +878,8 @@ mod tests {
         if !e.complete(r, &c, &WorkTally::default()) {
             return Err(format!("rank {r} did not hold {c:?}").into());
         }
-        for p in c.offset..c.end() {
-            completed[c.epoch][p] += 1;
+        for n in &mut completed[c.epoch][c.offset..c.end()] {
+            *n += 1;
         }
         Ok(())
     }
