@@ -178,9 +178,10 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         return crate::mpi_job::run(args);
     }
     let (cfg, _) = crate::config::resolve(&args.train.flags, &args.train.run)?;
-    if cfg.backend == flodl_ddp::Backend::Collective {
+    let cpu_ranks = cluster_devices(&cfg, args.nproc)?.first() == Some(&flodl_tensor::Device::Cpu);
+    if cfg.backend == flodl_ddp::Backend::Collective && cpu_ranks {
         bail!(
-            "the collective backend across processes runs its ranks as one MPI world: use \
+            "the collective backend across CPU rank processes runs them as one MPI world: use \
              fdl launch --mpi (an fdl built with --features mpi), or --backend host"
         );
     }

@@ -65,7 +65,9 @@ impl ResumePoint {
     /// re-sharded".
     pub(crate) fn changes(&self, devices: &[String]) -> Option<String> {
         let map = RankMap::new(self.world, devices.len(), &self.saved);
-        let moved = self.devices.as_deref().is_some_and(|d| d != devices);
+        // Another count of the same devices is said by the map; other devices are named.
+        let kinds = |d: &[String]| d.iter().cloned().collect::<std::collections::BTreeSet<_>>();
+        let moved = self.devices.as_deref().is_some_and(|d| kinds(d) != kinds(devices));
         if map.same_world() && !moved {
             return None;
         }

@@ -105,6 +105,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
             spec.epochs,
             path.display()
         );
+        if let Some(line) = engine_line(&spec) {
+            println!("{line}");
+        }
         if let Some(point) = &resume {
             println!(
                 "resuming from {} (step {}, {} of {} epochs done)",
@@ -571,9 +574,60 @@ pub(crate) fn summarise(
     }
 }
 
+/// The line that says what carries the collective backend, when it is not the obvious one:
+/// the host all-reduce of a world mixing GPU and CPU ranks, or NCCL across processes.
+fn engine_line(spec: &flodl_ddp::RunSpec) -> Option<String> {
+    match spec.collective_engine()? {
+        flodl_ddp::CollectiveEngine::Host { mixed: true } => Some(
+            "collective: the host all-reduce, since the world mixes GPU and CPU ranks (NCCL \
+             needs every rank on a GPU of its own)"
+                .into(),
+        ),
+        flodl_ddp::CollectiveEngine::Nccl if spec.placement == flodl_ddp::Placement::Processes => {
+            Some(
+                "collective: NCCL across processes, each group's id made by its lowest rank and \
+                 relayed by the controller"
+                    .into(),
+            )
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A world mixing GPU and CPU ranks says it falls back to the host all-reduce; CPU-only and
+    /// host-backend worlds say nothing.
+    #[test]
+    fn mixed_worlds_say_they_use_the_host_collective() -> Result<()> {
+        let train = Mnist::load(mnist::vendored_dir(), Split::Train, Verify::Skip)?;
+        let data: Arc<dyn Dataset> = Arc::new(Subset::first(train, 64));
+        let spec = |devices: Vec<Device>, backend: flodl_ddp::Backend| {
+            flodl_ddp::Trainer::new(flodl_ddp::Mlp::factory(flodl_ddp::MlpConfig::new(
+                &[784, 10],
+                flodl_ddp::Optimizer::sgd(0.0),
+            )))
+            .dataset(data.clone())
+            .batch_size(8)
+            .devices(flodl_ddp::Devices::List(devices))
+            .backend(backend)
+            .spec()
+        };
+        let collective = flodl_ddp::Backend::Collective;
+        let mixed = engine_line(&spec(vec![Device::Cuda(0), Device::Cpu], collective)?);
+        if !mixed.as_deref().is_some_and(|l| l.contains("mixes GPU and CPU ranks")) {
+            bail!("mixed world: {mixed:?}");
+        }
+        let cpu = engine_line(&spec(vec![Device::Cpu; 2], collective)?);
+        let host =
+            engine_line(&spec(vec![Device::Cuda(0), Device::Cpu], flodl_ddp::Backend::Host)?);
+        if cpu.is_some() || host.is_some() {
+            bail!("cpu {cpu:?}, host backend {host:?}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn run_path_prefers_out_then_name_then_stamp() {

@@ -131,7 +131,8 @@ pub use runtime::fault::{FaultCause, FaultEvent, RejoinEvent};
 pub use runtime::handle::{Cooperative, DdpHandle, TrainedState};
 pub use runtime::prefetch::Prefetch;
 pub use runtime::spec::{
-    CheckpointSpec, DataSpec, ElCheKnobs, FieldSpec, Placement, ResumeTerms, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, Placement, ResumeTerms,
+    RunSpec,
 };
 pub use runtime::staging::Staging;
 pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};

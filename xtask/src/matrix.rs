@@ -187,6 +187,13 @@ pub(crate) const CASES: &[Case] = &[
         serial: true,
     },
     Case {
+        name: "NCCL group of one formed through the controller",
+        binary: "flodl-ddp/it",
+        filters: &["gpu::nccl_group_of_one_through_the_controller"],
+        gpus: 1,
+        serial: true,
+    },
+    Case {
         name: "CPU ranks: policy x backend",
         binary: "flodl-ddp/it",
         filters: &["runtime::every_mode_trains"],

@@ -67,6 +67,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         ToWorker::Stop,
         ToWorker::Ping,
         ToWorker::Regroup { generation: 2, members: vec![0, 2], how: Regroup::Host },
+        ToWorker::MakeGroupId { generation: 3 },
         ToWorker::AbortGroup { generation: u64::MAX },
     ];
     #[cfg(feature = "cuda")]
@@ -125,6 +126,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         ToCoordinator::ReduceFailed { rank: 1, round: 8, generation: 0, error: "lost".into() },
         ToCoordinator::Joining { rank: 0, generation: 1 },
         ToCoordinator::Joined { rank: 0, generation: 1 },
+        ToCoordinator::GroupId { rank: 1, generation: 3, how: Regroup::Host },
     ];
     (to_rank, to_coordinator)
 }

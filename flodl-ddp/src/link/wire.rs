@@ -102,6 +102,10 @@ pub(crate) enum ToWorker {
     /// number `generation`, built as `how` says; a rank not listed is dead and exits. A reduce
     /// interrupted by the old group's fault is redone in the new group.
     Regroup { generation: u64, members: Vec<usize>, how: Regroup },
+    /// This rank is the lowest member of collective group number `generation`, whose ranks
+    /// live in several processes: it makes the group's id (an NCCL unique id) and sends it
+    /// back ([`ToCoordinator::GroupId`]); the coordinator relays it in a `Regroup`.
+    MakeGroupId { generation: u64 },
     /// Abort the rank's collective group of number `generation` or older, now, even while the
     /// rank is blocked inside a collective. The link acts on this order as it arrives (it fires
     /// the abort handle the rank armed, see [`crate::link::RankLink::arm_abort`]) and never
@@ -179,6 +183,9 @@ pub(crate) enum ToCoordinator {
     Joining { rank: usize, generation: u64 },
     /// The rank joined collective group number `generation` (and armed its link to abort it).
     Joined { rank: usize, generation: u64 },
+    /// The id of collective group number `generation`, made by its lowest member as asked
+    /// ([`ToWorker::MakeGroupId`]), for the coordinator to relay to every member.
+    GroupId { rank: usize, generation: u64, how: Regroup },
 }
 
 impl ToCoordinator {
@@ -198,7 +205,8 @@ impl ToCoordinator {
             | ToCoordinator::ReduceFailed { rank, .. }
             | ToCoordinator::Joining { rank, .. }
             | ToCoordinator::Evaluated { rank, .. }
-            | ToCoordinator::Joined { rank, .. } => *rank,
+            | ToCoordinator::Joined { rank, .. }
+            | ToCoordinator::GroupId { rank, .. } => *rank,
         }
     }
 }

@@ -34,10 +34,12 @@ use crate::runtime::capture::{
 use crate::runtime::cluster::Admitted;
 use crate::runtime::comm::{CommPlan, RankComm};
 use crate::runtime::fault::{FaultCause, FaultEvent, RankThread, RejoinEvent};
+use crate::runtime::formation::Formation;
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::rank::run_rank;
 use crate::runtime::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
+use crate::runtime::spec::{CollectiveEngine, Placement};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -98,6 +100,10 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -
     let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, link)?;
     coord.vacate(&vacant)?;
     coord.group.engine = engine(&cfg, &comms);
+    // NCCL ranks in several processes: each group's id is made by its lowest member and
+    // relayed by the coordinator (see `Formation`).
+    coord.group.relay = cfg.spec.placement == Placement::Processes
+        && cfg.spec.collective_engine() == Some(CollectiveEngine::Nccl);
     let mut workers = Vec::with_capacity(world);
     let comms = comms.into_iter().enumerate().filter(|(rank, _)| here.contains(rank));
     for ((rank, comm), end) in comms.zip(ends) {
@@ -147,13 +153,13 @@ fn engine(cfg: &RunConfig, comms: &[Option<CommPlan>]) -> Engine {
 /// then go through host copies). Ranks in their own processes (MPI) join in their process.
 fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
     let world = cfg.world();
-    if cfg.spec.backend == Backend::Host || cfg.spec.controller_apart() {
+    // Host backend: no communicator; ranks in several processes: NCCL ranks join the first
+    // group when the coordinator relays its id, MPI ranks join their world in their process.
+    if cfg.spec.backend == Backend::Host || cfg.spec.placement == Placement::Processes {
         return Ok((0..world).map(|_| None).collect());
     }
     #[cfg(feature = "cuda")]
-    if cfg.spec.devices.iter().all(|d| matches!(d, flodl_tensor::Device::Cuda(_)))
-        && cfg.spec.devices.iter().collect::<std::collections::HashSet<_>>().len() == world
-    {
+    if cfg.spec.collective_engine() == Some(CollectiveEngine::Nccl) {
         let id = flodl_nccl::UniqueId::new()?;
         return Ok((0..world).map(|_| Some(CommPlan::Nccl { id: id.clone(), world })).collect());
     }
@@ -320,6 +326,8 @@ struct Coordinator {
     /// Host backend: the consensus of the last completed reduce (or the starting state), what
     /// a rank joining again starts from.
     consensus: Option<HostState>,
+    /// The collective group being formed through the coordinator (ranks in several processes).
+    formation: Formation,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -402,6 +410,7 @@ impl Coordinator {
             faults: Vec::new(),
             rejoins: Vec::new(),
             consensus: None,
+            formation: Formation::Idle,
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
@@ -852,6 +861,11 @@ impl Coordinator {
                     self.group.left(&mut self.slots, rank, generation, false);
                 }
             }
+            ToCoordinator::GroupId { rank, generation, how } => {
+                for (to, order) in self.formation.on_id(rank, generation, how) {
+                    self.send(to, order)?;
+                }
+            }
         }
         Ok(())
     }
@@ -895,6 +909,7 @@ impl Coordinator {
             return Ok(());
         };
         let initial = initial.ok_or(Error::PeerGone(Peer::Rank(0)))?;
+        let mut inits = Vec::with_capacity(world);
         if let Some(resumed) = self.saves.resumed.clone() {
             let n = initial.params.len();
             let found = resumed.bundle.signature();
@@ -914,7 +929,7 @@ impl Coordinator {
                 let state = resumed.consensus.clone();
                 let window = self.first_window(rank);
                 let global_step = self.rounds.global_step;
-                self.send(rank, ToWorker::Init { state, restore, window, global_step })?;
+                inits.push((rank, ToWorker::Init { state, restore, window, global_step }));
             }
         } else {
             if self.cfg.checkpoints.is_some() {
@@ -929,7 +944,19 @@ impl Coordinator {
             for rank in self.slots.live_ranks().into_iter().filter(|&r| apart || r != 0) {
                 let state = initial.clone();
                 let window = self.first_window(rank);
-                self.send(rank, ToWorker::Init { state, restore: None, window, global_step: 0 })?;
+                inits.push((rank, ToWorker::Init { state, restore: None, window, global_step: 0 }));
+            }
+        }
+        if self.group.relay {
+            // The first group forms through the coordinator before the ranks train.
+            let all: Vec<usize> = (0..world).collect();
+            if let Some((maker, ask)) = self.formation.ask(0, &all, inits) {
+                tracing::info!(maker, "asking the lowest rank for the first group's id");
+                self.send(maker, ask)?;
+            }
+        } else {
+            for (rank, msg) in inits {
+                self.send(rank, msg)?;
             }
         }
         let _ = self.outlets.started.try_send(());
@@ -1644,6 +1671,17 @@ impl Coordinator {
             let _ = self.link.try_send(rank, ToWorker::AbortGroup { generation: old });
         }
         let generation = self.group.next_generation(&mut self.slots);
+        if self.group.relay {
+            tracing::info!(
+                generation,
+                ?members,
+                "regrouping the collective through its lowest rank"
+            );
+            if let Some((maker, ask)) = self.formation.ask(generation, members, Vec::new()) {
+                self.send(maker, ask)?;
+            }
+            return Ok(());
+        }
         let how = self.regroup_how()?;
         tracing::info!(generation, ?members, "regrouping the collective");
         for &rank in members {

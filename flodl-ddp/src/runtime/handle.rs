@@ -168,7 +168,9 @@ impl DdpHandle {
             started: started_tx,
         };
         // A lone rank checkpoints through the coordinator (a world of one).
+        // A cluster run always has its controller (its first group forms through it).
         let solo = config.world() == 1
+            && config.spec.placement == crate::runtime::spec::Placement::Threads
             && config.checkpoints.is_none()
             && config.resume.is_none()
             && remote.0.is_empty();

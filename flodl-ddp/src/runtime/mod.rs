@@ -7,6 +7,7 @@ pub(crate) mod comm;
 pub(crate) mod coordinator;
 pub(crate) mod divergence;
 pub(crate) mod fault;
+pub(crate) mod formation;
 pub(crate) mod handle;
 pub(crate) mod host_round;
 pub(crate) mod ledger;

@@ -427,13 +427,40 @@ impl Worker {
 
     /// Builds the communicator of the group whose members sit at `positions` of the current
     /// one; a rank without a communicator (host backend) has nothing to build.
-    fn regroup_comm(&mut self, positions: &[usize], how: &Regroup) -> Result<()> {
-        if let Some(comm) = self.comm.as_ref() {
-            let device = self.cfg.device(self.rank);
-            let next = comm.regroup(positions, how, device, self.cfg.comm_timeout())?;
-            self.comm = Some(next);
+    ///
+    /// A rank of a run across processes has no communicator until the first group is formed
+    /// through the coordinator: it joins that NCCL group as `me`, its place among the members.
+    fn regroup_comm(&mut self, positions: &[usize], me: usize, how: &Regroup) -> Result<()> {
+        let device = self.cfg.device(self.rank);
+        match (self.comm.as_ref(), how) {
+            (Some(comm), _) => {
+                let next = comm.regroup(positions, how, device, self.cfg.comm_timeout())?;
+                self.comm = Some(next);
+            }
+            #[cfg(feature = "cuda")]
+            (None, Regroup::Nccl(id)) => {
+                let plan = CommPlan::Nccl { id: id.clone(), world: positions.len() };
+                self.comm = Some(plan.join(me, device, self.cfg.comm_timeout())?);
+            }
+            (None, _) => {
+                let _ = me;
+            }
         }
         Ok(())
+    }
+
+    /// The id of a new collective group this rank is the lowest member of (a run across
+    /// processes): a fresh NCCL unique id on a GPU rank; a host group otherwise (which never
+    /// spans processes: the coordinator asks only GPU worlds).
+    ///
+    /// # Errors
+    /// NCCL errors (library missing).
+    pub(crate) fn make_group_id(&self) -> Result<Regroup> {
+        #[cfg(feature = "cuda")]
+        if matches!(self.cfg.device(self.rank), Device::Cuda(_)) {
+            return Ok(Regroup::Nccl(flodl_nccl::UniqueId::new()?));
+        }
+        Ok(Regroup::Host)
     }
 
     /// Averages with the other ranks through the collective; returns the time it took in ms
@@ -1048,6 +1075,10 @@ impl<'a> RankLoop<'a> {
             ToWorker::Regroup { generation, members, how } => {
                 return self.regroup(generation, &members, &how);
             }
+            ToWorker::MakeGroupId { generation } => {
+                let how = self.worker.make_group_id()?;
+                self.send(ToCoordinator::GroupId { rank, generation, how })?;
+            }
         }
         Ok(Flow::Continue)
     }
@@ -1110,14 +1141,16 @@ impl<'a> RankLoop<'a> {
         let positions = self.group.positions(members).ok_or_else(|| {
             Error::protocol(format!("regroup {members:?} names a rank outside the current group"))
         })?;
-        if self.worker.comm.is_some() {
-            self.send(ToCoordinator::Joining { rank, generation })?;
-        }
-        self.worker.regroup_comm(&positions, how)?;
+        let me = members.iter().position(|&m| m == rank).unwrap_or(0);
+        self.send(ToCoordinator::Joining { rank, generation })?;
+        self.worker.regroup_comm(&positions, me, how)?;
         self.group = Group { members: members.to_vec(), generation };
         tracing::info!(rank, generation, ?members, "regrouped");
         self.announce_group()?;
-        if let Stage::Interrupted(what) = std::mem::replace(&mut self.stage, Stage::Training) {
+        // A rank still starting (the first group forms before its initial state) stays so.
+        if matches!(self.stage, Stage::Interrupted(_))
+            && let Stage::Interrupted(what) = std::mem::replace(&mut self.stage, Stage::Training)
+        {
             self.reduce(what)?;
         }
         Ok(Flow::Continue)

@@ -252,6 +252,9 @@ pub(crate) struct GroupBook {
     futile: usize,
     /// What the groups are made of, which decides how they survive a death.
     pub(crate) engine: Engine,
+    /// Whether each group's id is made by its lowest member and relayed by the coordinator
+    /// (NCCL ranks in several processes).
+    pub(crate) relay: bool,
 }
 
 /// The engine of a run's collective groups.

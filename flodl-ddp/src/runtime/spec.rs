@@ -116,6 +116,23 @@ pub enum Placement {
     Processes,
 }
 
+/// What carries the collective backend's in-place average (the engine follows the devices).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CollectiveEngine {
+    /// NCCL: every rank is a GPU of its own (across processes, each group's unique id is made
+    /// by its lowest rank and relayed by the controller).
+    Nccl,
+    /// MPI: CPU ranks in several processes form one MPI world (the `mpi` feature); the
+    /// controller stays outside it.
+    Mpi,
+    /// The host all-reduce (`HostComm`): CPU ranks, or GPU ranks through host copies.
+    Host {
+        /// The world mixes GPU and CPU ranks (NCCL needs every rank on a GPU of its own).
+        mixed: bool,
+    },
+}
+
 /// Where and how often a run saves checkpoint bundles.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointSpec {
@@ -314,11 +331,33 @@ impl RunSpec {
     }
 
     /// Whether the controller runs in a process of its own, outside the ranks' processes: with
-    /// the collective backend across processes the ranks form an MPI world (the data plane)
-    /// that the controller is not part of, so every rank, rank 0 included, joins it over the
-    /// cluster link. Otherwise rank 0's process hosts the controller.
+    /// the collective backend across CPU rank processes the ranks form an MPI world (the data
+    /// plane) that the controller is not part of, so every rank, rank 0 included, joins it over
+    /// the cluster link. Otherwise rank 0's process hosts the controller.
     pub fn controller_apart(&self) -> bool {
-        self.placement == Placement::Processes && self.backend == crate::Backend::Collective
+        self.collective_engine() == Some(CollectiveEngine::Mpi)
+    }
+
+    /// The engine of the collective backend, `None` on the host backend: MPI for CPU rank
+    /// processes; NCCL when every rank is a GPU — distinct GPUs in-process; in a cluster run
+    /// each process's own — and the build has the `cuda` feature; the host all-reduce otherwise
+    /// (`mixed` when the world has both GPU and CPU ranks).
+    pub fn collective_engine(&self) -> Option<CollectiveEngine> {
+        if self.backend != Backend::Collective {
+            return None;
+        }
+        let gpus = self.devices.iter().filter(|d| matches!(d, Device::Cuda(_))).count();
+        if self.placement == Placement::Processes && gpus == 0 {
+            return Some(CollectiveEngine::Mpi);
+        }
+        let distinct = self.placement == Placement::Processes
+            || self.devices.iter().collect::<std::collections::HashSet<_>>().len()
+                == self.devices.len();
+        if cfg!(feature = "cuda") && gpus == self.devices.len() && distinct {
+            Some(CollectiveEngine::Nccl)
+        } else {
+            Some(CollectiveEngine::Host { mixed: gpus > 0 && gpus < self.devices.len() })
+        }
     }
 
     /// Full batches per epoch (the tail smaller than a batch is dropped).

@@ -86,3 +86,37 @@ fn mixed_gpu_cpu_host() -> TestResult {
     devices.push(Device::Cpu);
     run(devices, Policy::Cadence, Backend::Host)
 }
+
+/// An NCCL group of one formed through the controller: a cluster run of one GPU process on the
+/// collective backend goes through the coordinator, which asks its lowest rank for the group's
+/// unique id and relays it back; the rank joins the group and trains with it.
+#[test]
+fn nccl_group_of_one_through_the_controller() -> TestResult {
+    if let Some(reason) = flodl_tensor::gpu_skip_reason() {
+        flodl_tensor::skip_or_fail(&reason);
+        return Ok(());
+    }
+    let mnist = Mnist::load(flodl_data::mnist::vendored_dir(), Split::Train, Verify::Skip)?;
+    let data: Arc<dyn Dataset> = Arc::new(Subset::first(mnist, 2048));
+    let place = flodl_ddp::Cluster::in_memory(1)?.remove(0).join_timeout(Duration::from_secs(20));
+    let started = Trainer::new(Mlp::factory(MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9))))
+        .dataset(data)
+        .batch_size(64)
+        .epochs(1)
+        .devices(Devices::AllGpus)
+        .policy(Policy::Sync)
+        .backend(Backend::Collective)
+        .learning_rate(0.05)
+        .stall_timeout(Duration::from_secs(120))
+        .cluster(place)
+        .start()?;
+    let state = match started {
+        flodl_ddp::Started::Coordinator(handle) => handle.join()?,
+        flodl_ddp::Started::Rank(_) => return Err("rank 0 did not host the controller".into()),
+    };
+    let last = state.epochs.last().ok_or("no epoch")?;
+    assert_eq!(last.samples, 2048);
+    assert!(state.reduces >= 32, "{} reduces", state.reduces);
+    assert!(last.avg_loss < 1.0, "loss {}", last.avg_loss);
+    Ok(())
+}

@@ -166,3 +166,36 @@ fn bundles_record_the_compat_hash() -> TestResult {
     assert_eq!(bundle.config_hash, expected);
     Ok(())
 }
+
+/// The collective engine follows the devices: NCCL for distinct GPUs (and each process's own
+/// GPU in a cluster run) when built with CUDA, the host all-reduce for CPU ranks, shared GPUs
+/// and mixed worlds (flagged), none on the host backend.
+#[test]
+fn collective_engine_follows_the_devices() -> TestResult {
+    use flodl_ddp::CollectiveEngine;
+    let nccl = if cfg!(feature = "cuda") {
+        CollectiveEngine::Nccl
+    } else {
+        CollectiveEngine::Host { mixed: false }
+    };
+    let cases: [(Vec<Device>, Backend, Option<CollectiveEngine>); 5] = [
+        (vec![Device::Cpu; 2], Backend::Collective, Some(CollectiveEngine::Host { mixed: false })),
+        (vec![Device::Cuda(0), Device::Cuda(1)], Backend::Collective, Some(nccl)),
+        (
+            vec![Device::Cuda(0), Device::Cuda(0)],
+            Backend::Collective,
+            Some(CollectiveEngine::Host { mixed: false }),
+        ),
+        (
+            vec![Device::Cuda(0), Device::Cpu],
+            Backend::Collective,
+            Some(CollectiveEngine::Host { mixed: true }),
+        ),
+        (vec![Device::Cuda(0), Device::Cpu], Backend::Host, None),
+    ];
+    for (devices, backend, want) in cases {
+        let spec = base().devices(Devices::List(devices.clone())).backend(backend).spec()?;
+        assert_eq!(spec.collective_engine(), want, "{devices:?} {backend:?}");
+    }
+    Ok(())
+}
