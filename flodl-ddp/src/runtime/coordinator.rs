@@ -909,7 +909,7 @@ impl Coordinator {
             return Ok(());
         };
         let initial = initial.ok_or(Error::PeerGone(Peer::Rank(0)))?;
-        let mut inits = Vec::with_capacity(world);
+        let mut inits = Vec::with_capacity(self.cfg.world());
         if let Some(resumed) = self.saves.resumed.clone() {
             let n = initial.params.len();
             let found = resumed.bundle.signature();
@@ -949,8 +949,8 @@ impl Coordinator {
         }
         if self.group.relay {
             // The first group forms through the coordinator before the ranks train.
-            let all: Vec<usize> = (0..world).collect();
-            if let Some((maker, ask)) = self.formation.ask(0, &all, inits) {
+            let members = self.slots.live_ranks();
+            if let Some((maker, ask)) = self.formation.ask(0, &members, inits) {
                 tracing::info!(maker, "asking the lowest rank for the first group's id");
                 self.send(maker, ask)?;
             }

@@ -88,7 +88,7 @@ mod tests {
 
     fn init() -> ToWorker {
         let window = crate::link::wire::Window { round: 1, target: 1, limit: 1, wall: None };
-        ToWorker::Init { state: HostState::default(), restore: None, window }
+        ToWorker::Init { state: HostState::default(), restore: None, window, global_step: 0 }
     }
 
     /// The message flow through the controller, with `Regroup::Host` standing in for an NCCL
