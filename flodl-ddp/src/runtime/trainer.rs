@@ -902,7 +902,14 @@ impl Trainer {
                 let ranks: Vec<usize> =
                     (0..cluster.world()).filter(|&r| Some(r) != cluster.rank()).collect();
                 let (world, quorum) = (cluster.world(), cluster.quorum_of());
-                cluster.rendezvous().accept(run, world, &ranks, quorum, cluster.join_wait(), silence)?
+                cluster.rendezvous().accept(
+                    run,
+                    world,
+                    &ranks,
+                    quorum,
+                    cluster.join_wait(),
+                    silence,
+                )?
             }
             None => (Vec::new(), None),
         };
