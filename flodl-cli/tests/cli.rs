@@ -500,8 +500,9 @@ fn checkpoints_resume_and_mismatches_are_refused_in_one_line() -> Result {
     let refused = tmp.path().join("refused");
     let ckp = p(&ck)?;
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
-        (vec!["--ranks", "3"], vec!["latest.fdlck", "world size 2", "3"]),
-        (vec!["--seed", "7"], vec!["latest.fdlck", "another configuration"]),
+        // Another world is an elastic resume, not a refusal; the training terms must match.
+        (vec!["--batch-size", "16"], vec!["latest.fdlck", "another batch_size", "16"]),
+        (vec!["--seed", "7"], vec!["latest.fdlck", "another seed", "7"]),
         (vec!["--hidden", "64"], vec!["latest.fdlck", "another model"]),
     ];
     let refused_s = p(&refused)?;
