@@ -188,15 +188,7 @@ mod tests {
                     StepResult::NotRun,
                     StepResult::NotRun,
                 ],
-                [
-                    "ok",
-                    "FAILED (exit 101)",
-                    "not run",
-                    "not run",
-                    "not run",
-                    "not run",
-                    "not run",
-                ],
+                ["ok", "FAILED (exit 101)", "not run", "not run", "not run", "not run", "not run"],
             ),
             (
                 [
