@@ -13,7 +13,7 @@ use crate::settings::{Outcome, Settings};
 
 /// Trains the model with candle alone on `threads` threads (a rayon pool of that size): the
 /// same batches in the same order as one flodl rank would see them (the run's permutation of
-/// every epoch), AdamW at the settings' rate.
+/// every epoch), AdamW following the settings' schedule.
 ///
 /// # Errors
 /// candle's, a fetch's or the pool's.
@@ -29,14 +29,18 @@ pub fn train(settings: &Settings, threads: usize) -> anyhow::Result<Outcome> {
         let bs = settings.batch_size;
         let t0 = Instant::now();
         let mut samples = 0;
+        let schedule = settings.schedule();
+        let mut step = 0;
         for epoch in 0..settings.epochs {
             let perm = flodl_data::epoch_permutation(data.len(), settings.seed, epoch as u64);
             for picks in perm.chunks_exact(bs) {
                 data.fetch(picks, &mut host)?;
                 let (x, y) = tensors(host.f32(0)?, host.i32(1)?, &device)?;
                 let loss = model.loss(&x, &y)?;
+                optimizer.set_learning_rate(schedule.lr(step));
                 optimizer.backward_step(&loss)?;
                 samples += bs;
+                step += 1;
             }
         }
         let train_s = t0.elapsed().as_secs_f64();

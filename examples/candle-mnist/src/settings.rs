@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use flodl_data::Dataset;
+use flodl_ddp::control::schedule::Schedule;
 use flodl_ddp::{Backend, Devices, Policy, Trainer};
 
 /// One training run's settings, shared by the tiers and the baseline.
@@ -16,7 +17,7 @@ pub struct Settings {
     pub epochs: usize,
     /// Samples per batch.
     pub batch_size: usize,
-    /// AdamW's learning rate.
+    /// AdamW's starting learning rate (see [`Settings::schedule`]).
     pub lr: f32,
     /// Ranks (each a CPU thread).
     pub ranks: usize,
@@ -53,9 +54,20 @@ impl Settings {
             .devices(Devices::Cpu(self.ranks))
             .policy(self.policy)
             .backend(self.backend)
-            .learning_rate(self.lr)
+            .schedule(self.schedule())
             .slowdown(self.slowdown.clone())
             .seed(self.seed)
+    }
+}
+
+impl Settings {
+    /// The learning rate over the run: a cosine descent from `lr` to `lr / 100` over every
+    /// batch of the run, indexed by the batches trained by all ranks together (flodl's cohort
+    /// step; candle's own loop counts its batches the same way).
+    pub fn schedule(&self) -> Schedule {
+        let lr = f64::from(self.lr);
+        let total = (self.epochs * (self.train.len() / self.batch_size.max(1))) as u64;
+        Schedule::Cosine { lr, min_lr: lr / 100.0, total: total.max(1) }
     }
 }
 
