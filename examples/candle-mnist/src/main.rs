@@ -32,8 +32,8 @@ enum Run {
 struct Args {
     #[arg(long, value_enum, default_value = "accuracy")]
     run: Run,
-    /// Passes over the training set.
-    #[arg(long, default_value_t = 4)]
+    /// Passes over the training set (6: both tiers end above 98.8% on the full set).
+    #[arg(long, default_value_t = 6)]
     epochs: usize,
     /// Ranks (CPU threads).
     #[arg(long, default_value_t = 2)]
