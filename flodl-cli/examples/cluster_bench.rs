@@ -9,74 +9,8 @@
 //! ```
 //! Throughput is samples trained / training wall time, from each run's summary.json.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod side_by_side;
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// The `fdl` binary built beside this example (`target/<profile>/fdl`).
-fn fdl() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
-    let fdl = dir.join("fdl");
-    if fdl.is_file() {
-        Ok(fdl)
-    } else {
-        Err(format!("{} is missing: build the fdl binary", fdl.display()).into())
-    }
-}
-
-/// Samples per second of training of the run in `dir`.
-fn throughput(dir: &Path) -> Result<(f64, f64)> {
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?;
-    let wall = s["train_wall_s"].as_f64().ok_or("no train_wall_s")?;
-    let samples: f64 =
-        s["ranks"].as_array().ok_or("no ranks")?.iter().filter_map(|r| r["samples"].as_f64()).sum();
-    let acc = s["test"]["accuracy"].as_f64().unwrap_or(f64::NAN);
-    Ok((samples / wall, acc))
-}
-
-fn main() -> Result {
-    let fdl = fdl()?;
-    let extra: Vec<String> = std::env::args().skip(1).collect();
-    let tmp = tempfile::tempdir()?;
-    let common = [
-        "--backend",
-        "host",
-        "--epochs",
-        "5",
-        "--batch-size",
-        "64",
-        "--slowdown",
-        "1,2.5",
-        "--quiet",
-    ];
-    println!(
-        "| policy | in-process samples/s | processes samples/s | ratio | accuracy (in-process / processes) |"
-    );
-    println!("|---|---|---|---|---|");
-    for policy in ["cadence", "async"] {
-        let mut figures = Vec::new();
-        for (mode, args) in
-            [("alone", vec!["train", "--ranks", "2"]), ("launch", vec!["launch", "--nproc", "2"])]
-        {
-            let out = tmp.path().join(format!("{policy}-{mode}"));
-            let status = Command::new(&fdl)
-                .args(&args)
-                .args(["--policy", policy])
-                .args(common)
-                .args(&extra)
-                .arg("--out")
-                .arg(&out)
-                .status()?;
-            if !status.success() {
-                return Err(format!("{policy} {mode}: fdl {status}").into());
-            }
-            figures.push(throughput(&out)?);
-        }
-        let ((a, acc_a), (p, acc_p)) = (figures[0], figures[1]);
-        println!("| {policy} | {a:.0} | {p:.0} | {:.3} | {acc_a:.4} / {acc_p:.4} |", p / a);
-    }
-    Ok(())
+fn main() -> side_by_side::Result {
+    side_by_side::compare("host", &["launch", "--nproc", "2"], "processes")
 }

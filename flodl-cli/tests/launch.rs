@@ -11,7 +11,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::launched::{FDL, Launched, Result, accuracy, kill9, summary};
+use support::launched::{FDL, Launched, Result, accuracy, in_process, kill9, summary};
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
 const JOB: [&str; 12] = [
@@ -38,12 +38,7 @@ fn launched_jobs_match_in_process_runs() -> Result {
     let tmp = tempfile::tempdir()?;
     for (policy, wire) in [("sync", "f32"), ("cadence", "f32"), ("async", "bf16")] {
         let alone = tmp.path().join(format!("alone-{policy}"));
-        let out = Command::new(FDL)
-            .args(["train", "--ranks", "3", "--policy", policy, "--quiet", "--out"])
-            .arg(&alone)
-            .args(JOB)
-            .output()?;
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        in_process(&[&["--policy", policy][..], &JOB].concat(), &alone)?;
         let job = tmp.path().join(format!("job-{policy}"));
         let out = Command::new(FDL)
             .args([

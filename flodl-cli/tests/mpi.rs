@@ -5,17 +5,12 @@
 //! reason, unless `FLODL_REQUIRE_MPI=1` (CI sets it).
 #![cfg(feature = "mpi")]
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+mod support;
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-const FDL: &str = env!("CARGO_BIN_EXE_fdl");
+use support::launched::{FDL, Launched, Result, accuracy, in_process, kill9, summary};
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
 const JOB: [&str; 12] = [
@@ -46,25 +41,6 @@ fn skip() -> Result<Option<String>> {
         return Err(format!("FLODL_REQUIRE_MPI=1 but {why}").into());
     }
     Ok(Some(why))
-}
-
-fn summary(dir: &Path) -> Result<Value> {
-    Ok(serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?)
-}
-
-fn accuracy(dir: &Path) -> Result<f64> {
-    summary(dir)?["test"]["accuracy"].as_f64().ok_or_else(|| "no test accuracy".into())
-}
-
-/// The in-process run of `flags` on 3 CPU ranks; its test accuracy.
-fn in_process(flags: &[&str], out: &Path) -> Result<f64> {
-    let run = Command::new(FDL)
-        .args(["train", "--ranks", "3", "--quiet", "--out"])
-        .arg(out)
-        .args(flags)
-        .output()?;
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    accuracy(out)
 }
 
 /// Every policy on the collective backend across 3 MPI processes completes, with the
@@ -109,76 +85,6 @@ fn every_policy_across_three_mpi_processes_matches_in_process() -> Result {
     Ok(())
 }
 
-/// Output lines of a launched job on a channel.
-struct Launched {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Launched {
-    fn start(args: &[&str]) -> Result<Launched> {
-        let mut child =
-            Command::new(FDL).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-        let (tx, lines) = mpsc::channel();
-        for stream in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(std::result::Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
-        Ok(Launched { child, lines, seen: Vec::new() })
-    }
-
-    /// The first line containing `what`, within `wait`.
-    fn wait_for(&mut self, what: &str, wait: Duration) -> Result<String> {
-        let deadline = Instant::now() + wait;
-        while let Ok(line) =
-            self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            self.seen.push(line.clone());
-            if line.contains(what) {
-                return Ok(line);
-            }
-        }
-        Err(format!("no line with {what:?} within {wait:?}; saw:\n{}", self.seen.join("\n")).into())
-    }
-
-    /// Waits for the launcher to exit; its code and every line.
-    fn finish(mut self, wait: Duration) -> Result<(Option<i32>, String)> {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
-                    self.seen.push(line);
-                }
-                return Ok((status.code(), self.seen.join("\n")));
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return Err(format!(
-                    "the launcher did not exit within {wait:?}:\n{}",
-                    self.seen.join("\n")
-                )
-                .into());
-            }
-            while let Ok(line) = self.lines.try_recv() {
-                self.seen.push(line);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
 /// A slow job: every rank slowed so an epoch lasts about a second.
 const SLOW: [&str; 14] = [
     "--backend",
@@ -216,7 +122,7 @@ fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
     // Saved at every reduce: a death loses at most the windows in progress.
     args.extend(["--out", &dir_s, "--checkpoint-dir", &ckpt_s, "--checkpoint-every-reduces", "1"]);
     args.extend(SLOW);
-    let mut job = Launched::start(&args)?;
+    let mut job = Launched::spawn(Command::new(FDL).args(&args))?;
     let line = job.wait_for("rank 1 of 3: joined the controller (pid", Duration::from_secs(60))?;
     let pid: i32 = line
         .rsplit("(pid ")
@@ -224,8 +130,7 @@ fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
         .and_then(|p| p.trim_end_matches(')').parse().ok())
         .ok_or("no pid")?;
     job.wait_for("epoch 1/4", Duration::from_secs(90))?;
-    let killed = Command::new("kill").args(["-9", &pid.to_string()]).status()?;
-    assert!(killed.success(), "kill -9 {pid}");
+    kill9(pid)?;
     let (code, out) = job.finish(Duration::from_secs(240))?;
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("an MPI world cannot shrink"), "{out}");

@@ -2,14 +2,13 @@
 //! rank process, which the controller admits at a reduce from the consensus; the run completes
 //! with every sample of every epoch trained once.
 
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
 
 mod support;
 
-use support::launched::{FDL, Launched, Result, accuracy, kill9, records, summary};
+use support::launched::{Launched, Result, accuracy, in_process, kill9, records, summary};
 
 /// Training and test samples, epochs of the job.
 const TRAIN: usize = 8192;
@@ -60,12 +59,7 @@ fn a_killed_rank_process_is_restarted_and_rejoins() -> Result {
     let clean = tmp.path().join("clean");
     let flags: Vec<&str> = JOB.iter().copied().filter(|f| !f.contains("20,20")).collect();
     let flags: Vec<&str> = flags.into_iter().filter(|f| *f != "--slowdown").collect();
-    let out = Command::new(FDL)
-        .args(["train", "--ranks", "3", "--quiet", "--out"])
-        .arg(&clean)
-        .args(&flags)
-        .output()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    in_process(&flags, &clean)?;
     let dir = tmp.path().join("rejoined");
     let mut job = Launched::start_with(3, &["--max-restarts", "1"], &JOB, &dir, &[])?;
     job.wait_for("epoch 1/8", Duration::from_secs(90))?;

@@ -8,14 +8,13 @@
 //! Short by default (about a minute, a kill every ~15 s); `FLODL_SOAK_SECS=600` (and
 //! optionally `FLODL_SOAK_EVERY=60`) for the long one.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
 
 mod support;
 
-use support::launched::{FDL, Launched, Result, accuracy, kill9, records, summary};
+use support::launched::{Launched, Result, accuracy, in_process, kill9, records, summary};
 
 /// Accuracy the soaked job may differ by from the clean in-process run of the same flags.
 const BAND: f64 = 0.06;
@@ -86,12 +85,7 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     ];
     let tmp = tempfile::tempdir()?;
     let clean = tmp.path().join("clean");
-    let out = Command::new(FDL)
-        .args(["train", "--ranks", "3", "--quiet", "--out"])
-        .arg(&clean)
-        .args(&flags)
-        .output()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    in_process(&flags, &clean)?;
     let dir = tmp.path().join("soak");
     let ckpt = tmp.path().join("ckpt");
     let ckpt_s = ckpt.to_string_lossy().into_owned();

@@ -200,14 +200,21 @@ impl Drop for HostComm {
     }
 }
 
-/// The `f32` host slices behind CPU tensors (zero-copy).
-fn host_slices<'a>(tensors: &'a mut [&mut Tensor]) -> Result<Vec<&'a mut [f32]>> {
+/// The `f32` host slices behind CPU tensors (zero-copy), for the collectives that reduce on the
+/// CPU (`HostComm`, `MpiComm`, named `who` in the error).
+///
+/// # Errors
+/// `InvalidArgument` for a tensor that is not `f32` on the CPU.
+pub(crate) fn host_slices<'a>(
+    tensors: &'a mut [&mut Tensor],
+    who: &str,
+) -> Result<Vec<&'a mut [f32]>> {
     tensors
         .iter_mut()
         .map(|t| {
             if t.device() != Device::Cpu || t.dtype() != DType::F32 {
                 return Err(Error::InvalidArgument(format!(
-                    "HostComm reduces f32 CPU tensors, got {:?} on {}",
+                    "{who} reduces f32 CPU tensors, got {:?} on {}",
                     t.dtype(),
                     t.device()
                 )));
@@ -234,12 +241,12 @@ impl Collective for HostComm {
         weight: f32,
         _stream: &Stream,
     ) -> Result<()> {
-        let mut slices = host_slices(tensors)?;
+        let mut slices = host_slices(tensors, "HostComm")?;
         self.all_reduce_weighted_f32(&mut slices, weight)
     }
 
     fn all_reduce_sum(&mut self, tensors: &mut [&mut Tensor], _stream: &Stream) -> Result<()> {
-        let mut slices = host_slices(tensors)?;
+        let mut slices = host_slices(tensors, "HostComm")?;
         self.all_reduce_sum_f32(&mut slices)
     }
 
@@ -249,7 +256,7 @@ impl Collective for HostComm {
         root: usize,
         _stream: &Stream,
     ) -> Result<()> {
-        let mut slices = host_slices(tensors)?;
+        let mut slices = host_slices(tensors, "HostComm")?;
         self.broadcast_f32(&mut slices, root)
     }
 

@@ -24,12 +24,12 @@ use mpi::environment::{Threading, Universe};
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator, SimpleCommunicator};
 
-use flodl_tensor::{DType, Device, Stream, Tensor};
+use flodl_tensor::{Stream, Tensor};
 
 use crate::abort::AbortHandle;
 use crate::collective::Collective;
 use crate::error::{Error, Result};
-use crate::host::DEFAULT_TIMEOUT;
+use crate::host::{DEFAULT_TIMEOUT, host_slices};
 
 /// The exit code `MPI_Abort` gives the job when a collective is abandoned.
 const ABORT_CODE: i32 = 70;
@@ -369,24 +369,6 @@ const SPIN: Duration = Duration::from_millis(2);
 /// The pause between polls after that.
 const NAP: Duration = Duration::from_micros(50);
 
-impl MpiComm {
-    /// The tensors as host slices; `InvalidArgument` for a tensor that is not `f32` on the CPU.
-    fn host_slices<'t>(tensors: &'t mut [&mut Tensor]) -> Result<Vec<&'t mut [f32]>> {
-        let mut slices = Vec::with_capacity(tensors.len());
-        for t in tensors.iter_mut() {
-            if t.device() != Device::Cpu || t.dtype() != DType::F32 {
-                return Err(Error::InvalidArgument(format!(
-                    "MpiComm reduces f32 CPU tensors, got {:?} on {}",
-                    t.dtype(),
-                    t.device()
-                )));
-            }
-            slices.push(t.as_mut_slice::<f32>()?);
-        }
-        Ok(slices)
-    }
-}
-
 impl Collective for MpiComm {
     fn rank(&self) -> usize {
         self.rank
@@ -402,12 +384,12 @@ impl Collective for MpiComm {
         weight: f32,
         _stream: &Stream,
     ) -> Result<()> {
-        let mut slices = MpiComm::host_slices(tensors)?;
+        let mut slices = host_slices(tensors, "MpiComm")?;
         self.all_reduce_weighted_f32(&mut slices, weight)
     }
 
     fn all_reduce_sum(&mut self, tensors: &mut [&mut Tensor], _stream: &Stream) -> Result<()> {
-        let mut slices = MpiComm::host_slices(tensors)?;
+        let mut slices = host_slices(tensors, "MpiComm")?;
         self.all_reduce_sum_f32(&mut slices)
     }
 
@@ -417,7 +399,7 @@ impl Collective for MpiComm {
         root: usize,
         _stream: &Stream,
     ) -> Result<()> {
-        let mut slices = MpiComm::host_slices(tensors)?;
+        let mut slices = host_slices(tensors, "MpiComm")?;
         self.broadcast_f32(&mut slices, root)
     }
 

@@ -13,6 +13,24 @@ pub(crate) type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Erro
 
 pub(crate) const FDL: &str = env!("CARGO_BIN_EXE_fdl");
 
+/// The in-process run of `flags` on 3 CPU ranks (`fdl train --ranks 3`) into `out`; its test
+/// accuracy.
+pub(crate) fn in_process(flags: &[&str], out: &Path) -> Result<f64> {
+    let run = Command::new(FDL)
+        .args(["train", "--ranks", "3", "--quiet", "--out"])
+        .arg(out)
+        .args(flags)
+        .output()?;
+    if !run.status.success() {
+        return Err(format!(
+            "in-process run {flags:?} failed: {}",
+            String::from_utf8_lossy(&run.stderr)
+        )
+        .into());
+    }
+    accuracy(out)
+}
+
 /// The run directory's `summary.json`.
 pub(crate) fn summary(dir: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?)
@@ -61,16 +79,27 @@ impl Launched {
         out: &Path,
         env: &[(&str, &str)],
     ) -> Result<Launched> {
-        let mut child = Command::new(FDL)
-            .args(["launch", "--nproc", &nproc.to_string()])
-            .args(launcher)
-            .arg("--out")
-            .arg(out)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+        let mut job = Launched::spawn(
+            Command::new(FDL)
+                .args(["launch", "--nproc", &nproc.to_string()])
+                .args(launcher)
+                .arg("--out")
+                .arg(out)
+                .args(args)
+                .envs(env.iter().copied()),
+        )?;
+        for rank in 0..nproc {
+            let line =
+                job.wait_for(&format!("[launch] rank {rank}: pid"), Duration::from_secs(20))?;
+            job.pids.push(pid_in(&line)?);
+        }
+        Ok(job)
+    }
+
+    /// Starts `command` with its stdout and stderr lines on the channel; no rank pids known (an
+    /// MPI job's ranks are mpirun's children).
+    pub(crate) fn spawn(command: &mut Command) -> Result<Launched> {
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
         let (tx, lines) = mpsc::channel();
         for stream in [
             child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
@@ -86,13 +115,7 @@ impl Launched {
                 }
             });
         }
-        let mut job = Launched { child, lines, pids: Vec::new(), seen: Vec::new() };
-        for rank in 0..nproc {
-            let line =
-                job.wait_for(&format!("[launch] rank {rank}: pid"), Duration::from_secs(20))?;
-            job.pids.push(pid_in(&line)?);
-        }
-        Ok(job)
+        Ok(Launched { child, lines, pids: Vec::new(), seen: Vec::new() })
     }
 
     /// Takes one line (within `wait`), keeping track of restarted ranks' pids; `None` when no
@@ -133,6 +156,7 @@ impl Launched {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
+                let _ = self.child.wait();
                 return Err(format!(
                     "the launcher did not exit within {wait:?}:\n{}",
                     self.seen.join("\n")

@@ -34,37 +34,35 @@ pub(crate) fn misfit(index: usize, have: usize, want: usize) -> Error {
     Error::ReplicaMismatch(format!("parameter {index} holds {have} values, the run {want}"))
 }
 
+/// Copies parameter `index`, whose values are `p`, into `out`.
+fn read_from(index: usize, p: &[f32], out: &mut [f32]) -> Result<()> {
+    if p.len() != out.len() {
+        return Err(misfit(index, p.len(), out.len()));
+    }
+    out.copy_from_slice(p);
+    Ok(())
+}
+
+/// Overwrites parameter `index`, whose values are `p`, with `values`.
+fn write_into(index: usize, p: &mut [f32], values: &[f32]) -> Result<()> {
+    if p.len() != values.len() {
+        return Err(misfit(index, p.len(), values.len()));
+    }
+    p.copy_from_slice(values);
+    Ok(())
+}
+
 impl Parameters for [Vec<f32>] {
     fn count(&self) -> usize {
         self.len()
     }
     fn read(&self, index: usize, out: &mut [f32]) -> Result<()> {
         let p = self.get(index).ok_or_else(|| misfit(index, 0, out.len()))?;
-        if p.len() != out.len() {
-            return Err(misfit(index, p.len(), out.len()));
-        }
-        out.copy_from_slice(p);
-        Ok(())
+        read_from(index, p, out)
     }
     fn write(&mut self, index: usize, values: &[f32]) -> Result<()> {
         let p = self.get_mut(index).ok_or_else(|| misfit(index, 0, values.len()))?;
-        if p.len() != values.len() {
-            return Err(misfit(index, p.len(), values.len()));
-        }
-        p.copy_from_slice(values);
-        Ok(())
-    }
-}
-
-impl Parameters for Vec<Vec<f32>> {
-    fn count(&self) -> usize {
-        self.len()
-    }
-    fn read(&self, index: usize, out: &mut [f32]) -> Result<()> {
-        self.as_slice().read(index, out)
-    }
-    fn write(&mut self, index: usize, values: &[f32]) -> Result<()> {
-        self.as_mut_slice().write(index, values)
+        write_into(index, p, values)
     }
 }
 
@@ -74,27 +72,21 @@ impl Parameters for [Tensor] {
     }
     fn read(&self, index: usize, out: &mut [f32]) -> Result<()> {
         let t = self.get(index).ok_or_else(|| misfit(index, 0, out.len()))?;
-        let p = t.as_slice::<f32>()?;
-        if p.len() != out.len() {
-            return Err(misfit(index, p.len(), out.len()));
-        }
-        out.copy_from_slice(p);
-        Ok(())
+        read_from(index, t.as_slice::<f32>()?, out)
     }
     fn write(&mut self, index: usize, values: &[f32]) -> Result<()> {
         let t = self.get_mut(index).ok_or_else(|| misfit(index, 0, values.len()))?;
-        let p = t.as_mut_slice::<f32>()?;
-        if p.len() != values.len() {
-            return Err(misfit(index, p.len(), values.len()));
-        }
-        p.copy_from_slice(values);
-        Ok(())
+        write_into(index, t.as_mut_slice::<f32>()?, values)
     }
 }
 
-impl Parameters for Vec<Tensor> {
+/// A vector of parameters is its slice (`Vec<Vec<f32>>`, `Vec<Tensor>`).
+impl<P> Parameters for Vec<P>
+where
+    [P]: Parameters,
+{
     fn count(&self) -> usize {
-        self.len()
+        self.as_slice().count()
     }
     fn read(&self, index: usize, out: &mut [f32]) -> Result<()> {
         self.as_slice().read(index, out)

@@ -314,6 +314,7 @@ pub(crate) fn own_device(kind: Device, local_rank: usize) -> Device {
     }
 }
 
+mod roll_call;
 #[cfg(feature = "cluster")]
 mod tls;
 
@@ -432,8 +433,9 @@ pub const DEFAULT_BULK_CAP: usize = 1 << 30;
 pub(crate) mod memory {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
+    use super::roll_call::RollCall;
     use super::{Admitted, Connections, Rendezvous};
     use crate::link::LinkError;
     use crate::link::frame::Lane;
@@ -577,22 +579,10 @@ pub(crate) mod memory {
             wait: Duration,
             _silence: Duration,
         ) -> Result<Admitted> {
-            let deadline = Instant::now() + wait;
+            let roll = RollCall::start(world, ranks, quorum, wait);
             let board = &self.board;
             let mut posted = board.posted.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                let missing: Vec<usize> = ranks
-                    .iter()
-                    .copied()
-                    .filter(|&r| posted.ends.get(r).is_none_or(Option::is_none))
-                    .collect();
-                if world - missing.len() >= quorum {
-                    break;
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(Error::RanksMissing { missing, after: wait });
-                }
+            while let Some(left) = roll.left(|r| posted.ends.get(r).is_some_and(Option::is_some))? {
                 posted =
                     board.arrived.wait_timeout(posted, left).unwrap_or_else(|p| p.into_inner()).0;
             }

@@ -4,13 +4,14 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flodl_cluster::{
     Caps, Controller, ControllerAddr, Hello, Lane as NetLane, NetError, SessionConfig,
     SessionReceiver, SessionSender, Tls,
 };
 
+use super::roll_call::RollCall;
 use super::{Admitted, Rendezvous};
 use crate::link::LinkError;
 use crate::link::frame::Lane;
@@ -170,21 +171,9 @@ impl Rendezvous for TlsRendezvous {
         let controller = Controller::bind(self.bind, run, world, self.config(silence))
             .map_err(net("binding the controller"))?;
         tracing::info!(addr = %controller.local_addr(), world, "controller waiting for ranks");
-        let deadline = Instant::now() + wait;
+        let roll = RollCall::start(world, ranks, quorum, wait);
         let mut joined: Vec<Option<Arc<dyn Frames>>> = (0..world).map(|_| None).collect();
-        loop {
-            let missing: Vec<usize> = ranks
-                .iter()
-                .copied()
-                .filter(|&r| joined.get(r).is_none_or(Option::is_none))
-                .collect();
-            if world - missing.len() >= quorum {
-                break;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::RanksMissing { missing, after: wait });
-            }
+        while let Some(left) = roll.left(|r| joined.get(r).is_some_and(Option::is_some))? {
             match controller.accept(left) {
                 Ok(session) => {
                     let rank = session.rank();
