@@ -635,6 +635,63 @@ fn chunk_picks(perms: &mut Permutations, chunk: Chunk, bs: usize) -> Result<Vec<
     Ok(picks.chunks_exact(bs).map(|p| BatchPicks { picks: p.to_vec(), valid: p.len() }).collect())
 }
 
+/// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
+/// `last_sent`.
+fn send_on(
+    link: &dyn RankLink,
+    last_sent: &Cell<Instant>,
+    msg: ToCoordinator,
+    wait: Duration,
+) -> Result<()> {
+    last_sent.set(Instant::now());
+    link.send(msg, wait).map_err(|e| match e {
+        LinkError::Timeout(after) => Error::Timeout { what: "room on the link", after },
+        LinkError::Gone | LinkError::Full => Error::PeerGone(Peer::Coordinator),
+    })
+}
+
+/// Tells the coordinator over `link` that `rank` is alive when it has sent nothing for `beat`.
+fn heartbeat_on(
+    link: &dyn RankLink,
+    rank: usize,
+    last_sent: &Cell<Instant>,
+    beat: Duration,
+    wait: Duration,
+) -> Result<()> {
+    if last_sent.get().elapsed() >= beat {
+        send_on(link, last_sent, ToCoordinator::Alive { rank }, wait)?;
+    }
+    Ok(())
+}
+
+/// The coordinator's next message to `rank` over `link`, waited for up to `stall`, saying the
+/// rank is alive whenever it has been quiet for `beat`: before every wait, not only after one
+/// that timed out. The coordinator pings a rank it has not written to for a beat, which is
+/// about when the rank's beat falls due: a ping that lands first, turn after turn (a loaded
+/// machine wakes the rank late, to find it queued), would otherwise keep the rank quiet until
+/// the watchdog declares it dead.
+fn wait_on(
+    link: &dyn RankLink,
+    rank: usize,
+    last_sent: &Cell<Instant>,
+    beat: Duration,
+    stall: Duration,
+) -> Result<ToWorker> {
+    let deadline = Instant::now() + stall;
+    loop {
+        heartbeat_on(link, rank, last_sent, beat, stall)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout { what: "a message from the coordinator", after: stall });
+        }
+        match link.recv(beat.min(left)) {
+            Ok(msg) => return Ok(msg),
+            Err(LinkError::Timeout(_) | LinkError::Full) => {}
+            Err(LinkError::Gone) => return Err(Error::PeerGone(Peer::Coordinator)),
+        }
+    }
+}
+
 /// What a rank's loop does after handling a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -809,11 +866,7 @@ impl<'a> RankLoop<'a> {
     }
 
     fn send(&self, msg: ToCoordinator) -> Result<()> {
-        self.last_sent.set(Instant::now());
-        self.link.send(msg, self.cfg.spec.stall_timeout).map_err(|e| match e {
-            LinkError::Timeout(after) => Error::Timeout { what: "room on the link", after },
-            LinkError::Gone | LinkError::Full => Error::PeerGone(Peer::Coordinator),
-        })
+        send_on(self.link, &self.last_sent, msg, self.cfg.spec.stall_timeout)
     }
 
     /// Runs until the coordinator says finish or stop.
@@ -866,29 +919,14 @@ impl<'a> RankLoop<'a> {
 
     /// Waits for the next message, up to the stall timeout, saying it is alive meanwhile.
     fn wait(&self) -> Result<ToWorker> {
-        let deadline = Instant::now() + self.cfg.spec.stall_timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Timeout {
-                    what: "a message from the coordinator",
-                    after: self.cfg.spec.stall_timeout,
-                });
-            }
-            match self.link.recv(self.cfg.heartbeat().min(left)) {
-                Ok(msg) => return Ok(msg),
-                Err(LinkError::Timeout(_) | LinkError::Full) => self.heartbeat()?,
-                Err(LinkError::Gone) => return Err(Error::PeerGone(Peer::Coordinator)),
-            }
-        }
+        let (beat, stall) = (self.cfg.heartbeat(), self.cfg.spec.stall_timeout);
+        wait_on(self.link, self.worker.rank, &self.last_sent, beat, stall)
     }
 
     /// Tells the coordinator this rank is alive when it has been quiet for a while.
     fn heartbeat(&self) -> Result<()> {
-        if self.last_sent.get().elapsed() >= self.cfg.heartbeat() {
-            self.send(ToCoordinator::Alive { rank: self.worker.rank })?;
-        }
-        Ok(())
+        let (beat, stall) = (self.cfg.heartbeat(), self.cfg.spec.stall_timeout);
+        heartbeat_on(self.link, self.worker.rank, &self.last_sent, beat, stall)
     }
 
     fn report(&mut self, why: Readiness) -> Result<()> {
@@ -1163,5 +1201,46 @@ impl<'a> RankLoop<'a> {
         let generation = self.group.generation;
         self.link.arm_abort(generation, comm.abort_handle());
         self.send(ToCoordinator::Joined { rank: self.worker.rank, generation })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::local::link;
+    use crate::link::{CoordinatorLink, Inbound};
+
+    const BEAT: Duration = Duration::from_millis(500);
+    const STALL: Duration = Duration::from_secs(20);
+
+    /// A rank quiet for a beat that finds the coordinator's ping waiting (as a loaded machine
+    /// makes it, waking late) says it is alive before taking the ping; one that spoke within
+    /// the beat says nothing.
+    #[test]
+    fn a_quiet_rank_woken_by_a_ping_says_it_is_alive() -> std::result::Result<(), String> {
+        for (quiet, alive) in [(2 * BEAT, true), (BEAT + BEAT / 2, true), (Duration::ZERO, false)] {
+            let (inbox_tx, inbox) = flume::bounded::<Inbound<()>>(16);
+            let (coord, mut ends) = link(1, 4, &inbox_tx);
+            let rank = ends.pop().ok_or("no rank 0")?;
+            coord.send(0, ToWorker::Ping, STALL).map_err(|e| e.to_string())?;
+            let since = Instant::now().checked_sub(quiet).ok_or("no instant that early")?;
+            let last_sent = Cell::new(since);
+            let got = wait_on(&rank, 0, &last_sent, BEAT, STALL).map_err(|e| e.to_string())?;
+            if got != ToWorker::Ping {
+                return Err(format!("quiet {quiet:?}: got {got:?}"));
+            }
+            let said = match inbox.try_recv() {
+                Ok(Inbound::Wire { rank: 0, msg: ToCoordinator::Alive { rank: 0 } }) => true,
+                Err(flume::TryRecvError::Empty) => false,
+                other => return Err(format!("quiet {quiet:?}: the coordinator got {other:?}")),
+            };
+            if said != alive {
+                return Err(format!("quiet {quiet:?}: said it is alive {said}, expected {alive}"));
+            }
+            if alive && last_sent.get() <= since {
+                return Err(format!("quiet {quiet:?}: the heartbeat was not noted"));
+            }
+        }
+        Ok(())
     }
 }

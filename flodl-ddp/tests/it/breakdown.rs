@@ -36,12 +36,18 @@ fn rank_totals(state: &TrainedState) -> Vec<TimeBreakdown> {
     totals
 }
 
+/// The most a rank's accounted time may fall short of the training wall besides 1% of it: two
+/// message deliveries, which no clock of the rank's can see (the coordinator's first order to
+/// the rank, before its first span opens, and its last report to the coordinator, after its
+/// last span closed): each a thread's wake-up, which a loaded machine delays (the shortfall
+/// measured 35 to 152 ms at load 16-21 on 2 cores, a few ms on a quiet one).
+const EDGES_MS: f64 = 2.0 * 100.0;
+
 /// In every policy × backend on 2 CPU ranks, each rank's parts summed over the epochs equal
-/// the run's training wall (measured by the coordinator's own clock) within 1%, and its
-/// compute part is the compute time of its steps. The steps are slowed (by sleeping) so the
-/// run lasts long enough (about 1.5 s a mode) for 1% to be above the scheduling noise of a
-/// loaded machine (the last report's delivery to the coordinator is in its wall, not in the
-/// rank's spans: a few milliseconds under heavy load).
+/// the run's training wall (measured by the coordinator's own clock) within 1% plus the two
+/// deliveries at its edges ([`EDGES_MS`]), never exceeding it, and its compute part is the
+/// compute time of its steps. The steps are slowed (by sleeping) so the run lasts long enough
+/// (about 1.5 s a mode) for 1% to be above the scheduling noise.
 #[test]
 fn breakdown_sums_to_the_training_wall_in_every_mode() -> TestResult {
     let data = train_subset(2048);
@@ -51,8 +57,11 @@ fn breakdown_sums_to_the_training_wall_in_every_mode() -> TestResult {
                 trainer(policy, backend, data.clone()).slowdown(vec![40.0, 60.0]).run()?.join()?;
             let what = format!("{policy:?} {backend:?}");
             for (rank, t) in rank_totals(&state).iter().enumerate() {
-                let gap = (t.wall_ms() - state.train_ms).abs() / state.train_ms;
-                assert!(gap < 0.01, "{what} rank {rank}: {t:?} vs wall {} ms", state.train_ms);
+                // The rank's spans lie inside the wall (the first may open a moment before the
+                // coordinator starts its clock, after sending the first orders).
+                let short = state.train_ms - t.wall_ms();
+                let fits = short > -1.0 && short < 0.01 * state.train_ms + EDGES_MS;
+                assert!(fits, "{what} rank {rank}: {t:?} vs wall {} ms", state.train_ms);
                 let compute: f64 = state
                     .epochs
                     .iter()

@@ -412,13 +412,15 @@ fn watchdog_declares_a_hung_rank_dead() -> TestResult {
                 .sample_audit(audit)
                 .run()?;
             let outcome = finish(handle);
-            // The hung rank's thread was detached: let it go (its later batches are not
-            // audited: the run is over).
+            // The audit is read before the hung rank's thread (detached) is let go, so that
+            // its later batches are not counted.
             let after = check_coverage(&seen, 2, 2, &what);
             gate.open();
             let (state, events) = outcome?;
-            assert!(after? >= 1, "{what}: no epoch after the hang");
+            // The deaths first: a survivor declared dead too would have its unreduced work
+            // trained again by the other, which the coverage check reads as trained twice.
             one_fault(&events, 2, &what)?;
+            assert!(after? >= 1, "{what}: no epoch after the hang");
             match &events[0].cause {
                 FaultCause::Silent { after } | FaultCause::MissedReduce { after, .. } => {
                     assert!(*after >= watchdog, "{what}: declared dead after {after:?}")
