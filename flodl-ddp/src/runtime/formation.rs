@@ -55,9 +55,7 @@ impl Formation {
             Formation::Idle => Vec::new(),
         };
         orders.extend(then);
-        let Some(&maker) = members.first() else {
-            return None;
-        };
+        let &maker = members.first()?;
         *self = Formation::AwaitingId { generation, members, maker, then: orders };
         Some((maker, ToWorker::MakeGroupId { generation }))
     }

@@ -161,7 +161,7 @@ mod tests {
         let short = Duration::from_millis(200);
         let mut comm = claim(lonely, 0, 2, short).map_err(|e| e.to_string())?;
         let t = Instant::now();
-        let mut x = vec![1.0f32; 4];
+        let mut x = [1.0f32; 4];
         if comm.all_reduce_weighted_f32(&mut [&mut x[..]], 1.0).is_ok() {
             return Err("an average with a member missing succeeded".into());
         }

@@ -1135,7 +1135,11 @@ impl<'a> RankLoop<'a> {
                 self.start_window(what.next, (0, 0.0))?;
                 self.evaluate_for(what.eval)
             }
-            Err(e) if is_group_fault(&e) => {
+            // A rank whose group is formed through the coordinator has no communicator when
+            // the last group failed to form: it waits for the next, as after a break.
+            Err(e)
+                if is_group_fault(&e) || self.relayed() && matches!(e, Error::NoCommunicator) =>
+            {
                 tracing::warn!(rank, round, error = %e, "collective group broke; waiting to regroup");
                 self.stage = Stage::Interrupted(what);
                 let generation = self.group.generation;
@@ -1165,8 +1169,17 @@ impl<'a> RankLoop<'a> {
         };
         let me = members.iter().position(|&m| m == rank).unwrap_or(0);
         self.send(ToCoordinator::Joining { rank, generation })?;
-        self.worker.regroup_comm(positions.as_deref(), members.len(), me, how)?;
         self.group = Group { members: members.to_vec(), generation };
+        match self.worker.regroup_comm(positions.as_deref(), members.len(), me, how) {
+            Ok(()) => {}
+            // A member that never came (it died while the group formed): the coordinator
+            // forms the next group once it declares it dead; the reduce stays owed till then.
+            Err(e) if self.relayed() && is_group_fault(&e) => {
+                tracing::warn!(rank, generation, error = %e, "the group did not form; waiting for the next");
+                return Ok(Flow::Continue);
+            }
+            Err(e) => return Err(e),
+        }
         tracing::info!(rank, generation, ?members, "regrouped");
         self.announce_group()?;
         // A rank still starting (the first group forms before its initial state) stays so.
@@ -1176,6 +1189,13 @@ impl<'a> RankLoop<'a> {
             self.reduce(what)?;
         }
         Ok(Flow::Continue)
+    }
+
+    /// Whether the rank's collective groups are formed through the coordinator (each named by
+    /// a relayed id: NCCL across processes, the in-memory engine).
+    fn relayed(&self) -> bool {
+        let spec = &self.cfg.spec;
+        spec.collective_engine().is_some_and(|e| e.relays(spec.placement))
     }
 
     /// Arms the link to abort the rank's current collective group and tells the coordinator
