@@ -39,7 +39,6 @@ use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state
 use crate::runtime::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::rank::run_rank;
 use crate::runtime::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
-use crate::runtime::spec::CollectiveEngine;
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -158,7 +157,7 @@ fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
         return Ok((0..world).map(|_| None).collect());
     }
     #[cfg(feature = "cuda")]
-    if cfg.spec.collective_engine() == Some(CollectiveEngine::Nccl) {
+    if cfg.spec.collective_engine() == Some(crate::CollectiveEngine::Nccl) {
         let id = flodl_nccl::UniqueId::new()?;
         return Ok((0..world).map(|_| Some(CommPlan::Nccl { id: id.clone(), world })).collect());
     }
