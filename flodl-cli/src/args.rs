@@ -131,7 +131,7 @@ pub(crate) struct ClusterFlags {
     #[arg(long, value_name = "SECS")]
     pub(crate) join_timeout: Option<f64>,
     /// Rank 0: start once N ranks (rank 0 included) have joined; a process for a rank still
-    /// missing joins the running job at a reduce (host backend) (default: every rank).
+    /// missing joins the running job at a reduce (host backend, or NCCL) (default: every rank).
     #[arg(long, value_name = "N")]
     pub(crate) quorum: Option<usize>,
 }

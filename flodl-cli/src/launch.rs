@@ -5,7 +5,8 @@
 //! SIGTERM forwarded to the ranks by pid, and the job's status (rank 0's, whose process hosts
 //! the controller and decides the run) returned. With `--max-restarts N`, a rank process other
 //! than rank 0 that dies (exits non-zero or is killed) is started again with the same rank, at
-//! most N times over the job; it joins the running job at its next reduce (host backend).
+//! most N times over the job; it joins the running job at its next reduce (host backend, and
+//! NCCL across GPU processes; an MPI world cannot grow, see `mpi_job`).
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};

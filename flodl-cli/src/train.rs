@@ -37,7 +37,8 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     };
     // In a cluster job only the controller's process (rank 0's, or its own in an MPI job)
     // saves and resumes: the ranks restore from what it sends them, and may not see its files.
-    let controller = cluster.as_ref().is_none_or(|c| c.hosts_controller(cfg.backend));
+    let kind = devices.first().copied().unwrap_or(Device::Cpu);
+    let controller = cluster.as_ref().is_none_or(|c| c.hosts_controller(cfg.backend, kind));
     let resume = match &opts.resume {
         Some(path) if controller => Some(ResumePoint::locate(path)?),
         _ => None,
@@ -55,7 +56,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         trainer = crate::launch::cluster_trainer(trainer, &devices, &cfg, c.clone());
     }
     let spec = trainer.spec().map_err(|e| resume::explain(e, resume.as_ref()))?;
-    if let Some(c) = cluster.as_ref().filter(|c| !c.hosts_controller(spec.backend))
+    if let Some(c) = cluster.as_ref().filter(|c| !c.hosts_controller(spec.backend, kind))
         && !args.dry_run
     {
         return crate::launch::run_rank(trainer, c);

@@ -194,6 +194,13 @@ pub(crate) const CASES: &[Case] = &[
         serial: true,
     },
     Case {
+        name: "NCCL rank rejoins through the controller",
+        binary: "flodl-ddp/it",
+        filters: &["gpu::nccl_rank_rejoins_through_the_controller"],
+        gpus: 2,
+        serial: true,
+    },
+    Case {
         name: "CPU ranks: policy x backend",
         binary: "flodl-ddp/it",
         filters: &["runtime::every_mode_trains"],

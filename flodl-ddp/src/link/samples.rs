@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::wire::{CaptureRequest, Chunk, RankCapture, RankRestore, Readiness, Regroup, Window};
+use super::wire::{
+    CaptureRequest, Chunk, GroupKey, RankCapture, RankRestore, Readiness, Regroup, Window,
+};
 use super::wire::{ToCoordinator, ToWorker};
 use crate::control::metrics::{EvalMetrics, WorkTally};
 use crate::error::{Divergence, FailureKind, RankFailure};
@@ -68,6 +70,12 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         ToWorker::Ping,
         ToWorker::Regroup { generation: 2, members: vec![0, 2], how: Regroup::Host },
         ToWorker::MakeGroupId { generation: 3 },
+        ToWorker::Regroup {
+            generation: 4,
+            members: vec![0, 1, 2],
+            how: Regroup::InMemory(GroupKey(7)),
+        },
+        ToWorker::Join { window, global_step: 57 },
         ToWorker::AbortGroup { generation: u64::MAX },
     ];
     #[cfg(feature = "cuda")]

@@ -50,6 +50,11 @@ pub(crate) struct RankRestore {
     pub(crate) global_step: u64,
 }
 
+/// The name of a host all-reduce group formed through the controller (the in-memory
+/// engine), unique in the process that made it: see [`crate::runtime::host_groups`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub(crate) struct GroupKey(pub(crate) u64);
+
 /// How the survivors of a membership change build their next communicator.
 ///
 /// The NCCL variant exists only in builds with the `cuda` feature; it is the last variant, so
@@ -59,6 +64,9 @@ pub(crate) struct RankRestore {
 pub(crate) enum Regroup {
     /// Shrink the host group to the survivors.
     Host,
+    /// Claim a place in the host group of this key, in this process (the in-memory engine:
+    /// see [`crate::runtime::host_groups`]); the old group is dropped.
+    InMemory(GroupKey),
     /// Join a new NCCL group named by this id (the old one is aborted).
     #[cfg(feature = "cuda")]
     Nccl(flodl_nccl::UniqueId),
@@ -72,6 +80,11 @@ pub(crate) enum ToWorker {
     /// know it: on a resume it follows from the bundle's ElChe state), at cohort step
     /// `global_step` (a rank joining a running run starts at the run's).
     Init { state: HostState, restore: Option<Box<RankRestore>>, window: Window, global_step: u64 },
+    /// Collective backend, a rank joining a running run: start in `window` (of the reduce in
+    /// progress, with nothing to train) at cohort step `global_step`, with the replica as built
+    /// (a fresh optimizer). The reduce that follows, in the group just formed with this rank,
+    /// gives it the consensus: it trained no step, so it weighs nothing in it.
+    Join { window: Window, global_step: u64 },
     /// Train this chunk after the ones already queued.
     Work(Chunk),
     /// The stage advisory: the chunks the rank is expected to train next, in order (those it

@@ -20,6 +20,7 @@ use crate::error::RankFailure;
 use crate::link::net::{Arrivals, Frames, NetRank};
 use crate::link::wire::Window;
 use crate::runtime::handle::DdpHandle;
+use crate::runtime::spec::{CollectiveEngine, Placement};
 use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
 
@@ -40,6 +41,10 @@ pub(crate) trait Rendezvous: Send + Sync + 'static {
     /// For rebuilding a rendezvous with other options.
     #[cfg(feature = "cluster")]
     fn as_any(&self) -> &dyn std::any::Any;
+
+    /// Where the ranks that meet through it live: processes of their own, or threads of this
+    /// process on in-memory connections.
+    fn placement(&self) -> Placement;
 
     /// Controller: a connection from each rank of `ranks` (the ranks in other processes),
     /// within `wait` (or from enough of them that `quorum` ranks, this process's included,
@@ -171,15 +176,26 @@ impl Cluster {
         self.local_rank
     }
 
-    /// Whether this process hosts the controller in a run on `backend`: the controller's own
-    /// process; rank 0's with the host backend. With the collective backend the ranks form an
-    /// MPI world that the controller stays outside (see [`crate::RunSpec::controller_apart`]),
-    /// so rank 0 joins it like every other rank.
-    pub fn hosts_controller(&self, backend: crate::Backend) -> bool {
+    /// Whether this process hosts the controller in a run on `backend` whose ranks train on
+    /// `kind` of device: the controller's own process; rank 0's otherwise, unless the ranks
+    /// form an MPI world (the collective backend across CPU rank processes), which the
+    /// controller stays outside (see [`crate::RunSpec::controller_apart`]): rank 0 then joins
+    /// it like every other rank.
+    pub fn hosts_controller(&self, backend: crate::Backend, kind: Device) -> bool {
         match self.seat {
             Seat::Controller => true,
-            Seat::Rank(rank) => rank == 0 && backend != crate::Backend::Collective,
+            Seat::Rank(rank) => {
+                let devices = vec![kind; self.world];
+                let engine = CollectiveEngine::choose(backend, self.placement(), &devices);
+                rank == 0 && engine != Some(CollectiveEngine::Mpi)
+            }
         }
+    }
+
+    /// Where the run's ranks live: processes of their own, or (in-memory connections) threads
+    /// of this process.
+    pub fn placement(&self) -> Placement {
+        self.rendezvous.placement()
     }
 
     /// How long the controller waits for every other rank to join (default 300 s), and a
@@ -290,9 +306,10 @@ impl Drop for RankHandle {
 }
 
 /// How a rank in its own process joins the collective backend: the MPI world it was started
-/// in (the spec refuses the collective backend across processes without the `mpi` feature).
+/// in (the spec refuses the collective backend across CPU processes without the `mpi`
+/// feature); NCCL and in-memory ranks join each group when the controller relays its id.
 fn comm_across(cfg: &RunConfig) -> Option<crate::runtime::comm::CommPlan> {
-    if cfg.spec.backend != crate::Backend::Collective {
+    if cfg.spec.collective_engine() != Some(CollectiveEngine::Mpi) {
         return None;
     }
     #[cfg(feature = "mpi")]
@@ -568,6 +585,10 @@ pub(crate) mod memory {
         #[cfg(feature = "cluster")]
         fn as_any(&self) -> &dyn std::any::Any {
             self
+        }
+
+        fn placement(&self) -> crate::Placement {
+            crate::Placement::InMemory
         }
 
         fn accept(

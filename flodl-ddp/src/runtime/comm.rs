@@ -4,7 +4,7 @@ use flodl_nccl::{AbortHandle, HostComm};
 use flodl_tensor::{Device, Stream, Tensor};
 
 use crate::control::weighting::average_weights;
-use crate::link::wire::Regroup;
+use crate::link::wire::{GroupKey, Regroup};
 use crate::{Error, Result};
 
 /// How a rank joins the collective backend, decided before the ranks start.
@@ -19,9 +19,24 @@ pub(crate) enum CommPlan {
     /// whose rank and size must be the cluster's.
     #[cfg(feature = "mpi")]
     Mpi { world: usize },
+    /// The in-memory engine: the rank claims its place in the host group of this key, in
+    /// this process (see [`crate::runtime::host_groups`]).
+    InMemory { key: GroupKey, world: usize },
 }
 
 impl CommPlan {
+    /// The plan of the group of `size` members that `how` names by an id the controller
+    /// relayed (NCCL, the in-memory engine); `None` for a shrunk host group, which is built
+    /// from the current one.
+    pub(crate) fn relayed(how: &Regroup, size: usize) -> Option<CommPlan> {
+        match how {
+            Regroup::Host => None,
+            Regroup::InMemory(key) => Some(CommPlan::InMemory { key: *key, world: size }),
+            #[cfg(feature = "cuda")]
+            Regroup::Nccl(id) => Some(CommPlan::Nccl { id: id.clone(), world: size }),
+        }
+    }
+
     /// Joins the group as `rank` on `device` (NCCL: blocks until every rank joined, at most
     /// `timeout`).
     ///
@@ -37,6 +52,10 @@ impl CommPlan {
             CommPlan::Host(comm) => {
                 let _ = (rank, device, timeout);
                 Ok(comm)
+            }
+            CommPlan::InMemory { key, world } => {
+                let comm = crate::runtime::host_groups::claim(key, rank, world, timeout)?;
+                Ok(RankComm::Host { comm, mirrors: Vec::new() })
             }
             #[cfg(feature = "cuda")]
             CommPlan::Nccl { id, world } => {
@@ -264,42 +283,26 @@ fn host_weighted(
 }
 
 impl RankComm {
-    /// The communicator of the group formed by `survivors` (ranks of this communicator's group,
-    /// strictly increasing, this rank included), built as `how` says; every survivor calls
-    /// this with the same list. Host: [`HostComm::shrink`], never blocks. NCCL: aborts this
-    /// group and joins the new one as the survivor's position in the list, waiting at most
-    /// `timeout` for the others.
+    /// The communicator of the host group formed by `survivors` (ranks of this
+    /// communicator's group, strictly increasing, this rank included): [`HostComm::shrink`],
+    /// which never blocks; every survivor calls this with the same list. A group named by a
+    /// relayed id (NCCL, the in-memory engine) is joined afresh instead
+    /// ([`CommPlan::relayed`]).
     ///
     /// # Errors
-    /// [`Error::Config`] when `how` does not fit this communicator; collective errors (a bad
-    /// list, NCCL init failure or timeout) and tensor errors.
-    pub(crate) fn regroup(
+    /// [`Error::Protocol`] when this is no host communicator; collective errors (a bad list).
+    pub(crate) fn shrink(
         &self,
         survivors: &[usize],
-        how: &Regroup,
-        device: Device,
         timeout: std::time::Duration,
     ) -> Result<RankComm> {
-        match (self, how) {
-            (RankComm::Host { comm, .. }, Regroup::Host) => {
-                let _ = device;
+        match self {
+            RankComm::Host { comm, .. } => {
                 let mut comm = comm.shrink(survivors)?;
                 comm.set_timeout(timeout);
                 Ok(RankComm::Host { comm, mirrors: Vec::new() })
             }
-            #[cfg(feature = "cuda")]
-            (RankComm::Device { comm, .. }, Regroup::Nccl(id)) => {
-                let me = comm.rank();
-                let rank = survivors.iter().position(|&r| r == me).ok_or_else(|| {
-                    Error::protocol(format!("rank {me} is not among the survivors {survivors:?}"))
-                })?;
-                // The old group may still hold a collective that never completes.
-                comm.abort_handle().abort();
-                CommPlan::Nccl { id: id.clone(), world: survivors.len() }
-                    .join(rank, device, timeout)
-            }
-            #[allow(unreachable_patterns)]
-            _ => Err(Error::protocol("a regroup does not match the rank's communicator")),
+            _ => Err(Error::protocol("only a host group shrinks to its survivors")),
         }
     }
 

@@ -39,7 +39,6 @@ use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state
 use crate::runtime::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::rank::run_rank;
 use crate::runtime::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
-use crate::runtime::spec::{CollectiveEngine, Placement};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -102,8 +101,7 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -
     coord.group.engine = engine(&cfg, &comms);
     // NCCL ranks in several processes: each group's id is made by its lowest member and
     // relayed by the coordinator (see `Formation`).
-    coord.group.relay = cfg.spec.placement == Placement::Processes
-        && cfg.spec.collective_engine() == Some(CollectiveEngine::Nccl);
+    coord.group.relay = cfg.spec.collective_engine().is_some_and(|e| e.relays(cfg.spec.placement));
     let mut workers = Vec::with_capacity(world);
     let comms = comms.into_iter().enumerate().filter(|(rank, _)| here.contains(rank));
     for ((rank, comm), end) in comms.zip(ends) {
@@ -155,11 +153,11 @@ fn comm_plans(cfg: &RunConfig) -> Result<Vec<Option<CommPlan>>> {
     let world = cfg.world();
     // Host backend: no communicator; ranks in several processes: NCCL ranks join the first
     // group when the coordinator relays its id, MPI ranks join their world in their process.
-    if cfg.spec.backend == Backend::Host || cfg.spec.placement == Placement::Processes {
+    if cfg.spec.backend == Backend::Host || cfg.spec.placement.is_cluster() {
         return Ok((0..world).map(|_| None).collect());
     }
     #[cfg(feature = "cuda")]
-    if cfg.spec.collective_engine() == Some(CollectiveEngine::Nccl) {
+    if cfg.spec.collective_engine() == Some(crate::CollectiveEngine::Nccl) {
         let id = flodl_nccl::UniqueId::new()?;
         return Ok((0..world).map(|_| Some(CommPlan::Nccl { id: id.clone(), world })).collect());
     }
@@ -634,21 +632,21 @@ impl Coordinator {
     }
 
     /// A new process for `rank` connected (the controller admitted it: same job CA, same run,
-    /// the rank's seat free). A dead rank's seat starts rejoining; on the collective backend,
-    /// or once the run finishes, it is turned away.
+    /// the rank's seat free). A dead rank's seat starts rejoining; it is turned away once the
+    /// run finishes, and on the collective backend unless its groups are formed through the
+    /// controller (an MPI world cannot grow).
     fn joined(&mut self, rank: usize, frames: Arc<dyn crate::link::net::Frames>) -> Result<()> {
-        let training = matches!(self.phase, Phase::Training);
-        if !training || self.cfg.spec.backend != Backend::Host {
-            // Needs the host backend: a collective group does not take members mid-run here.
-            tracing::warn!(
-                rank,
-                "a process joining again as rank {rank} was turned away: {}",
-                if training {
-                    "joining a running run needs the host backend"
-                } else {
-                    "the run is not training"
-                }
-            );
+        let refusal = if !matches!(self.phase, Phase::Training) {
+            Some("the run is not training")
+        } else if self.cfg.spec.backend == Backend::Host || self.group.relay {
+            None
+        } else if self.group.engine == Engine::Mpi {
+            Some("an MPI world cannot grow (the launcher restarts the job from its last bundle)")
+        } else {
+            Some("this run's collective groups are not formed through the controller")
+        };
+        if let Some(why) = refusal {
+            tracing::warn!(rank, "a process joining again as rank {rank} was turned away: {why}");
             frames.close();
             return Ok(());
         }
@@ -713,42 +711,71 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Host backend, at the end of a reduce whose consensus is `state`: admits every rank
-    /// waiting to join again. ElChe and the dispatcher take it back (a fresh estimate, work
-    /// from the free spans), and it starts from `state` with a fresh optimizer in the window
-    /// the others start now.
-    fn admit_waiting(&mut self, state: &HostState) -> Result<()> {
-        let waiting: Vec<usize> = self
-            .slots
+    /// The ranks whose process is built and waits to join.
+    fn waiting(&self) -> Vec<usize> {
+        self.slots
             .joining()
             .into_iter()
             .filter(|&r| self.slots.standing(r) == Some(Standing::Waiting))
-            .collect();
-        for rank in waiting {
-            self.dispatch.admit(rank);
-            if let Some(e) = self.cadence.elche.as_mut() {
-                e.admit(rank)?;
-            }
-            let window = self
-                .make_windows(self.rounds.round)
-                .get(rank)
-                .copied()
-                .unwrap_or(Window { round: self.rounds.round, target: 1, limit: 1, wall: None });
-            self.slots.admit(rank, window);
-            if let Some(at) = self.epochs.reported.get_mut(rank) {
-                *at = None;
-            }
+            .collect()
+    }
+
+    /// Takes `rank`, waiting to join, back into the run in its window of `round`: ElChe and
+    /// the dispatcher admit it (a fresh estimate, work from the free spans), its seat is alive
+    /// again, and its rejoin is reported as starting from the consensus of `reduce` reduces.
+    /// Returns its window.
+    fn admit(&mut self, rank: usize, round: u64, reduce: u64) -> Result<Window> {
+        self.dispatch.admit(rank);
+        if let Some(e) = self.cadence.elche.as_mut() {
+            e.admit(rank)?;
+        }
+        let window = self.make_windows(round).get(rank).copied().unwrap_or(Window {
+            round,
+            target: 1,
+            limit: 1,
+            wall: None,
+        });
+        self.slots.admit(rank, window);
+        if let Some(at) = self.epochs.reported.get_mut(rank) {
+            *at = None;
+        }
+        let members = self.slots.live_ranks();
+        tracing::info!(rank, reduce, ?members, "rank {rank} rejoined at reduce {reduce}");
+        let event = RejoinEvent { rank, at_ms: self.clock.at_ms(), reduce, members };
+        self.rejoins.push(event.clone());
+        let _ = self.outlets.rejoins.try_send(event);
+        Ok(window)
+    }
+
+    /// Host backend, at the end of a reduce whose consensus is `state`: admits every rank
+    /// waiting to join again, which starts from `state` with a fresh optimizer in the window
+    /// the others start now.
+    fn admit_waiting(&mut self, state: &HostState) -> Result<()> {
+        for rank in self.waiting() {
+            let window = self.admit(rank, self.rounds.round, self.rounds.reduces)?;
             let global_step = self.rounds.global_step;
             let init = ToWorker::Init { state: state.clone(), restore: None, window, global_step };
             self.send(rank, init)?;
-            let reduce = self.rounds.reduces;
-            let members = self.slots.live_ranks();
-            tracing::info!(rank, reduce, ?members, "rank {rank} rejoined at reduce {reduce}");
-            let event = RejoinEvent { rank, at_ms: self.clock.at_ms(), reduce, members };
-            self.rejoins.push(event.clone());
-            let _ = self.outlets.rejoins.try_send(event);
         }
         Ok(())
+    }
+
+    /// Collective backend whose groups form through the controller, as the reduce ending
+    /// window `ending` starts: admits every rank waiting to join again. Returns the orders
+    /// that start them, to follow the forming of a group with them as members: each is told
+    /// to join in that reduce, whose average it takes without weighing in it.
+    fn admit_joiners(&mut self, ending: u64) -> Result<Vec<(usize, ToWorker)>> {
+        let mut orders = Vec::new();
+        if !self.group.relay {
+            return Ok(orders);
+        }
+        let global_step = self.rounds.global_step;
+        for rank in self.waiting() {
+            self.admit(rank, ending, self.rounds.reduces + 1)?;
+            let window = Window { round: ending, target: 0, limit: 0, wall: None };
+            orders.push((rank, ToWorker::Join { window, global_step }));
+        }
+        Ok(orders)
     }
 
     fn handle_wire(&mut self, msg: ToCoordinator) -> Result<()> {
@@ -1204,6 +1231,10 @@ impl Coordinator {
         self.rounds.global_step += steps.iter().sum::<usize>() as u64;
         let global_step = self.rounds.global_step;
         let ending = self.rounds.round;
+        let joiners = match self.cfg.spec.backend {
+            Backend::Collective => self.admit_joiners(ending)?,
+            Backend::Host => Vec::new(),
+        };
         self.rounds.round += 1;
         let next = self.make_windows(self.rounds.round);
         let eval = self.take_eval_request();
@@ -1227,12 +1258,29 @@ impl Coordinator {
         let evaluator = self.eval.rank();
         match self.cfg.spec.backend {
             Backend::Collective => {
+                let mut orders = joiners;
+                let joining = orders.len();
                 for rank in self.slots.live_ranks() {
                     let eval = if Some(rank) == evaluator { eval } else { None };
                     let window = next[rank];
                     let model = Some(rank) == lowest;
                     let capture = capture.as_ref().map(|_| CaptureRequest { model });
-                    self.send(rank, ToWorker::Reduce { next: window, eval, global_step, capture })?;
+                    let msg = ToWorker::Reduce { next: window, eval, global_step, capture };
+                    orders.push((rank, msg));
+                }
+                if joining == 0 {
+                    for (rank, msg) in orders {
+                        self.send(rank, msg)?;
+                    }
+                } else {
+                    // The joiners take part in this reduce: a group with them as members forms
+                    // first, through the coordinator, and the orders follow it.
+                    let members = self.slots.live_ranks();
+                    let generation = self.group.next_generation(&mut self.slots);
+                    tracing::info!(generation, ?members, "a group with the joining ranks forms");
+                    if let Some((maker, ask)) = self.formation.ask(generation, &members, orders) {
+                        self.send(maker, ask)?;
+                    }
                 }
                 let acks = vec![None; self.cfg.world()];
                 self.reduce = Reduce::Collective { round: ending, acks, counts };

@@ -26,9 +26,11 @@ pub(crate) enum Formation {
 }
 
 impl Formation {
-    /// Starts forming group `generation` of `members` (any earlier one pending is dropped: a
-    /// late id of it is stale). Returns the order to send to the maker, the lowest member;
-    /// `None` (and nothing pending) when there is no member.
+    /// Starts forming group `generation` of `members`. An earlier one still pending is
+    /// dropped (a late id of it is stale), but not its orders: those to ranks still members
+    /// follow this group, before `then` (a reduce ordered of a group that never formed is
+    /// still owed). Returns the order to send to the maker, the lowest member; `None` (and
+    /// nothing pending) when there is no member.
     pub(crate) fn ask(
         &mut self,
         generation: u64,
@@ -38,11 +40,23 @@ impl Formation {
         let mut members = members.to_vec();
         members.sort_unstable();
         members.dedup();
-        let Some(&maker) = members.first() else {
-            *self = Formation::Idle;
-            return None;
+        let mut orders = match std::mem::take(self) {
+            Formation::AwaitingId { generation: old, then: owed, .. } => {
+                let (kept, dropped): (Vec<_>, Vec<_>) =
+                    owed.into_iter().partition(|(r, _)| members.contains(r));
+                tracing::debug!(
+                    old,
+                    generation,
+                    dropped = dropped.len(),
+                    "a pending group was replaced"
+                );
+                kept
+            }
+            Formation::Idle => Vec::new(),
         };
-        *self = Formation::AwaitingId { generation, members, maker, then };
+        orders.extend(then);
+        let &maker = members.first()?;
+        *self = Formation::AwaitingId { generation, members, maker, then: orders };
         Some((maker, ToWorker::MakeGroupId { generation }))
     }
 
@@ -148,6 +162,115 @@ mod tests {
         }
         if f.ask(3, &[], Vec::new()).is_some() || !matches!(f, Formation::Idle) {
             return Err("a group without members was asked for".into());
+        }
+        Ok(())
+    }
+    fn reduce(round: u64) -> ToWorker {
+        let next = crate::link::wire::Window { round, target: 4, limit: 4, wall: None };
+        ToWorker::Reduce { next, eval: None, global_step: 0, capture: None }
+    }
+
+    fn join() -> ToWorker {
+        let window = crate::link::wire::Window { round: 7, target: 0, limit: 0, wall: None };
+        ToWorker::Join { window, global_step: 96 }
+    }
+
+    fn regroup(generation: u64, members: &[usize]) -> Vec<(usize, ToWorker)> {
+        members
+            .iter()
+            .map(|&m| {
+                let msg =
+                    ToWorker::Regroup { generation, members: members.to_vec(), how: Regroup::Host };
+                (m, msg)
+            })
+            .collect()
+    }
+
+    /// A joiner's generation, case by case: the orders owed to a group that never formed
+    /// follow the next group, but only to its members (a joiner that went away during the
+    /// forming gets nothing, the survivors still get the reduce they are owed); late ids of
+    /// replaced generations are ignored whenever they come.
+    #[test]
+    fn a_joiner_generation_forms_or_gives_way() -> Result<(), String> {
+        // Rank 1 joins ranks 0 and 2 at the reduce ending window 7: generation 4 with it.
+        let owed = || vec![(1, join()), (0, reduce(8)), (1, reduce(8)), (2, reduce(8))];
+        struct Case {
+            what: &'static str,
+            /// Generations asked after generation 4, with their members.
+            then: &'static [(u64, &'static [usize])],
+            /// Ids that arrive, in order: (sender, generation).
+            ids: &'static [(usize, u64)],
+            /// The orders the last id gives (its generation, members, and the owed orders
+            /// to `to`), none when `None`.
+            expect: Option<(u64, &'static [usize], &'static [usize])>,
+        }
+        let cases = [
+            Case {
+                what: "formed",
+                then: &[],
+                ids: &[(0, 3), (1, 4), (0, 4)],
+                expect: Some((4, &[0, 1, 2], &[1, 0, 1, 2])),
+            },
+            Case {
+                what: "the joiner went away while it formed",
+                then: &[(5, &[0, 2])],
+                ids: &[(0, 4), (0, 5)],
+                expect: Some((5, &[0, 2], &[0, 2])),
+            },
+            Case {
+                what: "a survivor went away while it formed",
+                then: &[(5, &[0, 1])],
+                ids: &[(0, 5)],
+                expect: Some((5, &[0, 1], &[1, 0, 1])),
+            },
+            Case {
+                what: "the maker went away, then the joiner",
+                then: &[(5, &[1, 2]), (6, &[2])],
+                ids: &[(1, 5), (0, 4), (2, 6)],
+                expect: Some((6, &[2], &[2])),
+            },
+            Case { what: "nobody left", then: &[(5, &[])], ids: &[(0, 4), (0, 5)], expect: None },
+        ];
+        for case in cases {
+            let mut f = Formation::default();
+            let asked = f.ask(4, &[0, 1, 2], owed());
+            if asked != Some((0, ToWorker::MakeGroupId { generation: 4 })) {
+                return Err(format!("{}: asked {asked:?}", case.what));
+            }
+            for &(generation, members) in case.then {
+                let asked = f.ask(generation, members, Vec::new());
+                let want = members.first().map(|&m| (m, ToWorker::MakeGroupId { generation }));
+                if asked != want {
+                    return Err(format!("{}: generation {generation} asked {asked:?}", case.what));
+                }
+            }
+            let (last, early) = case.ids.split_last().ok_or("no id")?;
+            for &(rank, generation) in early {
+                if !f.on_id(rank, generation, Regroup::Host).is_empty() {
+                    return Err(format!("{}: stale id ({rank}, {generation}) relayed", case.what));
+                }
+            }
+            let orders = f.on_id(last.0, last.1, Regroup::Host);
+            let want = match case.expect {
+                None => Vec::new(),
+                Some((generation, members, to)) => {
+                    let mut want = regroup(generation, members);
+                    let mut left: Vec<(usize, ToWorker)> =
+                        owed().into_iter().filter(|(r, _)| members.contains(r)).collect();
+                    let ranks: Vec<usize> = left.iter().map(|(r, _)| *r).collect();
+                    if ranks != to {
+                        return Err(format!("{}: the case expects {to:?}", case.what));
+                    }
+                    want.append(&mut left);
+                    want
+                }
+            };
+            if orders != want {
+                return Err(format!("{}: orders {orders:?}", case.what));
+            }
+            if !matches!(f, Formation::Idle) {
+                return Err(format!("{}: still pending", case.what));
+            }
         }
         Ok(())
     }

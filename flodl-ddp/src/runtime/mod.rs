@@ -9,6 +9,7 @@ pub(crate) mod divergence;
 pub(crate) mod fault;
 pub(crate) mod formation;
 pub(crate) mod handle;
+pub(crate) mod host_groups;
 pub(crate) mod host_round;
 pub(crate) mod ledger;
 pub(crate) mod prefetch;

@@ -425,42 +425,49 @@ impl Worker {
         self.replica.import_parameters()
     }
 
-    /// Builds the communicator of the group whose members sit at `positions` of the current
-    /// one; a rank without a communicator (host backend) has nothing to build.
-    ///
-    /// A rank of a run across processes has no communicator until the first group is formed
-    /// through the coordinator: it joins that NCCL group as `me`, its place among the members.
-    fn regroup_comm(&mut self, positions: &[usize], me: usize, how: &Regroup) -> Result<()> {
+    /// Builds the communicator of the next group, of `size` members, this rank being the
+    /// `me`-th: a group named by a relayed id (NCCL, the in-memory engine) is joined afresh,
+    /// the old one aborted (it may still hold a collective that never completes); a host group
+    /// shrinks to the members at `positions` of the current one. A rank without a
+    /// communicator (host backend) has nothing to shrink.
+    fn regroup_comm(
+        &mut self,
+        positions: Option<&[usize]>,
+        size: usize,
+        me: usize,
+        how: &Regroup,
+    ) -> Result<()> {
         let device = self.cfg.device(self.rank);
-        match (self.comm.as_ref(), how) {
-            (Some(comm), _) => {
-                let next = comm.regroup(positions, how, device, self.cfg.comm_timeout())?;
-                self.comm = Some(next);
+        let timeout = self.cfg.comm_timeout();
+        if let Some(plan) = CommPlan::relayed(how, size) {
+            if let Some(old) = self.comm.take() {
+                old.abort_handle().abort();
             }
-            #[cfg(feature = "cuda")]
-            (None, Regroup::Nccl(id)) => {
-                let plan = CommPlan::Nccl { id: id.clone(), world: positions.len() };
-                self.comm = Some(plan.join(me, device, self.cfg.comm_timeout())?);
-            }
-            (None, _) => {
-                let _ = me;
-            }
+            self.comm = Some(plan.join(me, device, timeout)?);
+            return Ok(());
+        }
+        if let (Some(comm), Some(positions)) = (self.comm.as_ref(), positions) {
+            self.comm = Some(comm.shrink(positions, timeout)?);
         }
         Ok(())
     }
 
-    /// The id of a new collective group this rank is the lowest member of (a run across
-    /// processes): a fresh NCCL unique id on a GPU rank; a host group otherwise (which never
-    /// spans processes: the coordinator asks only GPU worlds).
+    /// The id of a new collective group this rank is the lowest member of (a run whose ranks
+    /// have seats of their own): a fresh NCCL unique id on a GPU rank, a fresh key of this
+    /// process's host groups under the in-memory engine.
     ///
     /// # Errors
-    /// NCCL errors (library missing).
+    /// NCCL errors (library missing); [`Error::Protocol`] when the run's groups are not
+    /// formed through the controller.
     pub(crate) fn make_group_id(&self) -> Result<Regroup> {
+        if self.cfg.spec.collective_engine() == Some(crate::CollectiveEngine::InMemory) {
+            return Ok(Regroup::InMemory(crate::runtime::host_groups::fresh_key()));
+        }
         #[cfg(feature = "cuda")]
         if matches!(self.cfg.device(self.rank), Device::Cuda(_)) {
             return Ok(Regroup::Nccl(flodl_nccl::UniqueId::new()?));
         }
-        Ok(Regroup::Host)
+        Err(Error::protocol("asked for a group id in a run whose groups need none"))
     }
 
     /// Averages with the other ranks through the collective; returns the time it took in ms
@@ -1036,6 +1043,14 @@ impl<'a> RankLoop<'a> {
                 }
                 self.stage = Stage::Training;
             }
+            ToWorker::Join { window, global_step } => {
+                // Nothing to train until the reduce that brings the consensus: its window
+                // allows no step, so this rank weighs nothing in that reduce.
+                self.win = WindowState::new(window, (0, 0.0));
+                self.ledger.start();
+                self.global_step = global_step;
+                self.stage = Stage::Training;
+            }
             ToWorker::Resume => {
                 if matches!(self.stage, Stage::Paused) {
                     self.stage = Stage::Training;
@@ -1158,7 +1173,11 @@ impl<'a> RankLoop<'a> {
                 self.start_window(what.next, (0, 0.0))?;
                 self.evaluate_for(what.eval)
             }
-            Err(e) if is_group_fault(&e) => {
+            // A rank whose group is formed through the coordinator has no communicator when
+            // the last group failed to form: it waits for the next, as after a break.
+            Err(e)
+                if is_group_fault(&e) || self.relayed() && matches!(e, Error::NoCommunicator) =>
+            {
                 tracing::warn!(rank, round, error = %e, "collective group broke; waiting to regroup");
                 self.stage = Stage::Interrupted(what);
                 let generation = self.group.generation;
@@ -1176,13 +1195,29 @@ impl<'a> RankLoop<'a> {
         if !members.contains(&rank) {
             return Ok(Flow::Exit);
         }
-        let positions = self.group.positions(members).ok_or_else(|| {
-            Error::protocol(format!("regroup {members:?} names a rank outside the current group"))
-        })?;
+        // A shrunk host group is made of the current one's members; a group named by an id
+        // may take members the current one lacks (a rank joining a running run).
+        let positions = match how {
+            Regroup::Host => Some(self.group.positions(members).ok_or_else(|| {
+                Error::protocol(format!(
+                    "regroup {members:?} names a rank outside the current group"
+                ))
+            })?),
+            _ => None,
+        };
         let me = members.iter().position(|&m| m == rank).unwrap_or(0);
         self.send(ToCoordinator::Joining { rank, generation })?;
-        self.worker.regroup_comm(&positions, me, how)?;
         self.group = Group { members: members.to_vec(), generation };
+        match self.worker.regroup_comm(positions.as_deref(), members.len(), me, how) {
+            Ok(()) => {}
+            // A member that never came (it died while the group formed): the coordinator
+            // forms the next group once it declares it dead; the reduce stays owed till then.
+            Err(e) if self.relayed() && is_group_fault(&e) => {
+                tracing::warn!(rank, generation, error = %e, "the group did not form; waiting for the next");
+                return Ok(Flow::Continue);
+            }
+            Err(e) => return Err(e),
+        }
         tracing::info!(rank, generation, ?members, "regrouped");
         self.announce_group()?;
         // A rank still starting (the first group forms before its initial state) stays so.
@@ -1192,6 +1227,13 @@ impl<'a> RankLoop<'a> {
             self.reduce(what)?;
         }
         Ok(Flow::Continue)
+    }
+
+    /// Whether the rank's collective groups are formed through the coordinator (each named by
+    /// a relayed id: NCCL across processes, the in-memory engine).
+    fn relayed(&self) -> bool {
+        let spec = &self.cfg.spec;
+        spec.collective_engine().is_some_and(|e| e.relays(spec.placement))
     }
 
     /// Arms the link to abort the rank's current collective group and tells the coordinator

@@ -114,6 +114,20 @@ pub enum Placement {
     /// which GPU of its host a process trains on (`cuda:LOCAL_RANK`) is that process's own
     /// business and must not make the processes' specs differ.
     Processes,
+    /// A cluster run whose places meet through in-memory connections
+    /// ([`crate::Cluster::in_memory`]): every rank a seat of its own as under `Processes`, but
+    /// all of them threads of this one process (tests). Its CPU ranks' collective groups are
+    /// host all-reduce groups formed through the controller ([`CollectiveEngine::InMemory`]).
+    #[serde(rename = "in-memory")]
+    InMemory,
+}
+
+impl Placement {
+    /// Whether every rank has a seat of its own joined to the controller over a connection (a
+    /// cluster run, across processes or in memory).
+    pub fn is_cluster(self) -> bool {
+        matches!(self, Placement::Processes | Placement::InMemory)
+    }
 }
 
 /// What carries the collective backend's in-place average (the engine follows the devices).
@@ -131,6 +145,46 @@ pub enum CollectiveEngine {
         /// The world mixes GPU and CPU ranks (NCCL needs every rank on a GPU of its own).
         mixed: bool,
     },
+    /// The host all-reduce for the CPU ranks of an in-memory cluster run
+    /// ([`Placement::InMemory`]): each group is formed through the controller as an NCCL group
+    /// is (its lowest member makes an id, the controller relays it), the id naming a `HostComm`
+    /// group in a registry of this process. It cannot cross a process, so real cluster runs
+    /// never use it; it runs the controller's formation and rejoin paths without a GPU.
+    InMemory,
+}
+
+impl CollectiveEngine {
+    /// The one rule: the engine of the collective backend for ranks `placement`d on `devices`
+    /// (see [`RunSpec::collective_engine`]); `None` on the host backend.
+    pub fn choose(
+        backend: Backend,
+        placement: Placement,
+        devices: &[Device],
+    ) -> Option<CollectiveEngine> {
+        if backend != Backend::Collective {
+            return None;
+        }
+        let gpus = devices.iter().filter(|d| matches!(d, Device::Cuda(_))).count();
+        match placement {
+            Placement::Processes if gpus == 0 => return Some(CollectiveEngine::Mpi),
+            Placement::InMemory if gpus == 0 => return Some(CollectiveEngine::InMemory),
+            _ => {}
+        }
+        let distinct = placement.is_cluster()
+            || devices.iter().collect::<std::collections::HashSet<_>>().len() == devices.len();
+        if cfg!(feature = "cuda") && gpus == devices.len() && distinct {
+            Some(CollectiveEngine::Nccl)
+        } else {
+            Some(CollectiveEngine::Host { mixed: gpus > 0 && gpus < devices.len() })
+        }
+    }
+
+    /// Whether each group's id is made by its lowest member and relayed by the controller
+    /// (ranks with seats of their own: NCCL, or the in-memory engine).
+    pub(crate) fn relays(self, placement: Placement) -> bool {
+        placement.is_cluster()
+            && matches!(self, CollectiveEngine::Nccl | CollectiveEngine::InMemory)
+    }
 }
 
 /// Where and how often a run saves checkpoint bundles.
@@ -339,25 +393,12 @@ impl RunSpec {
     }
 
     /// The engine of the collective backend, `None` on the host backend: MPI for CPU rank
-    /// processes; NCCL when every rank is a GPU — distinct GPUs in-process; in a cluster run
-    /// each process's own — and the build has the `cuda` feature; the host all-reduce otherwise
-    /// (`mixed` when the world has both GPU and CPU ranks).
+    /// processes (the in-memory engine for the CPU ranks of an in-memory cluster run); NCCL
+    /// when every rank is a GPU — distinct GPUs in-process; in a cluster run each process's
+    /// own — and the build has the `cuda` feature; the host all-reduce otherwise (`mixed` when
+    /// the world has both GPU and CPU ranks). The rule is [`CollectiveEngine::choose`].
     pub fn collective_engine(&self) -> Option<CollectiveEngine> {
-        if self.backend != Backend::Collective {
-            return None;
-        }
-        let gpus = self.devices.iter().filter(|d| matches!(d, Device::Cuda(_))).count();
-        if self.placement == Placement::Processes && gpus == 0 {
-            return Some(CollectiveEngine::Mpi);
-        }
-        let distinct = self.placement == Placement::Processes
-            || self.devices.iter().collect::<std::collections::HashSet<_>>().len()
-                == self.devices.len();
-        if cfg!(feature = "cuda") && gpus == self.devices.len() && distinct {
-            Some(CollectiveEngine::Nccl)
-        } else {
-            Some(CollectiveEngine::Host { mixed: gpus > 0 && gpus < self.devices.len() })
-        }
+        CollectiveEngine::choose(self.backend, self.placement, &self.devices)
     }
 
     /// Full batches per epoch (the tail smaller than a batch is dropped).

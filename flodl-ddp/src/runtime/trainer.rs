@@ -21,7 +21,9 @@ use crate::runtime::cluster::{Cluster, RankHandle, Seat, Started, own_device};
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::prefetch::Prefetch;
-use crate::runtime::spec::{CheckpointSpec, DataSpec, ElCheKnobs, Placement, RunSpec};
+use crate::runtime::spec::{
+    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Placement, RunSpec,
+};
 use crate::runtime::staging::Staging;
 use crate::state::HostTensor;
 use crate::{Error, Result};
@@ -675,14 +677,13 @@ impl Trainer {
     pub fn spec(&self) -> Result<RunSpec> {
         let dataset = self.dataset.as_deref().ok_or_else(missing_dataset)?;
         let (devices, placement) = match &self.cluster {
-            Some(cluster) => (vec![self.device_kind()?; cluster.world()], Placement::Processes),
+            Some(cluster) => (vec![self.device_kind()?; cluster.world()], cluster.placement()),
             None => (self.devices.resolve()?, Placement::Threads),
         };
         // GPU processes average through NCCL (ids relayed by the controller); CPU processes
         // through MPI.
-        if placement == Placement::Processes
-            && self.backend == Backend::Collective
-            && devices.first() == Some(&Device::Cpu)
+        if CollectiveEngine::choose(self.backend, placement, &devices)
+            == Some(CollectiveEngine::Mpi)
         {
             check_mpi()?;
         }
@@ -793,7 +794,9 @@ impl Trainer {
     /// of the contract the replica does not offer; [`Error::ReplicaMismatch`] when the replicas
     /// disagree.
     pub fn run(self) -> Result<DdpHandle> {
-        if let Some(cluster) = self.cluster.as_ref().filter(|c| !c.hosts_controller(self.backend)) {
+        if let Some(cluster) = &self.cluster
+            && !cluster.hosts_controller(self.backend, self.device_kind()?)
+        {
             return Err(Error::Config(format!(
                 "this process is rank {} of a cluster run, which has no DdpHandle: start it \
                  with Trainer::start, whose RankHandle reports the rank's outcome",
@@ -876,7 +879,9 @@ impl Trainer {
                 }
                 Seat::Controller => {}
             }
-            if let Some(rank) = cluster.rank().filter(|_| !cluster.hosts_controller(self.backend)) {
+            if let Some(rank) =
+                cluster.rank().filter(|_| !cluster.hosts_controller(self.backend, kind))
+            {
                 // The controller alone saves and resumes: a rank restores from `Init`.
                 config.checkpoints = None;
                 let frames = cluster.rendezvous().join(

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use flodl_data::{Dataset, Split, Subset};
 use flodl_ddp::{
-    Backend, Cluster, Devices, Error, Mlp, MlpConfig, Optimizer, Placement, Policy, Started,
-    TrainedState, Trainer, WireFormat,
+    Backend, Cluster, Devices, Error, FailingReplica, Failure, Mlp, MlpConfig, Optimizer,
+    Placement, Policy, ReplicaContext, Started, TrainedState, Trainer, WireFormat,
 };
 
 const WORLD: usize = 3;
@@ -82,7 +82,7 @@ fn cluster_runs_match_in_process_runs() -> TestResult {
             .wire(wire)
             .cluster(Cluster::in_memory(WORLD)?.remove(0))
             .spec()?;
-        assert_eq!(spec.placement, Placement::Processes);
+        assert_eq!(spec.placement, Placement::InMemory);
         let trainers = (0..WORLD).map(|_| trainer(policy, &train, &test).wire(wire)).collect();
         let (controller, ranks) = run_cluster(trainers);
         let state = controller?;
@@ -134,21 +134,21 @@ fn mismatched_or_missing_ranks_are_named() -> TestResult {
     }
 }
 
-/// The collective backend across processes needs the `mpi` feature (without it: one line
-/// saying what to use; with it the controller is kept apart from the ranks), and a cluster
-/// rank has no `DdpHandle`.
+/// The collective backend in an in-memory cluster takes the in-memory engine (its groups
+/// formed through the controller, which rank 0's process hosts: no MPI world to keep it
+/// apart from), and a cluster rank has no `DdpHandle`.
 #[test]
 fn cluster_runs_refuse_what_they_cannot_do() -> TestResult {
     let train = train_subset(1024);
     let test: Arc<dyn Dataset> = Arc::new(Subset::first(mnist(Split::Test), 256));
     let place = Cluster::in_memory(2)?.remove(0);
-    match trainer(Policy::Cadence, &train, &test).backend(Backend::Collective).cluster(place).spec()
-    {
-        Ok(spec) if cfg!(feature = "mpi") && spec.controller_apart() => {}
-        Err(Error::Config(why))
-            if !cfg!(feature = "mpi") && why.contains("--backend host") && !why.contains('\n') => {}
-        other => return Err(format!("collective across processes: {other:?}").into()),
-    }
+    assert!(place.hosts_controller(Backend::Collective, flodl_tensor::Device::Cpu));
+    let spec = trainer(Policy::Cadence, &train, &test)
+        .backend(Backend::Collective)
+        .cluster(place)
+        .spec()?;
+    assert_eq!(spec.collective_engine(), Some(flodl_ddp::CollectiveEngine::InMemory));
+    assert!(!spec.controller_apart());
     let place = Cluster::in_memory(2)?.remove(1).join_timeout(Duration::from_millis(200));
     match trainer(Policy::Cadence, &train, &test).cluster(place).run() {
         Err(Error::Config(why)) if why.contains("Trainer::start") => Ok(()),
@@ -210,5 +210,143 @@ fn a_new_rank_joins_a_running_run() -> TestResult {
         state.final_eval().map_or(0.0, |e| e.accuracy),
     );
     assert!(a > 0.8 && (a - c).abs() <= BAND, "in-process {a:.3}, grown {c:.3}");
+    Ok(())
+}
+
+/// Every process's audited picks of one kind of process: `[epoch][sample]` counts.
+type Seen = Arc<std::sync::Mutex<Vec<Vec<u32>>>>;
+
+/// An audit counting into a fresh [`Seen`] of `epochs` epochs.
+fn seen(epochs: usize) -> (Seen, flodl_ddp::SampleAudit) {
+    let seen: Seen = Arc::new(std::sync::Mutex::new(vec![vec![0; SAMPLES]; epochs]));
+    let log = seen.clone();
+    let audit: flodl_ddp::SampleAudit = Arc::new(move |_rank, epoch, picks: &[usize]| {
+        let mut s = log.lock().unwrap_or_else(|e| e.into_inner());
+        for &p in picks {
+            s[epoch][p] += 1;
+        }
+    });
+    (seen, audit)
+}
+
+/// The collective backend in an in-memory cluster (the in-memory engine: host all-reduce
+/// groups formed through the controller as NCCL groups are, from an id the lowest member
+/// makes): rank 1's process fails mid-run, the survivors regroup, and a new process for its
+/// seat joins. It is admitted at a reduce through a new group that has it as a member, and
+/// trains. Every completed epoch trains each sample exactly once but for what the dead process
+/// trained of its unfinished chunks (given back to the living, so seen by both, once each),
+/// and the accuracy is in the band of the in-process collective run.
+#[test]
+fn a_rank_rejoins_on_the_collective_backend() -> TestResult {
+    const EPOCHS: usize = 5;
+    let train = train_subset(SAMPLES);
+    let test: Arc<dyn Dataset> = Arc::new(Subset::first(mnist(Split::Test), 2000));
+    // About 2 s an epoch (each batch held 100 times its compute): the death lands in the
+    // second epoch and the new process joins well before the end.
+    let build = |fail_at: Option<usize>, audit: Option<flodl_ddp::SampleAudit>| {
+        let mlp = MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9));
+        let factory = move |ctx: &ReplicaContext| -> flodl_ddp::Result<FailingReplica<Mlp>> {
+            let inner = Mlp::new(&mlp, ctx.batch_size, ctx.seed, &ctx.stream)?;
+            Ok(FailingReplica::new(inner, fail_at, Failure::Error))
+        };
+        let t = Trainer::new(factory)
+            .dataset(train.clone())
+            .test_dataset(test.clone(), EPOCHS)
+            .devices(Devices::Cpu(WORLD))
+            .policy(Policy::Cadence)
+            .backend(Backend::Collective)
+            .batch_size(32)
+            .epochs(EPOCHS)
+            .learning_rate(0.05)
+            .slowdown(vec![100.0; WORLD])
+            .stall_timeout(Duration::from_secs(30));
+        match audit {
+            Some(a) => t.sample_audit(a),
+            None => t,
+        }
+    };
+    let alone = build(None, None).run()?.join()?;
+    let (dead_seen, dead_audit) = seen(EPOCHS);
+    let (live_seen, live_audit) = seen(EPOCHS);
+    let places = Cluster::in_memory(WORLD)?;
+    let spec = build(None, None).cluster(places[0].clone()).spec()?;
+    assert_eq!(spec.placement, Placement::InMemory);
+    assert_eq!(spec.collective_engine(), Some(flodl_ddp::CollectiveEngine::InMemory));
+    let wait = Duration::from_secs(20);
+    let controller =
+        build(None, Some(live_audit.clone())).cluster(places[0].clone().join_timeout(wait));
+    let controller = std::thread::spawn(move || match controller.start() {
+        Ok(Started::Coordinator(handle)) => handle.join(),
+        Ok(Started::Rank(_)) => Err(Error::Aborted),
+        Err(e) => Err(e),
+    });
+    let start_rank = |trainer: Trainer, place: Cluster| {
+        std::thread::spawn(move || match trainer.cluster(place).start() {
+            Ok(Started::Rank(rank)) => rank.join(),
+            Ok(Started::Coordinator(_)) => Err(Error::Aborted),
+            Err(e) => Err(e),
+        })
+    };
+    let two =
+        start_rank(build(None, Some(live_audit.clone())), places[2].clone().join_timeout(wait));
+    // Rank 1's first process fails at its 60th batch (in the second epoch); once it has
+    // ended, a new process takes its seat.
+    let doomed = build(Some(60), Some(dead_audit));
+    let one = places[1].clone().join_timeout(wait);
+    let again = build(None, Some(live_audit));
+    let one = std::thread::spawn(move || -> std::result::Result<(), String> {
+        let handle = start_rank(doomed, one.clone());
+        match handle.join() {
+            Ok(Err(Error::Rank { rank: 1, .. })) => {}
+            other => return Err(format!("rank 1's first process: {other:?}")),
+        }
+        let handle = start_rank(again, one);
+        match handle.join() {
+            Ok(Ok(())) => Ok(()),
+            other => Err(format!("rank 1's second process: {other:?}")),
+        }
+    });
+    let state = controller.join().map_err(|_| "the controller panicked")??;
+    one.join().map_err(|_| "rank 1's thread panicked")??;
+    two.join().map_err(|_| "rank 2 panicked")??;
+    assert!(
+        matches!(state.faults.as_slice(), [f] if f.rank == 1 && f.survivors == [0, 2]),
+        "{:?}",
+        state.faults
+    );
+    assert!(
+        matches!(state.rejoins.as_slice(), [r] if r.rank == 1 && r.members == [0, 1, 2]),
+        "{:?}",
+        state.rejoins
+    );
+    let per_epoch = (SAMPLES / 32) * 32;
+    for e in &state.epochs {
+        assert_eq!(e.samples, per_epoch, "epoch {} trained {} samples", e.epoch, e.samples);
+    }
+    let last = state.epochs.last().ok_or("no epoch")?;
+    assert!(last.ranks.get(1).is_some_and(|r| r.samples > 0), "rank 1 trained nothing: {last:?}");
+    let (dead, live) = (
+        dead_seen.lock().map_err(|_| "poisoned")?.clone(),
+        live_seen.lock().map_err(|_| "poisoned")?.clone(),
+    );
+    for epoch in 0..EPOCHS {
+        let mut covered = 0;
+        for sample in 0..SAMPLES {
+            let (d, l) = (dead[epoch][sample], live[epoch][sample]);
+            assert!(d <= 1 && l <= 1, "epoch {epoch}: sample {sample} trained {l}+{d} times");
+            covered += usize::from(d + l > 0);
+        }
+        assert_eq!(covered, per_epoch, "epoch {epoch}: samples covered");
+        if dead[epoch].iter().all(|&c| c == 0) {
+            let once = live[epoch].iter().filter(|&&c| c == 1).count();
+            assert_eq!(once, per_epoch, "epoch {epoch} (no dead process): samples once");
+        }
+    }
+    assert!(dead.iter().flatten().any(|&c| c > 0), "the doomed process trained nothing");
+    let (a, c) = (
+        alone.final_eval().map_or(0.0, |e| e.accuracy),
+        state.final_eval().map_or(0.0, |e| e.accuracy),
+    );
+    assert!(a > 0.8 && (a - c).abs() <= BAND, "in-process {a:.3}, rejoined {c:.3}");
     Ok(())
 }

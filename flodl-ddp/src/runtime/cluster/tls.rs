@@ -159,6 +159,10 @@ impl Rendezvous for TlsRendezvous {
         self
     }
 
+    fn placement(&self) -> crate::Placement {
+        crate::Placement::Processes
+    }
+
     fn accept(
         &self,
         run: [u8; 32],
