@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use candle_core::Device;
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
-use flodl_ddp::{TrainedState, Trainer, Worker};
+use flodl_ddp::{TimeBreakdown, TrainedState, Trainer, Worker};
 
 use crate::data::{accuracy, batch_tensors};
 use crate::lenet::LeNet;
@@ -82,5 +82,18 @@ pub fn outcome(state: &TrainedState, settings: &Settings) -> anyhow::Result<Outc
         train_s: state.train_ms / 1000.0,
         samples_per_s: state.throughput(),
         reduces: state.reduces,
+        ranks: rank_times(state),
     })
+}
+
+/// Each rank's time breakdown summed over the run's epochs, in rank order.
+fn rank_times(state: &TrainedState) -> Vec<TimeBreakdown> {
+    let mut ranks: Vec<TimeBreakdown> = Vec::new();
+    for r in state.epochs.iter().flat_map(|e| &e.ranks) {
+        if ranks.len() <= r.rank {
+            ranks.resize(r.rank + 1, TimeBreakdown::default());
+        }
+        ranks[r.rank].merge(&r.time);
+    }
+    ranks
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use flodl_data::Dataset;
-use flodl_ddp::{Backend, Devices, Policy, Trainer};
+use flodl_ddp::{Backend, Devices, Policy, TimeBreakdown, Trainer};
 
 /// One training run's settings, shared by the tiers and the baseline.
 #[derive(Clone)]
@@ -60,7 +60,7 @@ impl Settings {
 }
 
 /// What a training run reached.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Outcome {
     /// Test accuracy of the final model, in [0, 1].
     pub accuracy: f64,
@@ -70,4 +70,7 @@ pub struct Outcome {
     pub samples_per_s: f64,
     /// Reduces performed (0 for the baseline).
     pub reduces: u64,
+    /// Where each rank's training wall time went, all epochs together, in rank order (empty
+    /// for candle's own loops).
+    pub ranks: Vec<TimeBreakdown>,
 }
