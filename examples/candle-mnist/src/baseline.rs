@@ -29,6 +29,7 @@ pub fn train(settings: &Settings, threads: usize) -> anyhow::Result<Outcome> {
             samples_per_s: lap.samples as f64 / train_s,
             reduces: 0,
             ranks: Vec::new(),
+            candle_s: Vec::new(),
         })
     })
 }
@@ -69,6 +70,7 @@ pub fn independent(settings: &Settings, loops: usize) -> anyhow::Result<Outcome>
         samples_per_s: samples as f64 / train_s,
         reduces: 0,
         ranks: Vec::new(),
+        candle_s: Vec::new(),
     })
 }
 

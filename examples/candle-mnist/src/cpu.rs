@@ -15,3 +15,32 @@ pub fn process_seconds() -> Option<f64> {
     let system: f64 = fields.next()?.parse().ok()?;
     Some((user + system) / TICKS_PER_S)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    /// On Linux the process's CPU time reads, and grows with work done: two clock ticks of
+    /// arithmetic show within ten seconds, however loaded the machine.
+    #[test]
+    fn grows_with_work() -> Result<(), String> {
+        if !cfg!(target_os = "linux") {
+            return Ok(());
+        }
+        let before = super::process_seconds().ok_or("no CPU time before")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut x = 0u64;
+        loop {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            let now = super::process_seconds().ok_or("no CPU time after")?;
+            if now - before >= 0.02 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{before} s, then {now} s after ten seconds of work"));
+            }
+        }
+    }
+}

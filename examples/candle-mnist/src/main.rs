@@ -211,6 +211,13 @@ fn report(what: &str, settings: &Settings, o: &Outcome) {
             .map(|&a| format!("{a} {:.2} s ({:.1}%)", t.get(a) / 1000.0, 100.0 * t.share(a)))
             .collect();
         println!("  rank {rank}: {}", parts.join(", "));
+        if let Some(&candle_s) = o.candle_s.get(rank) {
+            println!(
+                "    its loop inside candle {candle_s:.2} s: the hand-offs took {:.2} s of its \
+                 compute",
+                t.compute_ms / 1000.0 - candle_s
+            );
+        }
     }
 }
 

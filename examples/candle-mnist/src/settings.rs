@@ -73,4 +73,8 @@ pub struct Outcome {
     /// Where each rank's training wall time went, all epochs together, in rank order (empty
     /// for candle's own loops).
     pub ranks: Vec<TimeBreakdown>,
+    /// Seconds each rank's own loop spent inside candle, in rank order, where the loop is the
+    /// user's (the cooperative tier; empty otherwise): the rank's compute beyond it is the
+    /// hand-offs between the rank and its loop.
+    pub candle_s: Vec<f64>,
 }
