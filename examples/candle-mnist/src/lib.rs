@@ -9,13 +9,15 @@
 //!   [`flodl_ddp::Replica`]; its parameters cross between candle `Var`s and flodl tensors only at
 //!   reduces ([`Replica::export_parameters`](flodl_ddp::Replica::export_parameters) and
 //!   [`import_parameters`](flodl_ddp::Replica::import_parameters)).
-//! - [`baseline`]: candle's own loop on one process with a chosen number of threads, the
-//!   throughput reference.
+//! - [`baseline`]: candle's own loop on one process with a chosen number of threads, and the
+//!   ceiling of any data-parallel scheme (independent candle loops side by side): the
+//!   throughput references.
 //!
 //! `cargo run --release -p flodl-candle-mnist -- --help` lists the runs.
 
 pub mod baseline;
 pub mod cooperative;
+pub mod cpu;
 pub mod data;
 pub mod lenet;
 pub mod replica;

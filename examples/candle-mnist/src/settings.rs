@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use flodl_data::Dataset;
 use flodl_ddp::control::schedule::Schedule;
-use flodl_ddp::{Backend, Devices, Policy, Trainer};
+use flodl_ddp::{Backend, Devices, Policy, TimeBreakdown, Trainer};
 
 /// One training run's settings, shared by the tiers and the baseline.
 #[derive(Clone)]
@@ -72,7 +72,7 @@ impl Settings {
 }
 
 /// What a training run reached.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Outcome {
     /// Test accuracy of the final model, in [0, 1].
     pub accuracy: f64,
@@ -82,4 +82,11 @@ pub struct Outcome {
     pub samples_per_s: f64,
     /// Reduces performed (0 for the baseline).
     pub reduces: u64,
+    /// Where each rank's training wall time went, all epochs together, in rank order (empty
+    /// for candle's own loops).
+    pub ranks: Vec<TimeBreakdown>,
+    /// Seconds each rank's own loop spent inside candle, in rank order, where the loop is the
+    /// user's (the cooperative tier; empty otherwise): the rank's compute beyond it is the
+    /// hand-offs between the rank and its loop.
+    pub candle_s: Vec<f64>,
 }

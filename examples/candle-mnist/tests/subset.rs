@@ -45,8 +45,24 @@ fn candle_lenet_trains_through_both_tiers() -> anyhow::Result<()> {
         assert!(outcome.accuracy > 0.4, "{what}: accuracy {}", outcome.accuracy);
         assert!(outcome.reduces > 0, "{what}: no reduce");
         assert!(outcome.samples_per_s > 0.0, "{what}");
+        // Every rank's wall time is accounted for, most of it in its training steps.
+        assert_eq!(outcome.ranks.len(), 2, "{what}: per-rank breakdowns");
+        for (rank, t) in outcome.ranks.iter().enumerate() {
+            assert!(t.compute_ms > 0.0, "{what}: rank {rank} computed nothing: {t:?}");
+        }
+        // The cooperative loops time their candle work, which their ranks' compute holds.
+        let loops = if i == 0 { 2 } else { 0 };
+        assert_eq!(outcome.candle_s.len(), loops, "{what}: the loops' candle time");
+        for (rank, (s, t)) in outcome.candle_s.iter().zip(&outcome.ranks).enumerate() {
+            assert!(*s > 0.0 && *s <= t.compute_ms / 1000.0, "{what}: rank {rank}: {s} s, {t:?}");
+        }
     }
-    let alone = baseline::train(&settings(Policy::Sync, Backend::Host)?, 1)?;
+    let s = settings(Policy::Sync, Backend::Host)?;
+    let alone = baseline::train(&s, 1)?;
     assert!(alone.accuracy > 0.4, "candle alone: accuracy {}", alone.accuracy);
+    // The ceiling's loops each train half the batches: all of them together, above chance.
+    let side_by_side = baseline::independent(&s, 2)?;
+    assert!(side_by_side.samples_per_s > 0.0 && side_by_side.train_s > 0.0);
+    assert!(side_by_side.accuracy > 0.2, "independent loops: accuracy {}", side_by_side.accuracy);
     Ok(())
 }

@@ -72,20 +72,24 @@ impl Bridge {
     /// Sends `order` to the worker and waits for its answer, each under the deadline.
     fn ask(&self, order: Order) -> Result<Answer> {
         let what = order.name();
-        let gone = || Error::WorkerGone { rank: self.rank };
-        match self.orders.send_deadline(order, Instant::now() + self.wait) {
-            Ok(()) => {}
-            Err(SendTimeoutError::Disconnected(_)) => return Err(gone()),
-            Err(SendTimeoutError::Timeout(_)) => {
-                return Err(Error::Timeout { what: "the cooperative worker", after: self.wait });
-            }
-        }
+        self.tell(order)?;
         match self.answers.recv_timeout(self.wait) {
             Ok(answer) => Ok(answer),
-            Err(RecvTimeoutError::Disconnected) => Err(gone()),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::WorkerGone { rank: self.rank }),
             Err(RecvTimeoutError::Timeout) => {
                 tracing::warn!(rank = self.rank, order = what, "the cooperative worker is silent");
                 Err(Error::Timeout { what: "the cooperative worker's answer", after: self.wait })
+            }
+        }
+    }
+
+    /// Sends `order` to the worker under the deadline, without waiting for an answer.
+    fn tell(&self, order: Order) -> Result<()> {
+        match self.orders.send_deadline(order, Instant::now() + self.wait) {
+            Ok(()) => Ok(()),
+            Err(SendTimeoutError::Disconnected(_)) => Err(Error::WorkerGone { rank: self.rank }),
+            Err(SendTimeoutError::Timeout(_)) => {
+                Err(Error::Timeout { what: "the cooperative worker", after: self.wait })
             }
         }
     }
@@ -120,11 +124,11 @@ impl Replica for Bridge {
         }
     }
 
+    /// Hands the rate to the user's optimizer step and goes on: the step runs while the rank
+    /// does its bookkeeping, and the next order waits for it (its time counts in the next
+    /// training step's, or in the reduce that reads the parameters).
     fn step(&mut self, lr: f32) -> Result<()> {
-        match self.ask(Order::Lr(lr))? {
-            Answer::Stepped => Ok(()),
-            other => Err(self.unexpected("learning rate", &other)),
-        }
+        self.tell(Order::Lr(lr))
     }
 
     fn parameters(&self) -> &[Tensor] {

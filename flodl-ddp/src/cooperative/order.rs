@@ -1,5 +1,6 @@
 //! The messages between a cooperative rank's runtime side (`Bridge`) and the user's
-//! [`Worker`](super::Worker): one order at a time, each answered before the next.
+//! [`Worker`](super::Worker): one order at a time, each answered before the next but the
+//! learning rate, which the user's optimizer step follows while the rank goes on.
 
 use std::collections::BTreeMap;
 
@@ -12,8 +13,9 @@ use crate::contract::replica::Batch;
 pub(crate) enum Order {
     /// Train this batch (forward and backward); answered by [`Answer::Loss`].
     Train(Batch),
-    /// The learning rate of the optimizer step that follows the reported loss; answered by
-    /// [`Answer::Stepped`] once the user asks for the next step.
+    /// The learning rate of the optimizer step that follows the reported loss; not answered:
+    /// the rank goes on meanwhile, and its next order waits in the channel until the user asks
+    /// for the next step (so one step costs two hand-offs each way, not four).
     Lr(f32),
     /// Copy the model's parameters into these tensors; answered by [`Answer::Lent`].
     Lend(Vec<Tensor>),
@@ -27,8 +29,6 @@ pub(crate) enum Answer {
     /// The mean loss of the batch just trained, and the scalars the user's thread recorded
     /// ([`record_scalar`](crate::record_scalar)) as `name → (sum, count)`.
     Loss(f32, BTreeMap<String, (f64, usize)>),
-    /// The optimizer step is done.
-    Stepped,
     /// The tensors of [`Order::Lend`], holding the model's parameters.
     Lent(Vec<Tensor>),
     /// The tensors of [`Order::Take`], handed back.
@@ -52,7 +52,6 @@ impl Answer {
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Answer::Loss(..) => "loss",
-            Answer::Stepped => "stepped",
             Answer::Lent(_) => "lent",
             Answer::Taken(_) => "taken",
         }

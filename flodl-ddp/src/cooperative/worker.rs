@@ -82,13 +82,8 @@ impl Worker {
     ) -> Result<Option<Step<'_>>> {
         match self.phase {
             Phase::Training => return Err(Error::StepUnfinished { rank: self.rank }),
-            Phase::Stepping => {
-                self.phase = Phase::Idle;
-                if !self.answer(Answer::Stepped)? {
-                    return Ok(None);
-                }
-            }
-            Phase::Idle => {}
+            // The optimizer step is done; the rank did not wait for it.
+            Phase::Stepping | Phase::Idle => self.phase = Phase::Idle,
         }
         loop {
             let Some(order) = self.order()? else { return Ok(None) };
