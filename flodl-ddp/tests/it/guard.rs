@@ -52,12 +52,15 @@ fn trend_guard_sequences() {
     assert_eq!(g.history().collect::<Vec<_>>(), vec![1.0, 1.5, 2.0, 2.5, 3.0]);
 }
 
+/// A window's divergence and its longest rank's steps.
+type Window = (f64, u64);
+
 /// Growing windows: a divergence that rises by the window's √k (a random walk's spread) is no
 /// trend; one that rises faster is, once above the threshold.
 #[test]
 fn trend_guard_judges_divergence_per_root_step() {
     // (divergence, k_max) per reduce: windows doubling from 16 steps.
-    let cases: [(&[(f64, u64)], &[Verdict]); 4] = [
+    let cases: [(&[Window], &[Verdict]); 4] = [
         // D about ∝ √k: per √step 0.025, 0.0249, 0.025, 0.0248.
         (&[(0.1, 16), (0.141, 32), (0.2, 64), (0.28, 128)], &[STABLE; 4]),
         // D slower than √k (what the slow-link run measured).
