@@ -37,16 +37,44 @@ fn trend_guard_sequences() {
         (&[0.1, 0.09, 0.08], &[STABLE, STABLE, STABLE]),
         (&[0.04, 0.05, 0.051, 0.052, 0.01], &[STABLE, STABLE, SUPPRESS, SUPPRESS, STABLE]),
     ];
+    // Windows of equal length: the divergences compare as they are.
     for (ds, want) in cases {
-        let mut g = TrendGuard::new(0.05);
-        let got: Vec<Verdict> = ds.iter().map(|&d| g.report(d)).collect();
-        assert_eq!(got, want, "{ds:?}");
+        for k in [1, 100] {
+            let mut g = TrendGuard::new(0.05);
+            let got: Vec<Verdict> = ds.iter().map(|&d| g.report(d, k)).collect();
+            assert_eq!(got, want, "{ds:?} at k_max {k}");
+        }
     }
     let mut g = TrendGuard::new(0.05);
     for d in [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] {
-        g.report(d);
+        g.report(d, 4);
     }
-    assert_eq!(g.history().collect::<Vec<_>>(), vec![2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(g.history().collect::<Vec<_>>(), vec![1.0, 1.5, 2.0, 2.5, 3.0]);
+}
+
+/// A window's divergence and its longest rank's steps.
+type Window = (f64, u64);
+
+/// Growing windows: a divergence that rises by the window's √k (a random walk's spread) is no
+/// trend; one that rises faster is, once above the threshold.
+#[test]
+fn trend_guard_judges_divergence_per_root_step() {
+    // (divergence, k_max) per reduce: windows doubling from 16 steps.
+    let cases: [(&[Window], &[Verdict]); 4] = [
+        // D about ∝ √k: per √step 0.025, 0.0249, 0.025, 0.0248.
+        (&[(0.1, 16), (0.141, 32), (0.2, 64), (0.28, 128)], &[STABLE; 4]),
+        // D slower than √k (what the slow-link run measured).
+        (&[(0.12, 16), (0.13, 32), (0.15, 64), (0.17, 128)], &[STABLE; 4]),
+        // D ∝ k: drifting apart faster than a random walk.
+        (&[(0.06, 16), (0.12, 32), (0.24, 64), (0.48, 128)], &[STABLE, STABLE, SUPPRESS, SUPPRESS]),
+        // D ∝ k but below the threshold: no matter.
+        (&[(0.001, 16), (0.002, 32), (0.004, 64)], &[STABLE; 3]),
+    ];
+    for (reports, want) in cases {
+        let mut g = TrendGuard::new(0.05);
+        let got: Vec<Verdict> = reports.iter().map(|&(d, k)| g.report(d, k)).collect();
+        assert_eq!(got, want, "{reports:?}");
+    }
 }
 
 /// Divergences growing by `e^(rate·k)` per reduce of `k` steps: λ = rate exactly.
