@@ -65,6 +65,24 @@ fn run_cluster(
     (controller, ranks)
 }
 
+/// Starts the controller's process (a thread here) of a cluster run; its outcome is the run's.
+fn start_controller(trainer: Trainer) -> std::thread::JoinHandle<flodl_ddp::Result<TrainedState>> {
+    std::thread::spawn(move || match trainer.start() {
+        Ok(Started::Coordinator(handle)) => handle.join(),
+        Ok(Started::Rank(_)) => Err(Error::Aborted),
+        Err(e) => Err(e),
+    })
+}
+
+/// Starts a rank's process (a thread here) at `place` of a cluster run.
+fn start_rank(trainer: Trainer, place: Cluster) -> std::thread::JoinHandle<flodl_ddp::Result<()>> {
+    std::thread::spawn(move || match trainer.cluster(place).start() {
+        Ok(Started::Rank(rank)) => rank.join(),
+        Ok(Started::Coordinator(_)) => Err(Error::Aborted),
+        Err(e) => Err(e),
+    })
+}
+
 /// Every policy on the host backend: the cluster run trains every sample of every epoch,
 /// every rank ends well, and its accuracy is in the band of the in-process run of the same
 /// flags; the bf16 wire gives the same band.
@@ -178,18 +196,7 @@ fn a_new_rank_joins_a_running_run() -> TestResult {
             let _ = epoch_tx.send(m.epoch);
         })
         .cluster(zero.quorum(2).join_timeout(Duration::from_secs(20)));
-    let controller = std::thread::spawn(move || match controller.start() {
-        Ok(Started::Coordinator(handle)) => handle.join(),
-        Ok(Started::Rank(_)) => Err(Error::Aborted),
-        Err(e) => Err(e),
-    });
-    let start_rank = |trainer: Trainer, place: Cluster| {
-        std::thread::spawn(move || match trainer.cluster(place).start() {
-            Ok(Started::Rank(rank)) => rank.join(),
-            Ok(Started::Coordinator(_)) => Err(Error::Aborted),
-            Err(e) => Err(e),
-        })
-    };
+    let controller = start_controller(controller);
     let first = start_rank(slow(trainer(Policy::Cadence, &train, &test)), one);
     epochs.recv_timeout(Duration::from_secs(120))?;
     let late = start_rank(slow(trainer(Policy::Cadence, &train, &test)), two);
@@ -275,18 +282,7 @@ fn a_rank_rejoins_on_the_collective_backend() -> TestResult {
     let wait = Duration::from_secs(20);
     let controller =
         build(None, Some(live_audit.clone())).cluster(places[0].clone().join_timeout(wait));
-    let controller = std::thread::spawn(move || match controller.start() {
-        Ok(Started::Coordinator(handle)) => handle.join(),
-        Ok(Started::Rank(_)) => Err(Error::Aborted),
-        Err(e) => Err(e),
-    });
-    let start_rank = |trainer: Trainer, place: Cluster| {
-        std::thread::spawn(move || match trainer.cluster(place).start() {
-            Ok(Started::Rank(rank)) => rank.join(),
-            Ok(Started::Coordinator(_)) => Err(Error::Aborted),
-            Err(e) => Err(e),
-        })
-    };
+    let controller = start_controller(controller);
     let two =
         start_rank(build(None, Some(live_audit.clone())), places[2].clone().join_timeout(wait));
     // Rank 1's first process fails at its 60th batch (in the second epoch); once it has
