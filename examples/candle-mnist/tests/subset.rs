@@ -11,7 +11,9 @@ fn settings(policy: Policy, backend: Backend) -> anyhow::Result<Settings> {
     let dir = flodl_data::mnist::vendored_dir();
     let train = Arc::new(Mnist::load(&dir, Split::Train, Verify::Skip)?);
     let test = Arc::new(Mnist::load(&dir, Split::Test, Verify::Skip)?);
-    let train: Arc<dyn Dataset> = Arc::new(Subset::first(train, 1536));
+    // 48 batches: with 24, the Replica run (two reduces) ended at 34-62% over five runs and
+    // failed the bound below in CI; with 48, at 65-85%.
+    let train: Arc<dyn Dataset> = Arc::new(Subset::first(train, 3072));
     let test: Arc<dyn Dataset> = Arc::new(Subset::first(test, 300));
     Ok(Settings {
         train,
