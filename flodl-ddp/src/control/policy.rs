@@ -17,7 +17,8 @@ pub enum Policy {
     Sync,
     /// When every rank has finished its ElChe window: its count, or (once ElChe is
     /// calibrated) the anchor rank's window of time, whichever comes first (ranks are held at
-    /// the barrier).
+    /// the barrier). Once calibrated, the other ranks follow the anchor: they train on past
+    /// their count until the anchor is ready (see [`Window::following`]).
     #[default]
     Cadence,
     /// When every rank has reached its ElChe count; ranks keep training up to `count +
@@ -56,7 +57,8 @@ impl Policy {
     /// reduce fires at the earliest moment every rank has done its share of work or a window's
     /// worth of time. A rank's clock is its wall time since the window opened (not [0.5]'s
     /// compute time): what it did besides training (an evaluation, a checkpoint part, being
-    /// descheduled) then never makes the anchor wait for it.
+    /// descheduled) then never makes the anchor wait for it. This is the anchor's window; the
+    /// coordinator gives the ranks that follow it [`Window::following`].
     pub fn window(self, round: u64, count: usize, overshoot: usize, anchor_wall_ms: f64) -> Window {
         let count = count.max(1);
         let (target, limit) = match self {
@@ -148,7 +150,39 @@ pub struct Window {
     pub wall: Option<Duration>,
 }
 
+/// A rank following the `Cadence` anchor may train past its count (and its wall time) by
+/// `1 / FOLLOW_SLACK` of it: see [`Window::following`].
+pub const FOLLOW_SLACK: u32 = 4;
+
 impl Window {
+    /// This `Cadence` window for a rank that follows the anchor: its count and wall time
+    /// stretched by a quarter ([`FOLLOW_SLACK`]; at least one batch more). The coordinator tells the rank
+    /// when the anchor is ready, and it reports the steps it has trained by then, short of or
+    /// past its count; the stretched window only bounds how long it trains when the anchor
+    /// turns out slower than estimated.
+    ///
+    /// With the count alone (BEHAVIOUR's `Cadence`), the anchor waits whenever it finishes
+    /// before a follower reaches its count or the anchor's estimated wall time: every window in
+    /// which the anchor runs faster than its own average, or a follower slower than its own,
+    /// costs the anchor the difference. Following leaves the anchor one follower batch and a
+    /// message's delivery to wait at most.
+    pub fn following(self) -> Window {
+        let slack = FOLLOW_SLACK as usize;
+        let target = self.target + self.target.div_ceil(slack).max(1);
+        Window {
+            target,
+            limit: self.limit.max(target),
+            wall: self.wall.map(|w| w + w / FOLLOW_SLACK),
+            ..self
+        }
+    }
+
+    /// The window cut short at `steps`: the rank is ready now and trains no more before the
+    /// reduce (a follower told the anchor is ready).
+    pub fn ended_at(self, steps: usize) -> Window {
+        Window { target: steps, limit: steps, ..self }
+    }
+
     /// Whether a rank that trained `steps` batches in this window, open for `clock_ms` of wall
     /// time, is ready for the reduce: it reached `target`, or it trained at least one batch and
     /// its window has lasted `wall`.

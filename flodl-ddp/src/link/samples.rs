@@ -61,6 +61,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         ToWorker::Stage { chunks: Vec::new() },
         ToWorker::Reduce { next: window, eval: Some(3), global_step: 99, capture: request },
         ToWorker::Reduce { next: window, eval: None, global_step: 0, capture: None },
+        ToWorker::Due { round: 9 },
         ToWorker::Snapshot { round: 4, attempt: 2, capture: request },
         ToWorker::Resume,
         ToWorker::Update { state: state(), next: window, eval: None, global_step: 12 },

@@ -474,17 +474,57 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Each rank's window numbered `round`, from the policy and ElChe's counts.
+    /// Each rank's window numbered `round`, from the policy and ElChe's counts; under `Cadence`
+    /// the ranks other than the anchor follow it ([`Window::following`]).
     fn make_windows(&self, round: u64) -> Vec<Window> {
         let elche = self.cadence.elche.as_ref();
         let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
         let overshoot = self.cadence.overshoot.current();
+        let anchor = self.paced_by();
         (0..self.cfg.world())
             .map(|r| {
                 let count = elche.and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
-                self.cfg.spec.policy.window(round, count, overshoot, anchor_wall_ms)
+                let window = self.cfg.spec.policy.window(round, count, overshoot, anchor_wall_ms);
+                if anchor.is_some_and(|a| a != r) { window.following() } else { window }
             })
             .collect()
+    }
+
+    /// The rank the others follow under `Cadence`: ElChe's anchor once it is calibrated.
+    fn paced_by(&self) -> Option<usize> {
+        let elche = self.cadence.elche.as_ref().filter(|e| e.is_calibrated())?;
+        (self.cfg.spec.policy == Policy::Cadence).then(|| elche.anchor_rank()).flatten()
+    }
+
+    /// The batches each rank's current window planned: its target, or ElChe's count for a
+    /// rank following the anchor (whose target is only its bound).
+    fn planned_counts(&self) -> Vec<usize> {
+        let anchor = self.paced_by();
+        let elche = self.cadence.elche.as_ref();
+        let planned = |r: usize, target: usize| match (anchor, elche) {
+            (Some(a), Some(e)) if a != r => e.counts().get(r).copied().unwrap_or(target),
+            _ => target,
+        };
+        self.slots.iter().enumerate().map(|(r, s)| planned(r, s.window.target)).collect()
+    }
+
+    /// `Cadence`: the anchor `rank` is ready for the reduce of the current window, so every
+    /// live rank not yet ready is told to report now ([`ToWorker::Due`]).
+    fn anchor_ready(&mut self, rank: usize) -> Result<()> {
+        if self.paced_by() != Some(rank) {
+            return Ok(());
+        }
+        let round = self.rounds.round;
+        let due: Vec<usize> = self
+            .slots
+            .live_ranks()
+            .into_iter()
+            .filter(|&r| r != rank && self.slots.get(r).is_some_and(|s| s.ready.is_none()))
+            .collect();
+        for r in due {
+            self.send(r, ToWorker::Due { round })?;
+        }
+        Ok(())
     }
 
     fn run(mut self) -> Result<TrainedState> {
@@ -813,6 +853,9 @@ impl Coordinator {
                     if round == current_round && current {
                         slot.ready = Some(Ready { steps, wall_ms, why });
                     }
+                }
+                if round == current_round && why == Readiness::Reached {
+                    self.anchor_ready(rank)?;
                 }
             }
             ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence, capture } => {
@@ -1177,12 +1220,12 @@ impl Coordinator {
         Some(epoch)
     }
 
-    /// The live rank that evaluates now, by the run's [`crate::EvalRank`] rule.
+    /// The live rank that evaluates now, by the run's [`crate::EvalRank`] rule, from each
+    /// rank's pace over its recent batches. (Not ElChe's estimate, a mean of per-window
+    /// readings: a `Cadence` follower's window may be a few batches, which one preempted batch
+    /// slows as much as the anchor's, and the fastest rank then read as slow as the others.)
     fn elect_evaluator(&self) -> Option<usize> {
-        let ms = match &self.cadence.elche {
-            Some(e) => e.ms_per_batch(),
-            None => self.slots.iter().map(|s| s.pace.ms_per_batch()).collect(),
-        };
+        let ms: Vec<f64> = self.slots.iter().map(|s| s.pace.ms_per_batch()).collect();
         self.cfg.spec.eval_rank.elect(&self.slots.live_ranks(), &ms)
     }
 
@@ -1222,12 +1265,12 @@ impl Coordinator {
         let walls: Vec<f64> =
             self.slots.iter().map(|s| s.ready.map_or(0.0, |r| r.wall_ms)).collect();
         let steps64: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
+        let counts = self.planned_counts();
         if let Some(e) = self.cadence.elche.as_mut() {
             e.report_timing(&walls, &steps64, self.rounds.last_sync_ms)?;
             // The guard's verdict on the last completed reduce.
             e.apply_verdict(std::mem::replace(&mut self.cadence.verdict, Verdict::Stable));
         }
-        let counts: Vec<usize> = self.slots.iter().map(|s| s.window.target).collect();
         self.rounds.global_step += steps.iter().sum::<usize>() as u64;
         let global_step = self.rounds.global_step;
         let ending = self.rounds.round;

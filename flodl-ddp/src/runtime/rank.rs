@@ -1002,6 +1002,17 @@ impl<'a> RankLoop<'a> {
         Ok(())
     }
 
+    /// The anchor is ready for the reduce of `round`: a rank training that window reports
+    /// where it stands and trains no more before the reduce.
+    fn due(&mut self, round: u64) -> Result<()> {
+        let training = matches!(self.stage, Stage::Training);
+        if !training || round != self.win.window.round || self.win.reported.is_some() {
+            return Ok(());
+        }
+        self.win.window = self.win.window.ended_at(self.win.steps);
+        self.report(Readiness::Reached)
+    }
+
     fn evaluate_for(&mut self, epoch: Option<usize>) -> Result<()> {
         if let Some(epoch) = epoch {
             let t = Instant::now();
@@ -1076,6 +1087,7 @@ impl<'a> RankLoop<'a> {
             ToWorker::Reduce { next, eval, global_step, capture } => {
                 self.reduce(Interrupted { next, eval, global_step, capture })?;
             }
+            ToWorker::Due { round } => self.due(round)?,
             ToWorker::Snapshot { round, attempt, capture } => {
                 let t = Instant::now();
                 let state = self.worker.snapshot()?;

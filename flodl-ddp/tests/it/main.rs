@@ -11,6 +11,7 @@ mod divergence;
 mod elche;
 mod eval;
 mod fault;
+mod follow;
 mod gpu;
 mod guard;
 mod outer;

@@ -43,6 +43,29 @@ fn windows_by_policy() {
     }
 }
 
+/// A follower's window stretches the count and the wall time by a quarter (at least one batch);
+/// one cut short ends where the rank stands, reached at once.
+#[test]
+fn following_and_cut_short_windows() {
+    let ms = |ms: u64| Some(Duration::from_millis(ms));
+    let w = |target, limit, wall| Window { round: 3, target, limit, wall };
+    // (window, following)
+    let cases = [
+        (w(40, 40, ms(200)), w(50, 50, ms(250))),
+        (w(41, 41, None), w(52, 52, None)),
+        (w(1, 1, ms(8)), w(2, 2, ms(10))),
+        (w(3, 3, None), w(4, 4, None)),
+        // An overshoot bound above the stretch is kept.
+        (w(8, 20, None), w(10, 20, None)),
+    ];
+    for (window, want) in cases {
+        assert_eq!(window.following(), want, "{window:?}");
+        let cut = want.ended_at(7);
+        assert_eq!((cut.target, cut.limit, cut.wall, cut.round), (7, 7, want.wall, 3));
+        assert!(cut.is_reached(7, 0.0) && !cut.is_reached(6, 0.0));
+    }
+}
+
 #[test]
 fn a_window_is_reached_by_count_or_by_wall_time() {
     let count = Window { round: 1, target: 10, limit: 10, wall: None };
