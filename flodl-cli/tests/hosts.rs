@@ -14,8 +14,10 @@
 //! asserts that the slow link is on the path (a reduce waits at least its round trip), that
 //! ElChe's windows grow on it (at least doubling from the first quarter of reduces to the last)
 //! and that the reduce's share of a window falls from the first window to at most
-//! [`LAST_SHARE`] over the last quarter (measured 10-15% under load: the windows reach the
-//! epoch cap, 1875 batches, where a ~65 ms reduce is what is left). It needs root for
+//! [`LAST_SHARE`] over the last quarter, unless the windows have reached the epoch cap
+//! ([`EPOCH_BATCHES`]) by the end, where nothing is left to ElChe: the ~65 ms reduce then costs what
+//! the machine's speed makes it (10-15% of a window measured under load, 21-28% on a quiet
+//! machine training 4× faster). It needs root for
 //! `ip netns`; without it, it prints why and skips, unless `FLODL_REQUIRE_NETNS=1` (CI), where
 //! that is a failure. `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 4 epochs: the windows
 //! need ~7 reduces to reach the cap).
@@ -37,8 +39,11 @@ const FDL: &str = env!("CARGO_BIN_EXE_fdl");
 /// The slow link: added one-way delay and rate.
 const LATENCY: Duration = Duration::from_millis(20);
 const RATE_BYTES_PER_S: f64 = 100e6 / 8.0;
-/// The largest reduce share of a window over the last quarter of the slow link's reduces.
+/// The largest reduce share of a window over the last quarter of the slow link's reduces,
+/// where ElChe can still grow them.
 const LAST_SHARE: f64 = 0.25;
+/// A window's cap: one epoch's batches (60000 samples in batches of 32).
+const EPOCH_BATCHES: f64 = 60000.0 / 32.0;
 /// How long one job may take before it is killed and the test fails.
 const JOB_LIMIT: Duration = Duration::from_secs(420);
 
@@ -528,9 +533,12 @@ fn a_slow_link_grows_the_windows() -> Result {
         100.0 * s1,
         100.0 * s4
     );
-    if !(s4 <= LAST_SHARE && s4 < s1) {
+    // ElChe did all it can once its windows reached the cap.
+    let capped =
+        slow.reduces.iter().rev().find(|r| r.0 > 0.0).is_some_and(|r| r.0 >= EPOCH_BATCHES);
+    if !((s4 <= LAST_SHARE || capped) && s4 < s1) {
         return Err(format!(
-            "the reduce share of a window went {:.1}% → {:.1}%: not below {:.0}%",
+            "the reduce share of a window went {:.1}% → {:.1}%: not below {:.0}% with room to grow",
             100.0 * s1,
             100.0 * s4,
             100.0 * LAST_SHARE

@@ -15,8 +15,9 @@
 //! checkpoint, other, as shares of its training wall); `--json` prints one JSON object per run
 //! instead. `--repeats N` runs the whole set N times round-robin (so a drift of the machine's
 //! load touches every run alike) and ends with, per skew mode, the median over the repeats of
-//! the aggregate over (solo 0 + solo 1) of the same repeat, and of the slow rank's non-compute
-//! share. `--prefetch auto,2` runs every two-rank run once per prefetch setting (`auto`: none on
+//! the aggregate over (solo 0 + solo 1) of the same repeat, of the slow rank's non-compute
+//! share, of the efficiency (the aggregate over the ranks' compute rates in the run) and of the
+//! contention (those rates over the solo runs' rates). `--prefetch auto,2` runs every two-rank run once per prefetch setting (`auto`: none on
 //! CPU ranks, `off`, or a depth), side by side in each repeat, and summarises each apart.
 
 use std::sync::Arc;
@@ -152,6 +153,26 @@ fn breakdowns(s: &TrainedState) -> Vec<TimeBreakdown> {
     out
 }
 
+/// Each rank's compute throughput over the run, in samples per ms of its own steps (as if it
+/// ran alone at the speed it had).
+fn compute_rates(s: &TrainedState) -> Vec<f64> {
+    let ranks = s.epochs.first().map_or(0, |e| e.ranks.len());
+    (0..ranks)
+        .map(|r| {
+            let (n, ms) = s.epochs.iter().fold((0.0, 0.0), |(n, ms), e| {
+                (n + e.ranks[r].samples as f64, ms + e.ranks[r].compute_ms)
+            });
+            if ms > 0.0 { n / ms } else { 0.0 }
+        })
+        .collect()
+}
+
+/// The aggregate over the sum of the ranks' compute rates: the fraction of the ranks' speed
+/// the run delivered, a figure that does not move with the machine's load.
+fn efficiency(s: &TrainedState) -> f64 {
+    s.throughput() / 1000.0 / compute_rates(s).iter().sum::<f64>().max(1e-9)
+}
+
 /// A breakdown as shares in percent, in `Activity::ALL` order.
 fn shares_of(t: &TimeBreakdown) -> Vec<f64> {
     Activity::ALL.iter().map(|&a| (t.share(a) * 1000.0).round() / 10.0).collect()
@@ -164,19 +185,8 @@ fn report(run: &Run, json: bool, target: Option<f64>) {
     let shares: Vec<f64> = s.epochs.last().map_or_else(Vec::new, |e| {
         e.ranks.iter().map(|r| (r.batch_share * 1000.0).round() / 1000.0).collect()
     });
-    // Each rank's compute throughput over the run (samples per second of its own steps, as if
-    // it ran alone at the speed it had): the aggregate over their sum is the fraction of the
-    // ranks' speed the run delivered, a figure that does not move with the machine's load.
-    let ranks = s.epochs.first().map_or(0, |e| e.ranks.len());
-    let compute: Vec<f64> = (0..ranks)
-        .map(|r| {
-            let (n, ms) = s.epochs.iter().fold((0.0, 0.0), |(n, ms), e| {
-                (n + e.ranks[r].samples as f64, ms + e.ranks[r].compute_ms)
-            });
-            if ms > 0.0 { n / ms } else { 0.0 }
-        })
-        .collect();
-    let efficiency = s.throughput() / 1000.0 / compute.iter().sum::<f64>().max(1e-9);
+    let compute = compute_rates(s);
+    let efficiency = efficiency(s);
     let compute: Vec<f64> = compute.iter().map(|k| (k * 10.0).round() / 10.0).collect();
     if json {
         println!(
@@ -252,6 +262,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let ratio = median(figures.iter().map(|f| f.ratio).collect());
             let slow = median(figures.iter().map(|f| f.slow_non_compute).collect());
+            let efficiency = median(figures.iter().map(|f| f.efficiency).collect());
+            let contention = median(figures.iter().map(|f| f.contention).collect());
             // Per rank and activity, the median share over the repeats.
             let ranks = figures.iter().map(|f| f.time_pct.len()).min().unwrap_or(0);
             let time: Vec<Vec<f64>> = (0..ranks)
@@ -271,6 +283,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ratio,
                 slow * 100.0
             );
+            println!(
+                "    efficiency {efficiency:.3} (aggregate / the ranks' compute rates in the run); compute rates side by side / alone {contention:.3}"
+            );
             let names: Vec<&str> = Activity::ALL.iter().map(|a| a.name()).collect();
             println!("    median time % [{}] per rank {:?}", names.join(" "), time);
         }
@@ -279,11 +294,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// A skew run's figures: its aggregate over (solo 0 + solo 1), its slow rank's non-compute
-/// share, and each rank's time breakdown in percent (`Activity::ALL` order).
+/// share, its efficiency and contention, and each rank's time breakdown in percent
+/// (`Activity::ALL` order).
 #[derive(Debug, Clone)]
 struct SkewFigure {
     ratio: f64,
     slow_non_compute: f64,
+    /// The run's [`efficiency`].
+    efficiency: f64,
+    /// The ranks' compute rates in the run over their rates alone (the solo runs): what
+    /// running side by side costs the steps themselves (shared caches, memory bandwidth, the
+    /// coordinator's thread on the same cores).
+    contention: f64,
     time_pct: Vec<Vec<f64>>,
 }
 
@@ -302,6 +324,7 @@ fn round(
     let auto = Prefetch::Auto;
     let has = |r: &str| args.runs.iter().any(|x| x == r);
     let mut solo = [None, None];
+    let mut solo_compute = 0.0;
     if has("solo") || has("skew") {
         let fast = train(
             "solo rank0",
@@ -319,6 +342,8 @@ fn round(
             train(&name, 1, (Policy::Sync, Backend::Collective), slowdown, auto, args, data)?;
         report(&slow, args.json, None);
         solo = [Some(fast.state.throughput()), Some(slow.state.throughput())];
+        solo_compute =
+            [&fast, &slow].iter().filter_map(|r| compute_rates(&r.state).first().copied()).sum();
     }
     if has("equal") {
         for &(p, b) in &args.modes {
@@ -347,6 +372,9 @@ fn round(
                     figures[i * args.prefetch.len() + j] = Some(SkewFigure {
                         ratio: run.state.throughput() / (a + c),
                         slow_non_compute: slow,
+                        efficiency: efficiency(&run.state),
+                        contention: compute_rates(&run.state).iter().sum::<f64>()
+                            / f64::max(solo_compute, 1e-9),
                         time_pct: breakdowns(&run.state).iter().map(shares_of).collect(),
                     });
                 }

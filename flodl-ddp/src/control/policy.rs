@@ -22,7 +22,8 @@ pub enum Policy {
     #[default]
     Cadence,
     /// When every rank has reached its ElChe count; ranks keep training up to `count +
-    /// max_overshoot` while the reduce is under way.
+    /// max_overshoot` while the reduce is under way. Once calibrated, the other ranks follow
+    /// the anchor as under `Cadence` (see [`Window::following`]).
     Async,
 }
 
@@ -150,37 +151,44 @@ pub struct Window {
     pub wall: Option<Duration>,
 }
 
-/// A rank following the `Cadence` anchor may train past its count (and its wall time) by
+/// A rank following the anchor may train past its count (and its wall time) by
 /// `1 / FOLLOW_SLACK` of it: see [`Window::following`].
 pub const FOLLOW_SLACK: u32 = 4;
 
 impl Window {
-    /// This `Cadence` window for a rank that follows the anchor: its count and wall time
-    /// stretched by a quarter ([`FOLLOW_SLACK`]; at least one batch more). The coordinator tells the rank
-    /// when the anchor is ready, and it reports the steps it has trained by then, short of or
-    /// past its count; the stretched window only bounds how long it trains when the anchor
-    /// turns out slower than estimated.
+    /// This window for a rank that follows the anchor (`Cadence` and `Async`): its count and
+    /// wall time stretched by a quarter ([`FOLLOW_SLACK`]; at least one batch more), its
+    /// overshoot kept past that. The coordinator tells the rank when the anchor is ready, and
+    /// it reports the steps it has trained by then, short of or past its count
+    /// ([`Window::ended_at`]); the stretched window only bounds how long it trains when the
+    /// anchor turns out slower than estimated.
     ///
-    /// With the count alone (BEHAVIOUR's `Cadence`), the anchor waits whenever it finishes
-    /// before a follower reaches its count or the anchor's estimated wall time: every window in
-    /// which the anchor runs faster than its own average, or a follower slower than its own,
-    /// costs the anchor the difference. Following leaves the anchor one follower batch and a
-    /// message's delivery to wait at most.
+    /// With the count alone (BEHAVIOUR's rule), the anchor waits whenever it finishes before a
+    /// follower reaches its count or the anchor's estimated wall time: every window in which
+    /// the anchor runs faster than its own average, or a follower slower than its own, costs
+    /// the anchor the difference; and under `Async` a follower whose count and overshoot run
+    /// out first waits for the anchor. Following leaves the anchor one follower batch and a
+    /// message's delivery to wait at most, and a follower nothing until its stretched bound.
     pub fn following(self) -> Window {
         let slack = FOLLOW_SLACK as usize;
         let target = self.target + self.target.div_ceil(slack).max(1);
         Window {
             target,
-            limit: self.limit.max(target),
+            limit: target + self.overshoot(),
             wall: self.wall.map(|w| w + w / FOLLOW_SLACK),
             ..self
         }
     }
 
-    /// The window cut short at `steps`: the rank is ready now and trains no more before the
-    /// reduce (a follower told the anchor is ready).
+    /// The window ended at `steps`: the rank is ready now, and trains no more before the reduce
+    /// than the window's overshoot (none under `Cadence`): a follower told the anchor is ready.
     pub fn ended_at(self, steps: usize) -> Window {
-        Window { target: steps, limit: steps, ..self }
+        Window { target: steps, limit: steps + self.overshoot(), ..self }
+    }
+
+    /// Batches the rank may train past its target while the reduce is under way (`Async`).
+    pub fn overshoot(&self) -> usize {
+        self.limit.saturating_sub(self.target)
     }
 
     /// Whether a rank that trained `steps` batches in this window, open for `clock_ms` of wall

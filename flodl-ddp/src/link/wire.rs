@@ -95,9 +95,9 @@ pub(crate) enum ToWorker {
     /// `global_step`; evaluate `eval` epoch afterwards when set. With `capture`, send a
     /// checkpoint part with the acknowledgement and train nothing until [`ToWorker::Resume`].
     Reduce { next: Window, eval: Option<usize>, global_step: u64, capture: Option<CaptureRequest> },
-    /// `Cadence`: the anchor is ready for the reduce of window `round`; a rank following it
-    /// reports the steps it has trained now and trains no more before the reduce (a late order,
-    /// for a window already reported or ended, changes nothing).
+    /// The anchor is ready for the reduce of window `round`: a rank following it reports the
+    /// steps it has trained now and trains no more before the reduce than its overshoot (a late
+    /// order, for a window already reported or ended, changes nothing).
     Due { round: u64 },
     /// Host backend: send a snapshot of the parameters for this round and attempt. With
     /// `capture`, add a checkpoint part and train nothing until the update.

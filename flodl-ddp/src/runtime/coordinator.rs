@@ -474,8 +474,8 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Each rank's window numbered `round`, from the policy and ElChe's counts; under `Cadence`
-    /// the ranks other than the anchor follow it ([`Window::following`]).
+    /// Each rank's window numbered `round`, from the policy and ElChe's counts; once ElChe is
+    /// calibrated, the ranks other than the anchor follow it ([`Window::following`]).
     fn make_windows(&self, round: u64) -> Vec<Window> {
         let elche = self.cadence.elche.as_ref();
         let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
@@ -490,10 +490,11 @@ impl Coordinator {
             .collect()
     }
 
-    /// The rank the others follow under `Cadence`: ElChe's anchor once it is calibrated.
+    /// The rank the others follow under `Cadence` and `Async`: ElChe's anchor once it is
+    /// calibrated.
     fn paced_by(&self) -> Option<usize> {
         let elche = self.cadence.elche.as_ref().filter(|e| e.is_calibrated())?;
-        (self.cfg.spec.policy == Policy::Cadence).then(|| elche.anchor_rank()).flatten()
+        self.cfg.spec.policy.is_progressive().then(|| elche.anchor_rank()).flatten()
     }
 
     /// The batches each rank's current window planned: its target, or ElChe's count for a
@@ -508,7 +509,7 @@ impl Coordinator {
         self.slots.iter().enumerate().map(|(r, s)| planned(r, s.window.target)).collect()
     }
 
-    /// `Cadence`: the anchor `rank` is ready for the reduce of the current window, so every
+    /// The anchor `rank` is ready for the reduce of the current window, so every
     /// live rank not yet ready is told to report now ([`ToWorker::Due`]).
     fn anchor_ready(&mut self, rank: usize) -> Result<()> {
         if self.paced_by() != Some(rank) {

@@ -1003,7 +1003,7 @@ impl<'a> RankLoop<'a> {
     }
 
     /// The anchor is ready for the reduce of `round`: a rank training that window reports
-    /// where it stands and trains no more before the reduce.
+    /// where it stands and trains no more before the reduce than its overshoot.
     fn due(&mut self, round: u64) -> Result<()> {
         let training = matches!(self.stage, Stage::Training);
         if !training || round != self.win.window.round || self.win.reported.is_some() {

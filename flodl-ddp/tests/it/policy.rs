@@ -43,8 +43,8 @@ fn windows_by_policy() {
     }
 }
 
-/// A follower's window stretches the count and the wall time by a quarter (at least one batch);
-/// one cut short ends where the rank stands, reached at once.
+/// A follower's window stretches the count and the wall time by a quarter (at least one batch)
+/// and keeps its overshoot; one ended early is reached where the rank stands, overshoot kept.
 #[test]
 fn following_and_cut_short_windows() {
     let ms = |ms: u64| Some(Duration::from_millis(ms));
@@ -55,13 +55,15 @@ fn following_and_cut_short_windows() {
         (w(41, 41, None), w(52, 52, None)),
         (w(1, 1, ms(8)), w(2, 2, ms(10))),
         (w(3, 3, None), w(4, 4, None)),
-        // An overshoot bound above the stretch is kept.
-        (w(8, 20, None), w(10, 20, None)),
+        // `Async`: the overshoot is kept past the stretched count, and past where it ends.
+        (w(8, 20, None), w(10, 22, None)),
+        (w(25, 28, None), w(32, 35, None)),
     ];
     for (window, want) in cases {
         assert_eq!(window.following(), want, "{window:?}");
+        let over = window.limit - window.target;
         let cut = want.ended_at(7);
-        assert_eq!((cut.target, cut.limit, cut.wall, cut.round), (7, 7, want.wall, 3));
+        assert_eq!((cut.target, cut.limit, cut.wall, cut.round), (7, 7 + over, want.wall, 3));
         assert!(cut.is_reached(7, 0.0) && !cut.is_reached(6, 0.0));
     }
 }
