@@ -139,11 +139,14 @@ fn launched_jobs_resume_onto_another_world() -> Result {
 fn launched_jobs_account_for_every_rank_process_time() -> Result {
     let tmp = tempfile::tempdir()?;
     let job = tmp.path().join("job");
+    // Four times the other jobs' data: at 4096 samples a quiet machine trains in ~70 ms, which
+    // the edges below would swamp.
+    let longer = JOB.map(|a| if a == "4096" { "16384" } else { a });
     let out = Command::new(FDL)
         .args(["launch", "--nproc", "2", "--policy", "cadence", "--slowdown", "1,3", "--quiet"])
         .arg("--out")
         .arg(&job)
-        .args(JOB)
+        .args(longer)
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -155,8 +158,12 @@ fn launched_jobs_account_for_every_rank_process_time() -> Result {
     for r in ranks {
         let ms = |p: &str| r["time"][format!("{p}_ms")].as_f64().unwrap_or(f64::NAN);
         let sum: f64 = parts.iter().map(|p| ms(p)).sum();
-        // A short run: a few ms of scheduling noise are more than 1% of it.
-        assert!((sum - wall_ms).abs() < 0.05 * wall_ms + 5.0, "{sum} ms of {wall_ms} ms: {r}");
+        // A short run: a few ms of scheduling noise are more than 1% of it, and the two
+        // deliveries at a rank's edges, which none of its clocks sees (the first order, the last
+        // report), cross the network link and a loaded machine's scheduler (9 ms seen beside
+        // the other tests of this binary).
+        let edges_ms = 2.0 * 15.0;
+        assert!((sum - wall_ms).abs() < 0.05 * wall_ms + edges_ms, "{sum} ms of {wall_ms} ms: {r}");
         assert!(ms("compute") > 0.0 && ms("reduce") > 0.0, "{r}");
     }
     assert!(s["held_back"]["rank"].as_u64().is_some_and(|r| r < 2), "{s}");

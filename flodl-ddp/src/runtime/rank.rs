@@ -798,6 +798,8 @@ pub(crate) struct RankLoop<'a> {
     group: Group,
     /// Where the rank's time went since its last chunk report (sent with the next one).
     ledger: Ledger,
+    /// The latest window whose anchor is ready ([`ToWorker::Due`]).
+    due: Option<u64>,
 }
 
 impl std::fmt::Debug for RankLoop<'_> {
@@ -869,6 +871,7 @@ impl<'a> RankLoop<'a> {
             global_step: 0,
             group,
             ledger: Ledger::default(),
+            due: None,
         }
     }
 
@@ -999,14 +1002,22 @@ impl<'a> RankLoop<'a> {
         if self.win.is_reached() {
             self.report(Readiness::Reached)?;
         }
-        Ok(())
+        self.follow_due()
     }
 
-    /// The anchor is ready for the reduce of `round`: a rank training that window reports
-    /// where it stands and trains no more before the reduce than its overshoot.
+    /// The anchor is ready for the reduce of `round` (which may be a window this rank has not
+    /// started: the order can overtake the update that starts it in cluster mode, on another
+    /// lane).
     fn due(&mut self, round: u64) -> Result<()> {
+        self.due = self.due.max(Some(round));
+        self.follow_due()
+    }
+
+    /// A rank training the window whose anchor is ready, not reported yet, reports where it
+    /// stands and trains no more before the reduce than its overshoot.
+    fn follow_due(&mut self) -> Result<()> {
         let training = matches!(self.stage, Stage::Training);
-        if !training || round != self.win.window.round || self.win.reported.is_some() {
+        if !training || self.due != Some(self.win.window.round) || self.win.reported.is_some() {
             return Ok(());
         }
         self.win.window = self.win.window.ended_at(self.win.steps);
@@ -1065,6 +1076,7 @@ impl<'a> RankLoop<'a> {
             ToWorker::Resume => {
                 if matches!(self.stage, Stage::Paused) {
                     self.stage = Stage::Training;
+                    self.follow_due()?;
                 }
             }
             ToWorker::Stage { chunks } => {
