@@ -29,7 +29,12 @@ pub enum Prefetch {
     /// asynchronous upload overlap with compute. The throughput example's `--prefetch auto,2`
     /// found the same on 2 CPU ranks of a loaded 2-core machine (MLP, batch 64, rank 1 slowed
     /// 2.5×, 5 repeats): with depth 2 the fast rank waited for its batches 18–41% of its wall
-    /// and the slow rank's non-compute share under `Cadence` rose from 6.9% to 10.3%.
+    /// and the slow rank's non-compute share under `Cadence` rose from 6.9% to 10.3%. On a quiet
+    /// machine the same comparison (`--modes cadence-collective --prefetch auto,2`, 4 repeats)
+    /// went the other way: the fast rank's data share fell from 4.2% to 0.55% and the run
+    /// delivered 97.4% of the ranks' compute rates instead of 94.7%. There the slow rank's
+    /// emulated slowdown sleeps, leaving part of its core to the prefetch thread, which truly
+    /// CPU-bound ranks would not; so CPU ranks stay without one unless asked.
     #[default]
     Auto,
     /// Off on every rank: each batch is fetched and uploaded right before it is trained.
