@@ -15,12 +15,12 @@
 //! ElChe's windows grow on it (at least doubling from the first quarter of reduces to the last)
 //! and that the reduce's share of a window falls from the first window to at most
 //! [`LAST_SHARE`] over the last quarter, unless the windows have reached the epoch cap
-//! ([`EPOCH_BATCHES`]) by the end, where nothing is left to ElChe: the ~65 ms reduce then costs what
-//! the machine's speed makes it (10-15% of a window measured under load, 21-28% on a quiet
-//! machine training 4× faster). It needs root for
-//! `ip netns`; without it, it prints why and skips, unless `FLODL_REQUIRE_NETNS=1` (CI), where
-//! that is a failure. `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 4 epochs: the windows
-//! need ~7 reduces to reach the cap).
+//! ([`EPOCH_BATCHES`]) by the end, where nothing is left to ElChe: the ~65 ms reduce then costs
+//! what the machine's speed makes it (10-15% of a window measured under load, 21-28% on a
+//! quiet machine training 4× faster). It needs root for `ip netns`; without it, it prints why
+//! and skips, unless `FLODL_REQUIRE_NETNS=1` (CI), where that is a failure.
+//! `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 4 epochs: the windows need ~7 reduces to
+//! reach the cap).
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

@@ -17,8 +17,9 @@
 //! load touches every run alike) and ends with, per skew mode, the median over the repeats of
 //! the aggregate over (solo 0 + solo 1) of the same repeat, of the slow rank's non-compute
 //! share, of the efficiency (the aggregate over the ranks' compute rates in the run) and of the
-//! contention (those rates over the solo runs' rates). `--prefetch auto,2` runs every two-rank run once per prefetch setting (`auto`: none on
-//! CPU ranks, `off`, or a depth), side by side in each repeat, and summarises each apart.
+//! contention (those rates over the solo runs' rates). `--prefetch auto,2` runs every two-rank
+//! run once per prefetch setting (`auto`: none on CPU ranks, `off`, or a depth), side by side
+//! in each repeat, and summarises each apart.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -480,12 +480,11 @@ impl Coordinator {
         let elche = self.cadence.elche.as_ref();
         let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
         let overshoot = self.cadence.overshoot.current();
-        let anchor = self.paced_by();
         (0..self.cfg.world())
             .map(|r| {
                 let count = elche.and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
                 let window = self.cfg.spec.policy.window(round, count, overshoot, anchor_wall_ms);
-                if anchor.is_some_and(|a| a != r) { window.following() } else { window }
+                if self.follows(r) { window.following() } else { window }
             })
             .collect()
     }
@@ -497,20 +496,24 @@ impl Coordinator {
         self.cfg.spec.policy.is_progressive().then(|| elche.anchor_rank()).flatten()
     }
 
+    /// Whether `rank`'s windows follow the anchor's ([`Window::following`]).
+    fn follows(&self, rank: usize) -> bool {
+        self.paced_by().is_some_and(|anchor| anchor != rank)
+    }
+
     /// The batches each rank's current window planned: its target, or ElChe's count for a
     /// rank following the anchor (whose target is only its bound).
     fn planned_counts(&self) -> Vec<usize> {
-        let anchor = self.paced_by();
         let elche = self.cadence.elche.as_ref();
-        let planned = |r: usize, target: usize| match (anchor, elche) {
-            (Some(a), Some(e)) if a != r => e.counts().get(r).copied().unwrap_or(target),
+        let planned = |r: usize, target: usize| match elche {
+            Some(e) if self.follows(r) => e.counts().get(r).copied().unwrap_or(target),
             _ => target,
         };
         self.slots.iter().enumerate().map(|(r, s)| planned(r, s.window.target)).collect()
     }
 
-    /// The anchor `rank` is ready for the reduce of the current window, so every
-    /// live rank not yet ready is told to report now ([`ToWorker::Due`]).
+    /// The anchor `rank` is ready for the reduce of the current window, so every live rank not
+    /// yet ready is told to report now ([`ToWorker::Due`]).
     fn anchor_ready(&mut self, rank: usize) -> Result<()> {
         if self.paced_by() != Some(rank) {
             return Ok(());
