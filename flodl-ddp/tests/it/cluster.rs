@@ -15,9 +15,26 @@ use flodl_ddp::{
 
 const WORLD: usize = 3;
 const SAMPLES: usize = 4096;
-/// Slack on accuracy between a cluster run and the in-process run of the same spec
+/// How far a cluster run's accuracy may fall below the in-process run's of the same spec
 /// (`Cadence` and `Async` runs of this size vary by a few points from run to run).
 const BAND: f64 = 0.06;
+/// The least accuracy a cluster run of these specs must reach.
+const FLOOR: f64 = 0.8;
+
+/// Checks that the cluster run (`state`) trained as well as the in-process run (`alone`): its
+/// final accuracy at least [`FLOOR`] and at most [`BAND`] below the in-process run's. One-sided:
+/// on a loaded machine the in-process run itself lands a few points lower now and then (0.795
+/// and 0.818 seen beside runs of 0.86-0.89), which says nothing about the cluster path.
+fn trains_as_well(what: &str, alone: &TrainedState, state: &TrainedState) -> TestResult {
+    let (a, c) = (
+        alone.final_eval().map_or(0.0, |e| e.accuracy),
+        state.final_eval().map_or(0.0, |e| e.accuracy),
+    );
+    if c < FLOOR || c < a - BAND {
+        return Err(format!("{what}: in-process {a:.3}, cluster {c:.3}").into());
+    }
+    Ok(())
+}
 
 fn trainer(policy: Policy, train: &Arc<dyn Dataset>, test: &Arc<dyn Dataset>) -> Trainer {
     let mlp = MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9));
@@ -115,16 +132,21 @@ fn cluster_runs_match_in_process_runs() -> TestResult {
                 e.epoch, e.samples
             );
             assert_eq!(e.ranks.len(), WORLD);
-            assert!(e.ranks.iter().all(|r| r.samples > 0), "{policy:?}: a rank trained nothing");
         }
-        let (a, c) = (
-            alone.final_eval().map_or(0.0, |e| e.accuracy),
-            state.final_eval().map_or(0.0, |e| e.accuracy),
-        );
-        assert!(
-            a > 0.8 && (a - c).abs() <= BAND,
-            "{policy:?}/{wire}: in-process {a:.3}, cluster {c:.3}"
-        );
+        // Over the run, not per epoch: under `Cadence` and `Async` the others may take all of
+        // an epoch while a rank the machine's load holds back still trains its chunks of the
+        // one before.
+        for rank in 0..WORLD {
+            let trained: usize = state
+                .epochs
+                .iter()
+                .flat_map(|e| &e.ranks)
+                .filter(|r| r.rank == rank)
+                .map(|r| r.samples)
+                .sum();
+            assert!(trained > 0, "{policy:?}: rank {rank} trained nothing");
+        }
+        trains_as_well(&format!("{policy:?}/{wire}"), &alone, &state)?;
     }
     Ok(())
 }
@@ -212,11 +234,7 @@ fn a_new_rank_joins_a_running_run() -> TestResult {
     }
     let last = state.epochs.last().ok_or("no epoch")?;
     assert!(last.ranks.get(2).is_some_and(|r| r.samples > 0), "rank 2 trained nothing: {last:?}");
-    let (a, c) = (
-        alone.final_eval().map_or(0.0, |e| e.accuracy),
-        state.final_eval().map_or(0.0, |e| e.accuracy),
-    );
-    assert!(a > 0.8 && (a - c).abs() <= BAND, "in-process {a:.3}, grown {c:.3}");
+    trains_as_well("grown", &alone, &state)?;
     Ok(())
 }
 
@@ -339,10 +357,6 @@ fn a_rank_rejoins_on_the_collective_backend() -> TestResult {
         }
     }
     assert!(dead.iter().flatten().any(|&c| c > 0), "the doomed process trained nothing");
-    let (a, c) = (
-        alone.final_eval().map_or(0.0, |e| e.accuracy),
-        state.final_eval().map_or(0.0, |e| e.accuracy),
-    );
-    assert!(a > 0.8 && (a - c).abs() <= BAND, "in-process {a:.3}, rejoined {c:.3}");
+    trains_as_well("rejoined", &alone, &state)?;
     Ok(())
 }
