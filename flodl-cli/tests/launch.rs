@@ -11,7 +11,9 @@ use serde_json::Value;
 
 mod support;
 
-use support::launched::{FDL, Launched, Result, accuracy, in_process, kill9, summary};
+use support::launched::{
+    FDL, Launched, Result, accuracy, in_process, kill9, summary, trains_as_well,
+};
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
 const JOB: [&str; 12] = [
@@ -28,8 +30,6 @@ const JOB: [&str; 12] = [
     "--batch-size",
     "32",
 ];
-/// Accuracy a launched job may differ by from the in-process run of the same flags.
-const BAND: f64 = 0.06;
 
 /// `fdl launch --nproc 3` under each policy completes with every rank exiting 0, and its
 /// accuracy is in the band of the in-process run of the same flags (bf16 on the wire for one).
@@ -57,7 +57,7 @@ fn launched_jobs_match_in_process_runs() -> Result {
             assert!(stdout.contains(&format!("[launch] rank {rank} exited with 0")), "{stdout}");
         }
         let (a, c) = (accuracy(&alone)?, accuracy(&job)?);
-        assert!(a > 0.75 && (a - c).abs() <= BAND, "{policy}: in-process {a:.3}, launched {c:.3}");
+        trains_as_well(&format!("{policy}: in-process against launched"), a, c, 0.75)?;
         let s = summary(&job)?;
         assert_eq!(s["spec"]["placement"], "processes");
         assert_eq!(s["spec"]["wire"], wire);
@@ -127,7 +127,7 @@ fn launched_jobs_resume_onto_another_world() -> Result {
         assert_eq!(samples(0), Some(left(0) as u64), "{from} → {to}: the rest of epoch 0");
         assert_eq!(samples(1), Some(left(1) as u64), "{from} → {to}: the rest of epoch 1");
         let (a, b) = (accuracy(&saved)?, accuracy(&resumed)?);
-        assert!(a > 0.75 && (a - b).abs() <= BAND, "{from} → {to}: saved {a:.3}, resumed {b:.3}");
+        trains_as_well(&format!("{from} → {to}: saved against resumed"), a, b, 0.75)?;
     }
     Ok(())
 }

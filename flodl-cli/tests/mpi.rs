@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::launched::{FDL, Launched, Result, accuracy, in_process, kill9, summary};
+use support::launched::{
+    FDL, Launched, Result, accuracy, in_process, kill9, summary, trains_as_well,
+};
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
 const JOB: [&str; 12] = [
@@ -27,8 +29,6 @@ const JOB: [&str; 12] = [
     "--batch-size",
     "32",
 ];
-/// Accuracy an MPI job may differ by from the in-process run of the same flags.
-const BAND: f64 = 0.06;
 
 /// Why the MPI tests cannot run here, when they cannot; an error when they must.
 fn skip() -> Result<Option<String>> {
@@ -73,10 +73,7 @@ fn every_policy_across_three_mpi_processes_matches_in_process() -> Result {
         assert!(stdout.contains("[launch] the controller exited with 0"), "{stdout}");
         assert!(stdout.contains("[launch] mpirun exited with 0"), "{stdout}");
         let mpi = accuracy(&job)?;
-        assert!(
-            alone > 0.75 && (alone - mpi).abs() <= BAND,
-            "{policy}: in-process {alone:.3}, MPI {mpi:.3}"
-        );
+        trains_as_well(&format!("{policy}: in-process against MPI"), alone, mpi, 0.75)?;
         let s = summary(&job)?;
         assert_eq!(s["spec"]["placement"], "processes");
         assert_eq!(s["spec"]["backend"], "collective");
@@ -138,7 +135,7 @@ fn a_killed_mpi_rank_restarts_the_job_from_the_last_bundle() -> Result {
     assert!(out.contains("restart 1 of 1: 2 rank(s) (2 survived)"), "{out}");
     assert!(out.contains("resuming from"), "{out}");
     let mpi = accuracy(&dir)?;
-    assert!(clean > 0.75 && (clean - mpi).abs() <= BAND, "clean {clean:.3}, restarted {mpi:.3}");
+    trains_as_well("clean against restarted", clean, mpi, 0.75)?;
     for line in out.lines().filter(|l| l.contains("[launch]") || l.contains("error:")) {
         println!("{line}");
     }

@@ -8,7 +8,9 @@ use serde_json::Value;
 
 mod support;
 
-use support::launched::{Launched, Result, accuracy, in_process, kill9, records, summary};
+use support::launched::{
+    Launched, Result, accuracy, in_process, kill9, records, summary, trains_as_well,
+};
 
 /// Training and test samples, epochs of the job.
 const TRAIN: usize = 8192;
@@ -32,8 +34,6 @@ const JOB: [&str; 16] = [
     "--watchdog",
     "10",
 ];
-/// Accuracy a job with deaths and rejoins may differ by from the clean in-process run.
-const BAND: f64 = 0.06;
 
 /// Every epoch trained each of its samples exactly once (the default batch of 64).
 fn check_coverage(dir: &std::path::Path) -> Result<Vec<Value>> {
@@ -86,6 +86,6 @@ fn a_killed_rank_process_is_restarted_and_rejoins() -> Result {
         .sum();
     assert!(trained_after > 0, "rank 2 trained nothing after its rejoin");
     let (a, c) = (accuracy(&clean)?, accuracy(&dir)?);
-    assert!(a > 0.8 && (a - c).abs() <= BAND, "clean {a:.3}, with a rejoin {c:.3}");
+    trains_as_well("clean against with a rejoin", a, c, 0.8)?;
     Ok(())
 }

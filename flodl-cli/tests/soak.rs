@@ -14,10 +14,10 @@ use rand::{RngExt, SeedableRng};
 
 mod support;
 
-use support::launched::{Launched, Result, accuracy, in_process, kill9, records, summary};
+use support::launched::{
+    Launched, Result, accuracy, in_process, kill9, records, summary, trains_as_well,
+};
 
-/// Accuracy the soaked job may differ by from the clean in-process run of the same flags.
-const BAND: f64 = 0.06;
 const TRAIN: usize = 16384;
 const BATCH: usize = 64;
 
@@ -209,6 +209,6 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     );
     assert_eq!(epochs_rec.len() as u64, epochs, "every epoch completed");
     assert_eq!(exact, epochs_rec.len(), "an epoch lost or doubled samples");
-    assert!(a > 0.8 && (a - c).abs() <= BAND, "clean {a:.3}, soaked {c:.3}");
+    trains_as_well("clean against soaked", a, c, 0.8)?;
     Ok(())
 }

@@ -31,6 +31,21 @@ pub(crate) fn in_process(flags: &[&str], out: &Path) -> Result<f64> {
     accuracy(out)
 }
 
+/// How far a job's accuracy may fall below the run it is compared with (the in-process run of
+/// the same flags, or the job whose bundle it resumed): short `Cadence` and `Async` runs vary by
+/// a few points from run to run.
+pub(crate) const BAND: f64 = 0.06;
+
+/// Checks that a job trained as well as the run it is compared with: its accuracy `got` at
+/// least `floor` and at most [`BAND`] below `reference`. One-sided: a loaded machine now and
+/// then lands the reference run itself a few points low, which says nothing about the job.
+pub(crate) fn trains_as_well(what: &str, reference: f64, got: f64, floor: f64) -> Result {
+    if got < floor || got < reference - BAND {
+        return Err(format!("{what}: {reference:.3} against {got:.3} (floor {floor})").into());
+    }
+    Ok(())
+}
+
 /// The run directory's `summary.json`.
 pub(crate) fn summary(dir: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?)
