@@ -149,11 +149,10 @@ fn ranks_on_several_gpus_reduce_and_abort_unblocks_a_waiting_rank() -> TestResul
     if skipped() {
         return Ok(());
     }
-    let world = gpu_count();
-    if world < 2 {
-        println!("skipped: the multi-GPU cases need 2 or more GPUs, found {world}");
+    if flodl_tensor::lacks_gpus(2) {
         return Ok(());
     }
+    let world = gpu_count();
     let id = UniqueId::new()?;
     let len = 65_537;
     let inputs: Vec<Vec<f32>> = (0..world)

@@ -142,11 +142,10 @@ fn one_rank_per_gpu_averages_sums_and_broadcasts() -> TestResult {
     if skipped() {
         return Ok(());
     }
-    let world = cuda_device_count();
-    if world < 2 {
-        println!("skipped: the multi-GPU cases need 2 or more GPUs, found {world}");
+    if flodl_tensor::lacks_gpus(2) {
         return Ok(());
     }
+    let world = cuda_device_count();
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x6b0);
     let n = (1 << 18) + 7;
     let inputs: Vec<Vec<f32>> = (0..world).map(|_| rand_vec(&mut rng, n)).collect();

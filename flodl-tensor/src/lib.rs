@@ -67,6 +67,6 @@ pub use event::Event;
 pub use half::bf16;
 pub use library_search::{CUDA_LIB_DIR_ENV, RuntimeLibrary, cuda_lib_folders};
 pub use pinned::PinnedBuffer;
-pub use skip::{REQUIRE_GPU_ENV, SkipDecision, skip_decision, skip_or_fail};
+pub use skip::{REQUIRE_GPU_ENV, SkipDecision, lacks_gpus, skip_decision, skip_or_fail};
 pub use stream::Stream;
 pub use tensor::Tensor;

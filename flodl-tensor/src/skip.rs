@@ -36,3 +36,18 @@ pub fn skip_or_fail(reason: &str) {
         }
     }
 }
+
+/// For tests that need `needed` GPUs: whether fewer are visible, in which case it has already
+/// called [`skip_or_fail`] with "not run (needs N GPUs, M visible)" — so under
+/// [`REQUIRE_GPU_ENV`] a machine with too few GPUs fails the test instead of passing it.
+///
+/// # Panics
+/// When too few GPUs are visible and `FLODL_REQUIRE_GPU` asks for a GPU.
+pub fn lacks_gpus(needed: usize) -> bool {
+    let visible = crate::cuda_device_count();
+    if visible >= needed {
+        return false;
+    }
+    skip_or_fail(&format!("not run (needs {needed} GPUs, {visible} visible)"));
+    true
+}

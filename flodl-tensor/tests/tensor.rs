@@ -219,8 +219,7 @@ fn a_pinned_buffer_of_another_gpu_is_refused_up_front() -> TestResult {
         flodl_tensor::skip_or_fail(&reason);
         return Ok(());
     }
-    if cuda_device_count() < 2 {
-        println!("skipped: needs 2 GPUs, found {}", cuda_device_count());
+    if flodl_tensor::lacks_gpus(2) {
         return Ok(());
     }
     let s1 = Stream::new(Device::Cuda(1))?;

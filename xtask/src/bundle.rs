@@ -1,5 +1,6 @@
-//! A self-contained GPU test bundle: stripped test binaries, the MNIST data, this xtask as the
-//! matrix runner, and a run.sh, for a GPU machine with no Rust toolchain.
+//! A self-contained GPU test bundle: stripped test binaries, `fdl` for the matrix's jobs, the
+//! MNIST data, this xtask as the matrix runner, and a run.sh, for a GPU machine with no Rust
+//! toolchain.
 
 use std::env;
 use std::fs;
@@ -9,7 +10,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::cargo_artifact::TestBinary;
+use crate::cargo_artifact::{TestBinary, TestBuild};
+use crate::matrix::Job;
 use crate::workspace;
 
 /// The bundle's manifest file.
@@ -26,13 +28,22 @@ pub(crate) struct BundleManifest {
     pub(crate) complete: bool,
     /// The test binaries: `exe` under `bin/`, `manifest_dir` a folder named after the package's.
     pub(crate) binaries: Vec<TestBinary>,
+    /// `fdl` for the matrix's jobs (`bin/fdl`), when it was built.
+    #[serde(default)]
+    pub(crate) fdl: Option<PathBuf>,
 }
 
-/// Writes a bundle of `binaries` into `dir` (created; an earlier bundle there is replaced).
+/// Writes a bundle of `build` into `dir` (created; an earlier bundle there is replaced), with
+/// `fdl` for `jobs`, whose flags are checked against its help first (a stale job would cost GPU
+/// time to find).
 ///
 /// # Errors
-/// When `dir` holds something other than a bundle, or a copy fails.
-pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Result<()> {
+/// When `dir` holds something other than a bundle, `fdl` was not built or does not know a job's
+/// flag, or a copy fails.
+pub(crate) fn make(dir: &Path, build: &TestBuild, jobs: &[Job]) -> Result<()> {
+    let fdl = build.fdl.as_deref().context("the build made no fdl binary for the matrix's jobs")?;
+    check_job_flags(fdl, jobs)?;
+    let (binaries, complete) = (&build.binaries, build.complete);
     if dir.exists() && fs::read_dir(dir)?.next().is_some() {
         if !dir.join(MANIFEST).exists() {
             bail!(
@@ -63,6 +74,7 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Resul
     }
     let xtask = env::current_exe().context("cannot find the running xtask")?;
     packer.pack(&xtask, &bin.join("xtask"))?;
+    packer.pack(fdl, &bin.join(FDL_EXE))?;
     let mnist = dir.join("data").join("mnist");
     fs::create_dir_all(&mnist)?;
     for entry in fs::read_dir(workspace::mnist_dir()).context("cannot read data/mnist")? {
@@ -74,7 +86,12 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Resul
     let script = dir.join("run.sh");
     fs::write(&script, run_script())?;
     make_executable(&script)?;
-    let manifest = BundleManifest { source: git_describe(), complete, binaries: bundled };
+    let manifest = BundleManifest {
+        source: git_describe(),
+        complete,
+        binaries: bundled,
+        fdl: Some(Path::new("bin").join(FDL_EXE)),
+    };
     fs::write(dir.join(MANIFEST), serde_json::to_string_pretty(&manifest)? + "\n")?;
     let size = folder_size(dir)?;
     eprintln!(
@@ -93,11 +110,39 @@ pub(crate) fn make(dir: &Path, binaries: &[TestBinary], complete: bool) -> Resul
     Ok(())
 }
 
+/// `fdl`'s file name under the bundle's `bin/`.
+const FDL_EXE: &str = "fdl";
+
+/// Fails naming the job and the flag when `fdl <subcommand> --help` does not list a flag a job
+/// uses.
+fn check_job_flags(fdl: &Path, jobs: &[Job]) -> Result<()> {
+    for job in jobs {
+        let Some(subcommand) = job.args.first() else { continue };
+        let help = Command::new(fdl)
+            .args([subcommand, "--help"])
+            .output()
+            .with_context(|| format!("cannot start {}", fdl.display()))?;
+        let help = String::from_utf8_lossy(&help.stdout);
+        for flag in job.flags() {
+            let listed = help
+                .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[')
+                .any(|word| word == flag);
+            if !listed {
+                bail!(
+                    "the matrix's job {:?} uses {flag}, which `fdl {subcommand}` does not know",
+                    job.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads a bundle's manifest, with paths made absolute.
 ///
 /// # Errors
 /// When `dir` holds no readable manifest.
-pub(crate) fn load(dir: &Path) -> Result<Vec<TestBinary>> {
+pub(crate) fn load(dir: &Path) -> Result<TestBuild> {
     let dir = dir.canonicalize().with_context(|| format!("no bundle at {}", dir.display()))?;
     let path = dir.join(MANIFEST);
     let text =
@@ -107,11 +152,13 @@ pub(crate) fn load(dir: &Path) -> Result<Vec<TestBinary>> {
     let completeness =
         if manifest.complete { "" } else { " (incomplete: some tests did not compile)" };
     eprintln!("bundle: built from {}{completeness}", manifest.source);
-    Ok(manifest
+    let binaries = manifest
         .binaries
         .into_iter()
         .map(|b| TestBinary { exe: dir.join(&b.exe), manifest_dir: dir.join(&b.manifest_dir), ..b })
-        .collect())
+        .collect();
+    let fdl = manifest.fdl.map(|fdl| dir.join(fdl)).filter(|fdl| fdl.exists());
+    Ok(TestBuild { binaries, complete: manifest.complete, fdl })
 }
 
 /// Whether an external tool works here (tried on first use).
@@ -217,12 +264,15 @@ pub(crate) fn run_script() -> String {
 # flodl GPU test bundle, made by `cargo xtask gpu-test --bundle`: runs the GPU test matrix on a
 # machine with no Rust toolchain.
 #
-#   ./run.sh                 every case the visible GPUs allow, with FLODL_REQUIRE_GPU=1;
-#                            without a GPU it prints why and exits 77 (skipped: nothing tested)
+#   ./run.sh                 every case and fdl job the visible GPUs allow, with
+#                            FLODL_REQUIRE_GPU=1: a row needing more GPUs than are visible is
+#                            "not run" and fails; without a GPU every row is "not run" and it
+#                            exits 77 (nothing was tested)
 #   ./run.sh --allow-no-gpu  with no GPU, run the CPU cases instead
 #   ./run.sh --gpus N        take N GPUs as visible (also: --cases-only, --timeout SECS)
 #
-# Results (matrix.txt, matrix.json, matrix.log, run.log) go to $OUT when set, else ./out.
+# Results (matrix.txt, matrix.json, matrix.log, run.log, and the fdl jobs' run directories under
+# jobs/) go to $OUT when set, else ./out. The matrix is printed as a table at the end.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/out}"
@@ -241,8 +291,6 @@ done
 # (each folder and its */lib subfolders), then on the loader path; cudarc loads the driver
 # (libcuda.so.1) from the loader path. Python wheels (site-packages/nvidia/*/lib: the cu13 and
 # cu12 runtime, cuBLAS and NCCL packages) and toolkit folders are found here and named there.
-allow_no_gpu=0
-case " $* " in *" --allow-no-gpu "*) allow_no_gpu=1 ;; esac
 add_dir() { # add_dir VAR DIR: appends DIR to the :-list in VAR unless already there
     local current="${!1:-}"
     case ":$current:" in *":$2:"*) ;; *) printf -v "$1" '%s' "${current:+$current:}$2" ;; esac
@@ -281,19 +329,6 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && [ -n "$driver" ]; th
 fi
 echo "run.sh: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 
-# Without a GPU there is nothing to test: say why and stop (exit 77, "skipped"), unless the
-# CPU rows were asked for.
-no_gpu=""
-if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then no_gpu="no /dev/nvidia* device"; fi
-if [ -z "$driver" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
-    no_gpu="${no_gpu:+$no_gpu, }no CUDA driver (libcuda.so.1)"
-fi
-if [ -n "$no_gpu" ] && [ "$allow_no_gpu" = 0 ]; then
-    echo "run.sh: SKIPPED, no GPU on this machine ($no_gpu): nothing was tested." \
-        "Pass --allow-no-gpu to run the CPU rows." | tee "$out/run.log"
-    exit 77
-fi
-
 # Tests find the vendored MNIST here; each binary runs from its package's folder in the bundle.
 export FLODL_MNIST_DIR="${FLODL_MNIST_DIR:-$here/data/mnist}"
 case " $* " in
@@ -303,7 +338,16 @@ esac
 if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L; fi
 
 "$here/bin/xtask" run-bundle --bundle "$here" --out "$out" "$@" 2>&1 | tee "$out/run.log"
-exit "${PIPESTATUS[0]}"
+status="${PIPESTATUS[0]}"
+# The matrix as a table, last, whatever happened above (xtask wrote it to matrix.txt).
+if [ -f "$out/matrix.txt" ]; then
+    echo
+    echo "== the matrix (also in $out/matrix.txt)"
+    cat "$out/matrix.txt"
+else
+    echo "run.sh: no matrix was written (xtask exited $status before running it)"
+fi | tee -a "$out/run.log"
+exit "$status"
 "#
     .to_string()
 }
@@ -326,11 +370,12 @@ mod tests {
             "export FLODL_CUDA_LIB_DIR=",
             "export FLODL_NCCL_LIB=",
             "export LD_LIBRARY_PATH=",
-            "exit 77",
             "export FLODL_MNIST_DIR=",
             "export FLODL_REQUIRE_GPU=1",
             "${OUT:-$here/out}",
             "bin/xtask\" run-bundle --bundle \"$here\" --out \"$out\" \"$@\"",
+            "cat \"$out/matrix.txt\"",
+            "exit \"$status\"",
         ] {
             assert!(script.contains(want), "run.sh lacks {want}");
         }
@@ -358,12 +403,15 @@ mod tests {
             source: "abc123".into(),
             complete: true,
             binaries: vec![binary.clone()],
+            fdl: Some(PathBuf::from("bin/fdl")),
         };
         fs::write(dir.join(MANIFEST), serde_json::to_string(&manifest)?)?;
         let loaded = load(&dir);
         let canonical = dir.canonicalize();
         fs::remove_dir_all(&dir)?;
         let (loaded, canonical) = (loaded?, canonical?);
+        assert_eq!(loaded.fdl, None, "an fdl the bundle does not hold is not offered");
+        let loaded = loaded.binaries;
         assert_eq!(loaded.len(), 1);
         assert_eq!(loaded[0].exe, canonical.join("bin/flodl-nccl.test.nccl"));
         assert_eq!(loaded[0].manifest_dir, canonical.join("flodl-nccl"));

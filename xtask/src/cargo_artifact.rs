@@ -88,6 +88,18 @@ pub(crate) fn parse_test_binaries(messages: &str) -> Result<Vec<TestBinary>> {
     Ok(binaries)
 }
 
+/// The executable of the binary target `name` (not its unit-test build) among cargo's JSON
+/// messages, when one was built (`cargo test --no-run` builds a package's binaries for its
+/// integration tests).
+pub(crate) fn parse_binary(messages: &str, name: &str) -> Option<PathBuf> {
+    messages.lines().filter(|l| l.contains("\"compiler-artifact\"")).find_map(|line| {
+        let message: Message = serde_json::from_str(line).ok()?;
+        let (target, profile) = (message.target?, message.profile?);
+        let is_bin = target.kind.iter().any(|k| k == "bin");
+        (is_bin && target.name == name && !profile.test).then_some(message.executable).flatten()
+    })
+}
+
 /// A package's name from its id: `path+file:///a/b#name@0.1.0` names it, `…/name#0.1.0` leaves
 /// it to the folder; the old form `name 0.1.0 (path+file://…)` starts with it.
 pub(crate) fn package_name(package_id: &str, manifest_dir: &Path) -> String {
@@ -121,6 +133,8 @@ pub(crate) struct TestBuild {
     pub(crate) binaries: Vec<TestBinary>,
     /// Every test target compiled.
     pub(crate) complete: bool,
+    /// The `fdl` binary, for the matrix's jobs.
+    pub(crate) fdl: Option<PathBuf>,
 }
 
 /// Builds the workspace tests (release, `cuda` feature, xtask excluded) and returns their
@@ -147,7 +161,9 @@ pub(crate) fn build_tests(mode: BuildMode) -> Result<TestBuild> {
         .stderr(Stdio::inherit())
         .output()
         .context("cannot start cargo")?;
-    let binaries = parse_test_binaries(&String::from_utf8_lossy(&output.stdout))?;
+    let messages = String::from_utf8_lossy(&output.stdout);
+    let binaries = parse_test_binaries(&messages)?;
+    let fdl = parse_binary(&messages, "fdl");
     let complete = output.status.success();
     if !complete {
         match mode {
@@ -158,7 +174,7 @@ pub(crate) fn build_tests(mode: BuildMode) -> Result<TestBuild> {
             ),
         }
     }
-    Ok(TestBuild { binaries, complete })
+    Ok(TestBuild { binaries, complete, fdl })
 }
 
 #[cfg(test)]
@@ -242,6 +258,10 @@ mod tests {
         let kernels = &binaries[2];
         assert_eq!(kernels.exe, PathBuf::from("/t/kernels-2"));
         assert_eq!(kernels.manifest_dir, PathBuf::from("/w/flodl-tensor"));
+        let messages = messages.join("\n");
+        assert_eq!(parse_binary(&messages, "fdl"), Some(PathBuf::from("/t/fdl")));
+        assert_eq!(parse_binary(&messages, "kernels"), None, "a test target is no binary");
+        assert_eq!(parse_binary(&messages, "xtask"), None);
         Ok(())
     }
 

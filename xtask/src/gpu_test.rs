@@ -3,18 +3,18 @@
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
 use crate::bundle;
-use crate::cargo_artifact::{self, BuildMode, TestBinary};
+use crate::cargo_artifact::{self, BuildMode, TestBinary, TestBuild};
 use crate::flags::{GpuTestArgs, MatrixArgs, RunBundleArgs};
 use crate::gpu_inventory::GpuInventory;
-use crate::matrix::{self, CASES};
+use crate::matrix::{self, CASES, JOBS};
 use crate::matrix_report::MatrixReport;
-use crate::row_runner::{RunContext, file_in};
+use crate::row_runner::{RowResult, RunContext, file_in};
 use crate::workspace;
 
 /// Runs `cargo xtask gpu-test`.
@@ -25,7 +25,7 @@ pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
     let mode = if args.keep_going || args.list { BuildMode::KeepGoing } else { BuildMode::Strict };
     if let Some(dir) = &args.bundle {
         let build = cargo_artifact::build_tests(mode)?;
-        bundle::make(dir, &build.binaries, build.complete)?;
+        bundle::make(dir, &build, JOBS)?;
         eprintln!(
             "bundle: on a GPU machine run `{}/run.sh` (results go to $OUT or ./out)",
             dir.display()
@@ -41,7 +41,9 @@ pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
     let out = args.matrix.out.clone().unwrap_or_else(|| workspace::target_dir().join("gpu-test"));
     let mnist =
         env::var_os("FLODL_MNIST_DIR").map(PathBuf::from).unwrap_or_else(workspace::mnist_dir);
-    run_matrix(inventory, &build.binaries, &args.matrix, &mnist, &out)?;
+    let report = run_matrix(inventory, &build, &args.matrix, &mnist, &out)?;
+    println!("{}", report.render());
+    fail_unless_ok(&report, &out)?;
     if !build.complete {
         bail!(
             "some tests did not compile (see the cargo errors above); the matrix ran without them"
@@ -50,19 +52,51 @@ pub(crate) fn run(args: &GpuTestArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs the matrix from a bundle (what the bundle's run.sh calls).
+/// The exit status of `run-bundle` when no GPU is visible: the matrix is written with every row
+/// not run, and nothing was tested (77: "skipped", as automake's test drivers read it).
+pub(crate) const NO_GPU_EXIT: u8 = 77;
+
+/// Runs the matrix from a bundle (what the bundle's run.sh calls; run.sh prints the table that
+/// this writes to `matrix.txt`). With no GPU visible (and no `--allow-no-gpu`) every row is
+/// reported as not run, and the result is [`NO_GPU_EXIT`].
 ///
 /// # Errors
-/// When the bundle is unreadable, no GPU is visible (unless allowed), or a matrix row fails.
-pub(crate) fn run_bundle(args: &RunBundleArgs) -> Result<()> {
-    let binaries = bundle::load(&args.bundle)?;
+/// When the bundle is unreadable or a matrix row fails.
+pub(crate) fn run_bundle(args: &RunBundleArgs) -> Result<ExitCode> {
+    let build = bundle::load(&args.bundle)?;
     let inventory = GpuInventory::detect(args.matrix.gpus);
-    check_gpus(&inventory, &args.matrix)?;
     let out = args.matrix.out.clone().unwrap_or_else(|| args.bundle.join("out"));
+    if inventory.count == 0 && !args.matrix.allow_no_gpu {
+        let reason = format!("no GPU: {}", inventory.evidence.join("; "));
+        let rows = matrix::plan(CASES, JOBS, &build.binaries, args.matrix.cases_only, 0);
+        let results = rows.into_iter().map(|row| RowResult::not_run(row, &reason)).collect();
+        let report = MatrixReport::new(inventory, true, results);
+        report.write(&out)?;
+        eprintln!(
+            "gpu-test: {reason}; nothing was tested (see {})",
+            out.join("matrix.txt").display()
+        );
+        return Ok(ExitCode::from(NO_GPU_EXIT));
+    }
+    check_gpus(&inventory, &args.matrix)?;
     let mnist = env::var_os("FLODL_MNIST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| args.bundle.join("data").join("mnist"));
-    run_matrix(inventory, &binaries, &args.matrix, &mnist, &out)
+    let report = run_matrix(inventory, &build, &args.matrix, &mnist, &out)?;
+    fail_unless_ok(&report, &out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An error naming the failed rows, unless the matrix passed.
+fn fail_unless_ok(report: &MatrixReport, out: &Path) -> Result<()> {
+    if !report.ok {
+        bail!(
+            "GPU matrix failed: {} row(s); see {}",
+            report.failures,
+            out.join("matrix.txt").display()
+        );
+    }
+    Ok(())
 }
 
 /// Fails clearly when no GPU is visible, unless `--allow-no-gpu`.
@@ -88,13 +122,14 @@ fn check_gpus(inventory: &GpuInventory, args: &MatrixArgs) -> Result<()> {
     )
 }
 
+/// Runs every row of the plan and writes matrix.txt, matrix.json and matrix.log into `out`.
 fn run_matrix(
     inventory: GpuInventory,
-    binaries: &[TestBinary],
+    build: &TestBuild,
     args: &MatrixArgs,
     mnist: &Path,
     out: &Path,
-) -> Result<()> {
+) -> Result<MatrixReport> {
     let require_gpu = inventory.count > 0;
     let context = RunContext {
         gpus: inventory.count,
@@ -103,11 +138,14 @@ fn run_matrix(
         mnist_dir: mnist.to_path_buf(),
         log_path: file_in(out, "matrix.log")?,
         scratch_path: file_in(out, "row.tmp")?,
+        fdl: build.fdl.clone(),
+        jobs_dir: out.join("jobs"),
     };
     if context.log_path.exists() {
         fs::remove_file(&context.log_path)?;
     }
-    let rows = matrix::plan(CASES, binaries, args.cases_only);
+    let binaries = &build.binaries;
+    let rows = matrix::plan(CASES, JOBS, binaries, args.cases_only, inventory.count);
     let mut results = Vec::with_capacity(rows.len());
     for row in &rows {
         let binary = binaries.iter().find(|b| b.id() == row.binary);
@@ -126,16 +164,8 @@ fn run_matrix(
     }
     let report = MatrixReport::new(inventory, require_gpu, results);
     report.write(out)?;
-    println!("{}", report.render());
     eprintln!("gpu-test: wrote {}/matrix.txt, matrix.json, matrix.log", out.display());
-    if !report.ok {
-        bail!(
-            "GPU matrix failed: {} row(s); see {}",
-            report.failures,
-            out.join("matrix.txt").display()
-        );
-    }
-    Ok(())
+    Ok(report)
 }
 
 /// Prints each test binary's tests and the cases that select them, to keep [`CASES`] current.

@@ -41,14 +41,15 @@ use crate::flags::{Command, Xtask};
 
 fn main() -> ExitCode {
     let xtask = Xtask::parse();
+    let done = |result: anyhow::Result<()>| result.map(|()| ExitCode::SUCCESS);
     let result = match xtask.command {
-        Command::Ci(args) => ci::run(&args),
-        Command::GpuTest(args) => gpu_test::run(&args),
+        Command::Ci(args) => done(ci::run(&args)),
+        Command::GpuTest(args) => done(gpu_test::run(&args)),
         Command::RunBundle(args) => gpu_test::run_bundle(&args),
-        Command::BenchReport(args) => bench_report::run(&args),
+        Command::BenchReport(args) => done(bench_report::run(&args)),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("xtask: error: {error:#}");
             ExitCode::FAILURE

@@ -1,7 +1,8 @@
 //! The GPU test matrix: a table of cases, each a test binary plus the exact names of its tests.
 //!
 //! Keep the table in step with the crates: `cargo xtask gpu-test --list` shows every test binary,
-//! its tests, and which case each test falls under.
+//! its tests, and which case each test falls under. Beside the tests, [`JOBS`] runs `fdl` itself
+//! on the GPU machine (its devices, and short trainings whose run directories come back).
 
 use serde::Serialize;
 
@@ -209,7 +210,104 @@ pub(crate) const CASES: &[Case] = &[
     },
 ];
 
-/// One line of the plan: a case, or a whole test binary run in full.
+/// A run of the `fdl` binary on the GPU machine, whose output (a run directory) comes back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Job {
+    /// What the job shows (`train cpu + cuda:0, host`).
+    pub(crate) name: &'static str,
+    /// `fdl`'s arguments; [`OUT_DIR`] stands for the job's own folder under the results.
+    pub(crate) args: &'static [&'static str],
+    /// How many GPUs the job needs.
+    pub(crate) gpus: usize,
+}
+
+/// The placeholder in a [`Job`]'s arguments for its folder under the results (`out/jobs/<slug>`).
+pub(crate) const OUT_DIR: &str = "{out}";
+
+/// The `fdl` runs of the matrix, after the cases: the devices it sees, a truly unequal pair (a
+/// CPU rank beside the GPU) on both backends, and the GPU alone, each a short training whose run
+/// directory (`summary.json` with samples/s per rank, `report.html`) lands under `out/jobs/`.
+pub(crate) const JOBS: &[Job] = &[
+    Job { name: "fdl devices", args: &["devices"], gpus: 1 },
+    Job {
+        name: "fdl train cpu + cuda:0, host",
+        args: &[
+            "train",
+            "--devices",
+            "cpu,cuda:0",
+            "--backend",
+            "host",
+            "--epochs",
+            "2",
+            "--quiet",
+            "--out",
+            OUT_DIR,
+        ],
+        gpus: 1,
+    },
+    Job {
+        name: "fdl train cpu + cuda:0, collective",
+        args: &[
+            "train",
+            "--devices",
+            "cpu,cuda:0",
+            "--backend",
+            "collective",
+            "--epochs",
+            "2",
+            "--quiet",
+            "--out",
+            OUT_DIR,
+        ],
+        gpus: 1,
+    },
+    Job {
+        name: "fdl train cuda:0 alone",
+        args: &["train", "--devices", "cuda:0", "--epochs", "2", "--quiet", "--out", OUT_DIR],
+        gpus: 1,
+    },
+];
+
+impl Job {
+    /// The job's folder name under `out/jobs/`: its name in lowercase words joined by `-`.
+    pub(crate) fn slug(&self) -> String {
+        let words: Vec<String> = self
+            .name
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_ascii_lowercase)
+            .collect();
+        words.join("-")
+    }
+
+    /// The `--flags` its arguments use (checked against `fdl`'s help when a bundle is made).
+    pub(crate) fn flags(&self) -> impl Iterator<Item = &'static str> {
+        self.args.iter().copied().filter(|a| a.starts_with("--"))
+    }
+}
+
+/// What a row runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum RowKind {
+    /// A case: named tests of a binary, which must exist.
+    Case,
+    /// A whole test binary, less the tests of cases that cannot run here (`skip`).
+    Binary {
+        /// Exact test names left out, because the case that owns them needs more GPUs than are
+        /// visible: that case's own row reports them as not run.
+        skip: Vec<String>,
+    },
+    /// An `fdl` job.
+    Job {
+        /// `fdl`'s arguments, [`OUT_DIR`] still in place.
+        args: Vec<String>,
+        /// The job's folder name under `out/jobs/`.
+        slug: String,
+    },
+}
+
+/// One line of the plan: a case, an `fdl` job, or a whole test binary run in full.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Row {
     /// The case name, or `all tests` for a full binary.
@@ -222,8 +320,9 @@ pub(crate) struct Row {
     pub(crate) gpus: usize,
     /// Run with `--test-threads=1`.
     pub(crate) serial: bool,
-    /// A case row (its tests must exist), not a full-binary row.
-    pub(crate) is_case: bool,
+    /// What the row runs.
+    #[serde(flatten)]
+    pub(crate) kind: RowKind,
 }
 
 impl Row {
@@ -234,22 +333,56 @@ impl Row {
             filters: case.filters.iter().map(|f| f.to_string()).collect(),
             gpus: case.gpus,
             serial: case.serial,
-            is_case: true,
+            kind: RowKind::Case,
+        }
+    }
+
+    fn from_job(job: &Job) -> Row {
+        Row {
+            label: job.name.to_string(),
+            binary: FDL.to_string(),
+            filters: Vec::new(),
+            gpus: job.gpus,
+            serial: true,
+            kind: RowKind::Job {
+                args: job.args.iter().map(|a| a.to_string()).collect(),
+                slug: job.slug(),
+            },
         }
     }
 }
 
-/// The rows to run: every case, then (unless `cases_only`) each built binary in full.
-pub(crate) fn plan(cases: &[Case], binaries: &[TestBinary], cases_only: bool) -> Vec<Row> {
+/// The binary id of `fdl` itself in rows of [`RowKind::Job`].
+pub(crate) const FDL: &str = "fdl";
+
+/// The rows to run with `gpus` visible: every case, then every job, then (unless `cases_only`)
+/// each built binary in full, less the tests of the cases that need more GPUs than are visible
+/// (reported once, by their case, as not run).
+pub(crate) fn plan(
+    cases: &[Case],
+    jobs: &[Job],
+    binaries: &[TestBinary],
+    cases_only: bool,
+    gpus: usize,
+) -> Vec<Row> {
     let mut rows: Vec<Row> = cases.iter().map(Row::from_case).collect();
+    rows.extend(jobs.iter().map(Row::from_job));
     if !cases_only {
-        rows.extend(binaries.iter().map(|binary| Row {
-            label: "all tests".to_string(),
-            binary: binary.id(),
-            filters: Vec::new(),
-            gpus: 0,
-            serial: false,
-            is_case: false,
+        rows.extend(binaries.iter().map(|binary| {
+            let id = binary.id();
+            let skip = cases
+                .iter()
+                .filter(|c| c.binary == id && c.gpus > gpus)
+                .flat_map(|c| c.filters.iter().map(|f| f.to_string()))
+                .collect();
+            Row {
+                label: "all tests".to_string(),
+                binary: id,
+                filters: Vec::new(),
+                gpus: 0,
+                serial: false,
+                kind: RowKind::Binary { skip },
+            }
         }));
     }
     rows
@@ -305,18 +438,61 @@ mod tests {
     }
 
     #[test]
-    fn plan_lists_cases_then_full_binaries() {
+    fn plan_lists_cases_then_jobs_then_full_binaries() {
         let binaries =
             [binary("flodl-tensor", "lib", "flodl_tensor"), binary("flodl-nccl", "test", "nccl")];
-        let full = plan(CASES, &binaries, false);
-        assert_eq!(full.len(), CASES.len() + binaries.len());
-        assert!(full[..CASES.len()].iter().all(|r| r.is_case));
-        let tail: Vec<&str> = full[CASES.len()..].iter().map(|r| r.binary.as_str()).collect();
+        let full = plan(CASES, JOBS, &binaries, false, 2);
+        let (n_cases, n_jobs) = (CASES.len(), JOBS.len());
+        assert_eq!(full.len(), n_cases + n_jobs + binaries.len());
+        assert!(full[..n_cases].iter().all(|r| r.kind == RowKind::Case));
+        assert!(
+            full[n_cases..n_cases + n_jobs].iter().all(|r| r.binary == FDL
+                && matches!(&r.kind, RowKind::Job { args, .. } if !args.is_empty()))
+        );
+        let tail: Vec<&str> = full[n_cases + n_jobs..].iter().map(|r| r.binary.as_str()).collect();
         assert_eq!(tail, ["flodl-tensor/lib", "flodl-nccl/nccl"]);
         assert!(
-            full[CASES.len()..].iter().all(|r| !r.is_case && r.filters.is_empty() && r.gpus == 0)
+            full[n_cases + n_jobs..].iter().all(|r| r.kind == RowKind::Binary { skip: Vec::new() }
+                && r.filters.is_empty()
+                && r.gpus == 0)
         );
-        assert_eq!(plan(CASES, &binaries, true).len(), CASES.len());
+        assert_eq!(plan(CASES, JOBS, &binaries, true, 2).len(), n_cases + n_jobs);
+    }
+
+    #[test]
+    fn full_binaries_leave_out_the_cases_that_need_more_gpus() {
+        let binaries = [binary("flodl-nccl", "test", "nccl")];
+        let multi: Vec<String> = CASES
+            .iter()
+            .filter(|c| c.binary == "flodl-nccl/nccl" && c.gpus > 1)
+            .flat_map(|c| c.filters.iter().map(|f| f.to_string()))
+            .collect();
+        assert!(!multi.is_empty(), "the table has a multi-GPU nccl case");
+        for (gpus, want) in [(0, None), (1, Some(multi.clone())), (2, Some(Vec::new()))] {
+            let rows = plan(CASES, &[], &binaries, false, gpus);
+            let RowKind::Binary { skip } = &rows[CASES.len()].kind else {
+                panic!("the last row is not a full binary");
+            };
+            match want {
+                // With no GPU every nccl case is left out (they all need one or more).
+                None => assert!(multi.iter().all(|t| skip.contains(t)), "{gpus}: {skip:?}"),
+                Some(want) => assert_eq!(skip, &want, "{gpus} GPUs"),
+            }
+        }
+    }
+
+    #[test]
+    fn jobs_are_named_uniquely_and_write_into_their_folder() {
+        let mut slugs: Vec<String> = JOBS.iter().map(Job::slug).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), JOBS.len(), "job slugs repeat");
+        assert_eq!(JOBS[1].slug(), "fdl-train-cpu-cuda-0-host");
+        for job in JOBS.iter().filter(|j| j.args.first() == Some(&"train")) {
+            assert!(job.args.contains(&OUT_DIR), "{} writes no run directory", job.name);
+            assert!(job.gpus >= 1, "{} is a GPU job", job.name);
+        }
+        assert!(JOBS.iter().any(|j| j.args.contains(&"cpu,cuda:0")), "no mixed CPU+GPU run");
     }
 
     #[test]

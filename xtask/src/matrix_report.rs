@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::gpu_inventory::GpuInventory;
-use crate::row_runner::RowResult;
+use crate::row_runner::{Outcome, RowResult};
 use crate::table::{Align, Table};
 
 /// The widest filter shown in the table (matrix.json has them whole).
@@ -22,7 +22,8 @@ pub(crate) struct MatrixReport {
     pub(crate) require_gpu: bool,
     /// One result per row, in run order.
     pub(crate) rows: Vec<RowResult>,
-    /// Rows that failed, timed out, were missing or not built.
+    /// Rows that failed, timed out, were missing or not built, or (with `require_gpu`) did not
+    /// run.
     pub(crate) failures: usize,
     /// No failures.
     pub(crate) ok: bool,
@@ -31,7 +32,7 @@ pub(crate) struct MatrixReport {
 impl MatrixReport {
     /// Gathers the rows' results.
     pub(crate) fn new(gpus: GpuInventory, require_gpu: bool, rows: Vec<RowResult>) -> MatrixReport {
-        let failures = rows.iter().filter(|r| r.outcome.is_failure()).count();
+        let failures = rows.iter().filter(|r| r.outcome.fails(require_gpu)).count();
         MatrixReport { gpus, require_gpu, rows, failures, ok: failures == 0 }
     }
 
@@ -83,6 +84,20 @@ impl MatrixReport {
             ]);
         }
         text.push_str(&table.render());
+        let measured: Vec<&RowResult> =
+            self.rows.iter().filter(|r| !r.figures.is_empty()).collect();
+        if !measured.is_empty() {
+            text.push_str("\nfigures (run directories under out/jobs/):\n");
+            for result in measured {
+                text.push_str(&format!("  {}: {}\n", result.row.label, result.figures.join("; ")));
+            }
+        }
+        let not_run = self.rows.iter().filter(|r| matches!(r.outcome, Outcome::NotRun { .. }));
+        let not_run = not_run.count();
+        if not_run > 0 {
+            let counted = if self.require_gpu { "counted as failures" } else { "not counted" };
+            text.push_str(&format!("\nnot run: {not_run} row(s), {counted}\n"));
+        }
         let verdict =
             if self.ok { "ok".to_string() } else { format!("{} row(s) failed", self.failures) };
         text.push_str(&format!("\nmatrix: {verdict}\n"));
@@ -124,8 +139,7 @@ fn shorten(text: &str, width: usize) -> String {
 mod tests {
     use super::*;
     use crate::gpu_inventory::Probes;
-    use crate::matrix::Row;
-    use crate::row_runner::Outcome;
+    use crate::matrix::{Row, RowKind};
 
     fn result(
         label: &str,
@@ -134,7 +148,7 @@ mod tests {
         passed: usize,
         failed: usize,
     ) -> RowResult {
-        let failing = outcome.is_failure();
+        let failing = outcome.fails(true);
         RowResult {
             row: Row {
                 label: label.into(),
@@ -142,7 +156,7 @@ mod tests {
                 filters: vec!["world_1".into(), "cuda".into()],
                 gpus,
                 serial: true,
-                is_case: true,
+                kind: RowKind::Case,
             },
             outcome,
             passed,
@@ -150,6 +164,7 @@ mod tests {
             skips: 0,
             seconds: if passed + failed > 0 { 2.5 } else { 0.0 },
             log_tail: if failing { vec!["thread panicked".into()] } else { Vec::new() },
+            figures: Vec::new(),
         }
     }
 
@@ -170,18 +185,19 @@ mod tests {
         });
         let rows = vec![
             result("nccl world 1", 1, Outcome::Passed, 4, 0),
-            result(
-                "nccl multi-GPU",
-                2,
-                Outcome::Skipped { reason: "needs 2 GPUs, 1 visible".into() },
-                0,
-                0,
-            ),
+            result("nccl multi-GPU", 2, Outcome::needs_gpus(2, 1), 0, 0),
             result("pinned prefetch", 1, Outcome::Failed { code: Some(101) }, 2, 1),
             result("stale case", 1, Outcome::Missing, 0, 0),
         ];
+        let mut job = result("fdl train cpu + cuda:0, host", 1, Outcome::Passed, 1, 0);
+        job.figures = vec!["rank 0 (cpu): 2100 samples/s".into()];
+        let mut rows = rows;
+        rows.push(job);
+        let loose = MatrixReport::new(gpus.clone(), false, rows.clone());
+        assert_eq!(loose.failures, 2, "without FLODL_REQUIRE_GPU a row not run is no failure");
+        assert!(loose.render().contains("not run: 1 row(s), not counted"));
         let report = MatrixReport::new(gpus, true, rows);
-        assert_eq!(report.failures, 2);
+        assert_eq!(report.failures, 3, "under FLODL_REQUIRE_GPU a row not run fails");
         assert!(!report.ok);
         let text = report.render();
         assert!(text.starts_with("GPUs: 1: NVIDIA H200\n"), "{text}");
@@ -190,18 +206,22 @@ mod tests {
             "passed",
             "4/4",
             "2.5 s",
-            "skipped (needs 2 GPUs, 1 visible)",
+            "not run (needs 2 GPUs, 1 visible)",
             "FAILED (exit 101)",
             "2/3",
             "MISSING",
             "world_1|cuda",
-            "matrix: 2 row(s) failed",
+            "fdl train cpu + cuda:0, host: rank 0 (cpu): 2100 samples/s",
+            "not run: 1 row(s), counted as failures",
+            "matrix: 3 row(s) failed",
             "thread panicked",
         ] {
             assert!(text.contains(want), "{want} missing from\n{text}");
         }
         let json: serde_json::Value = serde_json::to_value(&report)?;
-        assert_eq!(json["rows"].as_array().map(Vec::len), Some(4));
+        assert_eq!(json["rows"].as_array().map(Vec::len), Some(5));
+        assert_eq!(json["rows"][1]["result"], "not_run");
+        assert_eq!(json["rows"][4]["figures"][0], "rank 0 (cpu): 2100 samples/s");
         assert_eq!(json["rows"][0]["result"], "passed");
         assert_eq!(json["rows"][0]["label"], "nccl world 1");
         assert_eq!(json["rows"][2]["result"], "failed");

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::cargo_artifact::TestBinary;
-use crate::matrix::{Row, parse_test_list, selects, unmatched};
+use crate::matrix::{OUT_DIR, Row, RowKind, parse_test_list, selects, unmatched};
 
 /// How many lines of a failed row's output go into the report.
 const TAIL_LINES: usize = 40;
@@ -36,20 +36,31 @@ pub(crate) enum Outcome {
     NotBuilt,
     /// A full-binary row whose binary has no tests.
     NoTests,
-    /// Not run: it needs more GPUs than are visible.
-    Skipped {
+    /// Not run, and why (it needs more GPUs than are visible; no GPU at all). Under
+    /// `FLODL_REQUIRE_GPU=1` this fails the matrix: what did not run was not tested.
+    NotRun {
         /// Why.
         reason: String,
     },
 }
 
 impl Outcome {
-    /// Whether this outcome fails the matrix.
-    pub(crate) fn is_failure(&self) -> bool {
-        matches!(
-            self,
-            Outcome::Failed { .. } | Outcome::TimedOut | Outcome::Missing | Outcome::NotBuilt
-        )
+    /// Whether this outcome fails the matrix; `require_gpu` (`FLODL_REQUIRE_GPU=1`) makes a row
+    /// that did not run a failure, never a pass.
+    pub(crate) fn fails(&self, require_gpu: bool) -> bool {
+        match self {
+            Outcome::Failed { .. } | Outcome::TimedOut | Outcome::Missing | Outcome::NotBuilt => {
+                true
+            }
+            Outcome::NotRun { .. } => require_gpu,
+            Outcome::Passed | Outcome::NoTests => false,
+        }
+    }
+
+    /// The outcome of a row that needs `needs` GPUs where `visible` are.
+    pub(crate) fn needs_gpus(needs: usize, visible: usize) -> Outcome {
+        let plural = if needs == 1 { "" } else { "s" };
+        Outcome::NotRun { reason: format!("needs {needs} GPU{plural}, {visible} visible") }
     }
 
     /// A short word for the table.
@@ -62,7 +73,7 @@ impl Outcome {
             Outcome::Missing => "MISSING (no test matches)".into(),
             Outcome::NotBuilt => "NOT BUILT".into(),
             Outcome::NoTests => "no tests".into(),
-            Outcome::Skipped { reason } => format!("skipped ({reason})"),
+            Outcome::NotRun { reason } => format!("not run ({reason})"),
         }
     }
 }
@@ -86,6 +97,25 @@ pub(crate) struct RowResult {
     pub(crate) seconds: f64,
     /// The end of the output, for failed rows.
     pub(crate) log_tail: Vec<String>,
+    /// What a job measured (samples/s per rank, accuracy), read from its run directory.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) figures: Vec<String>,
+}
+
+impl RowResult {
+    /// The record of a row that did not run, and why.
+    pub(crate) fn not_run(row: Row, reason: &str) -> RowResult {
+        RowResult {
+            row,
+            outcome: Outcome::NotRun { reason: reason.to_string() },
+            passed: 0,
+            failed: 0,
+            skips: 0,
+            seconds: 0.0,
+            log_tail: Vec::new(),
+            figures: Vec::new(),
+        }
+    }
 }
 
 /// What every row shares: environment, limits and the combined log.
@@ -103,6 +133,10 @@ pub(crate) struct RunContext {
     pub(crate) log_path: PathBuf,
     /// Scratch file for the row in flight.
     pub(crate) scratch_path: PathBuf,
+    /// The `fdl` binary for job rows (`None`: not built, so jobs are `NotBuilt`).
+    pub(crate) fdl: Option<PathBuf>,
+    /// Where job rows write their folders (`out/jobs`).
+    pub(crate) jobs_dir: PathBuf,
 }
 
 impl RunContext {
@@ -119,12 +153,14 @@ impl RunContext {
             skips: 0,
             seconds: 0.0,
             log_tail: Vec::new(),
+            figures: Vec::new(),
         };
         if row.gpus > self.gpus {
-            let plural = if row.gpus == 1 { "" } else { "s" };
-            let reason = format!("needs {} GPU{plural}, {} visible", row.gpus, self.gpus);
-            result.outcome = Outcome::Skipped { reason };
+            result.outcome = Outcome::needs_gpus(row.gpus, self.gpus);
             return Ok(result);
+        }
+        if let RowKind::Job { args, slug } = &row.kind {
+            return self.run_job(row, args, slug, result);
         }
         let Some(binary) = binary else {
             result.outcome = Outcome::NotBuilt;
@@ -140,7 +176,8 @@ impl RunContext {
             return Ok(result);
         }
         if !tests.iter().any(|t| selects(&row.filters, t)) {
-            result.outcome = if row.is_case { Outcome::Missing } else { Outcome::NoTests };
+            result.outcome =
+                if row.kind == RowKind::Case { Outcome::Missing } else { Outcome::NoTests };
             return Ok(result);
         }
         let scratch = File::create(&self.scratch_path)
@@ -149,6 +186,14 @@ impl RunContext {
         command.arg("--show-output");
         if !row.filters.is_empty() {
             command.arg("--exact").args(&row.filters);
+        }
+        if let RowKind::Binary { skip } = &row.kind
+            && !skip.is_empty()
+        {
+            command.arg("--exact");
+            for name in skip {
+                command.args(["--skip", name]);
+            }
         }
         if row.serial {
             command.arg("--test-threads=1");
@@ -167,10 +212,66 @@ impl RunContext {
             Some(status) if status.success() && failed == 0 => Outcome::Passed,
             Some(status) => Outcome::Failed { code: status.code() },
         };
-        if result.outcome.is_failure() {
+        if result.outcome.fails(self.require_gpu) {
             result.log_tail = failure_excerpt(&output, TAIL_LINES);
         }
-        self.append_log(row, binary, &output)?;
+        self.append_log(row, &binary.exe, &output)?;
+        Ok(result)
+    }
+
+    /// Runs an `fdl` job in its own folder under [`RunContext::jobs_dir`]; a training's figures
+    /// come from the run directory it wrote there.
+    fn run_job(
+        &self,
+        row: &Row,
+        args: &[String],
+        slug: &str,
+        mut result: RowResult,
+    ) -> Result<RowResult> {
+        let Some(fdl) = &self.fdl else {
+            result.outcome = Outcome::NotBuilt;
+            return Ok(result);
+        };
+        let folder = self.jobs_dir.join(slug);
+        if folder.exists() {
+            fs::remove_dir_all(&folder)
+                .with_context(|| format!("cannot clear {}", folder.display()))?;
+        }
+        let out = folder.to_string_lossy();
+        let args: Vec<String> = args.iter().map(|a| a.replace(OUT_DIR, &out)).collect();
+        let scratch = File::create(&self.scratch_path)
+            .with_context(|| format!("cannot write {}", self.scratch_path.display()))?;
+        let mut command = Command::new(fdl);
+        command
+            .args(&args)
+            .env("FLODL_MNIST_DIR", &self.mnist_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(scratch.try_clone()?))
+            .stderr(Stdio::from(scratch));
+        if self.require_gpu {
+            command.env("FLODL_REQUIRE_GPU", "1");
+        }
+        let start = Instant::now();
+        let status = wait_with_timeout(&mut command, self.timeout)?;
+        result.seconds = start.elapsed().as_secs_f64();
+        let output = fs::read_to_string(&self.scratch_path).unwrap_or_default();
+        let passed = status.is_some_and(|s| s.success());
+        (result.passed, result.failed) = if passed { (1, 0) } else { (0, 1) };
+        result.outcome = match status {
+            None => Outcome::TimedOut,
+            Some(status) if status.success() => Outcome::Passed,
+            Some(status) => Outcome::Failed { code: status.code() },
+        };
+        if result.outcome.fails(self.require_gpu) {
+            result.log_tail = tail(&output, TAIL_LINES);
+        }
+        let summary = folder.join("summary.json");
+        if let Ok(text) = fs::read_to_string(&summary) {
+            result.figures = run_figures(&text);
+        }
+        fs::create_dir_all(&folder)?;
+        fs::write(folder.join("output.txt"), &output)?;
+        self.append_log(row, fdl, &output)?;
         Ok(result)
     }
 
@@ -193,7 +294,7 @@ impl RunContext {
         command
     }
 
-    fn append_log(&self, row: &Row, binary: &TestBinary, output: &str) -> Result<()> {
+    fn append_log(&self, row: &Row, exe: &Path, output: &str) -> Result<()> {
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -205,7 +306,7 @@ impl RunContext {
             row.label,
             row.binary,
             row.filters,
-            binary.exe.display()
+            exe.display()
         )?;
         log.write_all(output.as_bytes())?;
         writeln!(log)?;
@@ -251,6 +352,29 @@ pub(crate) fn parse_test_counts(output: &str) -> (usize, usize) {
         }
     }
     (passed, failed)
+}
+
+/// The figures of a training's `summary.json`: samples/s per rank with its device, the training
+/// wall time and the test accuracy (empty when the text is not such a summary).
+pub(crate) fn run_figures(summary: &str) -> Vec<String> {
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(summary) else {
+        return Vec::new();
+    };
+    let mut figures = Vec::new();
+    for rank in json["ranks"].as_array().into_iter().flatten() {
+        if let (Some(r), Some(device), Some(rate)) =
+            (rank["rank"].as_u64(), rank["device"].as_str(), rank["samples_per_s"].as_f64())
+        {
+            figures.push(format!("rank {r} ({device}): {rate:.0} samples/s"));
+        }
+    }
+    if let Some(wall) = json["train_wall_s"].as_f64() {
+        figures.push(format!("training wall: {wall:.2} s"));
+    }
+    if let Some(accuracy) = json["test"]["accuracy"].as_f64() {
+        figures.push(format!("test accuracy: {:.2}%", accuracy * 100.0));
+    }
+    figures
 }
 
 /// Lines that report a skipped GPU test (`skipped: <reason>`).
@@ -331,19 +455,41 @@ mod tests {
 
     #[test]
     fn failures_are_the_outcomes_that_need_attention() {
+        // (outcome, fails without FLODL_REQUIRE_GPU, fails with it)
         let cases = [
-            (Outcome::Passed, false),
-            (Outcome::Failed { code: Some(101) }, true),
-            (Outcome::Failed { code: None }, true),
-            (Outcome::TimedOut, true),
-            (Outcome::Missing, true),
-            (Outcome::NotBuilt, true),
-            (Outcome::NoTests, false),
-            (Outcome::Skipped { reason: "needs 2 GPUs, 1 visible".into() }, false),
+            (Outcome::Passed, false, false),
+            (Outcome::Failed { code: Some(101) }, true, true),
+            (Outcome::Failed { code: None }, true, true),
+            (Outcome::TimedOut, true, true),
+            (Outcome::Missing, true, true),
+            (Outcome::NotBuilt, true, true),
+            (Outcome::NoTests, false, false),
+            (Outcome::needs_gpus(2, 1), false, true),
         ];
-        for (outcome, want) in cases {
-            assert_eq!(outcome.is_failure(), want, "{outcome:?}");
+        for (outcome, loose, required) in cases {
+            assert_eq!(outcome.fails(false), loose, "{outcome:?}");
+            assert_eq!(outcome.fails(true), required, "{outcome:?} under FLODL_REQUIRE_GPU=1");
             assert!(!outcome.word().is_empty());
         }
+        assert_eq!(Outcome::needs_gpus(2, 1).word(), "not run (needs 2 GPUs, 1 visible)");
+        assert_eq!(Outcome::needs_gpus(1, 0).word(), "not run (needs 1 GPU, 0 visible)");
+    }
+
+    #[test]
+    fn run_figures_come_from_a_summary() {
+        let summary = r#"{"train_wall_s": 12.5, "test": {"accuracy": 0.9712, "loss": 0.1},
+            "ranks": [{"rank": 0, "device": "cpu", "samples_per_s": 2100.4},
+                      {"rank": 1, "device": "cuda:0", "samples_per_s": 51234.0}]}"#;
+        assert_eq!(
+            run_figures(summary),
+            [
+                "rank 0 (cpu): 2100 samples/s",
+                "rank 1 (cuda:0): 51234 samples/s",
+                "training wall: 12.50 s",
+                "test accuracy: 97.12%",
+            ]
+        );
+        assert!(run_figures("not json").is_empty());
+        assert!(run_figures("{}").is_empty());
     }
 }

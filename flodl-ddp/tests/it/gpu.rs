@@ -133,9 +133,7 @@ fn nccl_rank_rejoins_through_the_controller() -> TestResult {
         flodl_tensor::skip_or_fail(&reason);
         return Ok(());
     }
-    let gpus = flodl_tensor::cuda_device_count();
-    if gpus < 2 {
-        println!("skipped: an NCCL rejoin needs 2 or more GPUs, found {gpus}");
+    if flodl_tensor::lacks_gpus(2) {
         return Ok(());
     }
     const SAMPLES: usize = 4096;
