@@ -67,13 +67,13 @@ pub(crate) fn run_bundle(args: &RunBundleArgs) -> Result<ExitCode> {
     let inventory = GpuInventory::detect(args.matrix.gpus);
     let out = args.matrix.out.clone().unwrap_or_else(|| args.bundle.join("out"));
     if inventory.count == 0 && !args.matrix.allow_no_gpu {
-        let reason = format!("no GPU: {}", inventory.evidence.join("; "));
+        let evidence = inventory.evidence.join("; ");
         let rows = matrix::plan(CASES, JOBS, &build.binaries, args.matrix.cases_only, 0);
-        let results = rows.into_iter().map(|row| RowResult::not_run(row, &reason)).collect();
+        let results = rows.into_iter().map(|row| RowResult::not_run(row, "no GPU")).collect();
         let report = MatrixReport::new(inventory, true, results);
         report.write(&out)?;
         eprintln!(
-            "gpu-test: {reason}; nothing was tested (see {})",
+            "gpu-test: no GPU visible ({evidence}): nothing was tested (see {})",
             out.join("matrix.txt").display()
         );
         return Ok(ExitCode::from(NO_GPU_EXIT));
