@@ -151,7 +151,7 @@ fn ranks_on_several_gpus_reduce_and_abort_unblocks_a_waiting_rank() -> TestResul
     }
     let world = gpu_count();
     if world < 2 {
-        println!("skipped: the multi-GPU cases need 2 or more GPUs, found {world}");
+        flodl_tensor::skip(&format!("the multi-GPU cases need 2 or more GPUs, found {world}"));
         return Ok(());
     }
     let id = UniqueId::new()?;

@@ -144,7 +144,7 @@ fn one_rank_per_gpu_averages_sums_and_broadcasts() -> TestResult {
     }
     let world = cuda_device_count();
     if world < 2 {
-        println!("skipped: the multi-GPU cases need 2 or more GPUs, found {world}");
+        flodl_tensor::skip(&format!("the multi-GPU cases need 2 or more GPUs, found {world}"));
         return Ok(());
     }
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x6b0);

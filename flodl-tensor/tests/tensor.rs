@@ -220,7 +220,7 @@ fn a_pinned_buffer_of_another_gpu_is_refused_up_front() -> TestResult {
         return Ok(());
     }
     if cuda_device_count() < 2 {
-        println!("skipped: needs 2 GPUs, found {}", cuda_device_count());
+        flodl_tensor::skip(&format!("needs 2 GPUs, found {}", cuda_device_count()));
         return Ok(());
     }
     let s1 = Stream::new(Device::Cuda(1))?;

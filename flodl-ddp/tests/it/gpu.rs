@@ -135,7 +135,7 @@ fn nccl_rank_rejoins_through_the_controller() -> TestResult {
     }
     let gpus = flodl_tensor::cuda_device_count();
     if gpus < 2 {
-        println!("skipped: an NCCL rejoin needs 2 or more GPUs, found {gpus}");
+        flodl_tensor::skip(&format!("an NCCL rejoin needs 2 or more GPUs, found {gpus}"));
         return Ok(());
     }
     const SAMPLES: usize = 4096;
