@@ -49,7 +49,7 @@ fn three_processes_reduce_broadcast_and_agree_on_mismatches() -> Result {
     let mut cmd = match mpirun() {
         Ok(cmd) => cmd,
         Err(why) if !mpi_required() => {
-            flodl_tensor::skip(&format!("{why}"));
+            flodl_tensor::skip(&why);
             return Ok(());
         }
         Err(why) => return Err(why.into()),
