@@ -21,10 +21,8 @@ fn decision_table() {
     }
 }
 
-/// Calls the gate, but only inside a child process started by `require_gpu_turns_skip_into_failure`
-/// (ignored in the ordinary run, which the harness reports).
+/// Calls the gate, but only inside a child process started by `require_gpu_turns_skip_into_failure`.
 #[test]
-#[ignore = "the child process of require_gpu_turns_skip_into_failure, which runs it"]
 fn child_gate() {
     if std::env::var_os(CHILD_ENV).is_some() {
         skip_or_fail("probe reason");
@@ -36,7 +34,7 @@ fn run_child(
     log: &std::path::Path,
 ) -> Result<std::process::Output, std::io::Error> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["--exact", "child_gate", "--ignored", "--test-threads=1"])
+    cmd.args(["--exact", "child_gate", "--test-threads=1"])
         .env(CHILD_ENV, "1")
         .env(SKIP_LOG_ENV, log);
     match require {
