@@ -116,24 +116,34 @@ fn run(command: Command) -> Result<()> {
 }
 
 /// Prints warnings and errors of the libraries on stderr (`RUST_LOG` overrides): a cluster
-/// job's processes say there why a connection was refused or dropped.
+/// job's processes say there why a connection was refused or dropped. Colours only when stderr
+/// is a terminal: a piped or captured log (a rank's, under `fdl launch`) stays plain text.
 pub(crate) fn log_warnings() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .with_target(false)
         .without_time()
         .try_init();
 }
 
-/// `fdl report <run-dir>`: rewrites report.html from metrics.jsonl and summary.json.
+/// `fdl report <run-dir>`: rewrites report.html from metrics.jsonl and summary.json; a run that
+/// ended without its summary (stopped by a signal) gets the report of what metrics.jsonl holds.
 fn regenerate_report(dir: &Path) -> Result<()> {
     anyhow::ensure!(dir.is_dir(), "run directory {} does not exist", dir.display());
-    let summary = run_dir::read_summary(dir)?;
     let records = run_dir::read_metrics(dir)?;
-    let path = run_dir::write_report(dir, &report::render(&summary, &records))?;
+    let html = if dir.join(run_dir::SUMMARY).exists() {
+        report::render(&run_dir::read_summary(dir)?, &records)
+    } else {
+        let name = dir.file_name().map_or_else(|| "run".into(), |n| n.to_string_lossy());
+        println!("{} has no {}: the run did not finish", dir.display(), run_dir::SUMMARY);
+        report::render_unfinished(&name, &records)
+    };
+    let path = run_dir::write_report(dir, &html)?;
     println!("report: {}", path.display());
     Ok(())
 }

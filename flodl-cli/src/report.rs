@@ -112,6 +112,55 @@ pub(crate) fn render(summary: &Summary, lines: &[Line]) -> String {
     html
 }
 
+/// Renders the report of a run that ended without its `summary.json` (stopped by a signal or a
+/// crash): what its `metrics.jsonl` holds, under a line saying the run did not finish. `name`
+/// is the run directory's name; the devices come from the epoch reports.
+pub(crate) fn render_unfinished(name: &str, lines: &[Line]) -> String {
+    let timeline = Timeline::of(lines);
+    let mut devices: Vec<String> = Vec::new();
+    for (_, e, _) in &timeline.epochs {
+        for r in &e.ranks {
+            if devices.len() <= r.rank {
+                devices.resize(r.rank + 1, String::new());
+            }
+            if devices[r.rank].is_empty() {
+                devices[r.rank].clone_from(&r.device);
+            }
+        }
+    }
+    let faults: Vec<FaultEvent> = lines
+        .iter()
+        .filter_map(|l| match &l.entry {
+            Entry::Fault(f) => Some(f.clone()),
+            Entry::Epoch(_) | Entry::Reduce(_) | Entry::Rejoin(_) => None,
+        })
+        .collect();
+    let mut html = String::new();
+    let title = format!("fdl run {name} (unfinished)");
+    let _ = write!(
+        html,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{}</style></head><body>",
+        escape(&title),
+        CSS
+    );
+    let _ = write!(html, "<h1>{}</h1>", escape(&title));
+    let _ = write!(
+        html,
+        "<p class=\"meta\">The run ended before it wrote its summary (stopped by a signal or a \
+         crash): this is what its metrics.jsonl holds, {} epoch(s) and {} reduce(s) on {} \
+         rank(s).</p>",
+        timeline.epochs.len(),
+        timeline.reduces.len(),
+        devices.len()
+    );
+    chart_section(&mut html, &devices, &timeline);
+    epoch_table(&mut html, &timeline.epochs);
+    data_table(&mut html, &timeline.epochs);
+    fault_table(&mut html, &faults);
+    html.push_str("</body></html>\n");
+    html
+}
+
 /// The per-rank swimlane of what each rank was doing over the run, with the reduces as ticks.
 fn activity_section(html: &mut String, summary: &Summary, timeline: &Timeline<'_>) {
     let lanes: Vec<(f64, &EpochMetrics)> = timeline

@@ -87,7 +87,8 @@ impl RunDir {
     }
 }
 
-/// Reads every record of a run directory's `metrics.jsonl`.
+/// Reads every record of a run directory's `metrics.jsonl`. A last line with no newline that
+/// is not a record is a write the run's end cut short (a kill): it is left out.
 ///
 /// # Errors
 /// The file is missing or a line is not a valid record (the line number is named).
@@ -95,14 +96,28 @@ pub(crate) fn read_metrics(dir: &Path) -> Result<Vec<Line>> {
     let path = dir.join(METRICS);
     let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut records = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+    let mut reader = BufReader::new(file);
+    let mut line = String::new();
+    for number in 1.. {
+        line.clear();
+        let n = reader
+            .read_line(&mut line)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
         if line.trim().is_empty() {
             continue;
         }
-        let record = serde_json::from_str(&line)
-            .with_context(|| format!("{} line {}: not a metrics record", path.display(), i + 1))?;
-        records.push(record);
+        match serde_json::from_str(&line) {
+            Ok(record) => records.push(record),
+            Err(_) if !line.ends_with('\n') => break,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("{} line {number}: not a metrics record", path.display())
+                });
+            }
+        }
     }
     Ok(records)
 }
@@ -179,6 +194,9 @@ mod tests {
         fs::write(dir.path().join(METRICS), format!("{good}\nnot json\n"))?;
         let err = read_metrics(dir.path()).err().map(|e| format!("{e:#}"));
         assert!(err.as_deref().is_some_and(|e| e.contains("line 2")), "{err:?}");
+        // A kill mid-write leaves a last line cut short: what came before is read.
+        fs::write(dir.path().join(METRICS), format!("{good}\n{}", &good[..40]))?;
+        assert_eq!(read_metrics(dir.path())?.len(), 1);
         Ok(())
     }
 }

@@ -59,7 +59,7 @@ fn read_after(browser: &mut Browser, past: u64, deadline: Instant) -> Result<Val
 #[test]
 fn the_live_page_updates_in_a_headless_browser() -> Result {
     if std::env::var("FLODL_BROWSER_TESTS").as_deref() != Ok("1") {
-        println!("skipped: FLODL_BROWSER_TESTS=1 is not set (this test drives headless chromium)");
+        flodl_tensor::skip("FLODL_BROWSER_TESTS=1 is not set (this test drives headless chromium)");
         return Ok(());
     }
     let chromium = chromium().ok_or("FLODL_BROWSER_TESTS=1 but chromium is not on PATH")?;

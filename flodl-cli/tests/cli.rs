@@ -424,7 +424,7 @@ fn unwritable_output_and_bad_run_directories_fail_with_one_line() -> Result {
     let broken = tmp.path().join("broken");
     fs::create_dir(&broken)?;
     let o = fdl(&["report", broken.to_str().ok_or("path")?])?;
-    assert_one_line_error(&o, &["summary.json"], "report without summary");
+    assert_one_line_error(&o, &["metrics.jsonl"], "report without records");
     Ok(())
 }
 
@@ -669,6 +669,18 @@ fn a_stop_signal_stops_at_a_checkpoint_and_the_run_resumes() -> Result {
         assert!(last.starts_with(&expected), "SIG{signal}: {stderr}");
         assert!(!stderr.contains("panicked"), "SIG{signal}: {stderr}");
 
+        // The stopped run left no summary: `fdl report` renders what its records hold.
+        let run = &out;
+        assert!(!run.join("summary.json").exists(), "SIG{signal}: a summary after a stop");
+        let report = fdl(&["report", run.to_str().ok_or("path")?])?;
+        let said = text(&report.stdout) + &text(&report.stderr);
+        assert!(report.status.success(), "SIG{signal}: fdl report failed: {said}");
+        assert!(said.contains("the run did not finish"), "SIG{signal}: {said}");
+        let html = fs::read_to_string(run.join("report.html"))?;
+        assert!(html.contains("(unfinished)") && html.contains("<svg"), "SIG{signal}: {html}");
+        let epochs_done = html.matches("<tr><td>").count();
+        assert!(epochs_done >= 1, "SIG{signal}: no epoch rows in the report");
+
         // One epoch more than the bundle holds (a constant rate does not span the epochs).
         let done = flodl_ddp::checkpoint::Checkpoint::read(&ck.join("latest.fdlck"))?.epoch;
         let epochs = (done + 1).to_string();
@@ -682,5 +694,27 @@ fn a_stop_signal_stops_at_a_checkpoint_and_the_run_resumes() -> Result {
         assert!(stdout.contains("restored from the checkpoint"), "SIG{signal}: {stdout}");
         assert!(stdout.contains(&format!("epoch {epochs}/{epochs}")), "SIG{signal}: {stdout}");
     }
+    Ok(())
+}
+
+/// A cluster job's logs, piped (as under a scheduler or `| tee`), are plain text: no colour
+/// codes, and optional fields written as their value (`rank=1`), never `rank=Some(1)`.
+#[test]
+fn piped_logs_are_plain_text() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("run");
+    let args = ["launch", "--nproc", "2", "--backend", "host", "--epochs", "1"];
+    let output = Command::new(FDL)
+        .args(args)
+        .args(["--train-subset", "512", "--test-subset", "100", "--out"])
+        .arg(&out)
+        .env("RUST_LOG", "info")
+        .output()?;
+    let all = text(&output.stdout) + &text(&output.stderr);
+    assert!(output.status.success(), "fdl launch failed: {all}");
+    // The check must see log lines to mean anything.
+    assert!(all.contains(" INFO ") || all.contains("INFO "), "no log line: {all}");
+    assert!(!all.contains('\u{1b}'), "colour codes in a piped log: {all:?}");
+    assert!(!all.contains("=Some("), "an optional field written as Some(..): {all}");
     Ok(())
 }

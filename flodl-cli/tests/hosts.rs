@@ -454,7 +454,7 @@ fn a_slow_link_grows_the_windows() -> Result {
     let hosts = match Hosts::make() {
         Ok(h) => h,
         Err(e) if std::env::var("FLODL_REQUIRE_NETNS").as_deref() != Ok("1") => {
-            println!("skipped: network namespaces are not available here ({e})");
+            flodl_tensor::skip(&format!("network namespaces are not available here ({e})"));
             return Ok(());
         }
         Err(e) => return Err(format!("FLODL_REQUIRE_NETNS=1 but: {e}").into()),

@@ -2,14 +2,7 @@
 
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
 use crate::error::{Error, Result};
-
-/// Lowercase hex sha256 of `bytes`.
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// The digest `sums` lists for `file` (lowercased).
 ///
@@ -30,16 +23,16 @@ pub(crate) fn listed_sha256(sums: &Path, file: &str) -> Result<String> {
         .ok_or_else(|| Error::MissingChecksum { sums: sums.to_owned(), file: file.to_owned() })
 }
 
-/// Checks `bytes` (the contents of `path`) against the digest `sums` lists for its file name.
+/// Checks `found`, the sha256 of the file at `path` (lowercase hex), against the digest `sums`
+/// lists for its file name.
 ///
 /// # Errors
 /// As [`listed_sha256`], plus [`Error::Checksum`] when the digests differ.
-pub(crate) fn verify(bytes: &[u8], path: &Path, sums: &Path) -> Result<()> {
+pub(crate) fn verify(found: &str, path: &Path, sums: &Path) -> Result<()> {
     let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let expected = listed_sha256(sums, &file)?;
-    let found = sha256_hex(bytes);
     if found != expected {
-        return Err(Error::Checksum { path: path.to_owned(), expected, found });
+        return Err(Error::Checksum { path: path.to_owned(), expected, found: found.to_owned() });
     }
     Ok(())
 }

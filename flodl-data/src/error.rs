@@ -55,6 +55,19 @@ pub enum Error {
         /// Data bytes actually present (counted up to one byte past `expected`).
         found: u64,
     },
+    /// A file declares more data than it can honestly hold, or than a reader accepts (a lying
+    /// header or a decompression bomb), found before the memory is asked for.
+    #[error("{path}: declares {declared} data bytes, more than {most} ({reason})")]
+    DeclaredTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Data bytes the header declares.
+        declared: u64,
+        /// The most it may declare.
+        most: u64,
+        /// Where that bound comes from, in words.
+        reason: &'static str,
+    },
     /// An image file and its label file disagree on the number of samples.
     #[error("{images} holds {image_count} images but {labels} holds {label_count} labels")]
     CountMismatch {

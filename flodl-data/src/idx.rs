@@ -1,9 +1,19 @@
 //! The idx file format (MNIST's): a big-endian header of magic and dimensions, then raw u8 data.
+//!
+//! Files are read as a stream (never whole into memory), gzip detected by its magic. Nothing a
+//! file declares is trusted for an allocation before it is checked: the header's data size must
+//! be one the file can honestly hold (its exact remainder for a raw file; at most the deflate
+//! format's largest expansion of its length for a gzipped one) and at most [`MAX_DATA_BYTES`];
+//! the gzip trailer's size is never read for a size (the decoder checks it at the end). So a
+//! lying header or trailer, or a gzip bomb, is a typed error naming the file, and the memory
+//! asked for grows with the bytes that really arrive.
 
-use std::io::Read;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
-use flate2::read::GzDecoder;
+use flate2::bufread::GzDecoder;
+use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
@@ -15,20 +25,52 @@ pub(crate) const LABELS_MAGIC: u32 = 0x0000_0801;
 /// Side of an MNIST image in pixels.
 pub(crate) const IMAGE_SIDE: u32 = 28;
 
+/// The most data bytes an idx file may declare: 1 GiB, about 1.37 million 28 × 28 images
+/// (MNIST's training set is 47 MB).
+pub const MAX_DATA_BYTES: u64 = 1 << 30;
+
+/// The most a deflate stream can expand its input (a 258-byte match per 2 bits at best, so
+/// just under 1032:1); a gzipped file declaring more data than this times its length lies.
+const MAX_DEFLATE_RATIO: u64 = 1032;
+
+/// Bytes moved per read.
 const CHUNK: usize = 1 << 16;
 
-/// A reader over the decompressed bytes of a file held in memory (gzip detected by its magic).
-fn open(bytes: &[u8]) -> Box<dyn Read + '_> {
-    if bytes.starts_with(&[0x1f, 0x8b]) { Box::new(GzDecoder::new(bytes)) } else { Box::new(bytes) }
+/// The data of one idx file: its dimensions and its u8 values.
+#[derive(Debug)]
+pub(crate) struct IdxData {
+    /// The header's dimensions.
+    pub(crate) dims: Vec<u32>,
+    /// The values, as many as the dimensions' product.
+    pub(crate) values: Vec<u8>,
 }
 
-/// Uncompressed size hint: the gzip trailer's ISIZE (size mod 2^32), or the length of raw data.
-fn size_hint(bytes: &[u8]) -> usize {
-    if bytes.starts_with(&[0x1f, 0x8b]) && bytes.len() >= 4 {
-        let t = &bytes[bytes.len() - 4..];
-        u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize
-    } else {
-        bytes.len()
+/// What reading an idx file gave: its data or why not, and the sha256 of all its bytes when it
+/// was asked for and the file could be read to its end (always when `data` is `Ok`; a checksum that fails explains a
+/// decoding error best, so the caller looks at it first).
+#[derive(Debug)]
+pub(crate) struct Reading {
+    /// The data, or the first error.
+    pub(crate) data: Result<IdxData>,
+    /// Lowercase hex sha256 of the file.
+    pub(crate) sha256: Option<String>,
+}
+
+/// A reader that feeds every byte it passes through a hash (when there is one).
+struct Hashing<R> {
+    inner: R,
+    /// The file's length in bytes.
+    len: u64,
+    hash: Option<Sha256>,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(h) = &mut self.hash {
+            h.update(&buf[..n]);
+        }
+        Ok(n)
     }
 }
 
@@ -74,67 +116,138 @@ fn header(r: &mut dyn Read, path: &Path, magic: u32) -> Result<Vec<u32>> {
     Ok(head[4..].chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
-/// Streams exactly `expected` data bytes through `sink` in chunks, then checks nothing follows.
-fn stream_data(
-    r: &mut dyn Read,
-    path: &Path,
-    expected: u64,
-    mut sink: impl FnMut(&[u8]),
-) -> Result<()> {
-    let mut buf = vec![0u8; CHUNK];
-    let mut total = 0u64;
-    while total < expected {
-        let want = (expected - total).min(CHUNK as u64) as usize;
-        let n = fill(r, &mut buf[..want], path)?;
-        sink(&buf[..n]);
-        total += n as u64;
-        if n < want {
-            return Err(Error::WrongLength { path: path.to_owned(), expected, found: total });
-        }
+/// Checks that `declared` data bytes are ones the file (`file_len` bytes, header `head` bytes,
+/// gzipped or not) can honestly hold, and at most [`MAX_DATA_BYTES`].
+fn check_declared(path: &Path, declared: u64, file_len: u64, head: u64, gzip: bool) -> Result<()> {
+    if declared > MAX_DATA_BYTES {
+        return Err(Error::DeclaredTooLarge {
+            path: path.to_owned(),
+            declared,
+            most: MAX_DATA_BYTES,
+            reason: "the most an idx file may hold",
+        });
     }
-    if fill(r, &mut buf[..1], path)? != 0 {
-        return Err(Error::WrongLength { path: path.to_owned(), expected, found: expected + 1 });
+    if gzip {
+        let most = file_len.saturating_mul(MAX_DEFLATE_RATIO);
+        if declared.saturating_add(head) > most {
+            return Err(Error::DeclaredTooLarge {
+                path: path.to_owned(),
+                declared,
+                most,
+                reason: "the most deflate can expand a file of this length",
+            });
+        }
+    } else if file_len.checked_sub(head) != Some(declared) {
+        return Err(Error::WrongLength {
+            path: path.to_owned(),
+            expected: declared,
+            found: file_len.saturating_sub(head),
+        });
     }
     Ok(())
 }
 
-/// Decodes an idx image file (`bytes`, gzipped or raw) of `[n, 28, 28]` u8 pixels into f32
-/// values in `[0, 1]` (pixel / 255), converting while decompressing. Returns `n` and the values.
+/// Reads the idx file at `path` whose magic must be `magic`, with `check_dims` vetting the
+/// dimensions before any data is read; `hash` asks for the file's sha256 too.
 ///
-/// # Errors
-/// [`Error::Decompress`], [`Error::BadMagic`], [`Error::BadDims`] or [`Error::WrongLength`],
-/// each naming `path`.
-pub(crate) fn read_images(bytes: &[u8], path: &Path) -> Result<(usize, Vec<f32>)> {
-    let side = IMAGE_SIDE;
-    let mut r = open(bytes);
-    let dims = header(&mut *r, path, IMAGES_MAGIC)?;
-    if dims[1] != side || dims[2] != side {
-        return Err(Error::BadDims { path: path.to_owned(), found: dims, expected: "[n, 28, 28]" });
+/// The data's errors: [`Error::Io`], [`Error::Decompress`], [`Error::BadMagic`],
+/// [`Error::BadDims`], [`Error::DeclaredTooLarge`] or [`Error::WrongLength`], each naming `path`.
+pub(crate) fn read(
+    path: &Path,
+    magic: u32,
+    check_dims: impl FnOnce(&[u32]) -> Result<()>,
+    hash: bool,
+) -> Reading {
+    let io = |source| Error::Io { path: path.to_owned(), source };
+    let opened = File::open(path).and_then(|f| Ok((f.metadata()?.len(), f)));
+    let (len, file) = match opened {
+        Ok(opened) => opened,
+        Err(e) => return Reading { data: Err(io(e)), sha256: None },
+    };
+    let mut raw = BufReader::new(Hashing { inner: file, len, hash: hash.then(Sha256::new) });
+    let data = decode(&mut raw, path, magic, check_dims);
+    // What the decoder left unread (nothing for a sound file) still counts for the checksum.
+    match std::io::copy(&mut raw, &mut std::io::sink()) {
+        Ok(_) => {
+            let hash = raw.into_inner().hash;
+            let sha256 = hash.map(|h| h.finalize().iter().map(|b| format!("{b:02x}")).collect());
+            Reading { data, sha256 }
+        }
+        Err(e) => Reading { data: data.and(Err(io(e))), sha256: None },
     }
-    let n = dims[0] as usize;
-    let expected = u64::from(dims[0]) * u64::from(side) * u64::from(side);
-    // Never trust the header for the allocation: a forged count would ask for terabytes.
-    let capacity = (expected as usize).min(size_hint(bytes));
-    let mut values: Vec<f32> = Vec::with_capacity(capacity);
-    stream_data(&mut *r, path, expected, |chunk| {
-        values.extend(chunk.iter().map(|&b| f32::from(b) / 255.0));
-    })?;
-    Ok((n, values))
 }
 
-/// Decodes an idx label file (`bytes`, gzipped or raw) of `[n]` u8 labels, each below `classes`.
-///
-/// # Errors
-/// [`Error::Decompress`], [`Error::BadMagic`], [`Error::WrongLength`] or [`Error::BadLabel`],
-/// each naming `path`.
-pub(crate) fn read_labels(bytes: &[u8], path: &Path, classes: u8) -> Result<Vec<i32>> {
-    let mut r = open(bytes);
-    let dims = header(&mut *r, path, LABELS_MAGIC)?;
-    let expected = u64::from(dims[0]);
-    let mut raw: Vec<u8> = Vec::with_capacity((expected as usize).min(size_hint(bytes)));
-    stream_data(&mut *r, path, expected, |chunk| raw.extend_from_slice(chunk))?;
-    if let Some((index, &label)) = raw.iter().enumerate().find(|(_, l)| **l >= classes) {
-        return Err(Error::BadLabel { path: path.to_owned(), index, label, classes });
+/// Decodes the idx stream `raw` (the file at `path`, gzipped or not).
+fn decode<R: Read>(
+    raw: &mut BufReader<Hashing<R>>,
+    path: &Path,
+    magic: u32,
+    check_dims: impl FnOnce(&[u32]) -> Result<()>,
+) -> Result<IdxData> {
+    let io = |source| Error::Io { path: path.to_owned(), source };
+    let file_len = raw.get_ref().len;
+    let gzip = raw.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    let mut data: Box<dyn Read + '_> =
+        if gzip { Box::new(GzDecoder::new(&mut *raw)) } else { Box::new(&mut *raw) };
+    let dims = header(&mut *data, path, magic)?;
+    check_dims(&dims)?;
+    let declared =
+        dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(u64::from(d))).unwrap_or(u64::MAX);
+    let head = 4 + 4 * dims.len() as u64;
+    check_declared(path, declared, file_len, head, gzip)?;
+    // Grown as data arrives: the first reservation is bounded by the file's own length.
+    let mut values: Vec<u8> = Vec::with_capacity(declared.min(file_len.saturating_mul(8)) as usize);
+    let mut buf = vec![0u8; CHUNK];
+    while (values.len() as u64) < declared {
+        let want = (declared - values.len() as u64).min(CHUNK as u64) as usize;
+        let n = fill(&mut *data, &mut buf[..want], path)?;
+        values.extend_from_slice(&buf[..n]);
+        if n < want {
+            let found = values.len() as u64;
+            return Err(Error::WrongLength { path: path.to_owned(), expected: declared, found });
+        }
     }
-    Ok(raw.into_iter().map(i32::from).collect())
+    if fill(&mut *data, &mut buf[..1], path)? != 0 {
+        return Err(Error::WrongLength {
+            path: path.to_owned(),
+            expected: declared,
+            found: declared + 1,
+        });
+    }
+    Ok(IdxData { dims, values })
+}
+
+/// Reads an idx image file of `[n, 28, 28]` u8 pixels.
+///
+/// The data's errors are [`read`]'s; [`Error::BadDims`] for other image sides.
+pub(crate) fn read_images(path: &Path, hash: bool) -> Reading {
+    let side = IMAGE_SIDE;
+    read(
+        path,
+        IMAGES_MAGIC,
+        |dims| {
+            if dims[1] != side || dims[2] != side {
+                return Err(Error::BadDims {
+                    path: path.to_owned(),
+                    found: dims.to_vec(),
+                    expected: "[n, 28, 28]",
+                });
+            }
+            Ok(())
+        },
+        hash,
+    )
+}
+
+/// Reads an idx label file of `[n]` u8 labels, each below `classes`.
+///
+/// The data's errors are [`read`]'s; [`Error::BadLabel`] for a label not below `classes`.
+pub(crate) fn read_labels(path: &Path, classes: u8, hash: bool) -> Reading {
+    let mut reading = read(path, LABELS_MAGIC, |_| Ok(()), hash);
+    if let Ok(data) = &reading.data
+        && let Some((index, &label)) = data.values.iter().enumerate().find(|(_, l)| **l >= classes)
+    {
+        reading.data = Err(Error::BadLabel { path: path.to_owned(), index, label, classes });
+    }
+    reading
 }

@@ -44,7 +44,7 @@ impl Field {
 ///
 /// # Invariants
 /// At least one field; names are unique; dtypes are [`DType::F32`] or [`DType::I32`]; every
-/// field has at least one element.
+/// field has at least one element; a sample's size in bytes is computed without overflow.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SampleLayout {
     fields: Vec<Field>,
@@ -55,7 +55,7 @@ impl SampleLayout {
     ///
     /// # Errors
     /// [`Error::InvalidLayout`] when `fields` is empty, repeats a name, holds a field with no
-    /// elements, or uses a dtype other than f32 or i32.
+    /// elements, uses a dtype other than f32 or i32, or whose sample size overflows.
     pub fn new(fields: Vec<Field>) -> Result<Self> {
         if fields.is_empty() {
             return Err(Error::InvalidLayout {
@@ -68,6 +68,19 @@ impl SampleLayout {
                     reason: format!("field name {:?} is repeated", f.name),
                 });
             }
+            let bytes = f
+                .shape
+                .iter()
+                .try_fold(f.dtype.size_in_bytes(), |acc, &d| acc.checked_mul(d))
+                .filter(|&b| b <= isize::MAX as usize);
+            if bytes.is_none() {
+                return Err(Error::InvalidLayout {
+                    reason: format!(
+                        "field {:?}: shape {:?} overflows a sample's size",
+                        f.name, f.shape
+                    ),
+                });
+            }
             if f.numel() == 0 {
                 return Err(Error::InvalidLayout {
                     reason: format!("field {:?} has no elements (shape {:?})", f.name, f.shape),
@@ -78,6 +91,12 @@ impl SampleLayout {
                     reason: format!("field {:?}: dtype {} is not supported", f.name, f.dtype),
                 });
             }
+        }
+        let total = fields.iter().try_fold(0usize, |acc, f| acc.checked_add(f.sample_bytes()));
+        if total.is_none_or(|t| t > isize::MAX as usize) {
+            return Err(Error::InvalidLayout {
+                reason: "the fields overflow a sample's size".into(),
+            });
         }
         Ok(Self { fields })
     }

@@ -148,7 +148,7 @@ fn parse_header(block: &[u8]) -> std::result::Result<(SampleLayout, u64), String
         return Err(format!("version {version}, this reader knows {VERSION}"));
     }
     let body_len = c.u32()? as usize;
-    if 16 + body_len + SUM > BLOCK {
+    if body_len > BLOCK - 16 - SUM {
         return Err(format!("a header body of {body_len} bytes does not fit the first block"));
     }
     let sum = sum8(&[&block[..16 + body_len]]);
@@ -218,9 +218,18 @@ impl RecordFile {
         let bad = |reason| Error::BadRecordFile { path: path.clone(), reason };
         let (layout, samples) = parse_header(block.bytes()).map_err(bad)?;
         let len = usize::try_from(samples).map_err(|_| bad("too many samples".into()))?;
+        // Every size from the header in checked arithmetic: a forged count or shape is an error,
+        // never a size that wrapped.
         let stride = layout.sample_bytes() + SUM;
         let size = file.metadata().map_err(io)?.len();
-        let need = (BLOCK + len * stride).next_multiple_of(BLOCK) as u64;
+        let need = len
+            .checked_mul(stride)
+            .and_then(|b| b.checked_add(BLOCK))
+            .and_then(|b| b.checked_next_multiple_of(BLOCK))
+            .and_then(|b| u64::try_from(b).ok())
+            .ok_or_else(|| {
+                bad(format!("{len} records of {stride} bytes overflow a file's size"))
+            })?;
         if size != need {
             return Err(bad(format!("{size} bytes, {len} records of {stride} need {need}")));
         }

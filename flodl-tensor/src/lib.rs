@@ -33,7 +33,7 @@
 //!
 //! CUDA support (the default `cuda` feature) loads the driver at run time: it builds without a
 //! toolkit, and without a driver every CUDA call returns [`Error::CudaUnavailable`].
-//! [`gpu_skip_reason`] and [`skip_or_fail`] gate GPU tests.
+//! [`gpu_skip_reason`] and [`skip_or_fail`] gate GPU tests; [`skip`] records any test's skip.
 
 mod address;
 mod cpu;
@@ -67,6 +67,8 @@ pub use event::Event;
 pub use half::bf16;
 pub use library_search::{CUDA_LIB_DIR_ENV, RuntimeLibrary, cuda_lib_folders};
 pub use pinned::PinnedBuffer;
-pub use skip::{REQUIRE_GPU_ENV, SkipDecision, lacks_gpus, skip_decision, skip_or_fail};
+pub use skip::{
+    REQUIRE_GPU_ENV, SKIP_LOG_ENV, SkipDecision, lacks_gpus, skip, skip_decision, skip_or_fail,
+};
 pub use stream::Stream;
 pub use tensor::Tensor;

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use flodl_tensor::{REQUIRE_GPU_ENV, SkipDecision, skip_decision, skip_or_fail};
+use flodl_tensor::{REQUIRE_GPU_ENV, SKIP_LOG_ENV, SkipDecision, skip_decision, skip_or_fail};
 
 /// Set only in the child processes spawned below.
 const CHILD_ENV: &str = "FLODL_SKIP_CHILD";
@@ -29,9 +29,14 @@ fn child_gate() {
     }
 }
 
-fn run_child(require: Option<&str>) -> Result<std::process::Output, std::io::Error> {
+fn run_child(
+    require: Option<&str>,
+    log: &std::path::Path,
+) -> Result<std::process::Output, std::io::Error> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["--exact", "child_gate", "--nocapture", "--test-threads=1"]).env(CHILD_ENV, "1");
+    cmd.args(["--exact", "child_gate", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env(SKIP_LOG_ENV, log);
     match require {
         Some(v) => cmd.env(REQUIRE_GPU_ENV, v),
         None => cmd.env_remove(REQUIRE_GPU_ENV),
@@ -41,15 +46,22 @@ fn run_child(require: Option<&str>) -> Result<std::process::Output, std::io::Err
 
 #[test]
 fn require_gpu_turns_skip_into_failure() -> Result<(), Box<dyn std::error::Error>> {
-    let skipped = run_child(None)?;
+    let log = std::env::temp_dir().join(format!("flodl-skip-test-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let skipped = run_child(None, &log)?;
     let err = String::from_utf8_lossy(&skipped.stderr);
     assert!(skipped.status.success(), "without the variable the gate must pass: {err}");
-    assert!(err.contains("skipped: probe reason"), "no skip line: {err}");
+    // Shown even though the harness captures the test's output.
+    assert!(err.contains("skipped: skip child_gate: probe reason"), "no skip line: {err}");
+    let logged = std::fs::read_to_string(&log)?;
+    assert_eq!(logged, "skip child_gate\tprobe reason\n");
 
-    let failed = run_child(Some("1"))?;
+    let failed = run_child(Some("1"), &log)?;
     let out = String::from_utf8_lossy(&failed.stdout).into_owned()
         + &String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success(), "with FLODL_REQUIRE_GPU=1 the gate must fail: {out}");
     assert!(out.contains("probe reason"), "failure must carry the reason: {out}");
+    assert_eq!(std::fs::read_to_string(&log)?, logged, "a failure is not a skip");
+    std::fs::remove_file(&log)?;
     Ok(())
 }

@@ -30,6 +30,7 @@ mod matrix;
 mod matrix_report;
 mod quantity;
 mod row_runner;
+mod skips;
 mod table;
 mod workspace;
 

@@ -275,7 +275,7 @@ async fn handshake(
 
 /// Logs a refusal from the controller's view and writes it, from the joiner's, on the connection.
 async fn refuse(mut framed: Handshaking, peer: SocketAddr, rank: Option<usize>, refusal: Refusal) {
-    tracing::warn!(%peer, ?rank, "join refused: {}", refusal.line(View::Controller));
+    tracing::warn!(%peer, rank, "join refused: {}", refusal.line(View::Controller));
     let _ = framed.send(Message::Refused(refusal.line(View::Joiner)).encode()).await;
     let _ = SinkExt::<bytes::Bytes>::close(&mut framed).await;
 }

@@ -73,10 +73,18 @@ fn vendored_splits_load_with_checksums_and_known_contents() -> Result<()> {
         // Pixels against an f64 reference decoded independently from the raw idx bytes.
         let raw = gunzip(&vendored_dir().join(format!("{prefix}-images-idx3-ubyte.gz")));
         assert_eq!(raw.len(), 16 + count * mnist::PIXELS);
-        assert_eq!(m.images().len(), count * mnist::PIXELS);
-        for (i, (&got, &byte)) in m.images().iter().zip(&raw[16..]).enumerate() {
-            let want = f64::from(byte) / 255.0;
-            assert!((f64::from(got) - want).abs() < 1e-7, "{split:?} pixel {i}: {got} vs {want}");
+        assert_eq!(m.pixels(), &raw[16..], "{split:?}");
+        // A fetched batch holds them as f32 in [0, 1].
+        let mut batch = HostBatch::new(m.layout(), Device::Cpu);
+        let rows = [0, count / 2, count - 1];
+        m.fetch(&rows, &mut batch)?;
+        for (row, &index) in rows.iter().enumerate() {
+            let p = mnist::PIXELS;
+            let got = &batch.f32(Mnist::IMAGE)?[row * p..(row + 1) * p];
+            for (i, (&got, &byte)) in got.iter().zip(&raw[16 + index * p..]).enumerate() {
+                let want = f64::from(byte) / 255.0;
+                assert!((f64::from(got) - want).abs() < 1e-7, "{split:?} {index}/{i}: {got}");
+            }
         }
     }
     Ok(())
@@ -91,10 +99,9 @@ fn fetch_gathers_the_requested_samples() -> Result<()> {
     assert_eq!(batch.len(), indices.len());
     for (row, &i) in indices.iter().enumerate() {
         let p = mnist::PIXELS;
-        assert_eq!(
-            batch.f32(Mnist::IMAGE)?[row * p..(row + 1) * p],
-            m.images()[i * p..(i + 1) * p]
-        );
+        let want: Vec<f32> =
+            m.pixels()[i * p..(i + 1) * p].iter().map(|&b| f32::from(b) / 255.0).collect();
+        assert_eq!(batch.f32(Mnist::IMAGE)?[row * p..(row + 1) * p], want[..]);
         assert_eq!(batch.i32(Mnist::LABEL)?[row], m.labels()[i]);
     }
     assert!(matches!(
@@ -121,7 +128,7 @@ fn raw_idx_files_load_like_gzipped_ones() -> Result<()> {
     }
     let raw = Mnist::load(dir.path(), Split::Test, Verify::Skip)?;
     let gz = Mnist::load(vendored_dir(), Split::Test, Verify::Skip)?;
-    assert_eq!(raw.images(), gz.images());
+    assert_eq!(raw.pixels(), gz.pixels());
     assert_eq!(raw.labels(), gz.labels());
     // The raw files are not listed in SHA256SUMS.
     assert!(matches!(
@@ -213,7 +220,7 @@ fn corrupted_copies_fail_with_typed_errors_naming_the_file() -> Result<()> {
             verify: Verify::Skip,
             edit_idx: Some(|b| b[4..8].copy_from_slice(&u32::MAX.to_be_bytes())),
             edit_gz: None,
-            expect: |e| matches!(e, Error::WrongLength { .. }),
+            expect: |e| matches!(e, Error::DeclaredTooLarge { .. }),
         },
         Corruption {
             what: "fewer labels than images",
