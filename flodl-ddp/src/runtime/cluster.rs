@@ -257,7 +257,7 @@ impl RankHandle {
             .name(format!("flodl-rank-{rank}"))
             .spawn(move || {
                 let comm = comm_across(&cfg);
-                let outcome = crate::runtime::rank::run_rank(rank, cfg, comm, &link, first);
+                let outcome = crate::runtime::engine::rank::run_rank(rank, cfg, comm, &link, first);
                 // The link closes last, after the rank's last word.
                 drop(link);
                 outcome
@@ -308,13 +308,13 @@ impl Drop for RankHandle {
 /// How a rank in its own process joins the collective backend: the MPI world it was started
 /// in (the spec refuses the collective backend across CPU processes without the `mpi`
 /// feature); NCCL and in-memory ranks join each group when the controller relays its id.
-fn comm_across(cfg: &RunConfig) -> Option<crate::runtime::comm::CommPlan> {
+fn comm_across(cfg: &RunConfig) -> Option<crate::runtime::engine::comm::CommPlan> {
     if cfg.spec.collective_engine() != Some(CollectiveEngine::Mpi) {
         return None;
     }
     #[cfg(feature = "mpi")]
     {
-        Some(crate::runtime::comm::CommPlan::Mpi { world: cfg.world() })
+        Some(crate::runtime::engine::comm::CommPlan::Mpi { world: cfg.world() })
     }
     #[cfg(not(feature = "mpi"))]
     {

@@ -12,7 +12,7 @@ use crate::state::{HostState, HostTensor};
 
 use crate::contract::replica::Replica;
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
-use crate::runtime::fault::{DeadFlags, FaultEvent, RankThread, RejoinEvent};
+use crate::runtime::engine::fault::{DeadFlags, FaultEvent, RankThread, RejoinEvent};
 use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
 
@@ -100,7 +100,7 @@ pub(crate) struct Outlets {
     /// Set to stop the run.
     pub(crate) cancel: Arc<AtomicBool>,
     /// A checkpoint asked for at the next reduce.
-    pub(crate) save_now: Arc<crate::runtime::capture::SaveRequest>,
+    pub(crate) save_now: Arc<crate::runtime::engine::capture::SaveRequest>,
     /// Rank deaths (dropped when the handle does not drain them).
     pub(crate) faults: flume::Sender<FaultEvent>,
     /// Ranks joining again (dropped when the handle does not drain them).
@@ -125,7 +125,7 @@ pub struct DdpHandle {
     reduces: flume::Receiver<ReduceEvent>,
     guards: flume::Receiver<GuardEvent>,
     cancel: Arc<AtomicBool>,
-    save_now: Arc<crate::runtime::capture::SaveRequest>,
+    save_now: Arc<crate::runtime::engine::capture::SaveRequest>,
     checkpointing: bool,
     main: Option<JoinHandle<Result<TrainedState>>>,
     workers: Vec<RankThread>,
@@ -153,7 +153,7 @@ impl DdpHandle {
         let dead = DeadFlags::new(config.world());
         let grace = config.spec.stall_timeout;
         let cancel = Arc::new(AtomicBool::new(false));
-        let save_now = Arc::new(crate::runtime::capture::SaveRequest::default());
+        let save_now = Arc::new(crate::runtime::engine::capture::SaveRequest::default());
         let checkpointing = config.checkpoints.is_some();
         let (started_tx, started) = flume::bounded(1);
         let outlets = Outlets {
@@ -176,9 +176,9 @@ impl DdpHandle {
             && remote.0.is_empty();
         let wait = config.spec.stall_timeout.saturating_mul(2);
         let (main, workers) = if solo {
-            (crate::runtime::solo::spawn(config, outlets)?, Vec::new())
+            (crate::runtime::engine::solo::spawn(config, outlets)?, Vec::new())
         } else {
-            crate::runtime::coordinator::spawn(config, outlets, remote)?
+            crate::runtime::engine::coordinator::spawn(config, outlets, remote)?
         };
         let mut handle = DdpHandle {
             epochs,

@@ -16,15 +16,15 @@ use crate::control::schedule::Schedule;
 use crate::cooperative::bridge::Bridge;
 use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
-use crate::runtime::capture::{CheckpointPlan, Resumed};
+use crate::runtime::engine::capture::{CheckpointPlan, Resumed};
 use crate::runtime::cluster::{Cluster, RankHandle, Seat, Started, own_device};
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
-use crate::runtime::prefetch::Prefetch;
+use crate::runtime::engine::prefetch::Prefetch;
 use crate::runtime::spec::{
     CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Placement, RunSpec,
 };
-use crate::runtime::staging::Staging;
+use crate::runtime::engine::staging::Staging;
 use crate::state::HostTensor;
 use crate::{Error, Result};
 
@@ -897,7 +897,7 @@ impl Trainer {
         if let Some(from) = &self.resume {
             let bundle = from.read()?;
             config.spec.check_bundle(&bundle)?;
-            config.resume = Some(Arc::new(crate::runtime::capture::decode(&config, bundle)?));
+            config.resume = Some(Arc::new(crate::runtime::engine::capture::decode(&config, bundle)?));
         }
         let remote = match &self.cluster {
             Some(cluster) => {

@@ -22,14 +22,14 @@ use crate::link::wire::{
     Window,
 };
 use crate::link::{LinkError, RankLink};
-use crate::runtime::capture::{host_tensors, outer_state, restore_outer, write_host};
-use crate::runtime::comm::{CommPlan, RankComm};
-use crate::runtime::divergence::{check_loss, check_norm, check_parameters, check_snapshot};
-use crate::runtime::fault::{Group, Interrupted, is_group_fault};
+use crate::runtime::engine::capture::{host_tensors, outer_state, restore_outer, write_host};
+use crate::runtime::engine::comm::{CommPlan, RankComm};
+use crate::runtime::engine::divergence::{check_loss, check_norm, check_parameters, check_snapshot};
+use crate::runtime::engine::fault::{Group, Interrupted, is_group_fault};
 use crate::runtime::handle::panic_message;
-use crate::runtime::ledger::Ledger;
-use crate::runtime::prefetch::ChunkFeeds;
-use crate::runtime::staging::{self, Stager};
+use crate::runtime::engine::ledger::Ledger;
+use crate::runtime::engine::prefetch::ChunkFeeds;
+use crate::runtime::engine::staging::{self, Stager};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -461,7 +461,7 @@ impl Worker {
     /// formed through the controller.
     pub(crate) fn make_group_id(&self) -> Result<Regroup> {
         if self.cfg.spec.collective_engine() == Some(crate::CollectiveEngine::InMemory) {
-            return Ok(Regroup::InMemory(crate::runtime::host_groups::fresh_key()));
+            return Ok(Regroup::InMemory(crate::runtime::engine::host_groups::fresh_key()));
         }
         #[cfg(feature = "cuda")]
         if matches!(self.cfg.device(self.rank), Device::Cuda(_)) {

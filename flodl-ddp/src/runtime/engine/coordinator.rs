@@ -28,17 +28,17 @@ use crate::link::wire::{
     CaptureRequest, RankCapture, Readiness, Regroup, ToCoordinator, ToWorker, Window,
 };
 use crate::link::{CoordinatorLink, Inbound, LinkError, local};
-use crate::runtime::capture::{
+use crate::runtime::engine::capture::{
     Progress, Resumed, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };
 use crate::runtime::cluster::Admitted;
-use crate::runtime::comm::{CommPlan, RankComm};
-use crate::runtime::fault::{FaultCause, FaultEvent, RankThread, RejoinEvent};
-use crate::runtime::formation::Formation;
+use crate::runtime::engine::comm::{CommPlan, RankComm};
+use crate::runtime::engine::fault::{FaultCause, FaultEvent, RankThread, RejoinEvent};
+use crate::runtime::engine::formation::Formation;
 use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
-use crate::runtime::host_round::{AverageJob, HostRound, average, divergence};
-use crate::runtime::rank::run_rank;
-use crate::runtime::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
+use crate::runtime::engine::host_round::{AverageJob, HostRound, average, divergence};
+use crate::runtime::engine::rank::run_rank;
+use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
 use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
