@@ -124,6 +124,13 @@ fn send_frame<M: Framed>(
     }
 }
 
+/// The connections of a cluster run: by rank, each to the controller.
+pub(crate) type Connections = Vec<(usize, Arc<dyn Frames>)>;
+
+/// What the controller's rendezvous admitted: every other rank's connection, and where the
+/// connections of ranks joining again during the run come from.
+pub(crate) type Admitted = (Connections, Option<Box<dyn Arrivals>>);
+
 /// Connections of ranks that join a running job (a rank process restarted after its death),
 /// as they are admitted: authenticated and checked like the first ones.
 pub(crate) trait Arrivals: Send + 'static {

@@ -17,22 +17,15 @@ use std::time::Duration;
 use flodl_tensor::Device;
 
 use crate::error::RankFailure;
-use crate::link::net::{Arrivals, Frames, NetRank};
-use crate::link::wire::Window;
+use crate::link::net::{Admitted, Connections, Frames};
+use crate::runtime::engine::outlets::panic_message;
+use crate::runtime::engine::run_config::RunConfig;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::spec::{CollectiveEngine, Placement};
-use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
 
 /// How long the controller waits for every rank to join, unless told otherwise.
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// The connections of a cluster run: by rank, each to the controller.
-pub(crate) type Connections = Vec<(usize, Arc<dyn Frames>)>;
-
-/// What the controller's rendezvous admitted: every other rank's connection, and where the
-/// connections of ranks joining again during the run come from.
-pub(crate) type Admitted = (Connections, Option<Box<dyn Arrivals>>);
 
 /// How a cluster run's processes meet: the controller accepts a connection from every other
 /// rank, each other rank connects to the controller; both sides prove they run the same run
@@ -250,19 +243,7 @@ pub struct RankHandle {
 impl RankHandle {
     /// Starts rank `rank` of `cfg`'s run over `frames`, its connection to the controller.
     pub(crate) fn start(cfg: Arc<RunConfig>, rank: usize, frames: Arc<dyn Frames>) -> Result<Self> {
-        let link = NetRank::new(frames, cfg.spec.wire)?;
-        // Only rank 0 trains before `Init`, which names a later rank's first window.
-        let first = Window { round: 1, target: 1, limit: 1, wall: None };
-        let thread = std::thread::Builder::new()
-            .name(format!("flodl-rank-{rank}"))
-            .spawn(move || {
-                let comm = comm_across(&cfg);
-                let outcome = crate::runtime::engine::rank::run_rank(rank, cfg, comm, &link, first);
-                // The link closes last, after the rank's last word.
-                drop(link);
-                outcome
-            })
-            .map_err(|source| Error::Spawn { what: "a rank's thread", source })?;
+        let thread = crate::runtime::engine::start_rank(cfg, rank, frames)?;
         Ok(RankHandle { rank, thread: Some(thread) })
     }
 
@@ -287,9 +268,7 @@ impl RankHandle {
         let rank = self.rank;
         let outcome = match self.thread.take().map(JoinHandle::join) {
             Some(Ok(outcome)) => outcome,
-            Some(Err(p)) => {
-                Err(RankFailure::panicked(crate::runtime::handle::panic_message(p.as_ref())))
-            }
+            Some(Err(p)) => Err(RankFailure::panicked(panic_message(p.as_ref()))),
             None => Err(RankFailure::panicked("joined twice")),
         };
         outcome.map_err(|failure| Error::Rank { rank, failure })
@@ -302,23 +281,6 @@ impl Drop for RankHandle {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-    }
-}
-
-/// How a rank in its own process joins the collective backend: the MPI world it was started
-/// in (the spec refuses the collective backend across CPU processes without the `mpi`
-/// feature); NCCL and in-memory ranks join each group when the controller relays its id.
-fn comm_across(cfg: &RunConfig) -> Option<crate::runtime::engine::comm::CommPlan> {
-    if cfg.spec.collective_engine() != Some(CollectiveEngine::Mpi) {
-        return None;
-    }
-    #[cfg(feature = "mpi")]
-    {
-        Some(crate::runtime::engine::comm::CommPlan::Mpi { world: cfg.world() })
-    }
-    #[cfg(not(feature = "mpi"))]
-    {
-        None
     }
 }
 

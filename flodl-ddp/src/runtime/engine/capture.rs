@@ -28,8 +28,8 @@ use crate::control::guard::Guard;
 use crate::control::metrics::EpochMetrics;
 use crate::control::outer::OuterOptimizer;
 use crate::link::wire::{RankCapture, RankRestore};
+use crate::runtime::engine::run_config::RunConfig;
 use crate::runtime::spec::ResumeTerms;
-use crate::runtime::trainer::RunConfig;
 use crate::state::{HostState, HostTensor};
 use crate::{Error, Result};
 

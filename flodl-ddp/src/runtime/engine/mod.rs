@@ -11,8 +11,13 @@ pub(crate) mod formation;
 pub(crate) mod host_groups;
 pub(crate) mod host_round;
 pub(crate) mod ledger;
+pub(crate) mod outlets;
 pub(crate) mod prefetch;
 pub(crate) mod rank;
+pub(crate) mod run_config;
 pub(crate) mod slot;
 pub(crate) mod solo;
 pub(crate) mod staging;
+mod start;
+
+pub(crate) use start::{start, start_rank};

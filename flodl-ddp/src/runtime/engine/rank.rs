@@ -24,13 +24,15 @@ use crate::link::wire::{
 use crate::link::{LinkError, RankLink};
 use crate::runtime::engine::capture::{host_tensors, outer_state, restore_outer, write_host};
 use crate::runtime::engine::comm::{CommPlan, RankComm};
-use crate::runtime::engine::divergence::{check_loss, check_norm, check_parameters, check_snapshot};
+use crate::runtime::engine::divergence::{
+    check_loss, check_norm, check_parameters, check_snapshot,
+};
 use crate::runtime::engine::fault::{Group, Interrupted, is_group_fault};
-use crate::runtime::handle::panic_message;
 use crate::runtime::engine::ledger::Ledger;
+use crate::runtime::engine::outlets::panic_message;
 use crate::runtime::engine::prefetch::ChunkFeeds;
+use crate::runtime::engine::run_config::RunConfig;
 use crate::runtime::engine::staging::{self, Stager};
-use crate::runtime::trainer::RunConfig;
 use crate::state::HostState;
 use crate::{Error, Result};
 
