@@ -31,6 +31,8 @@ mod matrix_report;
 mod quantity;
 mod row_runner;
 mod table;
+#[cfg(test)]
+mod tidy;
 mod workspace;
 
 use std::process::ExitCode;
