@@ -22,10 +22,15 @@ pub(crate) mod frame;
 #[doc(hidden)]
 pub mod fuzz;
 pub(crate) mod local;
+pub(crate) mod memory;
 pub(crate) mod net;
+pub(crate) mod rendezvous;
+pub(crate) mod roll_call;
 pub(crate) mod route;
 pub(crate) mod samples;
 pub(crate) mod text;
+#[cfg(feature = "cluster")]
+pub(crate) mod tls;
 pub(crate) mod wire;
 
 use wire::{ToCoordinator, ToWorker};

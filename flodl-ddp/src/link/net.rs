@@ -450,7 +450,7 @@ mod tests {
     use flodl_nccl::HostComm;
 
     use super::*;
-    use crate::runtime::cluster::memory::pair as mem_pair;
+    use crate::link::memory::pair as mem_pair;
     use crate::state::HostState;
 
     const WAIT: Duration = Duration::from_secs(5);

@@ -59,9 +59,9 @@ mod tests {
 
     use super::*;
     use crate::link::frame::WireFormat;
+    use crate::link::memory::pair as mem_pair;
     use crate::link::net::{Frames, NetCoordinator, NetRank};
     use crate::link::{Inbound, RankLink, local};
-    use crate::runtime::cluster::memory::pair as mem_pair;
 
     const WAIT: Duration = Duration::from_secs(5);
 
