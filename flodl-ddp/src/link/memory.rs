@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::link::LinkError;
 use crate::link::frame::Lane;
-use crate::link::net::{Admitted, Arrivals, Connections, Frames};
+use crate::link::frames::{Admitted, Arrivals, Connections, Frames};
+use crate::link::link_error::LinkError;
 use crate::link::roll_call::RollCall;
 use crate::{Error, Result};
 

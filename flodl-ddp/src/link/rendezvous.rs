@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Result;
+use crate::link::frames::{Admitted, Frames};
 use crate::link::memory::Memory;
-use crate::link::net::{Admitted, Frames};
 #[cfg(feature = "cluster")]
 use crate::link::tls::TlsRendezvous;
 

@@ -11,9 +11,9 @@ use flodl_cluster::{
     SessionReceiver, SessionSender, Tls,
 };
 
-use crate::link::LinkError;
 use crate::link::frame::Lane;
-use crate::link::net::{Admitted, Arrivals, Frames};
+use crate::link::frames::{Admitted, Arrivals, Frames};
+use crate::link::link_error::LinkError;
 use crate::link::roll_call::RollCall;
 use crate::{Error, Result};
 

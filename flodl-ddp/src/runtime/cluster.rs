@@ -17,7 +17,7 @@ use std::time::Duration;
 use flodl_tensor::Device;
 
 use crate::error::RankFailure;
-use crate::link::net::Frames;
+use crate::link::frames::Frames;
 use crate::link::rendezvous::Rendezvous;
 #[cfg(feature = "cluster")]
 use crate::link::tls::{CONTROL_CAP, TlsRendezvous};

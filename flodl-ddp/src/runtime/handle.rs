@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
-use crate::link::net::Admitted;
+use crate::link::frames::Admitted;
 use crate::runtime::engine::capture::SaveRequest;
 use crate::runtime::engine::fault::{DeadFlags, FaultEvent, RankThread, RejoinEvent};
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message};

@@ -17,9 +17,10 @@ use crate::cooperative::bridge::Bridge;
 use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
 use crate::runtime::cluster::{Cluster, RankHandle, Seat, Started, own_device};
-use crate::runtime::engine::capture::CheckpointPlan;
 use crate::runtime::engine::prefetch::Prefetch;
-use crate::runtime::engine::run_config::{EpochCallback, Factory, RunConfig, SampleAudit};
+use crate::runtime::engine::run_config::{
+    CheckpointPlan, EpochCallback, Factory, RunConfig, SampleAudit,
+};
 use crate::runtime::engine::staging::Staging;
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;

@@ -9,11 +9,15 @@ use flodl_data::Dataset;
 use flodl_tensor::Device;
 
 use crate::Result;
+use crate::checkpoint::{Checkpoint, CheckpointStore, EpochCoverage, RankMap, SaveInterval};
 use crate::contract::replica::{Replica, ReplicaContext};
+use crate::control::elche::ElCheState;
 use crate::control::guard::Guard;
+use crate::control::metrics::EpochMetrics;
 use crate::control::policy::Policy;
-use crate::runtime::engine::capture::{CheckpointPlan, Resumed};
+use crate::link::wire::RankRestore;
 use crate::runtime::spec::RunSpec;
+use crate::state::HostState;
 
 /// Builds a rank's replica inside the rank's thread.
 pub(crate) type Factory = Arc<dyn Fn(&ReplicaContext) -> Result<Box<dyn Replica>> + Send + Sync>;
@@ -104,4 +108,35 @@ impl std::fmt::Debug for RunConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunConfig").field("spec", &self.spec).finish_non_exhaustive()
     }
+}
+
+/// Where and when a run saves checkpoints.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckpointPlan {
+    /// The bundle directory, opened (created, cleared of interrupted saves) when the run
+    /// starts.
+    pub(crate) store: CheckpointStore,
+    /// Periodic saves.
+    pub(crate) interval: SaveInterval,
+}
+
+/// A checkpoint decoded for the coordinator of a resumed run.
+#[derive(Debug)]
+pub(crate) struct Resumed {
+    /// The bundle as read (for the model-signature check once the replicas are built).
+    pub(crate) bundle: Checkpoint,
+    /// The consensus to load on every rank.
+    pub(crate) consensus: HostState,
+    /// Each rank's optimizer and outer state.
+    pub(crate) ranks: Vec<RankRestore>,
+    /// ElChe's state, when the run had one.
+    pub(crate) elche: Option<ElCheState>,
+    /// The divergence guard's state.
+    pub(crate) guard: Option<Guard>,
+    /// The epochs completed before the save, with their metrics.
+    pub(crate) epochs: Vec<EpochMetrics>,
+    /// The coverage of the open epochs.
+    pub(crate) coverage: Vec<EpochCoverage>,
+    /// Whose per-rank state each rank takes (the saving world may differ: elastic resume).
+    pub(crate) map: RankMap,
 }

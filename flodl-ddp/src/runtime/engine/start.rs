@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::error::RankFailure;
-use crate::link::net::{Admitted, Frames, NetRank};
+use crate::link::frames::{Admitted, Frames};
+use crate::link::net::NetRank;
 use crate::link::wire::Window;
 use crate::runtime::engine::comm::CommPlan;
 use crate::runtime::engine::coordinator::{self, Spawned};
 use crate::runtime::engine::outlets::Outlets;
-use crate::runtime::engine::rank::run_rank;
+use crate::runtime::engine::rank::rank_loop::run_rank;
 use crate::runtime::engine::run_config::RunConfig;
 use crate::runtime::engine::solo;
 use crate::runtime::spec::{CollectiveEngine, Placement};

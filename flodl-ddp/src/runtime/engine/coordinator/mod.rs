@@ -27,7 +27,7 @@ use crate::control::overshoot::Overshoot;
 use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
 use crate::control::verdict::Verdict;
 use crate::error::{Peer, RankFailure};
-use crate::link::net::Admitted;
+use crate::link::frames::Admitted;
 use crate::link::net::NetCoordinator;
 use crate::link::route::{Route, Routed};
 use crate::link::wire::{
@@ -35,15 +35,15 @@ use crate::link::wire::{
 };
 use crate::link::{CoordinatorLink, Inbound, LinkError, local};
 use crate::runtime::engine::capture::{
-    Progress, Resumed, assemble, outer_state, partial_ranges, restore_outer, save, signature,
+    Progress, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };
 use crate::runtime::engine::comm::{CommPlan, RankComm};
 use crate::runtime::engine::fault::{FaultCause, FaultEvent, RankThread, RejoinEvent};
 use crate::runtime::engine::formation::Formation;
 use crate::runtime::engine::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
-use crate::runtime::engine::rank::run_rank;
-use crate::runtime::engine::run_config::RunConfig;
+use crate::runtime::engine::rank::rank_loop::run_rank;
+use crate::runtime::engine::run_config::{Resumed, RunConfig};
 use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
 use crate::state::HostState;
 use crate::{Error, Result};

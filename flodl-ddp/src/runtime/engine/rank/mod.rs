@@ -1,9 +1,7 @@
 //! A rank: its replica, stream, prefetcher, batch buffers and communicator (`Worker`), and its
 //! loop (`rank_loop.rs`).
 
-mod rank_loop;
-
-pub(crate) use rank_loop::run_rank;
+pub(crate) mod rank_loop;
 
 use std::cell::Cell;
 use std::collections::VecDeque;
