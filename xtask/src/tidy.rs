@@ -458,7 +458,6 @@ fn paths_in(file: &str, text: &str) -> (Vec<Found>, Vec<Vec<String>>) {
                 // A path in code: crate::a::b, super::x, or child::y.
                 let mut leaves = Vec::new();
                 let end = parse_tree(&toks, i, &[], &mut leaves);
-                let _ = first;
                 for (segments, _) in leaves {
                     found.push(Found { module: module(&stack), segments, alias: None });
                 }
