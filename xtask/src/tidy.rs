@@ -451,7 +451,7 @@ fn paths_in(file: &str, text: &str) -> (Vec<Found>, Vec<Vec<String>>) {
                     continue;
                 }
             }
-            Tok::Ident(first)
+            Tok::Ident(_)
                 if toks.get(i + 1) == Some(&Tok::Path)
                     && !matches!(toks.get(i.wrapping_sub(1)), Some(Tok::Path)) =>
             {
