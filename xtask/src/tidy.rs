@@ -531,12 +531,13 @@ impl Crate {
     /// root's re-exports.
     fn file_of(&self, abs: &[String], hops: usize) -> Option<(Vec<String>, String)> {
         let n = (0..=abs.len()).rev().find(|&n| self.files.contains_key(&abs[..n]))?;
-        if n == 0 && hops < 4 {
-            if let Some(target) = abs.first().and_then(|name| self.reexports.get(name)) {
-                let mut t = target.clone();
-                t.extend(abs[1..].iter().cloned());
-                return self.file_of(&t, hops + 1);
-            }
+        if n == 0
+            && hops < 4
+            && let Some(target) = abs.first().and_then(|name| self.reexports.get(name))
+        {
+            let mut t = target.clone();
+            t.extend(abs[1..].iter().cloned());
+            return self.file_of(&t, hops + 1);
         }
         Some((abs[..n].to_vec(), self.files[&abs[..n]].clone()))
     }
@@ -558,10 +559,9 @@ pub(crate) fn edges(tree: &[(String, String)]) -> Vec<Edge> {
         if module_of(file).is_empty() {
             for p in paths {
                 if let (Some(alias), Some(abs)) = (&p.alias, krate.absolute(&p.module, &p.segments))
+                    && !abs.is_empty()
                 {
-                    if !abs.is_empty() && abs.last() != Some(&String::new()) {
-                        krate.reexports.insert(alias.clone(), abs);
-                    }
+                    krate.reexports.insert(alias.clone(), abs);
                 }
             }
         }
@@ -569,10 +569,10 @@ pub(crate) fn edges(tree: &[(String, String)]) -> Vec<Edge> {
     let mut out = BTreeSet::new();
     for (file, paths) in &found {
         for p in paths {
-            if let Some((_, to)) = krate.resolve(p) {
-                if &to != file {
-                    out.insert(Edge { from: file.clone(), to, via: p.segments.join("::") });
-                }
+            if let Some((_, to)) = krate.resolve(p)
+                && &to != file
+            {
+                out.insert(Edge { from: file.clone(), to, via: p.segments.join("::") });
             }
         }
     }
@@ -741,10 +741,13 @@ mod tests {
         Ok(())
     }
 
+    /// A synthetic case: its name, its files (path, text) and the findings expected.
+    type Case = (&'static str, &'static [(&'static str, &'static str)], &'static [&'static str]);
+
     /// Synthetic trees, each with the findings expected (as substrings of their text, in order).
     #[test]
     fn synthetic_trees() -> anyhow::Result<()> {
-        let cases: &[(&str, &[(&str, &str)], &[&str])] = &[
+        let cases: &[Case] = &[
             (
                 "clean: down one floor, comments and strings are no import",
                 &[
