@@ -127,13 +127,15 @@ pub use mlp::{Mlp, MlpConfig, Optimizer};
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Seat, Started};
-pub use runtime::fault::{FaultCause, FaultEvent, RejoinEvent};
-pub use runtime::handle::{Cooperative, DdpHandle, TrainedState};
-pub use runtime::prefetch::Prefetch;
+pub use runtime::engine::fault::{FaultCause, FaultEvent, RejoinEvent};
+pub use runtime::engine::outlets::TrainedState;
+pub use runtime::engine::prefetch::Prefetch;
+pub use runtime::engine::run_config::{EpochCallback, SampleAudit};
+pub use runtime::engine::staging::Staging;
+pub use runtime::handle::{Cooperative, DdpHandle};
 pub use runtime::spec::{
     CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, Placement, ResumeTerms,
     RunSpec,
 };
-pub use runtime::staging::Staging;
-pub use runtime::trainer::{Devices, EpochCallback, ResumeFrom, SampleAudit, Trainer};
+pub use runtime::trainer::{Devices, ResumeFrom, Trainer};
 pub use state::HostTensor;

@@ -32,6 +32,8 @@ mod quantity;
 mod row_runner;
 mod skips;
 mod table;
+#[cfg(test)]
+mod tidy;
 mod workspace;
 
 use std::process::ExitCode;

@@ -1,6 +1,6 @@
 //! Where a rank's wall time went: a closed set of activities and their milliseconds.
 //!
-//! A rank measures its time as contiguous spans (see `runtime::ledger`): each span's wall is
+//! A rank measures its time as contiguous spans (see `runtime::engine::ledger`): each span's wall is
 //! measured once, the activities inside it are timed where they happen, and what no activity
 //! claims is [`Activity::Other`], so the parts of a span always sum to its wall. Spans travel in
 //! the rank's [`WorkTally`](crate::control::metrics::WorkTally) and are summed per rank and

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
+use super::ends::{CoordinatorLink, RankLink};
+use super::inbound::Inbound;
+use super::link_error::LinkError;
 use super::wire::{ToCoordinator, ToWorker};
-use super::{CoordinatorLink, Inbound, LinkError, RankLink};
 
 /// How long a rank's dropped end waits for room to say it is gone (the coordinator's
 /// watchdog covers a `Gone` that never fits).

@@ -16,47 +16,19 @@ use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
-use super::frame::{self, Framed, Lane, WireFormat};
+use super::ends::{CoordinatorLink, RankLink};
+use super::frame::{self, Framed, WireFormat};
+use super::frames::{Arrivals, Attached, Frames};
+use super::inbound::Inbound;
+use super::link_error::LinkError;
 use super::local::Armed;
 use super::wire::{ToCoordinator, ToWorker};
-use super::{CoordinatorLink, Inbound, LinkError, RankLink};
 use crate::{Error, Result};
 
 /// How long a reader waits for a frame (or for room) before it looks at its stop flag.
 const POLL: Duration = Duration::from_millis(50);
 /// Orders a rank's reader may queue ahead of the rank's loop.
 const TO_RANK: usize = 256;
-
-/// A connection carrying opaque frames, in send order, on two lanes: what the network link
-/// needs of a session. Both ends may be used from two threads at once.
-pub(crate) trait Frames: Send + Sync + 'static {
-    /// Sends `frame` on `lane`, waiting at most `wait` for room.
-    ///
-    /// # Errors
-    /// [`LinkError::Gone`] when the connection is closed, [`LinkError::Timeout`] when there was
-    /// no room in time.
-    fn send(
-        &self,
-        lane: Lane,
-        frame: Vec<u8>,
-        wait: Duration,
-    ) -> std::result::Result<(), LinkError>;
-
-    /// Sends `frame` on `lane` only if there is room now.
-    ///
-    /// # Errors
-    /// [`LinkError::Gone`] or [`LinkError::Full`].
-    fn try_send(&self, lane: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError>;
-
-    /// The next frame, waiting at most `wait`.
-    ///
-    /// # Errors
-    /// [`LinkError::Timeout`] when none came, [`LinkError::Gone`] when the connection ended.
-    fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError>;
-
-    /// Ends the connection (the peer sees it gone).
-    fn close(&self);
-}
 
 /// Hands `item` to `tx`, waiting in steps of [`POLL`] while `stop` is unset; false when it
 /// could not (stopped, or nobody listens any more).
@@ -121,23 +93,6 @@ fn send_frame<M: Framed>(
     match wait {
         Some(wait) => frames.send(lane, bytes, wait),
         None => frames.try_send(lane, bytes),
-    }
-}
-
-/// Connections of ranks that join a running job (a rank process restarted after its death),
-/// as they are admitted: authenticated and checked like the first ones.
-pub(crate) trait Arrivals: Send + 'static {
-    /// The next admitted rank and its connection, waiting at most `wait`.
-    fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)>;
-}
-
-/// A rank's connection as handed to the coordinator when the rank joins again.
-#[derive(Clone)]
-pub(crate) struct Attached(pub(crate) Arc<dyn Frames>);
-
-impl std::fmt::Debug for Attached {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Attached(..)")
     }
 }
 
@@ -443,7 +398,7 @@ mod tests {
     use flodl_nccl::HostComm;
 
     use super::*;
-    use crate::runtime::cluster::memory::pair as mem_pair;
+    use crate::link::memory::pair as mem_pair;
     use crate::state::HostState;
 
     const WAIT: Duration = Duration::from_secs(5);

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use super::ends::CoordinatorLink;
+use super::link_error::LinkError;
 use super::wire::ToWorker;
-use super::{CoordinatorLink, LinkError};
 
 /// Which link reaches a rank, and the rank's number on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +46,7 @@ impl<A: CoordinatorLink, B: CoordinatorLink> CoordinatorLink for Routed<A, B> {
         }
     }
 
-    fn attach(&self, rank: usize, frames: std::sync::Arc<dyn super::net::Frames>) -> bool {
+    fn attach(&self, rank: usize, frames: std::sync::Arc<dyn super::frames::Frames>) -> bool {
         match self.routes.get(rank) {
             Some(Route::Remote) => self.remote.attach(rank, frames),
             _ => false,
@@ -58,10 +59,13 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::link::ends::RankLink;
     use crate::link::frame::WireFormat;
-    use crate::link::net::{Frames, NetCoordinator, NetRank};
-    use crate::link::{Inbound, RankLink, local};
-    use crate::runtime::cluster::memory::pair as mem_pair;
+    use crate::link::frames::Frames;
+    use crate::link::inbound::Inbound;
+    use crate::link::local;
+    use crate::link::memory::pair as mem_pair;
+    use crate::link::net::{NetCoordinator, NetRank};
 
     const WAIT: Duration = Duration::from_secs(5);
 

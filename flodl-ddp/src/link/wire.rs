@@ -51,7 +51,7 @@ pub(crate) struct RankRestore {
 }
 
 /// The name of a host all-reduce group formed through the controller (the in-memory
-/// engine), unique in the process that made it: see [`crate::runtime::host_groups`].
+/// engine), unique in the process that made it: see [`crate::runtime::engine::host_groups`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub(crate) struct GroupKey(pub(crate) u64);
 
@@ -65,7 +65,7 @@ pub(crate) enum Regroup {
     /// Shrink the host group to the survivors.
     Host,
     /// Claim a place in the host group of this key, in this process (the in-memory engine:
-    /// see [`crate::runtime::host_groups`]); the old group is dropped.
+    /// see [`crate::runtime::engine::host_groups`]); the old group is dropped.
     InMemory(GroupKey),
     /// Join a new NCCL group named by this id (the old one is aborted).
     #[cfg(feature = "cuda")]

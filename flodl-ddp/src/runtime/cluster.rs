@@ -17,67 +17,18 @@ use std::time::Duration;
 use flodl_tensor::Device;
 
 use crate::error::RankFailure;
-use crate::link::net::{Arrivals, Frames, NetRank};
-use crate::link::wire::Window;
+use crate::link::frames::Frames;
+use crate::link::rendezvous::Rendezvous;
+#[cfg(feature = "cluster")]
+use crate::link::tls::{CONTROL_CAP, TlsRendezvous};
+use crate::runtime::engine::outlets::panic_message;
+use crate::runtime::engine::run_config::RunConfig;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::spec::{CollectiveEngine, Placement};
-use crate::runtime::trainer::RunConfig;
 use crate::{Error, Result};
 
 /// How long the controller waits for every rank to join, unless told otherwise.
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// The connections of a cluster run: by rank, each to the controller.
-pub(crate) type Connections = Vec<(usize, Arc<dyn Frames>)>;
-
-/// What the controller's rendezvous admitted: every other rank's connection, and where the
-/// connections of ranks joining again during the run come from.
-pub(crate) type Admitted = (Connections, Option<Box<dyn Arrivals>>);
-
-/// How a cluster run's processes meet: the controller accepts a connection from every other
-/// rank, each other rank connects to the controller; both sides prove they run the same run
-/// (`run`, the spec's hash).
-pub(crate) trait Rendezvous: Send + Sync + 'static {
-    /// For rebuilding a rendezvous with other options.
-    #[cfg(feature = "cluster")]
-    fn as_any(&self) -> &dyn std::any::Any;
-
-    /// Where the ranks that meet through it live: processes of their own, or threads of this
-    /// process on in-memory connections.
-    fn placement(&self) -> Placement;
-
-    /// Controller: a connection from each rank of `ranks` (the ranks in other processes),
-    /// within `wait` (or from enough of them that `quorum` ranks, this process's included,
-    /// take part), and the ranks that join again later (the rendezvous keeps admitting until
-    /// those are dropped).
-    ///
-    /// # Errors
-    /// [`Error::RanksMissing`] naming the ranks that did not join in time; the transport's
-    /// errors.
-    /// A connection silent for `silence` ends.
-    fn accept(
-        &self,
-        run: [u8; 32],
-        world: usize,
-        ranks: &[usize],
-        quorum: usize,
-        wait: Duration,
-        silence: Duration,
-    ) -> Result<Admitted>;
-
-    /// Rank `rank`: its connection to the controller, within `wait`.
-    ///
-    /// # Errors
-    /// The transport's errors (a refusal says why).
-    fn join(
-        &self,
-        run: [u8; 32],
-        rank: usize,
-        world: usize,
-        wait: Duration,
-        silence: Duration,
-    ) -> Result<Arc<dyn Frames>>;
-}
 
 /// Which part of a cluster run a process plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +50,7 @@ pub struct Cluster {
     join_timeout: Duration,
     /// Ranks (rank 0 included) the controller waits for before the run starts.
     quorum: usize,
-    rendezvous: Arc<dyn Rendezvous>,
+    rendezvous: Arc<Rendezvous>,
     /// The launcher identity it was read from.
     #[cfg(feature = "cluster")]
     identity: Option<flodl_cluster::Identity>,
@@ -121,7 +72,7 @@ impl Cluster {
         seat: Seat,
         world: usize,
         local_rank: usize,
-        rendezvous: Arc<dyn Rendezvous>,
+        rendezvous: Arc<Rendezvous>,
     ) -> Result<Cluster> {
         if let Seat::Rank(rank) = seat
             && rank >= world
@@ -146,7 +97,7 @@ impl Cluster {
     /// `world` places joined through in-memory connections, in rank order: a cluster run
     /// within one process, for tests (every process-facing path runs but the transport).
     pub fn in_memory(world: usize) -> Result<Vec<Cluster>> {
-        let rendezvous = Arc::new(crate::runtime::cluster::memory::Memory::new(world));
+        let rendezvous = Arc::new(Rendezvous::in_memory(world));
         (0..world)
             .map(|rank| Cluster::with(Seat::Rank(rank), world, rank, rendezvous.clone()))
             .collect()
@@ -195,7 +146,7 @@ impl Cluster {
     /// Where the run's ranks live: processes of their own, or (in-memory connections) threads
     /// of this process.
     pub fn placement(&self) -> Placement {
-        self.rendezvous.placement()
+        if self.rendezvous.is_in_memory() { Placement::InMemory } else { Placement::Processes }
     }
 
     /// How long the controller waits for every other rank to join (default 300 s), and a
@@ -205,7 +156,7 @@ impl Cluster {
         self
     }
 
-    pub(crate) fn rendezvous(&self) -> &dyn Rendezvous {
+    pub(crate) fn rendezvous(&self) -> &Rendezvous {
         self.rendezvous.as_ref()
     }
 
@@ -250,19 +201,7 @@ pub struct RankHandle {
 impl RankHandle {
     /// Starts rank `rank` of `cfg`'s run over `frames`, its connection to the controller.
     pub(crate) fn start(cfg: Arc<RunConfig>, rank: usize, frames: Arc<dyn Frames>) -> Result<Self> {
-        let link = NetRank::new(frames, cfg.spec.wire)?;
-        // Only rank 0 trains before `Init`, which names a later rank's first window.
-        let first = Window { round: 1, target: 1, limit: 1, wall: None };
-        let thread = std::thread::Builder::new()
-            .name(format!("flodl-rank-{rank}"))
-            .spawn(move || {
-                let comm = comm_across(&cfg);
-                let outcome = crate::runtime::rank::run_rank(rank, cfg, comm, &link, first);
-                // The link closes last, after the rank's last word.
-                drop(link);
-                outcome
-            })
-            .map_err(|source| Error::Spawn { what: "a rank's thread", source })?;
+        let thread = crate::runtime::engine::start_rank(cfg, rank, frames)?;
         Ok(RankHandle { rank, thread: Some(thread) })
     }
 
@@ -287,9 +226,7 @@ impl RankHandle {
         let rank = self.rank;
         let outcome = match self.thread.take().map(JoinHandle::join) {
             Some(Ok(outcome)) => outcome,
-            Some(Err(p)) => {
-                Err(RankFailure::panicked(crate::runtime::handle::panic_message(p.as_ref())))
-            }
+            Some(Err(p)) => Err(RankFailure::panicked(panic_message(p.as_ref()))),
             None => Err(RankFailure::panicked("joined twice")),
         };
         outcome.map_err(|failure| Error::Rank { rank, failure })
@@ -305,23 +242,6 @@ impl Drop for RankHandle {
     }
 }
 
-/// How a rank in its own process joins the collective backend: the MPI world it was started
-/// in (the spec refuses the collective backend across CPU processes without the `mpi`
-/// feature); NCCL and in-memory ranks join each group when the controller relays its id.
-fn comm_across(cfg: &RunConfig) -> Option<crate::runtime::comm::CommPlan> {
-    if cfg.spec.collective_engine() != Some(CollectiveEngine::Mpi) {
-        return None;
-    }
-    #[cfg(feature = "mpi")]
-    {
-        Some(crate::runtime::comm::CommPlan::Mpi { world: cfg.world() })
-    }
-    #[cfg(not(feature = "mpi"))]
-    {
-        None
-    }
-}
-
 /// The device this process's rank trains on, from the trainer's device choice: a CPU, or the
 /// GPU numbered by the local rank.
 pub(crate) fn own_device(kind: Device, local_rank: usize) -> Device {
@@ -330,10 +250,6 @@ pub(crate) fn own_device(kind: Device, local_rank: usize) -> Device {
         Device::Cuda(_) => Device::Cuda(local_rank),
     }
 }
-
-mod roll_call;
-#[cfg(feature = "cluster")]
-mod tls;
 
 #[cfg(feature = "cluster")]
 impl Cluster {
@@ -373,7 +289,7 @@ impl Cluster {
     ) -> Result<Cluster> {
         let tls = flodl_cluster::Tls::load(files)?;
         let bind = std::net::SocketAddr::from(([127, 0, 0, 1], identity.controller.port));
-        let rendezvous = tls::TlsRendezvous {
+        let rendezvous = TlsRendezvous {
             tls,
             controller: identity.controller.clone(),
             bind,
@@ -383,7 +299,7 @@ impl Cluster {
             Seat::Rank(identity.rank),
             identity.world,
             identity.local_rank,
-            Arc::new(rendezvous),
+            Arc::new(Rendezvous::tls(rendezvous)),
         )?;
         cluster.identity = Some(identity);
         Ok(cluster)
@@ -404,21 +320,21 @@ impl Cluster {
         let tls = flodl_cluster::Tls::load(files)?;
         let controller =
             flodl_cluster::ControllerAddr { host: bind.ip().to_string(), port: bind.port() };
-        let rendezvous = tls::TlsRendezvous { tls, controller, bind, bulk_cap: DEFAULT_BULK_CAP };
-        Cluster::with(Seat::Controller, world, 0, Arc::new(rendezvous))
+        let rendezvous = TlsRendezvous { tls, controller, bind, bulk_cap: DEFAULT_BULK_CAP };
+        Cluster::with(Seat::Controller, world, 0, Arc::new(Rendezvous::tls(rendezvous)))
     }
 
     /// Rebuilds the TLS rendezvous with `f` applied (a place made otherwise is unchanged).
-    fn retls(mut self, f: impl FnOnce(&mut tls::TlsRendezvous)) -> Cluster {
-        if let Some(r) = self.rendezvous.as_any().downcast_ref::<tls::TlsRendezvous>() {
-            let mut r = tls::TlsRendezvous {
+    fn retls(mut self, f: impl FnOnce(&mut TlsRendezvous)) -> Cluster {
+        if let Some(r) = self.rendezvous.as_tls() {
+            let mut r = TlsRendezvous {
                 tls: r.tls.clone(),
                 controller: r.controller.clone(),
                 bind: r.bind,
                 bulk_cap: r.bulk_cap,
             };
             f(&mut r);
-            self.rendezvous = Arc::new(r);
+            self.rendezvous = Arc::new(Rendezvous::tls(r));
         }
         self
     }
@@ -433,7 +349,7 @@ impl Cluster {
     /// bytes is enough: a snapshot with a checkpoint part carries the parameters and the
     /// optimizer state).
     pub fn bulk_cap(self, bytes: usize) -> Cluster {
-        self.retls(|r| r.bulk_cap = bytes.max(tls::CONTROL_CAP))
+        self.retls(|r| r.bulk_cap = bytes.max(CONTROL_CAP))
     }
 
     /// The launcher identity this place was read from, when it came from one.
@@ -445,202 +361,3 @@ impl Cluster {
 /// The default cap of a model-state frame.
 #[cfg(feature = "cluster")]
 pub const DEFAULT_BULK_CAP: usize = 1 << 30;
-
-/// In-memory connections, for cluster runs within one process.
-pub(crate) mod memory {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use super::roll_call::RollCall;
-    use super::{Admitted, Connections, Rendezvous};
-    use crate::link::LinkError;
-    use crate::link::frame::Lane;
-    use crate::link::net::{Arrivals, Frames};
-    use crate::{Error, Result};
-
-    /// Frames queued per direction of a connection.
-    const DEPTH: usize = 64;
-
-    /// One end of an in-memory connection (one queue per direction, so lanes keep one order).
-    #[derive(Debug)]
-    pub(crate) struct MemFrames {
-        tx: Mutex<Option<flume::Sender<Vec<u8>>>>,
-        rx: flume::Receiver<Vec<u8>>,
-        closed: AtomicBool,
-    }
-
-    /// Two connected ends.
-    pub(crate) fn pair() -> (Arc<MemFrames>, Arc<MemFrames>) {
-        let (a_tx, b_rx) = flume::bounded(DEPTH);
-        let (b_tx, a_rx) = flume::bounded(DEPTH);
-        let end = |tx, rx| {
-            Arc::new(MemFrames { tx: Mutex::new(Some(tx)), rx, closed: AtomicBool::new(false) })
-        };
-        (end(a_tx, a_rx), end(b_tx, b_rx))
-    }
-
-    impl MemFrames {
-        fn sender(&self) -> std::result::Result<flume::Sender<Vec<u8>>, LinkError> {
-            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-            tx.clone().ok_or(LinkError::Gone)
-        }
-
-        /// Sends raw bytes, as a hostile peer would.
-        #[cfg(test)]
-        pub(crate) fn raw(&self, bytes: Vec<u8>) -> std::result::Result<(), LinkError> {
-            self.sender()?.send(bytes).map_err(|_| LinkError::Gone)
-        }
-    }
-
-    impl Frames for MemFrames {
-        fn send(
-            &self,
-            _: Lane,
-            frame: Vec<u8>,
-            wait: Duration,
-        ) -> std::result::Result<(), LinkError> {
-            self.sender()?.send_timeout(frame, wait).map_err(|e| match e {
-                flume::SendTimeoutError::Timeout(_) => LinkError::Timeout(wait),
-                flume::SendTimeoutError::Disconnected(_) => LinkError::Gone,
-            })
-        }
-
-        fn try_send(&self, _: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError> {
-            self.sender()?.try_send(frame).map_err(|e| match e {
-                flume::TrySendError::Full(_) => LinkError::Full,
-                flume::TrySendError::Disconnected(_) => LinkError::Gone,
-            })
-        }
-
-        fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
-            if self.closed.load(Ordering::Acquire) {
-                return Err(LinkError::Gone);
-            }
-            self.rx.recv_timeout(wait).map_err(|e| match e {
-                flume::RecvTimeoutError::Timeout => LinkError::Timeout(wait),
-                flume::RecvTimeoutError::Disconnected => LinkError::Gone,
-            })
-        }
-
-        fn close(&self) {
-            self.closed.store(true, Ordering::Release);
-            self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        }
-    }
-
-    /// The controller's ends, posted by joining ranks, with the run each claimed.
-    #[derive(Debug, Default)]
-    struct Posted {
-        ends: Vec<Option<([u8; 32], Arc<MemFrames>)>>,
-    }
-
-    /// The posted ends and the signal that one arrived.
-    #[derive(Debug)]
-    struct Board {
-        posted: Mutex<Posted>,
-        arrived: std::sync::Condvar,
-    }
-
-    /// An in-memory meeting place of `world` ranks.
-    #[derive(Debug)]
-    pub(crate) struct Memory {
-        board: Arc<Board>,
-    }
-
-    impl Memory {
-        pub(crate) fn new(world: usize) -> Memory {
-            let posted = Posted { ends: (0..world).map(|_| None).collect() };
-            let board = Board { posted: Mutex::new(posted), arrived: std::sync::Condvar::new() };
-            Memory { board: Arc::new(board) }
-        }
-    }
-
-    /// Ranks that post their end after the start: joins of a running run.
-    struct Later {
-        board: Arc<Board>,
-        run: [u8; 32],
-    }
-
-    impl Arrivals for Later {
-        fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)> {
-            let board = &self.board;
-            let mut posted = board.posted.lock().unwrap_or_else(|p| p.into_inner());
-            if posted.ends.iter().all(Option::is_none) {
-                posted =
-                    board.arrived.wait_timeout(posted, wait).unwrap_or_else(|p| p.into_inner()).0;
-            }
-            let rank = posted.ends.iter().position(Option::is_some)?;
-            let (theirs, end) = posted.ends.get_mut(rank)?.take()?;
-            if theirs != self.run {
-                tracing::warn!(rank, "a join of another run was closed");
-                end.close();
-                return None;
-            }
-            Some((rank, end as Arc<dyn Frames>))
-        }
-    }
-
-    impl Rendezvous for Memory {
-        #[cfg(feature = "cluster")]
-        fn as_any(&self) -> &dyn std::any::Any {
-            self
-        }
-
-        fn placement(&self) -> crate::Placement {
-            crate::Placement::InMemory
-        }
-
-        fn accept(
-            &self,
-            run: [u8; 32],
-            world: usize,
-            ranks: &[usize],
-            quorum: usize,
-            wait: Duration,
-            _silence: Duration,
-        ) -> Result<Admitted> {
-            let roll = RollCall::start(world, ranks, quorum, wait);
-            let board = &self.board;
-            let mut posted = board.posted.lock().unwrap_or_else(|p| p.into_inner());
-            while let Some(left) = roll.left(|r| posted.ends.get(r).is_some_and(Option::is_some))? {
-                posted =
-                    board.arrived.wait_timeout(posted, left).unwrap_or_else(|p| p.into_inner()).0;
-            }
-            let mut out = Connections::new();
-            for (rank, slot) in posted.ends.iter_mut().enumerate() {
-                if !ranks.contains(&rank) {
-                    continue;
-                }
-                if let Some((theirs, end)) = slot.take() {
-                    if theirs != run {
-                        end.close();
-                        return Err(Error::RunMismatch { rank });
-                    }
-                    out.push((rank, end as Arc<dyn Frames>));
-                }
-            }
-            let later = Later { board: self.board.clone(), run };
-            Ok((out, Some(Box::new(later))))
-        }
-
-        fn join(
-            &self,
-            run: [u8; 32],
-            rank: usize,
-            _world: usize,
-            _wait: Duration,
-            _silence: Duration,
-        ) -> Result<Arc<dyn Frames>> {
-            let (controller, own) = pair();
-            let mut posted = self.board.posted.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = posted
-                .ends
-                .get_mut(rank)
-                .ok_or_else(|| Error::Config(format!("rank {rank} is outside the world")))?;
-            *slot = Some((run, controller));
-            self.board.arrived.notify_all();
-            Ok(own)
-        }
-    }
-}

@@ -1,21 +1,10 @@
-//! The running system: the `Trainer` builder, the handle, the coordinator, the ranks' loops,
-//! fault handling, checkpoint capture and the host averaging round.
+//! The running system in two floors: the face the user drives — the `Trainer` builder
+//! (`trainer.rs`), the run's description (`spec.rs`), the handles (`handle.rs`) and a cluster
+//! run's place (`cluster.rs`) — above the engine (`engine/`), which runs the coordinator and the
+//! ranks' loops and never imports the face.
 
-pub(crate) mod capture;
 pub(crate) mod cluster;
-pub(crate) mod comm;
-pub(crate) mod coordinator;
-pub(crate) mod divergence;
-pub(crate) mod fault;
-pub(crate) mod formation;
+pub(crate) mod engine;
 pub(crate) mod handle;
-pub(crate) mod host_groups;
-pub(crate) mod host_round;
-pub(crate) mod ledger;
-pub(crate) mod prefetch;
-pub(crate) mod rank;
-pub(crate) mod slot;
-pub(crate) mod solo;
 pub(crate) mod spec;
-pub(crate) mod staging;
 pub(crate) mod trainer;

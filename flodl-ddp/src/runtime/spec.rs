@@ -24,8 +24,8 @@ use crate::control::guard::Guard;
 use crate::control::outer::OuterKind;
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
-use crate::runtime::prefetch::Prefetch;
-use crate::runtime::staging::Staging;
+use crate::runtime::engine::prefetch::Prefetch;
+use crate::runtime::engine::staging::Staging;
 
 /// ElChe's knobs (see `ElChe`): the cadence of `Cadence` and `Async`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

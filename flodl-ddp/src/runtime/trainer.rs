@@ -16,28 +16,19 @@ use crate::control::schedule::Schedule;
 use crate::cooperative::bridge::Bridge;
 use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
-use crate::runtime::capture::{CheckpointPlan, Resumed};
 use crate::runtime::cluster::{Cluster, RankHandle, Seat, Started, own_device};
+use crate::runtime::engine::prefetch::Prefetch;
+use crate::runtime::engine::run_config::{
+    CheckpointPlan, EpochCallback, Factory, RunConfig, SampleAudit,
+};
+use crate::runtime::engine::staging::Staging;
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
-use crate::runtime::prefetch::Prefetch;
 use crate::runtime::spec::{
     CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Placement, RunSpec,
 };
-use crate::runtime::staging::Staging;
 use crate::state::HostTensor;
 use crate::{Error, Result};
-
-/// Builds a rank's replica inside the rank's thread.
-pub(crate) type Factory = Arc<dyn Fn(&ReplicaContext) -> Result<Box<dyn Replica>> + Send + Sync>;
-
-/// Observes every training batch: `(rank, epoch, sample indices)`, called on the rank's thread
-/// before the batch is trained (for data-coverage audits).
-pub type SampleAudit = Arc<dyn Fn(usize, usize, &[usize]) + Send + Sync>;
-
-/// Called with every epoch's metrics (its evaluation included), in order, on the thread that
-/// aggregates them, before [`DdpHandle`] sees them. A panic in it ends the run.
-pub type EpochCallback = Arc<dyn Fn(&crate::EpochMetrics) + Send + Sync>;
 
 /// Which devices the ranks run on: one rank per device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,86 +61,6 @@ impl Devices {
             return Err(Error::Config(format!("no rank to run: {why}")));
         }
         Ok(list)
-    }
-}
-
-/// A run as [`Trainer::run`] starts it: the spec every process agrees on, plus what only this
-/// process holds.
-pub(crate) struct RunConfig {
-    /// What every process of the run agrees on.
-    pub(crate) spec: RunSpec,
-    pub(crate) factory: Factory,
-    pub(crate) dataset: Arc<dyn Dataset>,
-    pub(crate) test: Option<Arc<dyn Dataset>>,
-    pub(crate) on_epoch: Option<EpochCallback>,
-    pub(crate) audit: Option<SampleAudit>,
-    /// The opened checkpoint store and its interval (from `spec.checkpoint`), when saving.
-    pub(crate) checkpoints: Option<CheckpointPlan>,
-    /// The checkpoint this run resumes from.
-    pub(crate) resume: Option<Arc<Resumed>>,
-    /// In a cluster run, this process's rank and the device it trains on (the spec names the
-    /// kind only).
-    pub(crate) own: Option<(usize, Device)>,
-}
-
-impl RunConfig {
-    /// How long a side stays quiet before it says it is alive: well within both the stall
-    /// timeout and the watchdog.
-    pub(crate) fn heartbeat(&self) -> Duration {
-        crate::link::heartbeat(self.spec.stall_timeout.min(self.spec.watchdog))
-    }
-
-    /// How long a collective waits for its peers before it fails (and aborts its group): the
-    /// watchdog deadline.
-    pub(crate) fn comm_timeout(&self) -> Duration {
-        self.spec.watchdog
-    }
-
-    /// Whether reduces measure the replicas' divergence: a guard is on and the policy has
-    /// windows to shrink (not `Sync`).
-    pub(crate) fn measures_divergence(&self) -> bool {
-        self.spec.policy != Policy::Sync && !matches!(self.spec.guard, Guard::Off)
-    }
-
-    /// Ranks in the run.
-    pub(crate) fn world(&self) -> usize {
-        self.spec.world()
-    }
-
-    /// The device `rank` trains on: this process's own device for its rank in a cluster run,
-    /// the spec's otherwise.
-    pub(crate) fn device(&self, rank: usize) -> Device {
-        match self.own {
-            Some((own, device)) if own == rank => device,
-            _ => self.spec.devices.get(rank).copied().unwrap_or(Device::Cpu),
-        }
-    }
-
-    /// Full batches per epoch (the tail smaller than a batch is dropped).
-    pub(crate) fn batches_per_epoch(&self) -> usize {
-        self.spec.batches_per_epoch()
-    }
-
-    /// The learning rate of a step taken at cohort step `step` (schedule × linear scaling).
-    pub(crate) fn lr(&self, step: u64) -> f32 {
-        (self.spec.schedule.lr(step) * self.spec.lr_scale) as f32
-    }
-
-    /// The slowdown factor of `rank` (1 when none is configured).
-    pub(crate) fn slowdown(&self, rank: usize) -> f64 {
-        self.spec.slowdown.get(rank).copied().unwrap_or(1.0)
-    }
-
-    /// Whether the end of `epoch` is evaluated.
-    pub(crate) fn evaluates(&self, epoch: usize) -> bool {
-        self.test.is_some()
-            && ((epoch + 1).is_multiple_of(self.spec.eval_every) || epoch + 1 == self.spec.epochs)
-    }
-}
-
-impl std::fmt::Debug for RunConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunConfig").field("spec", &self.spec).finish_non_exhaustive()
     }
 }
 
@@ -897,7 +808,8 @@ impl Trainer {
         if let Some(from) = &self.resume {
             let bundle = from.read()?;
             config.spec.check_bundle(&bundle)?;
-            config.resume = Some(Arc::new(crate::runtime::capture::decode(&config, bundle)?));
+            config.resume =
+                Some(Arc::new(crate::runtime::engine::capture::decode(&config, bundle)?));
         }
         let remote = match &self.cluster {
             Some(cluster) => {

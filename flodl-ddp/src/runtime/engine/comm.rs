@@ -20,7 +20,7 @@ pub(crate) enum CommPlan {
     #[cfg(feature = "mpi")]
     Mpi { world: usize },
     /// The in-memory engine: the rank claims its place in the host group of this key, in
-    /// this process (see [`crate::runtime::host_groups`]).
+    /// this process (see [`crate::runtime::engine::host_groups`]).
     InMemory { key: GroupKey, world: usize },
 }
 
@@ -54,7 +54,7 @@ impl CommPlan {
                 Ok(comm)
             }
             CommPlan::InMemory { key, world } => {
-                let comm = crate::runtime::host_groups::claim(key, rank, world, timeout)?;
+                let comm = crate::runtime::engine::host_groups::claim(key, rank, world, timeout)?;
                 Ok(RankComm::Host { comm, mirrors: Vec::new() })
             }
             #[cfg(feature = "cuda")]

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::link::wire::{Readiness, Window};
-use crate::runtime::fault::DeadFlags;
+use crate::runtime::engine::fault::DeadFlags;
 
 /// Batches a rank's measured pace spans (without ElChe) before older ones weigh half.
 const PACE_BATCHES: usize = 512;

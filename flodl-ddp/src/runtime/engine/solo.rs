@@ -10,11 +10,11 @@ use crate::control::breakdown::Activity;
 use crate::control::metrics::{EpochTally, WorkTally, drain_scalars};
 use crate::error::RankFailure;
 use crate::link::wire::Chunk;
-use crate::runtime::handle::{Outlets, TrainedState, panic_message, trained_state};
-use crate::runtime::ledger::Ledger;
-use crate::runtime::rank::{Trained, Worker};
-use crate::runtime::staging;
-use crate::runtime::trainer::RunConfig;
+use crate::runtime::engine::ledger::Ledger;
+use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
+use crate::runtime::engine::rank::{Trained, Worker};
+use crate::runtime::engine::run_config::RunConfig;
+use crate::runtime::engine::staging;
 use crate::{Error, Result};
 
 /// Starts the single rank on its own thread.

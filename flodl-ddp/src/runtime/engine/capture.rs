@@ -20,16 +20,16 @@ use std::path::PathBuf;
 use flodl_tensor::{Stream, Tensor};
 
 use crate::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, EpochCoverage, OpaqueState, RankMap, SampleRange,
-    SaveInterval, SaveReason, TensorRecord, TensorSet,
+    Checkpoint, CheckpointError, EpochCoverage, OpaqueState, RankMap, SampleRange, SaveReason,
+    TensorRecord, TensorSet,
 };
 use crate::control::elche::ElCheState;
 use crate::control::guard::Guard;
 use crate::control::metrics::EpochMetrics;
 use crate::control::outer::OuterOptimizer;
 use crate::link::wire::{RankCapture, RankRestore};
+use crate::runtime::engine::run_config::{CheckpointPlan, Resumed, RunConfig};
 use crate::runtime::spec::ResumeTerms;
-use crate::runtime::trainer::RunConfig;
 use crate::state::{HostState, HostTensor};
 use crate::{Error, Result};
 
@@ -45,16 +45,6 @@ const EXTRA_GUARD: &str = "guard";
 const EXTRA_OPTIMIZER_STEPS: &str = "optimizer_steps";
 const EXTRA_RESUME_TERMS: &str = "resume_terms";
 const EXTRA_DEVICES: &str = "devices";
-
-/// Where and when a run saves checkpoints.
-#[derive(Debug, Clone)]
-pub(crate) struct CheckpointPlan {
-    /// The bundle directory, opened (created, cleared of interrupted saves) when the run
-    /// starts.
-    pub(crate) store: CheckpointStore,
-    /// Periodic saves.
-    pub(crate) interval: SaveInterval,
-}
 
 /// A checkpoint asked for through the handle, taken by the coordinator at its next reduce:
 /// save, or save and stop the run.
@@ -78,27 +68,6 @@ impl SaveRequest {
             asked => Some(asked >= Self::STOP),
         }
     }
-}
-
-/// A checkpoint decoded for the coordinator of a resumed run.
-#[derive(Debug)]
-pub(crate) struct Resumed {
-    /// The bundle as read (for the model-signature check once the replicas are built).
-    pub(crate) bundle: Checkpoint,
-    /// The consensus to load on every rank.
-    pub(crate) consensus: HostState,
-    /// Each rank's optimizer and outer state.
-    pub(crate) ranks: Vec<RankRestore>,
-    /// ElChe's state, when the run had one.
-    pub(crate) elche: Option<ElCheState>,
-    /// The divergence guard's state.
-    pub(crate) guard: Option<Guard>,
-    /// The epochs completed before the save, with their metrics.
-    pub(crate) epochs: Vec<EpochMetrics>,
-    /// The coverage of the open epochs.
-    pub(crate) coverage: Vec<EpochCoverage>,
-    /// Whose per-rank state each rank takes (the saving world may differ: elastic resume).
-    pub(crate) map: RankMap,
 }
 
 /// Everything except tensors that a bundle records about the run at its cut.

@@ -11,11 +11,10 @@ use flodl_cluster::{
     SessionReceiver, SessionSender, Tls,
 };
 
-use super::roll_call::RollCall;
-use super::{Admitted, Rendezvous};
-use crate::link::LinkError;
 use crate::link::frame::Lane;
-use crate::link::net::{Arrivals, Frames};
+use crate::link::frames::{Admitted, Arrivals, Frames};
+use crate::link::link_error::LinkError;
+use crate::link::roll_call::RollCall;
 use crate::{Error, Result};
 
 /// The control lane's frame cap: orders and reports are small.
@@ -154,16 +153,9 @@ fn net(what: &'static str) -> impl FnOnce(NetError) -> Error {
     move |source| Error::Net { what, source }
 }
 
-impl Rendezvous for TlsRendezvous {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    fn placement(&self) -> crate::Placement {
-        crate::Placement::Processes
-    }
-
-    fn accept(
+impl TlsRendezvous {
+    /// As [`super::rendezvous::Rendezvous::accept`].
+    pub(crate) fn accept(
         &self,
         run: [u8; 32],
         world: usize,
@@ -199,7 +191,8 @@ impl Rendezvous for TlsRendezvous {
         Ok((now, Some(Box::new(Later { controller }))))
     }
 
-    fn join(
+    /// As [`super::rendezvous::Rendezvous::join`].
+    pub(crate) fn join(
         &self,
         run: [u8; 32],
         rank: usize,

@@ -1,0 +1,264 @@
+//! What reaches the coordinator: one event at a time from its inbox, a rank's wire messages, and the ready ranks that start training.
+
+use super::*;
+
+impl Coordinator {
+    pub(super) fn handle(&mut self, event: Event) -> Result<()> {
+        match event {
+            Inbound::Local(Local::Averaged { round, state, divergence }) => {
+                self.averaged(round, state, divergence)
+            }
+            Inbound::Gone { rank } => self.gone(rank),
+            Inbound::Joined { rank, frames } => self.joined(rank, frames.0),
+            Inbound::Wire { rank, msg } => {
+                if matches!(
+                    self.slots.standing(rank),
+                    Some(Standing::Rejoining | Standing::Waiting)
+                ) {
+                    return self.joining_wire(rank, msg);
+                }
+                if !self.slots.is_live(rank) {
+                    // The coordinator decides membership: a dead rank's late words change nothing.
+                    return Ok(());
+                }
+                if msg.rank() != rank {
+                    let detail = format!("rank {rank} sent a message as rank {}", msg.rank());
+                    return self.violation(rank, detail);
+                }
+                if let Some(slot) = self.slots.get_mut(rank) {
+                    slot.heard = Instant::now();
+                }
+                self.handle_wire(msg)
+            }
+        }
+    }
+
+    /// `rank` broke the protocol: in training it is declared dead; before, the run fails.
+    pub(super) fn violation(&mut self, rank: usize, detail: String) -> Result<()> {
+        let failure = RankFailure::from(&Error::protocol(detail));
+        match self.phase {
+            Phase::Starting { .. } => Err(Error::Rank { rank, failure }),
+            _ => {
+                self.rank_died(rank, FaultCause::Failed { error: failure.message.clone() }, failure)
+            }
+        }
+    }
+
+    pub(super) fn handle_wire(&mut self, msg: ToCoordinator) -> Result<()> {
+        match msg {
+            ToCoordinator::Alive { .. } => {}
+            ToCoordinator::Ready { rank, shapes, initial } => self.ready(rank, shapes, initial)?,
+            ToCoordinator::Final { rank, state, capture } => {
+                if let Phase::Finishing { finals, parts, .. } = &mut self.phase {
+                    if let Some(slot) = finals.get_mut(rank) {
+                        *slot = Some(state);
+                    }
+                    if let Some(slot) = parts.get_mut(rank) {
+                        *slot = capture.map(|c| *c);
+                    }
+                }
+            }
+            ToCoordinator::ChunkDone { rank, chunk, work } => {
+                if let Some(at) = self.epochs.reported.get_mut(rank) {
+                    *at = Some(Instant::now());
+                }
+                if self.dispatch.complete(rank, &chunk, &work)
+                    && let Some(slot) = self.slots.get_mut(rank)
+                {
+                    slot.in_flight = slot.in_flight.saturating_sub(1);
+                }
+                self.aggregate();
+            }
+            ToCoordinator::Progress { rank, round, steps, wall_ms, why, works } => {
+                let current_round = self.rounds.round;
+                if let Some(slot) = self.slots.get_mut(rank) {
+                    let current = why == Readiness::Reached || works == slot.works_sent;
+                    if steps > 0 {
+                        slot.pace.add(wall_ms, steps);
+                    }
+                    if round == current_round && current {
+                        slot.ready = Some(Ready { steps, wall_ms, why });
+                    }
+                }
+                if round == current_round && why == Readiness::Reached {
+                    self.anchor_ready(rank)?;
+                }
+            }
+            ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence, capture } => {
+                self.take_capture(rank, round, capture);
+                if let Reduce::Collective { round: r, acks, .. } = &mut self.reduce
+                    && *r == round
+                    && let Some(slot) = acks.get_mut(rank)
+                {
+                    *slot = Some((steps, sync_ms, divergence));
+                }
+                let generation = self.group.generation;
+                self.group.left(&mut self.slots, rank, generation, false);
+                self.check_collective_done()?;
+            }
+            ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture } => {
+                self.take_capture(rank, round, capture);
+                if let Reduce::Host(hr) = &mut self.reduce
+                    && let Some(job) = hr.collect(rank, round, attempt, state, steps)
+                {
+                    self.start_average(job)?;
+                }
+            }
+            ToCoordinator::Evaluated { epoch, eval, .. } => {
+                self.eval = Evaluation::Idle;
+                for h in self.epochs.held.iter_mut() {
+                    if h.awaiting_eval && h.metrics.epoch <= epoch {
+                        h.metrics.eval = eval;
+                        h.awaiting_eval = false;
+                    }
+                }
+                self.emit_ready();
+            }
+            ToCoordinator::Diverged { rank, step, cause } => {
+                // No fault of the rank: every rank would die of it in turn. The run stops,
+                // keeping its last good bundle.
+                let bundle = self.save_failure_bundle(SaveReason::Diverged);
+                return Err(Error::Diverged { rank, step, cause, bundle });
+            }
+            ToCoordinator::Failed { rank, failure } => {
+                if matches!(self.phase, Phase::Starting { .. }) {
+                    return Err(failure.into_start_error(rank));
+                }
+                let cause = match failure.kind {
+                    crate::FailureKind::Panicked => {
+                        FaultCause::Panicked { message: failure.message.clone() }
+                    }
+                    _ => FaultCause::Failed { error: failure.message.clone() },
+                };
+                self.rank_died(rank, cause, failure)?;
+            }
+            ToCoordinator::Reducing { rank, round } => {
+                if matches!(self.reduce, Reduce::Collective { round: r, .. } if r == round)
+                    && let Some(slot) = self.slots.get_mut(rank)
+                {
+                    slot.collective = InCollective::Inside(Instant::now());
+                }
+            }
+            ToCoordinator::ReduceFailed { rank, round, generation, error } => {
+                tracing::warn!(rank, round, generation, %error, "a rank's collective failed");
+                self.group.left(&mut self.slots, rank, generation, true);
+                self.check_futile_reduce()?;
+            }
+            ToCoordinator::Joining { rank, generation } => {
+                if generation == self.group.generation
+                    && let Some(slot) = self.slots.get_mut(rank)
+                {
+                    // Silent while the group forms: judged like a rank inside a collective.
+                    slot.collective = InCollective::Inside(Instant::now());
+                }
+            }
+            ToCoordinator::Joined { rank, generation } => {
+                if generation == self.group.generation {
+                    self.group.left(&mut self.slots, rank, generation, false);
+                }
+            }
+            ToCoordinator::GroupId { rank, generation, how } => {
+                for (to, order) in self.formation.on_id(rank, generation, how) {
+                    self.send(to, order)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A rank's replica is built: its shapes must agree with the others'.
+    pub(super) fn ready(
+        &mut self,
+        rank: usize,
+        shapes: Vec<Vec<usize>>,
+        init: Option<HostState>,
+    ) -> Result<()> {
+        let Phase::Starting { initial, .. } = &mut self.phase else { return Ok(()) };
+        if self.shapes.is_empty() {
+            self.shapes = shapes;
+        } else if self.shapes != shapes {
+            return Err(Error::ReplicaMismatch(format!(
+                "rank {rank}'s replica has other parameter shapes than rank 0's"
+            )));
+        }
+        if init.is_some() {
+            *initial = init;
+        }
+        if let Some(slot) = self.slots.get_mut(rank) {
+            slot.standing = Standing::Alive;
+        }
+        Ok(())
+    }
+
+    /// The window `rank` starts training in.
+    pub(super) fn first_window(&self, rank: usize) -> Window {
+        self.slots
+            .get(rank)
+            .map_or(Window { round: 1, target: 1, limit: 1, wall: None }, |s| s.window)
+    }
+
+    /// Every replica is built: checks a resumed bundle against them and sends the initial
+    /// weights (rank 0's, or the bundle's consensus) to every rank that needs them.
+    pub(super) fn start_training(&mut self) -> Result<()> {
+        let Phase::Starting { initial, .. } = std::mem::replace(&mut self.phase, Phase::Training)
+        else {
+            return Ok(());
+        };
+        let initial = initial.ok_or(Error::PeerGone(Peer::Rank(0)))?;
+        let mut inits = Vec::with_capacity(self.cfg.world());
+        if let Some(resumed) = self.saves.resumed.clone() {
+            let n = initial.params.len();
+            let found = resumed.bundle.signature();
+            signature(&self.shapes[..n.min(self.shapes.len())]).check(&found)?;
+            if resumed.consensus.buffers.len() != initial.buffers.len() {
+                return Err(Error::ReplicaMismatch(format!(
+                    "the checkpoint holds {} buffers, the replica {}",
+                    resumed.consensus.buffers.len(),
+                    initial.buffers.len()
+                )));
+            }
+            if self.cfg.spec.backend == Backend::Host {
+                self.consensus = Some(resumed.consensus.clone());
+            }
+            for rank in self.slots.live_ranks() {
+                let restore = resumed.ranks.get(rank).cloned().map(Box::new);
+                let state = resumed.consensus.clone();
+                let window = self.first_window(rank);
+                let global_step = self.rounds.global_step;
+                inits.push((rank, ToWorker::Init { state, restore, window, global_step }));
+            }
+        } else {
+            if self.cfg.checkpoints.is_some() {
+                self.saves.last_bundle = Some(self.starting_bundle(&initial)?);
+            }
+            if self.cfg.spec.backend == Backend::Host {
+                self.consensus = Some(initial.clone());
+            }
+            // Rank 0 trains from its own replica, which is the initial state; in its own
+            // process (the controller kept apart) it still needs its first window.
+            let apart = self.cfg.spec.controller_apart();
+            for rank in self.slots.live_ranks().into_iter().filter(|&r| apart || r != 0) {
+                let state = initial.clone();
+                let window = self.first_window(rank);
+                inits.push((rank, ToWorker::Init { state, restore: None, window, global_step: 0 }));
+            }
+        }
+        if self.group.relay {
+            // The first group forms through the coordinator before the ranks train.
+            let members = self.slots.live_ranks();
+            if let Some((maker, ask)) = self.formation.ask(0, &members, inits) {
+                tracing::info!(maker, "asking the lowest rank for the first group's id");
+                self.send(maker, ask)?;
+            }
+        } else {
+            for (rank, msg) in inits {
+                self.send(rank, msg)?;
+            }
+        }
+        let _ = self.outlets.started.try_send(());
+        let now = Instant::now();
+        self.slots.iter_mut().for_each(|s| s.heard = now);
+        self.clock.train_start = Some(now);
+        Ok(())
+    }
+}

@@ -1,0 +1,432 @@
+//! The coordinator as the membership authority: seats left vacant, ranks gone, joining again and admitted, watched for silence, and declared dead (their work handed back, the survivors regrouped).
+
+use super::*;
+
+impl Coordinator {
+    /// Leaves `ranks` out of the start: no process joined their seats (a cluster run started
+    /// on a quorum); a process that joins one later is admitted like a rank joining again.
+    pub(super) fn vacate(&mut self, ranks: &[usize]) -> Result<()> {
+        for &rank in ranks {
+            tracing::info!(rank, "rank {rank}'s seat is vacant at the start");
+            self.slots.set_joining(rank, Standing::Vacant);
+            self.dispatch.retire(rank, 0);
+            if let Some(e) = self.cadence.elche.as_mut() {
+                e.retire(rank)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `rank`'s link is gone: after its final state that is the end of it; before, it died.
+    /// A process joining again that goes away leaves the seat dead.
+    pub(super) fn gone(&mut self, rank: usize) -> Result<()> {
+        if matches!(self.slots.standing(rank), Some(Standing::Rejoining | Standing::Waiting)) {
+            tracing::warn!(rank, "the process joining again as rank {rank} went away");
+            self.slots.set_joining(rank, Standing::Dead);
+            return Ok(());
+        }
+        if !self.slots.is_live(rank) {
+            return Ok(());
+        }
+        match &self.phase {
+            Phase::Starting { .. } => Err(Error::PeerGone(Peer::Rank(rank))),
+            Phase::Finishing { finals, .. } if finals.get(rank).is_some_and(Option::is_some) => {
+                Ok(())
+            }
+            _ => {
+                let failure = RankFailure::from(&Error::PeerGone(Peer::Rank(rank)));
+                self.rank_died(rank, FaultCause::Gone, failure)
+            }
+        }
+    }
+
+    /// A new process for `rank` connected (the controller admitted it: same job CA, same run,
+    /// the rank's seat free). A dead rank's seat starts rejoining; it is turned away once the
+    /// run finishes, and on the collective backend unless its groups are formed through the
+    /// controller (an MPI world cannot grow).
+    pub(super) fn joined(
+        &mut self,
+        rank: usize,
+        frames: Arc<dyn crate::link::frames::Frames>,
+    ) -> Result<()> {
+        let refusal = if !matches!(self.phase, Phase::Training) {
+            Some("the run is not training")
+        } else if self.cfg.spec.backend == Backend::Host || self.group.relay {
+            None
+        } else if self.group.engine == Engine::Mpi {
+            Some("an MPI world cannot grow (the launcher restarts the job from its last bundle)")
+        } else {
+            Some("this run's collective groups are not formed through the controller")
+        };
+        if let Some(why) = refusal {
+            tracing::warn!(rank, "a process joining again as rank {rank} was turned away: {why}");
+            frames.close();
+            return Ok(());
+        }
+        if self.slots.is_live(rank) {
+            // Its old connection has ended (the controller frees a seat only then), even if
+            // its `Gone` was not read yet.
+            let failure = RankFailure::from(&Error::PeerGone(Peer::Rank(rank)));
+            self.rank_died(rank, FaultCause::Gone, failure)?;
+        }
+        if !self.link.attach(rank, frames.clone()) {
+            frames.close();
+            return Ok(());
+        }
+        self.slots.set_joining(rank, Standing::Rejoining);
+        tracing::info!(
+            rank,
+            reduce = self.rounds.reduces,
+            "rank {rank} connected again; rejoining"
+        );
+        Ok(())
+    }
+
+    /// A message from a process joining again: its replica is built (`Ready`), or it failed.
+    pub(super) fn joining_wire(&mut self, rank: usize, msg: ToCoordinator) -> Result<()> {
+        if msg.rank() != rank {
+            tracing::warn!(
+                rank,
+                "the process joining again as rank {rank} sent a message as rank {}",
+                msg.rank()
+            );
+            let _ = self.link.try_send(rank, ToWorker::Stop);
+            self.slots.set_joining(rank, Standing::Dead);
+            return Ok(());
+        }
+        match msg {
+            ToCoordinator::Ready { shapes, .. } => {
+                if shapes != self.shapes {
+                    tracing::warn!(
+                        rank,
+                        "the process joining again as rank {rank} has other parameter shapes: turned away"
+                    );
+                    let _ = self.link.try_send(rank, ToWorker::Stop);
+                    self.slots.set_joining(rank, Standing::Dead);
+                } else {
+                    self.slots.set_joining(rank, Standing::Waiting);
+                    tracing::info!(
+                        rank,
+                        "rank {rank} is ready; it joins at the end of the next reduce"
+                    );
+                }
+            }
+            ToCoordinator::Failed { failure, .. } => {
+                tracing::warn!(rank, error = %failure.message, "the process joining again as rank {rank} failed");
+                self.slots.set_joining(rank, Standing::Dead);
+            }
+            _ => {
+                if let Some(slot) = self.slots.get_mut(rank) {
+                    slot.heard = Instant::now();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The ranks whose process is built and waits to join.
+    pub(super) fn waiting(&self) -> Vec<usize> {
+        self.slots
+            .joining()
+            .into_iter()
+            .filter(|&r| self.slots.standing(r) == Some(Standing::Waiting))
+            .collect()
+    }
+
+    /// Takes `rank`, waiting to join, back into the run in its window of `round`: ElChe and
+    /// the dispatcher admit it (a fresh estimate, work from the free spans), its seat is alive
+    /// again, and its rejoin is reported as starting from the consensus of `reduce` reduces.
+    /// Returns its window.
+    pub(super) fn admit(&mut self, rank: usize, round: u64, reduce: u64) -> Result<Window> {
+        self.dispatch.admit(rank);
+        if let Some(e) = self.cadence.elche.as_mut() {
+            e.admit(rank)?;
+        }
+        let window = self.make_windows(round).get(rank).copied().unwrap_or(Window {
+            round,
+            target: 1,
+            limit: 1,
+            wall: None,
+        });
+        self.slots.admit(rank, window);
+        if let Some(at) = self.epochs.reported.get_mut(rank) {
+            *at = None;
+        }
+        let members = self.slots.live_ranks();
+        tracing::info!(rank, reduce, ?members, "rank {rank} rejoined at reduce {reduce}");
+        let event = RejoinEvent { rank, at_ms: self.clock.at_ms(), reduce, members };
+        self.rejoins.push(event.clone());
+        let _ = self.outlets.rejoins.try_send(event);
+        Ok(window)
+    }
+
+    /// Host backend, at the end of a reduce whose consensus is `state`: admits every rank
+    /// waiting to join again, which starts from `state` with a fresh optimizer in the window
+    /// the others start now.
+    pub(super) fn admit_waiting(&mut self, state: &HostState) -> Result<()> {
+        for rank in self.waiting() {
+            let window = self.admit(rank, self.rounds.round, self.rounds.reduces)?;
+            let global_step = self.rounds.global_step;
+            let init = ToWorker::Init { state: state.clone(), restore: None, window, global_step };
+            self.send(rank, init)?;
+        }
+        Ok(())
+    }
+
+    /// Collective backend whose groups form through the controller, as the reduce ending
+    /// window `ending` starts: admits every rank waiting to join again. Returns the orders
+    /// that start them, to follow the forming of a group with them as members: each is told
+    /// to join in that reduce, whose average it takes without weighing in it.
+    pub(super) fn admit_joiners(&mut self, ending: u64) -> Result<Vec<(usize, ToWorker)>> {
+        let mut orders = Vec::new();
+        if !self.group.relay {
+            return Ok(orders);
+        }
+        let global_step = self.rounds.global_step;
+        for rank in self.waiting() {
+            self.admit(rank, ending, self.rounds.reduces + 1)?;
+            let window = Window { round: ending, target: 0, limit: 0, wall: None };
+            orders.push((rank, ToWorker::Join { window, global_step }));
+        }
+        Ok(orders)
+    }
+
+    /// The watchdog: declares dead a rank silent past the deadline while not inside a
+    /// collective; one that has not entered a reduce pending past the deadline; one still
+    /// inside a reduce a quarter of the deadline after its peers' collectives failed (they
+    /// waited the deadline for it); and, as a backstop, one inside its collective for twice the
+    /// deadline and a half. Pings quiet ranks.
+    ///
+    /// # Errors
+    /// As [`rank_died`](Self::rank_died); [`Error::Unrecoverable`] when a reduce stays pending
+    /// for [`STALLED_REDUCE`] deadlines with every rank alive.
+    pub(super) fn check_liveness(&mut self) -> Result<()> {
+        let after = self.cfg.spec.watchdog;
+        let pending = match &self.reduce {
+            Reduce::Collective { round, acks, .. } => {
+                self.group.pending_for().map(|d| (d, acks, *round))
+            }
+            _ => None,
+        };
+        let peers_gave_up = self.group.failing_for().is_some_and(|d| d > after / 4);
+        let mut deaths = Vec::new();
+        for rank in self.slots.live_ranks() {
+            let Some(slot) = self.slots.get(rank) else { continue };
+            let silent = slot.heard.elapsed();
+            let cause = match slot.collective {
+                InCollective::Inside(since)
+                    if peers_gave_up || since.elapsed() > after.saturating_mul(2) + after / 2 =>
+                {
+                    let round = pending.map_or(0, |p| p.2);
+                    Some(FaultCause::StuckInReduce { round, after: since.elapsed() })
+                }
+                InCollective::Inside(_) => None,
+                collective => match pending {
+                    Some((waited, acks, round))
+                        if waited > after
+                            && acks.get(rank).is_some_and(Option::is_none)
+                            && collective != InCollective::Failed =>
+                    {
+                        Some(FaultCause::MissedReduce { round, after: waited })
+                    }
+                    _ => (silent > after).then_some(FaultCause::Silent { after: silent }),
+                },
+            };
+            if let Some(cause) = cause {
+                deaths.push((rank, cause, silent));
+            }
+        }
+        for (rank, cause, silent) in deaths {
+            let failure =
+                RankFailure::from(&Error::Timeout { what: "the rank's reports", after: silent });
+            self.rank_died(rank, cause, failure)?;
+        }
+        if let Some(waited) = self.group.pending_for()
+            && waited > after.saturating_mul(STALLED_REDUCE)
+        {
+            // Every rank alive and answering, yet the reduce does not complete: no one to
+            // blame, nothing to wait for.
+            let reason = SaveReason::ReduceStall;
+            let bundle = self.save_failure_bundle(reason.clone());
+            let detail = format!("a reduce has been pending for {waited:?} with no rank to blame");
+            return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
+        }
+        let beat = self.cfg.heartbeat();
+        let mut heard = self.slots.live_ranks();
+        heard.extend(self.slots.joining());
+        for rank in heard {
+            let Some(slot) = self.slots.get_mut(rank) else { continue };
+            if slot.sent.elapsed() >= beat {
+                slot.sent = Instant::now();
+                // A full queue holds messages already: the rank hears from us anyway.
+                let _ = self.link.try_send(rank, ToWorker::Ping);
+                tracing::trace!(rank, "ping");
+            }
+        }
+        Ok(())
+    }
+
+    /// The membership authority: declares `rank` dead for `cause` (`failure` is what the run
+    /// returns, as [`Error::Rank`], if this death ends it) and lets the survivors go on: its
+    /// unfinished chunks go back to the living, ElChe retires it, a host round stops waiting
+    /// for it, and a collective group is aborted and rebuilt from the survivors, who redo an
+    /// interrupted reduce.
+    ///
+    /// # Errors
+    /// The rank's failure past the failure limit; [`Error::Unrecoverable`] when no rank is left,
+    /// or a lone survivor of an NCCL group.
+    pub(super) fn rank_died(
+        &mut self,
+        rank: usize,
+        cause: FaultCause,
+        failure: RankFailure,
+    ) -> Result<()> {
+        if !self.slots.is_live(rank) {
+            return Ok(());
+        }
+        if self.eval.rank() == Some(rank) {
+            // Asked again from another live rank.
+            self.eval = Evaluation::Idle;
+        }
+        self.slots.bury(rank);
+        let survivors = self.slots.live_ranks();
+        tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
+        // Its part of a reduce in progress that the consensus holds already counts for it.
+        let pending = match &self.reduce {
+            Reduce::Collective { acks, .. } => acks.get(rank).copied().flatten().map_or(0, |a| a.0),
+            Reduce::Host(hr) => hr.averaging_steps(rank),
+            Reduce::Idle => 0,
+        };
+        let requeued = self.dispatch.retire(rank, pending);
+        let requeued_samples = requeued.iter().map(|c| c.len).sum();
+        tracing::debug!(
+            rank,
+            chunks = requeued.len(),
+            requeued_samples,
+            "the dead rank's unfinished chunks re-queued"
+        );
+        let event = FaultEvent {
+            rank,
+            at_ms: self.clock.at_ms(),
+            cause: cause.clone(),
+            survivors: survivors.clone(),
+            requeued_samples,
+        };
+        self.faults.push(event.clone());
+        // Dropped when the handle does not drain its queue.
+        let _ = self.outlets.faults.try_send(event);
+        // A rank stuck in its replica reads this when (if) it returns.
+        let _ = self.link.try_send(rank, ToWorker::Stop);
+        let lone_nccl = self.group.engine == Engine::Nccl && survivors.len() == 1;
+        let error = Error::Rank { rank, failure };
+        if self.slots.deaths() > self.cfg.spec.max_failures {
+            self.save_failure_bundle(SaveReason::MaxFailureExceeded);
+            return Err(error);
+        }
+        if self.group.engine == Engine::Mpi {
+            let detail = format!("rank {rank} {cause}; {}", self.work_lost());
+            tracing::warn!(%detail, "an MPI world cannot shrink: the job ends");
+            let reason = SaveReason::Fault { detail: "an MPI world cannot shrink".into() };
+            let bundle = self.save_failure_bundle(reason.clone());
+            let last = Some(Box::new(error));
+            return Err(Error::Unrecoverable { reason, detail, bundle, last });
+        }
+        if survivors.is_empty() || lone_nccl {
+            let reason = if survivors.is_empty() {
+                SaveReason::AllRanksLost
+            } else {
+                SaveReason::SingleSurvivor
+            };
+            let bundle = self.save_failure_bundle(reason.clone());
+            let detail = match survivors.first() {
+                None => format!("rank {rank}, the last one alive, {cause}"),
+                Some(lone) => format!(
+                    "rank {rank} {cause}; rank {lone} is the lone survivor of an NCCL group"
+                ),
+            };
+            let last = Some(Box::new(error));
+            return Err(Error::Unrecoverable { reason, detail, bundle, last });
+        }
+        if let Some(e) = self.cadence.elche.as_mut() {
+            e.retire(rank)?;
+        }
+        // What the survivors will be handed changed: the dead rank's work is theirs now.
+        self.advise(&survivors);
+        match self.cfg.spec.backend {
+            Backend::Collective => self.regroup(&survivors)?,
+            Backend::Host => {
+                if let Reduce::Host(hr) = &mut self.reduce
+                    && let Some(job) = hr.retire(rank)
+                {
+                    self.start_average(job)?;
+                }
+            }
+        }
+        self.check_collective_done()?;
+        Ok(())
+    }
+
+    /// Collective backend: orders the current group aborted (waking anyone blocked in it, the
+    /// dead included) and tells `members` to form the next one.
+    pub(super) fn regroup(&mut self, members: &[usize]) -> Result<()> {
+        let old = self.group.generation;
+        for rank in 0..self.slots.world() {
+            let _ = self.link.try_send(rank, ToWorker::AbortGroup { generation: old });
+        }
+        let generation = self.group.next_generation(&mut self.slots);
+        if self.group.relay {
+            tracing::info!(
+                generation,
+                ?members,
+                "regrouping the collective through its lowest rank"
+            );
+            if let Some((maker, ask)) = self.formation.ask(generation, members, Vec::new()) {
+                self.send(maker, ask)?;
+            }
+            return Ok(());
+        }
+        let how = self.regroup_how()?;
+        tracing::info!(generation, ?members, "regrouping the collective");
+        for &rank in members {
+            let msg = ToWorker::Regroup { generation, members: members.to_vec(), how: how.clone() };
+            self.send(rank, msg)?;
+        }
+        Ok(())
+    }
+
+    /// How the next collective group is built: a shrunk host group, or a new NCCL group named
+    /// by a fresh id.
+    pub(super) fn regroup_how(&self) -> Result<Regroup> {
+        #[cfg(feature = "cuda")]
+        if self.group.engine == Engine::Nccl {
+            return Ok(Regroup::Nccl(flodl_nccl::UniqueId::new()?));
+        }
+        Ok(Regroup::Host)
+    }
+
+    /// Writes the failure bundle for `reason` (the last bundle this run saved, or its starting
+    /// state when it saved none, re-labelled) as `failure.fdlck` next to the step bundles, and
+    /// returns its path; `None` when the run has no checkpoint directory or the write fails
+    /// (the run's own error is what matters then).
+    /// What a job restarted from the last bundle trains again, in words: the reduces and
+    /// cohort steps since that bundle, plus the windows in progress (at most one checkpoint
+    /// interval when every reduce is saved).
+    pub(super) fn work_lost(&self) -> String {
+        let (reduce, step) = match (&self.saves.last_bundle, self.cfg.checkpoints.as_ref()) {
+            (Some(b), Some(_)) => (b.reduce_version, b.global_step),
+            _ => {
+                return format!(
+                    "no checkpoint is kept, so a restart trains again from the start \
+                     ({} reduce(s), {} step(s) lost)",
+                    self.rounds.reduces, self.rounds.global_step
+                );
+            }
+        };
+        format!(
+            "work lost: {} reduce(s) and {} step(s) since the last bundle (reduce {reduce}, \
+             step {step}), plus the windows in progress",
+            self.rounds.reduces.saturating_sub(reduce),
+            self.rounds.global_step.saturating_sub(step)
+        )
+    }
+}

@@ -1,0 +1,333 @@
+//! The coordinator's reduces: when one is due, triggering it, the host backend's averaging rounds on a helper thread under a deadline, and completing it.
+
+use super::*;
+
+impl Coordinator {
+    /// Starts a reduce when every rank is ready for it; true when nothing is left to train
+    /// (the run finishes).
+    pub(super) fn step_reduce(&mut self) -> Result<bool> {
+        let ready: Vec<Option<usize>> =
+            self.slots.iter().map(|s| s.ready.map(|r| r.steps)).collect();
+        let live: Vec<bool> = (0..ready.len()).map(|r| self.slots.is_live(r)).collect();
+        let busy = !matches!(self.reduce, Reduce::Idle);
+        match should_reduce(&ready, &live, busy)? {
+            Trigger::Fire => {
+                let steps: Vec<usize> = ready.iter().map(|s| s.unwrap_or(0)).collect();
+                self.trigger(&steps)?;
+                return Ok(false);
+            }
+            Trigger::Idle => {}
+            Trigger::RoundInFlight | Trigger::NoLiveRank | Trigger::Waiting { .. } => {
+                return Ok(false);
+            }
+        }
+        if !self.dispatch.all_done() || self.dispatch.any_outstanding() {
+            return Ok(false);
+        }
+        if !self.epochs.held.is_empty() {
+            if let Some(epoch) = self.take_eval_request()
+                && let Some(rank) = self.eval.rank()
+            {
+                self.send(rank, ToWorker::Evaluate { epoch })?;
+            }
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    pub(super) fn trigger(&mut self, steps: &[usize]) -> Result<()> {
+        let walls: Vec<f64> =
+            self.slots.iter().map(|s| s.ready.map_or(0.0, |r| r.wall_ms)).collect();
+        let steps64: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
+        let counts = self.planned_counts();
+        if let Some(e) = self.cadence.elche.as_mut() {
+            e.report_timing(&walls, &steps64, self.rounds.last_sync_ms)?;
+            // The guard's verdict on the last completed reduce.
+            e.apply_verdict(std::mem::replace(&mut self.cadence.verdict, Verdict::Stable));
+        }
+        self.rounds.global_step += steps.iter().sum::<usize>() as u64;
+        let global_step = self.rounds.global_step;
+        let ending = self.rounds.round;
+        let joiners = match self.cfg.spec.backend {
+            Backend::Collective => self.admit_joiners(ending)?,
+            Backend::Host => Vec::new(),
+        };
+        self.rounds.round += 1;
+        let next = self.make_windows(self.rounds.round);
+        let eval = self.take_eval_request();
+        for slot in self.slots.iter_mut() {
+            slot.ready = None;
+        }
+        let started = Instant::now();
+        tracing::debug!(round = ending, "reduce started");
+        let capture = self.save_due();
+        if let Some(reason) = capture.clone() {
+            tracing::debug!(round = ending, ?reason, "checkpoint at this reduce");
+            self.saves.capturing = Some(Capturing {
+                round: ending,
+                reason,
+                stop: std::mem::take(&mut self.saves.stop_after_save),
+                global_step,
+                parts: vec![None; self.cfg.world()],
+            });
+        }
+        let lowest = self.slots.lowest();
+        let evaluator = self.eval.rank();
+        match self.cfg.spec.backend {
+            Backend::Collective => {
+                let mut orders = joiners;
+                let joining = orders.len();
+                for rank in self.slots.live_ranks() {
+                    let eval = if Some(rank) == evaluator { eval } else { None };
+                    let window = next[rank];
+                    let model = Some(rank) == lowest;
+                    let capture = capture.as_ref().map(|_| CaptureRequest { model });
+                    let msg = ToWorker::Reduce { next: window, eval, global_step, capture };
+                    orders.push((rank, msg));
+                }
+                if joining == 0 {
+                    for (rank, msg) in orders {
+                        self.send(rank, msg)?;
+                    }
+                } else {
+                    // The joiners take part in this reduce: a group with them as members forms
+                    // first, through the coordinator, and the orders follow it.
+                    let members = self.slots.live_ranks();
+                    let generation = self.group.next_generation(&mut self.slots);
+                    tracing::info!(generation, ?members, "a group with the joining ranks forms");
+                    if let Some((maker, ask)) = self.formation.ask(generation, &members, orders) {
+                        self.send(maker, ask)?;
+                    }
+                }
+                let acks = vec![None; self.cfg.world()];
+                self.reduce = Reduce::Collective { round: ending, acks, counts };
+                self.group.reduce_called();
+            }
+            Backend::Host => {
+                let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
+                for rank in self.slots.live_ranks() {
+                    self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0, capture })?;
+                }
+                let deadline = started + self.cfg.spec.snapshot_timeout;
+                let mut round =
+                    HostRound::new(ending, self.cfg.world(), deadline, next.clone(), eval, counts);
+                for rank in (0..self.cfg.world()).filter(|&r| !self.slots.is_live(r)) {
+                    // Nothing collected yet, so this completes nothing.
+                    let _ = round.retire(rank);
+                }
+                self.reduce = Reduce::Host(round);
+            }
+        }
+        for (slot, w) in self.slots.iter_mut().zip(next) {
+            slot.window = w;
+        }
+        Ok(())
+    }
+
+    /// Host backend: the helper thread's average for `round` is in. When it completes the
+    /// pending round: the outer step, the checkpoint in capture, and the update to every rank.
+    pub(super) fn averaged(
+        &mut self,
+        round: u64,
+        state: Result<HostState>,
+        divergence: Option<f64>,
+    ) -> Result<()> {
+        let Reduce::Host(hr) = &mut self.reduce else { return Ok(()) };
+        let Some(done) = hr.averaged(round) else { return Ok(()) };
+        let mut state = state?;
+        self.outer_step(&mut state)?;
+        // The ranks are paused since their snapshots: the book is at the cut.
+        if self.saves.capturing.as_ref().is_some_and(|c| c.round == done.round) {
+            // The reduce is completed below: it counts in the bundle.
+            self.finish_capture(Some(&state), self.rounds.reduces + 1)?;
+        }
+        let evaluator = self.eval.rank();
+        let global_step = self.rounds.global_step;
+        for rank in self.slots.live_ranks() {
+            let eval = if Some(rank) == evaluator { done.eval } else { None };
+            let next = done.next[rank];
+            let state = state.clone();
+            self.send(rank, ToWorker::Update { state, next, eval, global_step })?;
+        }
+        let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
+        self.complete_reduce(done.round, done.counts, done.steps, sync_ms, divergence);
+        self.admit_waiting(&state)?;
+        self.consensus = Some(state);
+        Ok(())
+    }
+
+    /// Host backend: replaces the average's parameters by the outer optimizer's step on them
+    /// (a no-op for plain averaging).
+    pub(super) fn outer_step(&mut self, state: &mut HostState) -> Result<()> {
+        if matches!(self.outer.optimizer.kind(), OuterKind::Average) {
+            return Ok(());
+        }
+        let cpu = &self.outer.cpu;
+        let mut tensors = state
+            .params
+            .iter()
+            .map(|v| Tensor::from_slice(v, &[v.len()], cpu))
+            .collect::<flodl_tensor::Result<Vec<_>>>()?;
+        self.outer.optimizer.step(&mut tensors, cpu)?;
+        for (v, t) in state.params.iter_mut().zip(&tensors) {
+            t.copy_to_host(v, cpu)?;
+        }
+        Ok(())
+    }
+
+    /// Soft-aborts a host round whose snapshots are late and asks again.
+    pub(super) fn check_host_deadline(&mut self) -> Result<()> {
+        let Reduce::Host(hr) = &mut self.reduce else { return Ok(()) };
+        let missing = hr.missing();
+        let age = hr.age();
+        let Some((round, attempt)) = hr.retry_if_late(self.cfg.spec.snapshot_timeout) else {
+            return Ok(());
+        };
+        self.rounds.stalled += 1;
+        tracing::warn!(
+            round,
+            attempt,
+            "host averaging round missed its snapshot deadline; retrying"
+        );
+        if self.rounds.stalled >= self.cfg.spec.max_stalled_rounds {
+            if !missing.is_empty() && missing.len() < self.slots.live_ranks().len() {
+                // The ranks that never answered are stuck: the others go on without them.
+                let after = age.map_or(Duration::ZERO, |(_, d)| d);
+                self.rounds.stalled = 0;
+                for rank in missing {
+                    let failure =
+                        RankFailure::from(&Error::Timeout { what: "the rank's snapshot", after });
+                    self.rank_died(rank, FaultCause::MissedReduce { round, after }, failure)?;
+                }
+            } else {
+                return Err(Error::ReduceStalled { attempts: self.rounds.stalled });
+            }
+        }
+        let capture = self
+            .saves
+            .capturing
+            .as_ref()
+            .filter(|c| c.round == round)
+            .map(|_| CaptureRequest { model: false });
+        for rank in self.slots.live_ranks() {
+            self.send(rank, ToWorker::Snapshot { round, attempt, capture })?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn complete_reduce(
+        &mut self,
+        round: u64,
+        counts: Vec<usize>,
+        steps: Vec<usize>,
+        sync_ms: f64,
+        divergence: Option<f64>,
+    ) {
+        self.reduce = Reduce::Idle;
+        self.group.reduce_done(&mut self.slots);
+        let cadence = &mut self.cadence;
+        if let Some(divergence) = divergence {
+            let k_max = steps.iter().copied().max().unwrap_or(0) as u64;
+            let verdict = cadence.guard.report(&ReduceReport { divergence, k_max });
+            cadence.verdict = verdict;
+            tracing::debug!(round, divergence, ?verdict, "divergence guard");
+            let _ = self.outlets.guards.try_send(GuardEvent { round, divergence, k_max, verdict });
+        }
+        if self.cfg.spec.policy == Policy::Async {
+            // Stable grows an auto bound, NudgeDown resets it; a guard that is off reads Stable,
+            // a reduce it did not measure holds the bound.
+            match (divergence, &cadence.guard) {
+                (Some(_), _) => cadence.overshoot.apply_verdict(cadence.verdict),
+                (None, Guard::Off) => cadence.overshoot.apply_verdict(Verdict::Stable),
+                (None, _) => {}
+            }
+        }
+        self.rounds.stalled = 0;
+        self.rounds.reduces += 1;
+        self.rounds.last_sync_ms = sync_ms;
+        self.dispatch.add_reduce(sync_ms, &steps);
+        let event = ReduceEvent {
+            round,
+            epoch: self.dispatch.oldest().min(self.cfg.spec.epochs.saturating_sub(1)),
+            at_ms: self.clock.at_ms(),
+            anchor: self.cadence.elche.as_ref().map_or(1, ElChe::anchor),
+            counts,
+            steps,
+            sync_ms,
+        };
+        tracing::debug!(round, sync_ms, "reduce done");
+        // Dropped when the handle does not drain its queue: events are for reports only.
+        let _ = self.outlets.reduces.try_send(event);
+    }
+
+    /// Completes the pending collective reduce once every live rank acknowledged it.
+    pub(super) fn check_collective_done(&mut self) -> Result<()> {
+        let mut done = None;
+        if let Reduce::Collective { round, acks, counts } = &mut self.reduce {
+            let live = self.slots.live_ranks();
+            if live.iter().all(|&r| acks.get(r).is_some_and(Option::is_some)) {
+                let steps = acks.iter().map(|a| a.map_or(0, |a| a.0)).collect::<Vec<_>>();
+                let sync = acks.iter().flatten().map(|a| a.1).fold(0.0, f64::max);
+                let div = acks.iter().flatten().filter_map(|a| a.2).reduce(f64::max);
+                done = Some((*round, std::mem::take(counts), steps, sync, div));
+            }
+        }
+        if let Some((round, counts, steps, sync, div)) = done {
+            self.complete_reduce(round, counts, steps, sync, div);
+            if self.saves.capturing.as_ref().is_some_and(|c| c.round == round) {
+                // Every live rank is paused since its acknowledgement: the book is at the cut.
+                self.finish_capture(None, self.rounds.reduces)?;
+                for rank in self.slots.live_ranks() {
+                    self.send(rank, ToWorker::Resume)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// When every live rank's collective failed with nobody dead (a transient fault), the same
+    /// members form a new group and redo the reduce, a few times at most.
+    ///
+    /// # Errors
+    /// [`Error::Unrecoverable`] (a reduce stall) after [`FUTILE_ATTEMPTS`] such attempts.
+    pub(super) fn check_futile_reduce(&mut self) -> Result<()> {
+        if !matches!(self.reduce, Reduce::Collective { .. }) || !self.slots.all_failed() {
+            return Ok(());
+        }
+        let attempts = self.group.futile_attempt();
+        if attempts > FUTILE_ATTEMPTS {
+            let reason = SaveReason::ReduceStall;
+            let bundle = self.save_failure_bundle(reason.clone());
+            let detail =
+                format!("the reduce failed {attempts} times in a row with every rank alive");
+            return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
+        }
+        let members = self.slots.live_ranks();
+        self.regroup(&members)
+    }
+
+    /// Host backend: averages `job` on a helper thread, which reports
+    /// [`Local::Averaged`]. When none of the ranks left in the round stepped (the one that did
+    /// died), their snapshots are averaged equally.
+    pub(super) fn start_average(&mut self, mut job: AverageJob) -> Result<()> {
+        if job.steps.iter().all(|&s| s == 0) {
+            job.steps.iter_mut().for_each(|s| *s = 1);
+        }
+        let tx = self.local.clone();
+        let gamma = self.cfg.spec.gamma;
+        let measure = self.cfg.measures_divergence();
+        std::thread::Builder::new()
+            .name("flodl-host-average".into())
+            .spawn(move || {
+                let state = average(&job.states, &job.steps, gamma);
+                let divergence = match &state {
+                    Ok(avg) if measure => Some(divergence(&job.states, &job.steps, avg)),
+                    _ => None,
+                };
+                let round = job.round;
+                let _ = tx.send(Inbound::Local(Local::Averaged { round, state, divergence }));
+            })
+            .map_err(|source| Error::Spawn { what: "the averaging thread", source })?;
+        Ok(())
+    }
+}

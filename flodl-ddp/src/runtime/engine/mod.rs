@@ -1,0 +1,23 @@
+//! The engine: the coordinator, the ranks' loops, the seats and rounds they share, checkpoint
+//! capture and the host averaging round. The face (`runtime/`) starts it and reads what it
+//! writes; it never imports the face.
+
+pub(crate) mod capture;
+pub(crate) mod comm;
+pub(crate) mod coordinator;
+pub(crate) mod divergence;
+pub(crate) mod fault;
+pub(crate) mod formation;
+pub(crate) mod host_groups;
+pub(crate) mod host_round;
+pub(crate) mod ledger;
+pub(crate) mod outlets;
+pub(crate) mod prefetch;
+pub(crate) mod rank;
+pub(crate) mod run_config;
+pub(crate) mod slot;
+pub(crate) mod solo;
+pub(crate) mod staging;
+mod start;
+
+pub(crate) use start::{start, start_rank};
