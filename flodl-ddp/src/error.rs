@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::capability::{Capability, TrainerOption};
 use crate::control::logic_error::LogicError;
+use crate::link::failure::{FailureKind, RankFailure};
+use crate::link::text::WireText;
 
 /// Everything that can go wrong in flodl-ddp.
 #[derive(Debug, thiserror::Error)]
@@ -224,71 +226,21 @@ impl std::fmt::Display for Peer {
     }
 }
 
-/// What kind of failure ended a rank, as it travels over the link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum FailureKind {
-    /// The user's replica returned an error.
-    Replica,
-    /// The replica does not match what the runtime or another rank expects.
-    ReplicaMismatch,
-    /// A trainer option needs a part of the replica contract the replica does not offer.
-    MissingCapability {
-        /// The option set.
-        option: TrainerOption,
-        /// What it needs of the replica.
-        capability: Capability,
-    },
-    /// The rank's thread panicked (in the replica or the runtime).
-    Panicked,
-    /// A wait of the rank's passed its deadline.
-    Timeout,
-    /// A tensor operation failed.
-    Tensor,
-    /// A collective operation failed outside a group fault.
-    Collective,
-    /// The data plane failed (a fetch, the prefetcher).
-    Data,
-    /// Reading or restoring a checkpoint part failed.
-    Checkpoint,
-    /// A message contradicted the protocol.
-    Protocol,
-    /// The coordinator went away.
-    PeerGone,
-    /// Anything else the rank's runtime refused.
-    Runtime,
-}
-
-/// A rank's failure described as plain data: its kind and its message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{}: {message}", if self.kind == FailureKind::Panicked { "panicked" } else { "failed" })]
-pub struct RankFailure {
-    /// What kind of failure it was.
-    pub kind: FailureKind,
-    /// The error's message (the panic's payload for [`FailureKind::Panicked`]).
-    #[serde(deserialize_with = "crate::link::text::string")]
-    pub message: String,
-}
-
-impl RankFailure {
-    /// A panic, with its payload's text.
-    pub fn panicked(message: impl Into<String>) -> RankFailure {
-        RankFailure { kind: FailureKind::Panicked, message: message.into() }
-    }
-
+impl Error {
     /// The error `run()` answers when `rank` failed this way while the replicas were built: a
     /// missing capability is the same on every rank (one factory) and keeps its own variant,
     /// anything else is [`Error::Rank`].
-    pub(crate) fn into_start_error(self, rank: usize) -> Error {
-        match self.kind {
+    pub(crate) fn at_start(rank: usize, failure: RankFailure) -> Error {
+        match failure.kind {
             FailureKind::MissingCapability { option, capability } => {
                 Error::MissingCapability { option, capability }
             }
-            _ => Error::Rank { rank, failure: self },
+            _ => Error::Rank { rank, failure },
         }
     }
 }
 
+/// A rank describes its error this way to send it over the link.
 impl From<&Error> for RankFailure {
     fn from(error: &Error) -> RankFailure {
         let kind = match error {
@@ -307,7 +259,7 @@ impl From<&Error> for RankFailure {
             Error::Rank { failure, .. } => return failure.clone(),
             _ => FailureKind::Runtime,
         };
-        RankFailure { kind, message: error.to_string() }
+        RankFailure { kind, message: WireText::from(error.to_string()) }
     }
 }
 

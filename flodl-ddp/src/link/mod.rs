@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
+pub(crate) mod failure;
 pub(crate) mod frame;
 #[doc(hidden)]
 pub mod fuzz;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use flodl_tensor::Device;
 
-use crate::error::RankFailure;
+use crate::link::failure::RankFailure;
 use crate::link::net::{Arrivals, Frames, NetRank};
 use crate::link::wire::Window;
 use crate::runtime::handle::DdpHandle;

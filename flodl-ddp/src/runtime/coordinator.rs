@@ -16,12 +16,13 @@ use crate::control::breakdown::Activity;
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
 use crate::control::guard::{Guard, ReduceReport};
-use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
+use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent, WorkTally};
 use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::control::overshoot::Overshoot;
 use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
 use crate::control::verdict::Verdict;
-use crate::error::{Peer, RankFailure};
+use crate::error::Peer;
+use crate::link::failure::RankFailure;
 use crate::link::net::NetCoordinator;
 use crate::link::route::{Route, Routed};
 use crate::link::wire::{
@@ -646,9 +647,11 @@ impl Coordinator {
         let failure = RankFailure::from(&Error::protocol(detail));
         match self.phase {
             Phase::Starting { .. } => Err(Error::Rank { rank, failure }),
-            _ => {
-                self.rank_died(rank, FaultCause::Failed { error: failure.message.clone() }, failure)
-            }
+            _ => self.rank_died(
+                rank,
+                FaultCause::Failed { error: failure.message.to_string() },
+                failure,
+            ),
         }
     }
 
@@ -840,7 +843,7 @@ impl Coordinator {
                 if let Some(at) = self.epochs.reported.get_mut(rank) {
                     *at = Some(Instant::now());
                 }
-                if self.dispatch.complete(rank, &chunk, &work)
+                if self.dispatch.complete(rank, &chunk, &WorkTally::from(work))
                     && let Some(slot) = self.slots.get_mut(rank)
                 {
                     slot.in_flight = slot.in_flight.saturating_sub(1);
@@ -900,13 +903,13 @@ impl Coordinator {
             }
             ToCoordinator::Failed { rank, failure } => {
                 if matches!(self.phase, Phase::Starting { .. }) {
-                    return Err(failure.into_start_error(rank));
+                    return Err(Error::at_start(rank, failure));
                 }
                 let cause = match failure.kind {
                     crate::FailureKind::Panicked => {
-                        FaultCause::Panicked { message: failure.message.clone() }
+                        FaultCause::Panicked { message: failure.message.to_string() }
                     }
-                    _ => FaultCause::Failed { error: failure.message.clone() },
+                    _ => FaultCause::Failed { error: failure.message.to_string() },
                 };
                 self.rank_died(rank, cause, failure)?;
             }

@@ -9,14 +9,16 @@ use std::time::{Duration, Instant};
 use flodl_data::{BatchPicks, CacheReport, Dataset, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
-use crate::contract::capability::{TrainerOption, require};
+use crate::contract::capability::TrainerOption;
 use crate::contract::evaluation::EvalBatches;
 use crate::contract::replica::{Batch, Replica, ReplicaContext};
+use crate::contract::requirement::require;
 use crate::contract::staging::{device_batch, upload};
 use crate::control::breakdown::Activity;
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::control::outer::{OuterKind, OuterOptimizer, easgd_blend};
-use crate::error::{Peer, RankFailure};
+use crate::error::Peer;
+use crate::link::failure::RankFailure;
 use crate::link::wire::{
     CaptureRequest, Chunk, RankCapture, RankRestore, Readiness, Regroup, ToCoordinator, ToWorker,
     Window,
@@ -987,7 +989,7 @@ impl<'a> RankLoop<'a> {
             cur.work.scalars = drain_scalars();
             cur.work.time = self.ledger.close();
             let rank = self.worker.rank;
-            self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work })?;
+            self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work.into() })?;
         }
         self.win.steps += 1;
         if self.win.reported.is_none() && self.win.is_reached() {
@@ -1205,7 +1207,7 @@ impl<'a> RankLoop<'a> {
                 tracing::warn!(rank, round, error = %e, "collective group broke; waiting to regroup");
                 self.stage = Stage::Interrupted(what);
                 let generation = self.group.generation;
-                let error = e.to_string();
+                let error = e.to_string().into();
                 self.send(ToCoordinator::ReduceFailed { rank, round, generation, error })
             }
             Err(e) => Err(e),
