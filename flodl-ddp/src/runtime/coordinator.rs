@@ -428,7 +428,7 @@ impl Coordinator {
         for &rank in ranks {
             tracing::info!(rank, "rank {rank}'s seat is vacant at the start");
             self.slots.set_joining(rank, Standing::Vacant);
-            self.dispatch.retire(rank, 0);
+            self.dispatch.retire(rank, 0, Instant::now());
             if let Some(e) = self.cadence.elche.as_mut() {
                 e.retire(rank)?;
             }
@@ -843,7 +843,7 @@ impl Coordinator {
                 if let Some(at) = self.epochs.reported.get_mut(rank) {
                     *at = Some(Instant::now());
                 }
-                if self.dispatch.complete(rank, &chunk, &WorkTally::from(work))
+                if self.dispatch.complete(rank, &chunk, &WorkTally::from(work), Instant::now())
                     && let Some(slot) = self.slots.get_mut(rank)
                 {
                     slot.in_flight = slot.in_flight.saturating_sub(1);
@@ -1158,7 +1158,9 @@ impl Coordinator {
         let ahead = if self.dispatch.in_last_epoch() { 1 } else { CHUNKS_AHEAD };
         for rank in self.slots.live_ranks() {
             while self.slots.get(rank).is_some_and(|s| s.in_flight < ahead) {
-                let Some(chunk) = self.dispatch.next_chunk(rank, &counts, calibrated) else {
+                let Some(chunk) =
+                    self.dispatch.next_chunk(rank, &counts, calibrated, Instant::now())
+                else {
                     break;
                 };
                 self.send(rank, ToWorker::Work(chunk))?;
@@ -1692,7 +1694,7 @@ impl Coordinator {
             Reduce::Host(hr) => hr.averaging_steps(rank),
             Reduce::Idle => 0,
         };
-        let requeued = self.dispatch.retire(rank, pending);
+        let requeued = self.dispatch.retire(rank, pending, Instant::now());
         let requeued_samples = requeued.iter().map(|c| c.len).sum();
         tracing::debug!(
             rank,
