@@ -1,5 +1,6 @@
 //! The crate's error type.
 
+use std::fmt::Display;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -106,9 +107,19 @@ pub enum Error {
         /// What it needs of the replica.
         capability: Capability,
     },
-    /// A replica does not match what the runtime or another replica expects.
-    #[error("replica mismatch: {0}")]
-    ReplicaMismatch(String),
+    /// A replica does not match what the runtime or another replica expects (built with
+    /// [`Error::mismatch`]).
+    #[error("replica mismatch{}: {what}: expected {expected}, found {found}", on_rank(.rank))]
+    ReplicaMismatch {
+        /// What was compared (a parameter count, a batch's fields, a tensor's shape).
+        what: &'static str,
+        /// What the runtime, the run or the other replica expected.
+        expected: String,
+        /// What this replica (or its state) has.
+        found: String,
+        /// The rank whose replica it is, when known.
+        rank: Option<usize>,
+    },
     /// A wait passed its deadline (a peer or the coordinator stopped answering).
     #[error("{what} timed out after {after:?}")]
     Timeout {
@@ -245,7 +256,7 @@ impl From<&Error> for RankFailure {
     fn from(error: &Error) -> RankFailure {
         let kind = match error {
             Error::Replica(_) | Error::WorkerGone { .. } => FailureKind::Replica,
-            Error::ReplicaMismatch(_) => FailureKind::ReplicaMismatch,
+            Error::ReplicaMismatch { .. } => FailureKind::ReplicaMismatch,
             Error::MissingCapability { option, capability } => {
                 FailureKind::MissingCapability { option: *option, capability: *capability }
             }
@@ -267,6 +278,27 @@ impl Error {
     /// A protocol violation described by `detail`.
     pub(crate) fn protocol(detail: impl Into<String>) -> Self {
         Error::Protocol { detail: detail.into() }
+    }
+
+    /// A replica mismatch: `what` was compared, `expected` was expected and `found` found.
+    pub fn mismatch(what: &'static str, expected: impl Display, found: impl Display) -> Self {
+        Error::ReplicaMismatch {
+            what,
+            expected: expected.to_string(),
+            found: found.to_string(),
+            rank: None,
+        }
+    }
+
+    /// The same error, naming `rank` as the one whose replica mismatched (other errors pass
+    /// unchanged).
+    pub(crate) fn on_rank(self, rank: usize) -> Self {
+        match self {
+            Error::ReplicaMismatch { what, expected, found, .. } => {
+                Error::ReplicaMismatch { what, expected, found, rank: Some(rank) }
+            }
+            other => other,
+        }
     }
 
     /// Wraps any error a user replica raises.
@@ -293,6 +325,11 @@ impl std::fmt::Display for Divergence {
             Divergence::Parameters => write!(f, "its parameters are not finite at a reduce"),
         }
     }
+}
+
+/// ` on rank r` when the rank is known.
+fn on_rank(rank: &Option<usize>) -> String {
+    rank.map(|r| format!(" on rank {r}")).unwrap_or_default()
 }
 
 /// The crate's result type.

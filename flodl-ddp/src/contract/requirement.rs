@@ -29,10 +29,11 @@ pub(crate) fn require(option: TrainerOption, replica: &mut dyn Replica) -> Resul
                 let shapes: Vec<&[usize]> = params.iter().map(|(s, _)| s.as_slice()).collect();
                 let found: Vec<(&[usize], DType)> =
                     grads.iter().map(|g| (g.shape(), g.dtype())).collect();
-                return Err(Error::ReplicaMismatch(format!(
-                    "{option} needs one f32 gradient per parameter, of its shape and on its \
-                     device: parameters {shapes:?}, gradients {found:?}"
-                )));
+                return Err(Error::mismatch(
+                    "gradients (one f32 per parameter, of its shape and on its device)",
+                    format!("{shapes:?} for {option}"),
+                    format!("{found:?}"),
+                ));
             }
             Ok(())
         }

@@ -446,8 +446,7 @@ impl Coordinator {
         self.dispatch =
             Dispatcher::new(world, cfg.spec.batch_size, batches, cfg.spec.epochs, cutting(cfg))
                 .resume(epoch, &resumed.coverage)
-                .map(|d| if resumed.map.same_world() { d } else { d.reshard() })
-                .map_err(|e| Error::protocol(format!("cannot resume: {e}")))?;
+                .map(|d| if resumed.map.same_world() { d } else { d.reshard() })?;
         // On another world ElChe's estimates (per-rank speeds) describe ranks that are gone:
         // it starts afresh and calibrates on the new one.
         if let (Some(e), Some(state), true) =
@@ -958,9 +957,12 @@ impl Coordinator {
         if self.shapes.is_empty() {
             self.shapes = shapes;
         } else if self.shapes != shapes {
-            return Err(Error::ReplicaMismatch(format!(
-                "rank {rank}'s replica has other parameter shapes than rank 0's"
-            )));
+            return Err(Error::mismatch(
+                "parameter shapes",
+                format!("{:?} (rank 0's)", self.shapes),
+                format!("{shapes:?}"),
+            )
+            .on_rank(rank));
         }
         if init.is_some() {
             *initial = init;
@@ -992,11 +994,11 @@ impl Coordinator {
             let found = resumed.bundle.signature();
             signature(&self.shapes[..n.min(self.shapes.len())]).check(&found)?;
             if resumed.consensus.buffers.len() != initial.buffers.len() {
-                return Err(Error::ReplicaMismatch(format!(
-                    "the checkpoint holds {} buffers, the replica {}",
-                    resumed.consensus.buffers.len(),
-                    initial.buffers.len()
-                )));
+                return Err(Error::mismatch(
+                    "buffers",
+                    format!("{} (the checkpoint's)", resumed.consensus.buffers.len()),
+                    initial.buffers.len(),
+                ));
             }
             if self.cfg.spec.backend == Backend::Host {
                 self.consensus = Some(resumed.consensus.clone());
