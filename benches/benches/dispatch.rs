@@ -10,6 +10,7 @@ use flodl_benches::{Unit, bench_name, criterion_config};
 use flodl_ddp::{Cutting, Dispatcher, ElChe, Verdict, WorkTally};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
+use std::time::Instant;
 
 const WORLDS: [usize; 3] = [2, 4, 8];
 
@@ -71,14 +72,14 @@ fn chunk_dispatch(c: &mut Criterion) {
         g.bench_function(id, |b| {
             b.iter(|| {
                 rank = (rank + 1) % world;
-                match book.next_chunk(rank, &counts, true) {
+                match book.next_chunk(rank, &counts, true, Instant::now()) {
                     Some(chunk) => {
                         let work = WorkTally {
                             batches: chunk.batches(bs),
                             samples: chunk.len,
                             ..WorkTally::default()
                         };
-                        assert!(book.complete(rank, &chunk, &work), "a held chunk");
+                        assert!(book.complete(rank, &chunk, &work, Instant::now()), "a held chunk");
                     }
                     None => book = fresh(),
                 }

@@ -73,10 +73,12 @@ impl SoftmaxRegression {
         let (x, y) = (batch.field(0)?, batch.field(1)?);
         let n = batch.len();
         if x.shape() != [n, FEATURES] || x.dtype() != DType::F32 {
-            return Err(Error::ReplicaMismatch(format!("images {:?} {:?}", x.shape(), x.dtype())));
+            let found = format!("{:?} {:?}", x.dtype(), x.shape());
+            return Err(Error::mismatch("images", format!("F32 [{n}, {FEATURES}]"), found));
         }
         if y.shape() != [n] || y.dtype() != DType::I32 {
-            return Err(Error::ReplicaMismatch(format!("labels {:?} {:?}", y.shape(), y.dtype())));
+            let found = format!("{:?} {:?}", y.dtype(), y.shape());
+            return Err(Error::mismatch("labels", format!("I32 [{n}]"), found));
         }
         Ok((x, y))
     }

@@ -104,6 +104,4 @@ pub use location::{Located, locate, step_bundles};
 pub use rank_map::RankMap;
 pub use record::{StoredDType, TensorRecord, TensorSet};
 pub use signature::{ConfigHash, Expectation, ModelSignature, SignatureEntry};
-pub use store::{
-    CheckpointStore, EXTENSION, LATEST, STEP_PREFIX, SaveHook, SaveStage, load_latest,
-};
+pub use store::{CheckpointStore, SaveHook, SaveStage, load_latest};

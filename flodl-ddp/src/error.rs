@@ -1,5 +1,6 @@
 //! The crate's error type.
 
+use std::fmt::Display;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -7,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::capability::{Capability, TrainerOption};
 use crate::control::logic_error::LogicError;
+use crate::link::failure::{FailureKind, RankFailure};
+use crate::link::text::WireText;
 
 /// Everything that can go wrong in flodl-ddp.
 #[derive(Debug, thiserror::Error)]
@@ -104,9 +107,19 @@ pub enum Error {
         /// What it needs of the replica.
         capability: Capability,
     },
-    /// A replica does not match what the runtime or another replica expects.
-    #[error("replica mismatch: {0}")]
-    ReplicaMismatch(String),
+    /// A replica does not match what the runtime or another replica expects (built with
+    /// [`Error::mismatch`]).
+    #[error("replica mismatch{}: {what}: expected {expected}, found {found}", on_rank(.rank))]
+    ReplicaMismatch {
+        /// What was compared (a parameter count, a batch's fields, a tensor's shape).
+        what: &'static str,
+        /// What the runtime, the run or the other replica expected.
+        expected: String,
+        /// What this replica (or its state) has.
+        found: String,
+        /// The rank whose replica it is, when known.
+        rank: Option<usize>,
+    },
     /// A wait passed its deadline (a peer or the coordinator stopped answering).
     #[error("{what} timed out after {after:?}")]
     Timeout {
@@ -224,76 +237,26 @@ impl std::fmt::Display for Peer {
     }
 }
 
-/// What kind of failure ended a rank, as it travels over the link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum FailureKind {
-    /// The user's replica returned an error.
-    Replica,
-    /// The replica does not match what the runtime or another rank expects.
-    ReplicaMismatch,
-    /// A trainer option needs a part of the replica contract the replica does not offer.
-    MissingCapability {
-        /// The option set.
-        option: TrainerOption,
-        /// What it needs of the replica.
-        capability: Capability,
-    },
-    /// The rank's thread panicked (in the replica or the runtime).
-    Panicked,
-    /// A wait of the rank's passed its deadline.
-    Timeout,
-    /// A tensor operation failed.
-    Tensor,
-    /// A collective operation failed outside a group fault.
-    Collective,
-    /// The data plane failed (a fetch, the prefetcher).
-    Data,
-    /// Reading or restoring a checkpoint part failed.
-    Checkpoint,
-    /// A message contradicted the protocol.
-    Protocol,
-    /// The coordinator went away.
-    PeerGone,
-    /// Anything else the rank's runtime refused.
-    Runtime,
-}
-
-/// A rank's failure described as plain data: its kind and its message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{}: {message}", if self.kind == FailureKind::Panicked { "panicked" } else { "failed" })]
-pub struct RankFailure {
-    /// What kind of failure it was.
-    pub kind: FailureKind,
-    /// The error's message (the panic's payload for [`FailureKind::Panicked`]).
-    #[serde(deserialize_with = "crate::link::text::string")]
-    pub message: String,
-}
-
-impl RankFailure {
-    /// A panic, with its payload's text.
-    pub fn panicked(message: impl Into<String>) -> RankFailure {
-        RankFailure { kind: FailureKind::Panicked, message: message.into() }
-    }
-
+impl Error {
     /// The error `run()` answers when `rank` failed this way while the replicas were built: a
     /// missing capability is the same on every rank (one factory) and keeps its own variant,
     /// anything else is [`Error::Rank`].
-    pub(crate) fn into_start_error(self, rank: usize) -> Error {
-        match self.kind {
+    pub(crate) fn at_start(rank: usize, failure: RankFailure) -> Error {
+        match failure.kind {
             FailureKind::MissingCapability { option, capability } => {
                 Error::MissingCapability { option, capability }
             }
-            _ => Error::Rank { rank, failure: self },
+            _ => Error::Rank { rank, failure },
         }
     }
 }
 
+/// A rank describes its error this way to send it over the link.
 impl From<&Error> for RankFailure {
     fn from(error: &Error) -> RankFailure {
         let kind = match error {
             Error::Replica(_) | Error::WorkerGone { .. } => FailureKind::Replica,
-            Error::ReplicaMismatch(_) => FailureKind::ReplicaMismatch,
+            Error::ReplicaMismatch { .. } => FailureKind::ReplicaMismatch,
             Error::MissingCapability { option, capability } => {
                 FailureKind::MissingCapability { option: *option, capability: *capability }
             }
@@ -307,7 +270,7 @@ impl From<&Error> for RankFailure {
             Error::Rank { failure, .. } => return failure.clone(),
             _ => FailureKind::Runtime,
         };
-        RankFailure { kind, message: error.to_string() }
+        RankFailure { kind, message: WireText::from(error.to_string()) }
     }
 }
 
@@ -315,6 +278,27 @@ impl Error {
     /// A protocol violation described by `detail`.
     pub(crate) fn protocol(detail: impl Into<String>) -> Self {
         Error::Protocol { detail: detail.into() }
+    }
+
+    /// A replica mismatch: `what` was compared, `expected` was expected and `found` found.
+    pub fn mismatch(what: &'static str, expected: impl Display, found: impl Display) -> Self {
+        Error::ReplicaMismatch {
+            what,
+            expected: expected.to_string(),
+            found: found.to_string(),
+            rank: None,
+        }
+    }
+
+    /// The same error, naming `rank` as the one whose replica mismatched (other errors pass
+    /// unchanged).
+    pub(crate) fn on_rank(self, rank: usize) -> Self {
+        match self {
+            Error::ReplicaMismatch { what, expected, found, .. } => {
+                Error::ReplicaMismatch { what, expected, found, rank: Some(rank) }
+            }
+            other => other,
+        }
     }
 
     /// Wraps any error a user replica raises.
@@ -341,6 +325,11 @@ impl std::fmt::Display for Divergence {
             Divergence::Parameters => write!(f, "its parameters are not finite at a reduce"),
         }
     }
+}
+
+/// ` on rank r` when the rank is known.
+fn on_rank(rank: &Option<usize>) -> String {
+    rank.map(|r| format!(" on rank {r}")).unwrap_or_default()
 }
 
 /// The crate's result type.

@@ -108,7 +108,7 @@ pub use contract::{
 };
 pub use control::breakdown::{Activity, Straggler, TimeBreakdown, straggler};
 pub use control::dispatch::{Chunk, Cutting, Dispatcher};
-pub use control::elche::{ElChe, ElCheState, Growth, Membership, Phase, clamp_total};
+pub use control::elche::{ElChe, ElCheState, Growth, clamp_total};
 pub use control::eval_rank::EvalRank;
 pub use control::logic_error::{LogicError, LogicResult};
 pub use control::metrics::{
@@ -119,10 +119,12 @@ pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::verdict::Verdict;
 pub use cooperative::{Parameters, Step, Worker};
-pub use error::{Divergence, Error, FailureKind, Peer, RankFailure, Result};
+pub use error::{Divergence, Error, Peer, Result};
+pub use link::failure::{FailureKind, RankFailure};
 pub use link::frame::WireFormat;
 #[doc(hidden)]
 pub use link::fuzz as fuzz_targets;
+pub use link::text::WireText;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;

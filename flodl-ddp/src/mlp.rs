@@ -198,7 +198,7 @@ impl Mlp {
     ) -> Result<crate::EvalMetrics> {
         let stream = self.stream.clone();
         crate::contract::evaluation::evaluate(self, dataset, batch_size, &stream)?
-            .ok_or_else(|| Error::ReplicaMismatch("the MLP did not evaluate".into()))
+            .ok_or_else(|| Error::mismatch("an MLP evaluation", "a result", "none"))
     }
 
     fn inputs<'b>(&self, batch: &'b Batch) -> Result<(&'b Tensor, &'b Tensor)> {
@@ -206,20 +206,18 @@ impl Mlp {
         let y = batch.field(1)?;
         let features = self.config.widths[0];
         if x.shape() != [batch.len(), features] || x.dtype() != DType::F32 {
-            return Err(Error::ReplicaMismatch(format!(
-                "MLP inputs must be f32 [{}, {features}], got {:?} {:?}",
-                batch.len(),
-                x.dtype(),
-                x.shape()
-            )));
+            return Err(Error::mismatch(
+                "MLP inputs",
+                format!("f32 [{}, {features}]", batch.len()),
+                format!("{:?} {:?}", x.dtype(), x.shape()),
+            ));
         }
         if y.shape() != [batch.len()] || y.dtype() != DType::I32 {
-            return Err(Error::ReplicaMismatch(format!(
-                "MLP labels must be i32 [{}], got {:?} {:?}",
-                batch.len(),
-                y.dtype(),
-                y.shape()
-            )));
+            return Err(Error::mismatch(
+                "MLP labels",
+                format!("i32 [{}]", batch.len()),
+                format!("{:?} {:?}", y.dtype(), y.shape()),
+            ));
         }
         Ok((x, y))
     }
@@ -243,11 +241,7 @@ impl Mlp {
 impl Replica for Mlp {
     fn train_step(&mut self, batch: &Batch) -> Result<f32> {
         if batch.len() != self.train.n {
-            return Err(Error::ReplicaMismatch(format!(
-                "MLP built for batches of {}, got {}",
-                self.train.n,
-                batch.len()
-            )));
+            return Err(Error::mismatch("an MLP batch's size", self.train.n, batch.len()));
         }
         let (x, y) = self.inputs(batch)?;
         let s = &self.stream;

@@ -422,3 +422,29 @@ fn any_bytes_as_a_link_frame_are_a_message_or_an_error() -> TestResult {
     }
     Ok(())
 }
+
+/// Every text of every wire message is bounded by its type: a frame whose prefix for one of
+/// them announces 2^60 bytes decodes to an error, and nothing near that size is allocated.
+/// The samples carry five texts (two failure messages, a collective's error, two scalar
+/// names); all must be found.
+#[test]
+fn every_wire_text_refuses_a_hostile_length() -> TestResult {
+    let frames = fuzz_targets::hostile_texts();
+    let texts: std::collections::BTreeSet<&str> =
+        frames.iter().map(|(_, text, _)| text.as_str()).collect();
+    for expected in ["boom", "needs", "lost", "grad_norm", "ünïcode loss"] {
+        if !texts.contains(expected) {
+            return Err(format!("the text {expected:?} was not found in any frame: {texts:?}"));
+        }
+    }
+    for (direction, text, frame) in &frames {
+        let (outcome, largest) = watched(|| fuzz_targets::decode(*direction, frame));
+        if outcome.is_ok() {
+            return Err(format!("{text:?} announcing 2^60 bytes decoded ({direction:?})"));
+        }
+        if largest > CONTROL_CAP {
+            return Err(format!("{text:?} announcing 2^60 bytes allocated {largest} bytes"));
+        }
+    }
+    Ok(())
+}

@@ -79,10 +79,9 @@ impl Replica for CandleReplica {
     }
 
     fn step(&mut self, lr: f32) -> Result<()> {
-        let grads = self
-            .grads
-            .take()
-            .ok_or_else(|| Error::ReplicaMismatch("an optimizer step without gradients".into()))?;
+        let grads = self.grads.take().ok_or_else(|| {
+            Error::mismatch("gradients at an optimizer step", "a backward pass's", "none")
+        })?;
         self.optimizer.set_learning_rate(f64::from(lr));
         let optimizer = &mut self.optimizer;
         self.pool.install(|| optimizer.step(&grads)).map_err(candle_error)

@@ -23,11 +23,7 @@ pub fn read_var(var: &Var, out: &mut [f32]) -> Result<()> {
     let values = var.as_tensor().flatten_all().and_then(|t| t.to_vec1::<f32>());
     let values = values.map_err(candle_error)?;
     if values.len() != out.len() {
-        return Err(Error::ReplicaMismatch(format!(
-            "a variable of {} values read into {}",
-            values.len(),
-            out.len()
-        )));
+        return Err(Error::mismatch("a variable's values", out.len(), values.len()));
     }
     out.copy_from_slice(&values);
     Ok(())
@@ -39,11 +35,7 @@ pub fn read_var(var: &Var, out: &mut [f32]) -> Result<()> {
 /// As [`read_var`].
 pub fn write_var(var: &Var, values: &[f32]) -> Result<()> {
     if var.elem_count() != values.len() {
-        return Err(Error::ReplicaMismatch(format!(
-            "a variable of {} values written with {}",
-            var.elem_count(),
-            values.len()
-        )));
+        return Err(Error::mismatch("a variable's values", var.elem_count(), values.len()));
     }
     let t = Tensor::from_slice(values, var.shape(), var.device()).map_err(candle_error)?;
     var.set(&t).map_err(candle_error)
@@ -78,5 +70,5 @@ impl Parameters for CandleParams<'_> {
 }
 
 fn missing(index: usize) -> Error {
-    Error::ReplicaMismatch(format!("the model has no variable {index}"))
+    Error::mismatch("the model's variables", format!("variable {index}"), "fewer")
 }

@@ -12,11 +12,11 @@ use super::location::{locate, parse_step, step_bundles};
 use super::signature::Expectation;
 
 /// File extension of bundles.
-pub const EXTENSION: &str = "fdlck";
+pub(crate) const EXTENSION: &str = "fdlck";
 /// Name (without extension) of the bundle that always holds the newest save.
-pub const LATEST: &str = "latest";
+pub(crate) const LATEST: &str = "latest";
 /// Prefix of the step-numbered bundles (`step-<global_step>.fdlck`).
-pub const STEP_PREFIX: &str = "step-";
+pub(crate) const STEP_PREFIX: &str = "step-";
 /// Marker in the names of temporary files of saves in progress.
 const TMP_MARKER: &str = ".tmp-";
 

@@ -50,10 +50,11 @@ impl EvalBatches {
         }
         let device = stream.device();
         if let Some(p) = replica.parameters().iter().find(|p| p.device() != device) {
-            return Err(Error::ReplicaMismatch(format!(
-                "evaluation on {device} of a replica whose parameters are on {}",
-                p.device()
-            )));
+            return Err(Error::mismatch(
+                "the device of an evaluated replica's parameters",
+                device,
+                p.device(),
+            ));
         }
         let layout = dataset.layout();
         let mut host = HostBatch::new(layout, device);

@@ -7,6 +7,7 @@ pub(crate) mod capability;
 pub(crate) mod evaluation;
 pub(crate) mod failing;
 pub(crate) mod replica;
+pub(crate) mod requirement;
 pub(crate) mod staging;
 
 pub use capability::{Capability, TrainerOption};

@@ -25,13 +25,14 @@ impl Batch {
     pub fn new(fields: Vec<Tensor>) -> Result<Batch> {
         let len = match fields.first().and_then(|t| t.shape().first()) {
             Some(&n) => n,
-            None => return Err(Error::ReplicaMismatch("a batch needs at least one field".into())),
+            None => return Err(Error::mismatch("a batch's fields", "at least one", "none")),
         };
         if let Some(bad) = fields.iter().find(|t| t.shape().first() != Some(&len)) {
-            return Err(Error::ReplicaMismatch(format!(
-                "batch fields disagree on the batch size: {len} vs shape {:?}",
-                bad.shape()
-            )));
+            return Err(Error::mismatch(
+                "a batch field's leading size",
+                len,
+                format!("shape {:?}", bad.shape()),
+            ));
         }
         Ok(Batch { fields, len })
     }
@@ -52,10 +53,7 @@ impl Batch {
     /// [`Error::ReplicaMismatch`] when the batch has fewer fields.
     pub fn field(&self, i: usize) -> Result<&Tensor> {
         self.fields.get(i).ok_or_else(|| {
-            Error::ReplicaMismatch(format!(
-                "batch has {} fields, field {i} asked",
-                self.fields.len()
-            ))
+            Error::mismatch("a batch's fields", format!("field {i}"), self.fields.len())
         })
     }
 
@@ -79,11 +77,7 @@ impl Batch {
     /// incoming fields disagree on the batch size (the batch is then unusable).
     pub(crate) fn exchange(&mut self, incoming: &mut [Tensor]) -> Result<()> {
         if incoming.len() != self.fields.len() {
-            return Err(Error::ReplicaMismatch(format!(
-                "a batch of {} fields cannot take {}",
-                self.fields.len(),
-                incoming.len()
-            )));
+            return Err(Error::mismatch("a batch's fields", self.fields.len(), incoming.len()));
         }
         if let Some((mine, theirs)) = self
             .fields
@@ -91,13 +85,11 @@ impl Batch {
             .zip(incoming.iter())
             .find(|(a, b)| a.numel() != b.numel() || a.dtype() != b.dtype())
         {
-            return Err(Error::ReplicaMismatch(format!(
-                "batch field {:?} {:?} cannot take {:?} {:?}",
-                mine.shape(),
-                mine.dtype(),
-                theirs.shape(),
-                theirs.dtype()
-            )));
+            return Err(Error::mismatch(
+                "a batch field's size and dtype",
+                format!("{:?} {:?}", mine.shape(), mine.dtype()),
+                format!("{:?} {:?}", theirs.shape(), theirs.dtype()),
+            ));
         }
         let fields = std::mem::take(&mut self.fields);
         // Same element type in and out: the vector's allocation is reused.
@@ -116,8 +108,12 @@ impl Batch {
             .collect::<Result<Vec<Tensor>>>()?;
         let len = self.fields.first().and_then(|t| t.shape().first()).copied().unwrap_or(0);
         if self.fields.iter().any(|t| t.shape().first() != Some(&len)) {
-            return Err(Error::ReplicaMismatch(
-                "prefetched fields disagree on the batch size".into(),
+            let sizes: Vec<Option<usize>> =
+                self.fields.iter().map(|t| t.shape().first().copied()).collect();
+            return Err(Error::mismatch(
+                "prefetched fields' leading sizes",
+                len,
+                format!("{sizes:?}"),
             ));
         }
         self.len = len;

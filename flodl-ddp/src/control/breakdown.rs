@@ -180,7 +180,7 @@ pub struct Straggler {
 
 /// A rank's own loss (data, reduce, evaluation, checkpoint, other) below this share of its
 /// wall does not name a cause: the rank is then slow at computing.
-pub const STRAGGLER_LOSS_SHARE: f64 = 0.05;
+pub(crate) const STRAGGLER_LOSS_SHARE: f64 = 0.05;
 
 /// The rank that held a run of `ranks` (per-rank totals, in rank order) back most: the one that
 /// waited least for the others as a share of its wall (the others waited for it), with the

@@ -297,7 +297,15 @@ impl Dispatcher {
     /// most of an epoch stays in the pool to follow a change of speed or a death; before, a
     /// probe of `batches / (world × 10)`. Never under `min_chunk` batches, unless less is left
     /// in the span it is cut from.
-    pub fn next_chunk(&mut self, rank: usize, counts: &[usize], calibrated: bool) -> Option<Chunk> {
+    ///
+    /// `now` is when it is handed out: the first chunk of an epoch starts the epoch's clock.
+    pub fn next_chunk(
+        &mut self,
+        rank: usize,
+        counts: &[usize],
+        calibrated: bool,
+        now: Instant,
+    ) -> Option<Chunk> {
         if !self.is_live(rank) {
             return None;
         }
@@ -335,7 +343,7 @@ impl Dispatcher {
             };
             let Some((start, end)) = span else { continue };
             let chunk = Chunk { epoch, offset: start, len: end - start };
-            pool.started.get_or_insert_with(Instant::now);
+            pool.started.get_or_insert(now);
             pool.held[rank].push(Held { chunk, first });
             self.handed[rank] += chunk.batches(bs) as u64;
             return Some(chunk);
@@ -479,8 +487,9 @@ impl Dispatcher {
     }
 
     /// Credits a completed chunk and its work; `false` (and nothing credited) when `rank` does
-    /// not hold it (a retired rank's late report).
-    pub fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally) -> bool {
+    /// not hold it (a retired rank's late report). `now` is when it was reported: the last
+    /// completion of an epoch stops its clock.
+    pub fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally, now: Instant) -> bool {
         let Some(pool) = self.pools.iter_mut().find(|p| p.epoch == chunk.epoch) else {
             return false;
         };
@@ -489,7 +498,7 @@ impl Dispatcher {
         held.remove(i);
         pool.done.push((chunk.offset, chunk.end()));
         pool.tally.add(rank, work);
-        pool.finished = Some(Instant::now());
+        pool.finished = Some(now);
         true
     }
 
@@ -500,8 +509,8 @@ impl Dispatcher {
     /// in the reduces recorded by [`add_reduce`](Self::add_reduce) plus `pending`: its steps in
     /// a reduce still in progress that already holds them (its collective returned, or its
     /// snapshot is being averaged). Returns the re-queued parts of its chunks. Retiring twice
-    /// is a no-op.
-    pub fn retire(&mut self, rank: usize, pending: usize) -> Vec<Chunk> {
+    /// is a no-op. `now` is when it died (the batches the consensus holds complete then).
+    pub fn retire(&mut self, rank: usize, pending: usize, now: Instant) -> Vec<Chunk> {
         if !self.is_live(rank) {
             return Vec::new();
         }
@@ -520,7 +529,7 @@ impl Dispatcher {
                     let end = chunk.offset + kept * bs;
                     pool.done.push((chunk.offset, end));
                     pool.tally.add_unreported(rank, kept, kept * bs);
-                    pool.finished = Some(Instant::now());
+                    pool.finished = Some(now);
                 }
                 if kept < batches {
                     let offset = chunk.offset + kept * bs;
@@ -687,6 +696,27 @@ mod tests {
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+    /// The book reads no clock: an epoch's wall time is the span between the times it was
+    /// given for the first hand-out and the last completion, exactly.
+    #[test]
+    fn epoch_wall_time_comes_from_the_times_given() -> TestResult {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        for (handed, done, expected) in [(0, 250, 250.0), (40, 40, 0.0), (7, 1007, 1000.0)] {
+            let mut d = Dispatcher::new(1, 2, 4, 1, Cutting::Static);
+            let c = d.next_chunk(0, &[1], true, at(handed)).ok_or("no chunk")?;
+            let w = WorkTally { batches: c.batches(2), samples: c.len, ..Default::default() };
+            if !d.complete(0, &c, &w, at(done)) {
+                return Err("the chunk was not credited".into());
+            }
+            let (_, _, ms) = d.pop_complete().ok_or("the epoch did not complete")?;
+            if (ms - expected).abs() > 1e-9 {
+                return Err(format!("handed at {handed}, done at {done}: {ms} ms").into());
+            }
+        }
+        Ok(())
+    }
+
     /// Hands out and completes chunks in a random rank order; every position of every epoch is
     /// handed out exactly once and epochs complete in order.
     #[test]
@@ -713,7 +743,7 @@ mod tests {
                 }
                 let r = rng.random_range(0..world);
                 if rng.random_bool(0.5) {
-                    if let Some(c) = d.next_chunk(r, &counts, case % 4 == 1) {
+                    if let Some(c) = d.next_chunk(r, &counts, case % 4 == 1, Instant::now()) {
                         for n in &mut seen[c.epoch][c.offset..c.offset + c.len] {
                             *n += 1;
                         }
@@ -721,7 +751,7 @@ mod tests {
                     }
                 } else if let Some(c) = held[r].pop() {
                     let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
-                    if !d.complete(r, &c, &w) {
+                    if !d.complete(r, &c, &w, Instant::now()) {
                         return Err(format!("case {case}: {c:?} not held by rank {r}").into());
                     }
                 }
@@ -774,7 +804,7 @@ mod tests {
                 let alive = dead.iter().filter(|&&x| !x).count();
                 if alive > 1 && rng.random_bool(0.01) {
                     // No reduce is recorded: everything the rank held goes back.
-                    let requeued = d.retire(r, 0);
+                    let requeued = d.retire(r, 0, Instant::now());
                     if !dead[r] && requeued.len() != held[r].len() {
                         return Err(format!(
                             "case {case}: requeued {requeued:?}, held {:?}",
@@ -785,7 +815,7 @@ mod tests {
                     dead[r] = true;
                     // A late report of a dead rank is refused.
                     if let Some(c) = held[r].pop()
-                        && d.complete(r, &c, &WorkTally::default())
+                        && d.complete(r, &c, &WorkTally::default(), Instant::now())
                     {
                         return Err(
                             format!("case {case}: a retired rank's chunk was credited").into()
@@ -801,7 +831,7 @@ mod tests {
                     }
                     dead[r] = false;
                 } else if rng.random_bool(0.5) {
-                    if let Some(c) = d.next_chunk(r, &counts, true) {
+                    if let Some(c) = d.next_chunk(r, &counts, true, Instant::now()) {
                         if dead[r] {
                             return Err(
                                 format!("case {case}: retired rank {r} was handed {c:?}").into()
@@ -811,7 +841,7 @@ mod tests {
                     }
                 } else if let Some(c) = held[r].pop() {
                     let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
-                    if !d.complete(r, &c, &w) {
+                    if !d.complete(r, &c, &w, Instant::now()) {
                         return Err(format!("case {case}: {c:?} refused").into());
                     }
                     for n in &mut completed[c.epoch][c.offset..c.offset + c.len] {
@@ -861,11 +891,11 @@ mod tests {
                 }
                 let r = rng.random_range(0..world);
                 if rng.random_bool(0.5) {
-                    if let Some(c) = d.next_chunk(r, &counts, false) {
+                    if let Some(c) = d.next_chunk(r, &counts, false, Instant::now()) {
                         held[r].push(c);
                     }
                 } else if let Some(c) = held[r].pop() {
-                    d.complete(r, &c, &WorkTally::default());
+                    d.complete(r, &c, &WorkTally::default(), Instant::now());
                     for p in c.offset..c.offset + c.len {
                         completed[c.epoch][p] += 1;
                         owner[c.epoch][p] = r;
@@ -899,11 +929,11 @@ mod tests {
                 }
                 let r = rng.random_range(0..world);
                 if rng.random_bool(0.5) {
-                    if let Some(c) = e.next_chunk(r, &counts, false) {
+                    if let Some(c) = e.next_chunk(r, &counts, false, Instant::now()) {
                         held[r].push(c);
                     }
                 } else if let Some(c) = held[r].pop() {
-                    e.complete(r, &c, &WorkTally::default());
+                    e.complete(r, &c, &WorkTally::default(), Instant::now());
                     for p in c.offset..c.offset + c.len {
                         completed[c.epoch][p] += 1;
                         if cutting == Cutting::Static && owner[c.epoch][p] != usize::MAX {
@@ -956,7 +986,9 @@ mod tests {
             let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
             let mut held = Vec::new();
             for r in 0..world {
-                let c = d.next_chunk(r, &counts, calibrated).ok_or(format!("case {i}: none"))?;
+                let c = d
+                    .next_chunk(r, &counts, calibrated, Instant::now())
+                    .ok_or(format!("case {i}: none"))?;
                 if r == 0 {
                     held.push(c);
                 }
@@ -966,12 +998,12 @@ mod tests {
                 let mut probe = Dispatcher::new(world, bs, batches, epochs, cutting);
                 let mut want = Vec::new();
                 for r in 0..world {
-                    let c = probe.next_chunk(r, &counts, calibrated);
+                    let c = probe.next_chunk(r, &counts, calibrated, Instant::now());
                     if r == 0 {
                         want.extend(c);
                     }
                 }
-                while let Some(c) = probe.next_chunk(0, &counts, calibrated) {
+                while let Some(c) = probe.next_chunk(0, &counts, calibrated, Instant::now()) {
                     want.push(c);
                 }
                 // The same positions in the same order, cut at the horizon.
@@ -987,8 +1019,8 @@ mod tests {
             }
         }
         let mut d = Dispatcher::new(2, 1, 10, 1, Cutting::Static);
-        d.next_chunk(1, &[1, 1], false);
-        d.retire(1, 0);
+        d.next_chunk(1, &[1, 1], false, Instant::now());
+        d.retire(1, 0, Instant::now());
         assert!(d.forecast(1, &[1, 1], false, 100).is_empty());
         Ok(())
     }
@@ -1020,11 +1052,11 @@ mod tests {
                 }
                 let r = rng.random_range(0..from);
                 if rng.random_bool(0.5) {
-                    if let Some(c) = d.next_chunk(r, &vec![2; from], false) {
+                    if let Some(c) = d.next_chunk(r, &vec![2; from], false, Instant::now()) {
                         held[r].push(c);
                     }
                 } else if let Some(c) = held[r].pop() {
-                    d.complete(r, &c, &WorkTally::default());
+                    d.complete(r, &c, &WorkTally::default(), Instant::now());
                     for n in &mut completed[c.epoch][c.offset..c.end()] {
                         *n += 1;
                     }
@@ -1047,7 +1079,9 @@ mod tests {
                         .front()
                         .is_some_and(|p| p.epoch == oldest && !p.assigned[r].is_empty())
                     {
-                        let c = e.next_chunk(r, &[], false).ok_or("an assigned span not handed")?;
+                        let c = e
+                            .next_chunk(r, &[], false, Instant::now())
+                            .ok_or("an assigned span not handed")?;
                         *n += c.batches(bs);
                         held_push(&mut e, &mut completed, r, c)?;
                     }
@@ -1067,7 +1101,7 @@ mod tests {
                 }
                 let r = rng.random_range(0..to);
                 if rng.random_bool(0.5) {
-                    if let Some(c) = e.next_chunk(r, &vec![2; to], false) {
+                    if let Some(c) = e.next_chunk(r, &vec![2; to], false, Instant::now()) {
                         held[r].push(c);
                     }
                 } else if let Some(c) = held[r].pop() {
@@ -1087,7 +1121,7 @@ mod tests {
 
     /// Completes chunk `c` of rank `r` in `e` and counts its positions.
     fn held_push(e: &mut Dispatcher, completed: &mut [Vec<u32>], r: usize, c: Chunk) -> TestResult {
-        if !e.complete(r, &c, &WorkTally::default()) {
+        if !e.complete(r, &c, &WorkTally::default(), Instant::now()) {
             return Err(format!("rank {r} did not hold {c:?}").into());
         }
         for n in &mut completed[c.epoch][c.offset..c.end()] {
@@ -1107,8 +1141,8 @@ mod tests {
         let mut d = Dispatcher::new(2, 2, 6, 2, Cutting::Progressive { min_chunk: 1 })
             .resume(1, &covered)?;
         let mut trained = Vec::new();
-        while let Some(c) = d.next_chunk(0, &[1, 1], false) {
-            d.complete(0, &c, &WorkTally::default());
+        while let Some(c) = d.next_chunk(0, &[1, 1], false, Instant::now()) {
+            d.complete(0, &c, &WorkTally::default(), Instant::now());
             trained.push(c);
             while d.pop_complete().is_some() {}
         }
@@ -1156,13 +1190,14 @@ mod tests {
             let counts = vec![4; world];
             for _ in 0..take {
                 for r in 0..world {
-                    d.next_chunk(r, &counts, false).ok_or(format!("case {i}: no chunk"))?;
+                    d.next_chunk(r, &counts, false, Instant::now())
+                        .ok_or(format!("case {i}: no chunk"))?;
                 }
             }
             for _ in 0..reduces {
                 d.add_reduce(0.0, &vec![1; world]);
             }
-            let requeued = d.retire(dead, pending);
+            let requeued = d.retire(dead, pending, Instant::now());
             if requeued != want {
                 return Err(format!("case {i}: re-queued {requeued:?}, want {want:?}").into());
             }
@@ -1178,8 +1213,8 @@ mod tests {
             for _ in 0..10_000 {
                 for &r in &live {
                     if let Some(c) = held[r].pop() {
-                        d.complete(r, &c, &work_of(&c, bs));
-                    } else if let Some(c) = d.next_chunk(r, &counts, true) {
+                        d.complete(r, &c, &work_of(&c, bs), Instant::now());
+                    } else if let Some(c) = d.next_chunk(r, &counts, true, Instant::now()) {
                         held[r].push(c);
                     }
                 }
@@ -1255,7 +1290,7 @@ mod tests {
                 let roll = rng.random_range(0..100);
                 if roll < 30 {
                     if queue[r].len() < 2
-                        && let Some(c) = d.next_chunk(r, &counts, case % 4 == 1)
+                        && let Some(c) = d.next_chunk(r, &counts, case % 4 == 1, Instant::now())
                     {
                         queue[r].push_back(c);
                     }
@@ -1268,7 +1303,7 @@ mod tests {
                         trained[r] = 0;
                         let done = since[r].len().saturating_sub(c.batches(bs));
                         since[r][done..].iter_mut().for_each(|b| b.2 = true);
-                        if !d.complete(r, &c, &work_of(&c, bs)) {
+                        if !d.complete(r, &c, &work_of(&c, bs), Instant::now()) {
                             return Err(format!("case {case}: {c:?} refused").into());
                         }
                     }
@@ -1287,7 +1322,7 @@ mod tests {
                             (off..off + bs).for_each(|p| lost[e][p] = Some(r));
                         }
                     }
-                    d.retire(r, pending);
+                    d.retire(r, pending, Instant::now());
                     dead[r] = true;
                     queue[r].clear();
                     trained[r] = 0;

@@ -46,29 +46,29 @@ use crate::control::logic_error::{LogicError, LogicResult};
 use crate::control::verdict::Verdict;
 
 /// How many ms/batch readings each rank's trust window holds.
-pub const TRUST_WINDOW: usize = 5;
+pub(crate) const TRUST_WINDOW: usize = 5;
 /// Consecutive invalid readings after which a rank's trust window is cleared.
-pub const MAX_MISSES: u32 = 5;
+pub(crate) const MAX_MISSES: u32 = 5;
 /// Relative change a count target must exceed before it is applied.
-pub const DEAD_ZONE: f64 = 0.05;
+pub(crate) const DEAD_ZONE: f64 = 0.05;
 /// A rank belongs to the slow cohort when its ms/batch is at least this fraction of the slowest.
-pub const COHORT_FRACTION: f64 = 0.85;
+pub(crate) const COHORT_FRACTION: f64 = 0.85;
 /// A cohort challenger must be this much slower than the anchor rank to take its seat.
-pub const CHALLENGE_MARGIN: f64 = 1.10;
+pub(crate) const CHALLENGE_MARGIN: f64 = 1.10;
 /// Largest speed ratio (anchor ms / rank ms) a count is computed from.
-pub const MAX_SPEED_RATIO: f64 = 64.0;
+pub(crate) const MAX_SPEED_RATIO: f64 = 64.0;
 /// Consecutive `Stable` verdicts that re-arm growth after it was latched off.
-pub const REARM_STABLES: u32 = 5;
+pub(crate) const REARM_STABLES: u32 = 5;
 /// How many past count vectors [`ElChe::recent_batch_share`] averages.
-pub const SHARE_HISTORY: usize = 10;
+pub(crate) const SHARE_HISTORY: usize = 10;
 /// Calibrations after which the phase becomes [`Phase::Stable`].
-pub const STABLE_AFTER: u64 = 5;
+pub(crate) const STABLE_AFTER: u64 = 5;
 /// Calibrations after which the phase becomes [`Phase::Mature`].
-pub const MATURE_AFTER: u64 = 20;
+pub(crate) const MATURE_AFTER: u64 = 20;
 /// Default fraction of window wall time the reduce may cost.
-pub const DEFAULT_OVERHEAD_TARGET: f64 = 0.05;
+pub(crate) const DEFAULT_OVERHEAD_TARGET: f64 = 0.05;
 /// Default ceiling of the anchor.
-pub const DEFAULT_MAX_ANCHOR: usize = 1000;
+pub(crate) const DEFAULT_MAX_ANCHOR: usize = 1000;
 
 /// How far ElChe's calibration has come; monotone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -19,25 +19,25 @@ use serde::{Deserialize, Serialize};
 use crate::control::verdict::Verdict;
 
 /// A post-reduce norm below this makes the divergence 0 (nothing to compare against).
-pub const MIN_POST_NORM: f64 = 1e-10;
+pub(crate) const MIN_POST_NORM: f64 = 1e-10;
 /// A divergence at or below this yields no growth rate and breaks the λ chain.
 pub const MIN_DIVERGENCE: f64 = 1e-8;
 /// Default trend threshold.
-pub const TREND_THRESHOLD: f64 = 0.05;
+pub(crate) const TREND_THRESHOLD: f64 = 0.05;
 /// Default trend threshold under EASGD blending.
-pub const TREND_THRESHOLD_EASGD: f64 = 0.3;
+pub(crate) const TREND_THRESHOLD_EASGD: f64 = 0.3;
 /// Divergences the trend guard remembers.
-pub const TREND_HISTORY: usize = 5;
+pub(crate) const TREND_HISTORY: usize = 5;
 /// EMA decay of the growth rate.
-pub const LAMBDA_DECAY: f64 = 0.9;
+pub(crate) const LAMBDA_DECAY: f64 = 0.9;
 /// Smoothed growth rate above which `NudgeDown` streaks count.
-pub const LAMBDA_NUDGE: f64 = 1e-2;
+pub(crate) const LAMBDA_NUDGE: f64 = 1e-2;
 /// Smoothed growth rate above which `SuppressGrowth` streaks count.
-pub const LAMBDA_SUPPRESS: f64 = 1e-3;
+pub(crate) const LAMBDA_SUPPRESS: f64 = 1e-3;
 /// Consecutive events above a threshold that fire its verdict.
-pub const LAMBDA_STREAK: u32 = 3;
+pub(crate) const LAMBDA_STREAK: u32 = 3;
 /// The anchor factor of the growth guard's `NudgeDown`.
-pub const NUDGE_FACTOR: f64 = 0.5;
+pub(crate) const NUDGE_FACTOR: f64 = 0.5;
 
 /// `‖W_pre − W_post‖ / ‖W_post‖`, 0 when `‖W_post‖ < 1e-10` (or an input is not finite).
 pub fn divergence(diff_norm: f64, post_norm: f64) -> f64 {

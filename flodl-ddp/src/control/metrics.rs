@@ -226,8 +226,9 @@ struct RankTally {
     unreported: (usize, usize),
 }
 
-/// What a rank reports about a finished piece of work (a chunk).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// What a rank reports about a finished piece of work (a chunk). It travels as the link's
+/// `WorkReport` (its scalars' names bounded there), so it is not serde data itself.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkTally {
     /// Batches trained.
     pub batches: usize,
@@ -239,13 +240,10 @@ pub struct WorkTally {
     pub compute_ms: f64,
     /// Where the rank's time went since its previous report: a closed span, whose parts sum
     /// to its wall.
-    #[serde(default)]
     pub time: TimeBreakdown,
     /// User scalars as `name → (sum, count)`.
-    #[serde(deserialize_with = "crate::link::text::keyed")]
     pub scalars: BTreeMap<String, (f64, usize)>,
     /// Where its batches' samples came from, when the rank stages its data.
-    #[serde(default)]
     pub cache: Option<CacheTally>,
 }
 

@@ -17,13 +17,11 @@ use flodl_tensor::{DType, Error as TensorError, Result as TensorResult, Stream, 
 use crate::control::logic_error::{LogicError, LogicResult};
 
 /// Default SlowMo outer learning rate.
-pub const SLOW_MOMENTUM_LR: f32 = 1.0;
+pub(crate) const SLOW_MOMENTUM_LR: f32 = 1.0;
 /// Default DiLoCo outer learning rate.
-pub const NESTEROV_LR: f32 = 0.7;
+pub(crate) const NESTEROV_LR: f32 = 0.7;
 /// Default outer momentum.
-pub const OUTER_MOMENTUM: f32 = 0.9;
-/// Default EASGD blend.
-pub const EASGD_ALPHA: f32 = 0.5;
+pub(crate) const OUTER_MOMENTUM: f32 = 0.9;
 
 /// Which outer optimizer runs on the consensus.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::control::verdict::Verdict;
 
 /// Hard ceiling of the overshoot, whatever the configuration.
-pub const OVERSHOOT_CEILING: usize = 15;
+pub(crate) const OVERSHOOT_CEILING: usize = 15;
 
 /// How the bound is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

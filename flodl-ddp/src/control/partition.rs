@@ -7,7 +7,7 @@
 use crate::control::logic_error::{LogicError, LogicResult};
 
 /// Smallest ms/batch used to turn a speed into a throughput weight.
-pub const MIN_MS_PER_BATCH: f64 = 0.001;
+pub(crate) const MIN_MS_PER_BATCH: f64 = 0.001;
 
 /// One rank's contiguous share of an epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -153,7 +153,7 @@ pub struct Window {
 
 /// A rank following the anchor may train past its count (and its wall time) by
 /// `1 / FOLLOW_SLACK` of it: see [`Window::following`].
-pub const FOLLOW_SLACK: u32 = 4;
+pub(crate) const FOLLOW_SLACK: u32 = 4;
 
 impl Window {
     /// This window for a rank that follows the anchor (`Cadence` and `Async`): its count and

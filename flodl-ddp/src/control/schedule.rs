@@ -12,11 +12,11 @@ use serde::{Deserialize, Serialize};
 use crate::control::logic_error::{LogicError, LogicResult};
 
 /// Default fraction of a one-cycle run spent warming up.
-pub const ONE_CYCLE_WARMUP: f64 = 0.3;
+pub(crate) const ONE_CYCLE_WARMUP: f64 = 0.3;
 /// Default ratio of a one-cycle peak to its starting rate.
-pub const ONE_CYCLE_DIV: f64 = 25.0;
+pub(crate) const ONE_CYCLE_DIV: f64 = 25.0;
 /// Default ratio of a one-cycle starting rate to its final rate.
-pub const ONE_CYCLE_FINAL_DIV: f64 = 1e4;
+pub(crate) const ONE_CYCLE_FINAL_DIV: f64 = 1e4;
 
 /// A learning-rate schedule: `lr(step)` is a pure function of the cohort step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

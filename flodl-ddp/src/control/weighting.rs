@@ -11,7 +11,7 @@ use flodl_tensor::{Error as TensorError, Result as TensorResult, Stream, Tensor,
 use crate::control::logic_error::{LogicError, LogicResult};
 
 /// Default work-weighting exponent.
-pub const DEFAULT_GAMMA: f64 = 1.0;
+pub(crate) const DEFAULT_GAMMA: f64 = 1.0;
 
 /// Each rank's share of the consensus for one round.
 #[derive(Debug, Clone, PartialEq)]

@@ -31,7 +31,7 @@ pub trait Parameters {
 
 /// The error of a parameter that does not fit.
 pub(crate) fn misfit(index: usize, have: usize, want: usize) -> Error {
-    Error::ReplicaMismatch(format!("parameter {index} holds {have} values, the run {want}"))
+    Error::mismatch("a parameter's values", format!("{want} in parameter {index}"), have)
 }
 
 /// Copies parameter `index`, whose values are `p`, into `out`.

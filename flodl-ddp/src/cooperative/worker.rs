@@ -159,9 +159,7 @@ fn check_count(have: usize, want: usize) -> Result<()> {
     if have == want {
         Ok(())
     } else {
-        Err(Error::ReplicaMismatch(format!(
-            "the model lends {have} parameters, the run has {want}"
-        )))
+        Err(Error::mismatch("parameters the model lends", want, have))
     }
 }
 

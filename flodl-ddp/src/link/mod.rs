@@ -15,6 +15,7 @@
 //! [`RankLink::arm_abort`]).
 
 pub(crate) mod ends;
+pub(crate) mod failure;
 pub(crate) mod frame;
 pub(crate) mod frames;
 #[doc(hidden)]

@@ -64,9 +64,8 @@ fn read_frames<M: Framed>(
                         return false;
                     }
                 }
-                Err(e) => {
-                    let error = Error::protocol(e.to_string());
-                    tracing::error!(peer, %error, "closing the connection");
+                Err(error) => {
+                    tracing::error!(peer, %error, "a frame violates the protocol: closing the connection");
                     frames.close();
                     return true;
                 }

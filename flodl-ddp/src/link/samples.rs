@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use super::failure::{FailureKind, RankFailure};
 use super::wire::{
     CaptureRequest, Chunk, GroupKey, RankCapture, RankRestore, Readiness, Regroup, Window,
 };
 use super::wire::{ToCoordinator, ToWorker};
 use crate::control::metrics::{EvalMetrics, WorkTally};
-use crate::error::{Divergence, FailureKind, RankFailure};
+use crate::error::Divergence;
 use crate::state::{HostState, HostTensor};
 
 fn state() -> HostState {
@@ -40,6 +41,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
     let request = Some(CaptureRequest { model: true });
     let mut scalars = BTreeMap::new();
     scalars.insert("grad_norm".to_string(), (2.5, 3));
+    scalars.insert("ünïcode loss".to_string(), (-1.0, 1));
     let mut time = crate::control::breakdown::TimeBreakdown::default();
     time.add(crate::control::breakdown::Activity::Compute, 9.5);
     let work = WorkTally {
@@ -86,7 +88,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
     let to_coordinator = vec![
         ToCoordinator::Ready { rank: 0, shapes: vec![vec![2, 3], vec![3]], initial: Some(state()) },
         ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None },
-        ToCoordinator::ChunkDone { rank: 1, chunk, work },
+        ToCoordinator::ChunkDone { rank: 1, chunk, work: work.into() },
         ToCoordinator::Progress {
             rank: 2,
             round: 7,

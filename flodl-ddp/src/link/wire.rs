@@ -4,13 +4,82 @@
 //! Nothing here refers to process-local state: no `Arc`, no abort closures, no boxed errors
 //! (a failure travels as a [`RankFailure`] description). Every message round-trips through
 //! bincode 2 (see the tests below).
+//!
+//! **Architecture Invariant:** every text a message carries is a [`WireText`] (bounded by type
+//! against hostile length prefixes); no message holds a `String`.
+//!
+//! The vocabulary that exists only to cross the wire lives in `link/` (this file,
+//! [`RankFailure`] in `failure.rs`, [`WorkReport`] here). A few types are both the pure
+//! logic's and carried on the wire — [`Chunk`] (dispatch), [`Window`] (policy),
+//! [`EvalMetrics`], [`TimeBreakdown`] and [`CacheTally`] (metrics), [`Divergence`] (the
+//! error) and the host state: the dependency runs from the link to them, never back, because
+//! `control/` is the floor below the transport and must not know how its values travel. None
+//! of them holds a text or a collection of unbounded elements other than sequences of numbers,
+//! which serde reserves cautiously and grows as they arrive.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::metrics::{EvalMetrics, WorkTally};
+use super::failure::RankFailure;
+use super::text::WireText;
+use crate::control::breakdown::TimeBreakdown;
+use crate::control::metrics::{CacheTally, EvalMetrics, WorkTally};
 pub(crate) use crate::control::{dispatch::Chunk, policy::Window};
-use crate::error::{Divergence, RankFailure};
+use crate::error::Divergence;
 use crate::state::{HostState, HostTensor};
+
+/// A rank's report of a finished chunk as it travels: control's [`WorkTally`] with its user
+/// scalars named by [`WireText`]s. The tally is control's (the epoch's accounting adds it up);
+/// this form is the link's, so the bound on the names comes with the type and control never
+/// imports the link.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WorkReport {
+    /// Batches trained.
+    pub(crate) batches: usize,
+    /// Samples trained.
+    pub(crate) samples: usize,
+    /// Sum of the batches' mean losses.
+    pub(crate) loss_sum: f64,
+    /// Time in training steps, milliseconds.
+    pub(crate) compute_ms: f64,
+    /// Where the rank's time went since its previous report.
+    pub(crate) time: TimeBreakdown,
+    /// User scalars as `name → (sum, count)`.
+    pub(crate) scalars: BTreeMap<WireText, (f64, usize)>,
+    /// Where its batches' samples came from, when the rank stages its data.
+    pub(crate) cache: Option<CacheTally>,
+}
+
+impl From<WorkTally> for WorkReport {
+    fn from(w: WorkTally) -> WorkReport {
+        let scalars = w.scalars.into_iter().map(|(name, v)| (WireText::from(name), v)).collect();
+        WorkReport {
+            batches: w.batches,
+            samples: w.samples,
+            loss_sum: w.loss_sum,
+            compute_ms: w.compute_ms,
+            time: w.time,
+            scalars,
+            cache: w.cache,
+        }
+    }
+}
+
+impl From<WorkReport> for WorkTally {
+    fn from(w: WorkReport) -> WorkTally {
+        let scalars = w.scalars.into_iter().map(|(name, v)| (name.into_string(), v)).collect();
+        WorkTally {
+            batches: w.batches,
+            samples: w.samples,
+            loss_sum: w.loss_sum,
+            compute_ms: w.compute_ms,
+            time: w.time,
+            scalars,
+            cache: w.cache,
+        }
+    }
+}
 
 /// What the coordinator asks a rank to capture at a reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,7 +214,7 @@ pub(crate) enum ToCoordinator {
     /// The replica is built; rank 0 sends its initial state, every rank its parameter shapes.
     Ready { rank: usize, shapes: Vec<Vec<usize>>, initial: Option<HostState> },
     /// A chunk is done.
-    ChunkDone { rank: usize, chunk: Chunk, work: WorkTally },
+    ChunkDone { rank: usize, chunk: Chunk, work: WorkReport },
     /// The rank is ready for the reduce of `round` (steps and training ms since the last reduce:
     /// its steps with their batches' fetch and upload, the pace ElChe sizes windows by).
     /// `works` counts the chunks the rank has received so far (an `Idle` report is stale when
@@ -188,13 +257,7 @@ pub(crate) enum ToCoordinator {
     /// Collective backend: the rank's collective for `round` in group number `generation`
     /// failed because the group broke; its state is as before the reduce and it waits for
     /// [`ToWorker::Regroup`].
-    ReduceFailed {
-        rank: usize,
-        round: u64,
-        generation: u64,
-        #[serde(deserialize_with = "crate::link::text::string")]
-        error: String,
-    },
+    ReduceFailed { rank: usize, round: u64, generation: u64, error: WireText },
     /// The rank is building its communicator of group number `generation` (silent until
     /// [`ToCoordinator::Joined`]: an NCCL group waits for every member).
     Joining { rank: usize, generation: u64 },

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use flodl_tensor::Device;
 
-use crate::error::RankFailure;
+use crate::link::failure::RankFailure;
 use crate::link::frames::Frames;
 use crate::link::rendezvous::Rendezvous;
 #[cfg(feature = "cluster")]

@@ -5,6 +5,7 @@ use std::error::Error;
 use std::io;
 use std::num::NonZeroU64;
 use std::path::Path;
+use std::time::Instant;
 
 use flodl_ddp::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ConfigHash, EpochCoverage, Expectation,
@@ -1103,14 +1104,16 @@ fn a_resumed_dispatcher_hands_out_exactly_the_uncovered_ranges() -> TestResult {
         let mut held: Vec<(usize, Chunk)> = Vec::new();
         for _ in 0..rng.random_range(0..30) {
             let rank = rng.random_range(0..world);
-            if let Some(chunk) = book.next_chunk(rank, &vec![2; world], rng.random()) {
+            if let Some(chunk) =
+                book.next_chunk(rank, &vec![2; world], rng.random(), Instant::now())
+            {
                 held.push((rank, chunk));
             }
         }
         for (rank, chunk) in &held {
             if rng.random_range(0..3) > 0 {
                 let work = WorkTally { batches: chunk.batches(batch), ..Default::default() };
-                book.complete(*rank, chunk, &work);
+                book.complete(*rank, chunk, &work, Instant::now());
             }
         }
         let seed = rng.random();
@@ -1134,7 +1137,8 @@ fn a_resumed_dispatcher_hands_out_exactly_the_uncovered_ranges() -> TestResult {
             let before = dispatched.len();
             ranks.sort_by_key(|_| rng.random::<u32>());
             for &rank in &ranks {
-                if let Some(chunk) = resumed.next_chunk(rank, &vec![2; world], true) {
+                if let Some(chunk) = resumed.next_chunk(rank, &vec![2; world], true, Instant::now())
+                {
                     dispatched.push(SampleRange::new(chunk.offset, chunk.len));
                 }
             }

@@ -3,6 +3,7 @@
 //! the bundle format; every sample is trained exactly once per epoch.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use flodl_ddp::checkpoint::{Checkpoint, ConfigHash, TensorRecord, TensorSet};
 use flodl_ddp::{Chunk, Cutting, Dispatcher, ElChe, Verdict, WorkTally};
@@ -20,26 +21,29 @@ fn work(c: &Chunk, bs: usize) -> WorkTally {
 fn epochs_complete_in_order_and_ranks_stream_one_epoch_ahead() -> TestResult {
     // 3 epochs of 4 batches of 2, two ranks, chunks of at least 4 batches.
     let mut d = Dispatcher::new(2, 2, 4, 3, Cutting::Progressive { min_chunk: 4 });
-    let a = d.next_chunk(0, &[1, 1], false).ok_or("no chunk")?;
+    let a = d.next_chunk(0, &[1, 1], false, Instant::now()).ok_or("no chunk")?;
     assert_eq!(a, Chunk { epoch: 0, offset: 0, len: 8 });
     // Epoch 0 is handed out: rank 1 streams into epoch 1, and no further.
-    let b = d.next_chunk(1, &[1, 1], false).ok_or("no chunk")?;
+    let b = d.next_chunk(1, &[1, 1], false, Instant::now()).ok_or("no chunk")?;
     assert_eq!(b, Chunk { epoch: 1, offset: 0, len: 8 });
-    assert_eq!(d.next_chunk(1, &[1, 1], false), None);
+    assert_eq!(d.next_chunk(1, &[1, 1], false, Instant::now()), None);
     // Epoch 1 completes first but is only popped after epoch 0.
-    assert!(d.complete(1, &b, &work(&b, 2)));
+    assert!(d.complete(1, &b, &work(&b, 2), Instant::now()));
     assert!(d.pop_complete().is_none());
-    assert!(!d.complete(1, &a, &work(&a, 2)), "a chunk another rank holds was credited");
-    assert!(d.complete(0, &a, &work(&a, 2)));
+    assert!(
+        !d.complete(1, &a, &work(&a, 2), Instant::now()),
+        "a chunk another rank holds was credited"
+    );
+    assert!(d.complete(0, &a, &work(&a, 2), Instant::now()));
     let popped: Vec<usize> = std::iter::from_fn(|| d.pop_complete().map(|p| p.0)).collect();
     assert_eq!(popped, [0, 1]);
     assert_eq!(d.oldest(), 2);
     assert!(d.in_last_epoch() && !d.all_done());
     // A rank outside the world, or retired, is handed nothing.
-    assert_eq!(d.next_chunk(2, &[1, 1], false), None);
-    assert!(d.retire(1, 0).is_empty());
-    assert_eq!(d.next_chunk(1, &[1, 1], false), None);
-    let c = d.next_chunk(0, &[1, 1], false).ok_or("no chunk")?;
+    assert_eq!(d.next_chunk(2, &[1, 1], false, Instant::now()), None);
+    assert!(d.retire(1, 0, Instant::now()).is_empty());
+    assert_eq!(d.next_chunk(1, &[1, 1], false, Instant::now()), None);
+    let c = d.next_chunk(0, &[1, 1], false, Instant::now()).ok_or("no chunk")?;
     assert_eq!(c, Chunk { epoch: 2, offset: 0, len: 8 });
     Ok(())
 }
@@ -72,16 +76,17 @@ fn chunk_sizes_follow_the_documented_rule() -> TestResult {
         let mut d = Dispatcher::new(world, bs, batches, 1, Cutting::Progressive { min_chunk });
         let mut taken = 0;
         while taken < first {
-            let c = d.next_chunk(1, &[1, 1], false).ok_or("no chunk")?;
+            let c = d.next_chunk(1, &[1, 1], false, Instant::now()).ok_or("no chunk")?;
             taken += c.batches(bs);
         }
         assert_eq!(taken, first, "case {i}: rank 1 took {taken}");
-        let c = d.next_chunk(0, counts, calibrated).ok_or("no chunk")?;
+        let c = d.next_chunk(0, counts, calibrated, Instant::now()).ok_or("no chunk")?;
         assert_eq!(c.batches(bs), want, "case {i}: {c:?}");
     }
     // The static cut: one share per rank, equal batches, the first ranks one more.
     let mut d = Dispatcher::new(3, 2, 10, 1, Cutting::Static);
-    let shares: Vec<Chunk> = (0..3).filter_map(|r| d.next_chunk(r, &[1; 3], false)).collect();
+    let shares: Vec<Chunk> =
+        (0..3).filter_map(|r| d.next_chunk(r, &[1; 3], false, Instant::now())).collect();
     let want = [(0, 8), (8, 6), (14, 6)].map(|(offset, len)| Chunk { epoch: 0, offset, len });
     assert_eq!(shares, want);
     Ok(())
@@ -161,7 +166,9 @@ fn simulate(
             while rank.queue.len() < 2 {
                 let oldest = d.oldest();
                 let informed = elche.is_calibrated();
-                let Some(c) = d.next_chunk(r, elche.counts(), informed) else { break };
+                let Some(c) = d.next_chunk(r, elche.counts(), informed, Instant::now()) else {
+                    break;
+                };
                 assert!(c.epoch <= oldest + 1, "chunk past the next epoch");
                 let cost: f64 = (0..c.batches(bs))
                     .map(|_| run.speeds[r] * (1.0 + rng.random_range(-0.2..0.2)))
@@ -180,7 +187,7 @@ fn simulate(
             return Err("no work in flight but the run is unfinished".into());
         };
         let (c, t) = ranks[r].queue.pop_front().ok_or("empty queue")?;
-        if !d.complete(r, &c, &work(&c, bs)) {
+        if !d.complete(r, &c, &work(&c, bs), Instant::now()) {
             return Err(format!("{c:?} of rank {r} refused").into());
         }
         let rank = &mut ranks[r];
@@ -223,7 +230,7 @@ fn simulate(
                 .ok_or("no rank")?;
             let rank = &mut ranks[victim];
             let kept = rank.front_reduced;
-            let requeued = d.retire(victim, 0);
+            let requeued = d.retire(victim, 0, Instant::now());
             let held: Vec<Chunk> = rank.queue.drain(..).map(|(c, _)| c).collect();
             if let Some(front) = held.first() {
                 see(&mut seen, front.epoch, front.offset, front.offset + kept * bs);
@@ -239,7 +246,7 @@ fn simulate(
             d = through_a_bundle(&d, run, rng.random())?;
             for (r, rank) in ranks.iter_mut().enumerate() {
                 if !rank.alive {
-                    d.retire(r, 0);
+                    d.retire(r, 0, Instant::now());
                 }
                 rank.front_reduced = 0;
                 rank.done_unreduced = 0;

@@ -479,7 +479,7 @@ fn clipping_needs_mutable_gradients_checked_at_run_and_a_positive_norm() -> Test
                         capability: Capability::MutableGradients,
                     }),
                 ) => true,
-                (Answer::Mismatch, Err(Error::ReplicaMismatch(_))) => true,
+                (Answer::Mismatch, Err(Error::ReplicaMismatch { .. })) => true,
                 (Answer::Mismatch, Err(Error::Rank { failure, .. })) => {
                     failure.kind == FailureKind::ReplicaMismatch
                 }

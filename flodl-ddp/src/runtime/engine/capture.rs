@@ -100,19 +100,19 @@ pub(crate) fn write_host(
     stream: &Stream,
 ) -> Result<()> {
     if tensors.len() != values.len() {
-        return Err(Error::ReplicaMismatch(format!(
-            "checkpoint holds {} {what} tensors, the replica {}",
+        return Err(Error::mismatch(
+            "tensors restored from a checkpoint",
+            format!("{} {what} tensors (the replica's)", tensors.len()),
             values.len(),
-            tensors.len()
-        )));
+        ));
     }
     if let Some((t, v)) = tensors.iter().zip(values).find(|(t, v)| t.shape() != v.shape.as_slice())
     {
-        return Err(Error::ReplicaMismatch(format!(
-            "{what}: checkpoint shape {:?}, replica shape {:?}",
-            v.shape,
-            t.shape()
-        )));
+        return Err(Error::mismatch(
+            "a tensor's shape in a checkpoint",
+            format!("{what} {:?} (the replica's)", t.shape()),
+            format!("{:?}", v.shape),
+        ));
     }
     for (t, v) in tensors.iter_mut().zip(values) {
         t.copy_from_host(&v.data, stream)?;
@@ -201,7 +201,11 @@ pub(crate) fn assemble(
     let outer = outer.or_else(|| from_rank.and_then(|c| c.outer.clone()));
     let n = model.params.len();
     if shapes.len() != n + model.buffers.len() {
-        return Err(Error::ReplicaMismatch("captured model does not match the shapes".into()));
+        return Err(Error::mismatch(
+            "tensors of a captured model",
+            shapes.len(),
+            format!("{n} parameters and {} buffers", model.buffers.len()),
+        ));
     }
     let pair = |shapes: &[Vec<usize>], values: &[Vec<f32>]| -> Vec<HostTensor> {
         shapes

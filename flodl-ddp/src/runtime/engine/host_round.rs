@@ -225,13 +225,16 @@ impl HostRound {
 /// [`Error::ReplicaMismatch`] when no rank stepped or the states disagree in layout;
 /// [`Error::Config`] for a bad γ.
 pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Result<HostState> {
-    let first =
-        states.first().ok_or_else(|| Error::ReplicaMismatch("no snapshot to average".into()))?;
+    let first = states
+        .first()
+        .ok_or_else(|| Error::mismatch("snapshots to average", "at least one", "none"))?;
     let counts: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
     let weights = average_weights(&counts, gamma)?;
     let Some(weights) = weights.filter(|_| states.len() == steps.len()) else {
-        return Err(Error::ReplicaMismatch(
-            "a host average needs at least one rank that stepped".into(),
+        return Err(Error::mismatch(
+            "ranks that stepped, in a host average",
+            "at least one, with one step count per snapshot",
+            format!("{} snapshots, steps {steps:?}", states.len()),
         ));
     };
     let params =
@@ -268,13 +271,19 @@ pub(crate) fn divergence(states: &[HostState], steps: &[usize], avg: &HostState)
 
 fn weighted(sets: Vec<&Vec<Vec<f32>>>, weights: &[f32], n: usize) -> Result<Vec<Vec<f32>>> {
     if sets.iter().any(|s| s.len() != n) {
-        return Err(Error::ReplicaMismatch("snapshots hold different numbers of tensors".into()));
+        let counts: Vec<usize> = sets.iter().map(|s| s.len()).collect();
+        return Err(Error::mismatch("tensors per snapshot", n, format!("{counts:?}")));
     }
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let len = sets[0][i].len();
         if sets.iter().any(|s| s[i].len() != len) {
-            return Err(Error::ReplicaMismatch(format!("snapshots disagree on tensor {i}'s size")));
+            let sizes: Vec<usize> = sets.iter().map(|s| s[i].len()).collect();
+            return Err(Error::mismatch(
+                "a tensor's size across snapshots",
+                format!("{len} values in tensor {i}"),
+                format!("{sizes:?}"),
+            ));
         }
         let mut acc = vec![0.0f32; len];
         for (set, &w) in sets.iter().zip(weights) {

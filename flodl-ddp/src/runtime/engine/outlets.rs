@@ -90,19 +90,19 @@ impl TrainedState {
 
 fn load(src: &[HostTensor], dst: &mut [Tensor], what: &str, stream: &Stream) -> Result<()> {
     if src.len() != dst.len() {
-        return Err(Error::ReplicaMismatch(format!(
-            "state has {} {what}, replica has {}",
+        return Err(Error::mismatch(
+            "tensors of a trained state",
+            format!("{} {what} (the replica's)", dst.len()),
             src.len(),
-            dst.len()
-        )));
+        ));
     }
     for (s, d) in src.iter().zip(dst) {
         if s.shape != d.shape() {
-            return Err(Error::ReplicaMismatch(format!(
-                "{what}: state shape {:?}, replica shape {:?}",
-                s.shape,
-                d.shape()
-            )));
+            return Err(Error::mismatch(
+                "a tensor's shape in a trained state",
+                format!("{what} {:?} (the replica's)", d.shape()),
+                format!("{:?}", s.shape),
+            ));
         }
         d.copy_from_host(&s.data, stream)?;
     }
@@ -132,12 +132,11 @@ pub(crate) fn trained_state(
 ) -> Result<TrainedState> {
     let n = state.params.len();
     if shapes.len() != n + state.buffers.len() {
-        return Err(Error::ReplicaMismatch(format!(
-            "{} shapes for {} parameters and {} buffers",
-            shapes.len(),
-            n,
-            state.buffers.len()
-        )));
+        return Err(Error::mismatch(
+            "shapes of a trained state",
+            format!("{n} parameters and {} buffers", state.buffers.len()),
+            format!("{} shapes", shapes.len()),
+        ));
     }
     let pair = |shapes: &[Vec<usize>], values: Vec<Vec<f32>>| -> Vec<HostTensor> {
         shapes.iter().zip(values).map(|(s, data)| HostTensor { shape: s.clone(), data }).collect()

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::control::breakdown::Activity;
 use crate::control::metrics::{EpochTally, WorkTally, drain_scalars};
-use crate::error::RankFailure;
+use crate::link::failure::RankFailure;
 use crate::link::wire::Chunk;
 use crate::runtime::engine::ledger::Ledger;
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};

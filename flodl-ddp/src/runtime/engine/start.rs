@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::error::RankFailure;
+use crate::link::failure::RankFailure;
 use crate::link::frames::{Admitted, Frames};
 use crate::link::net::NetRank;
 use crate::link::wire::Window;

@@ -38,9 +38,11 @@ impl Coordinator {
         let failure = RankFailure::from(&Error::protocol(detail));
         match self.phase {
             Phase::Starting { .. } => Err(Error::Rank { rank, failure }),
-            _ => {
-                self.rank_died(rank, FaultCause::Failed { error: failure.message.clone() }, failure)
-            }
+            _ => self.rank_died(
+                rank,
+                FaultCause::Failed { error: failure.message.to_string() },
+                failure,
+            ),
         }
     }
 
@@ -62,7 +64,7 @@ impl Coordinator {
                 if let Some(at) = self.epochs.reported.get_mut(rank) {
                     *at = Some(Instant::now());
                 }
-                if self.dispatch.complete(rank, &chunk, &work)
+                if self.dispatch.complete(rank, &chunk, &WorkTally::from(work), Instant::now())
                     && let Some(slot) = self.slots.get_mut(rank)
                 {
                     slot.in_flight = slot.in_flight.saturating_sub(1);
@@ -122,13 +124,13 @@ impl Coordinator {
             }
             ToCoordinator::Failed { rank, failure } => {
                 if matches!(self.phase, Phase::Starting { .. }) {
-                    return Err(failure.into_start_error(rank));
+                    return Err(Error::at_start(rank, failure));
                 }
                 let cause = match failure.kind {
                     crate::FailureKind::Panicked => {
-                        FaultCause::Panicked { message: failure.message.clone() }
+                        FaultCause::Panicked { message: failure.message.to_string() }
                     }
-                    _ => FaultCause::Failed { error: failure.message.clone() },
+                    _ => FaultCause::Failed { error: failure.message.to_string() },
                 };
                 self.rank_died(rank, cause, failure)?;
             }
@@ -177,9 +179,12 @@ impl Coordinator {
         if self.shapes.is_empty() {
             self.shapes = shapes;
         } else if self.shapes != shapes {
-            return Err(Error::ReplicaMismatch(format!(
-                "rank {rank}'s replica has other parameter shapes than rank 0's"
-            )));
+            return Err(Error::mismatch(
+                "parameter shapes",
+                format!("{:?} (rank 0's)", self.shapes),
+                format!("{shapes:?}"),
+            )
+            .on_rank(rank));
         }
         if init.is_some() {
             *initial = init;
@@ -211,11 +216,11 @@ impl Coordinator {
             let found = resumed.bundle.signature();
             signature(&self.shapes[..n.min(self.shapes.len())]).check(&found)?;
             if resumed.consensus.buffers.len() != initial.buffers.len() {
-                return Err(Error::ReplicaMismatch(format!(
-                    "the checkpoint holds {} buffers, the replica {}",
-                    resumed.consensus.buffers.len(),
-                    initial.buffers.len()
-                )));
+                return Err(Error::mismatch(
+                    "buffers",
+                    format!("{} (the checkpoint's)", resumed.consensus.buffers.len()),
+                    initial.buffers.len(),
+                ));
             }
             if self.cfg.spec.backend == Backend::Host {
                 self.consensus = Some(resumed.consensus.clone());

@@ -9,7 +9,7 @@ impl Coordinator {
         for &rank in ranks {
             tracing::info!(rank, "rank {rank}'s seat is vacant at the start");
             self.slots.set_joining(rank, Standing::Vacant);
-            self.dispatch.retire(rank, 0);
+            self.dispatch.retire(rank, 0, Instant::now());
             if let Some(e) = self.cadence.elche.as_mut() {
                 e.retire(rank)?;
             }
@@ -297,7 +297,7 @@ impl Coordinator {
             Reduce::Host(hr) => hr.averaging_steps(rank),
             Reduce::Idle => 0,
         };
-        let requeued = self.dispatch.retire(rank, pending);
+        let requeued = self.dispatch.retire(rank, pending, Instant::now());
         let requeued_samples = requeued.iter().map(|c| c.len).sum();
         tracing::debug!(
             rank,

@@ -21,12 +21,13 @@ use crate::control::breakdown::Activity;
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
 use crate::control::guard::{Guard, ReduceReport};
-use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
+use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent, WorkTally};
 use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::control::overshoot::Overshoot;
 use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
 use crate::control::verdict::Verdict;
-use crate::error::{Peer, RankFailure};
+use crate::error::Peer;
+use crate::link::failure::RankFailure;
 use crate::link::frames::Admitted;
 use crate::link::net::NetCoordinator;
 use crate::link::route::{Route, Routed};
@@ -436,8 +437,7 @@ impl Coordinator {
         self.dispatch =
             Dispatcher::new(world, cfg.spec.batch_size, batches, cfg.spec.epochs, cutting(cfg))
                 .resume(epoch, &resumed.coverage)
-                .map(|d| if resumed.map.same_world() { d } else { d.reshard() })
-                .map_err(|e| Error::protocol(format!("cannot resume: {e}")))?;
+                .map(|d| if resumed.map.same_world() { d } else { d.reshard() })?;
         // On another world ElChe's estimates (per-rank speeds) describe ranks that are gone:
         // it starts afresh and calibrates on the new one.
         if let (Some(e), Some(state), true) =
@@ -642,7 +642,9 @@ impl Coordinator {
         let ahead = if self.dispatch.in_last_epoch() { 1 } else { CHUNKS_AHEAD };
         for rank in self.slots.live_ranks() {
             while self.slots.get(rank).is_some_and(|s| s.in_flight < ahead) {
-                let Some(chunk) = self.dispatch.next_chunk(rank, &counts, calibrated) else {
+                let Some(chunk) =
+                    self.dispatch.next_chunk(rank, &counts, calibrated, Instant::now())
+                else {
                     break;
                 };
                 self.send(rank, ToWorker::Work(chunk))?;

@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 use flodl_data::{BatchPicks, CacheReport, Dataset, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
-use crate::contract::capability::{TrainerOption, require};
+use crate::contract::capability::TrainerOption;
+use crate::contract::requirement::require;
 use crate::contract::evaluation::EvalBatches;
 use crate::contract::replica::{Batch, Replica, ReplicaContext};
 use crate::contract::staging::{device_batch, upload};
 use crate::control::breakdown::Activity;
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::control::outer::{OuterKind, OuterOptimizer, easgd_blend};
-use crate::error::{Peer, RankFailure};
+use crate::error::Peer;
+use crate::link::failure::RankFailure;
 use crate::link::wire::{
     CaptureRequest, Chunk, RankCapture, RankRestore, Readiness, Regroup, ToCoordinator, ToWorker,
     Window,
@@ -149,11 +151,11 @@ impl Worker {
             .chain(replica.buffers())
             .find(|t| t.dtype() != DType::F32 || t.device() != device)
         {
-            return Err(Error::ReplicaMismatch(format!(
-                "parameters and buffers must be f32 on {device}, found {:?} on {}",
-                t.dtype(),
-                t.device()
-            )));
+            return Err(Error::mismatch(
+                "parameters' and buffers' dtype and device",
+                format!("f32 on {device}"),
+                format!("{:?} on {}", t.dtype(), t.device()),
+            ));
         }
         let layout = cfg.dataset.layout().clone();
         let host = HostBatch::new(&layout, device);
@@ -349,11 +351,11 @@ impl Worker {
         let stream = self.stream.clone();
         let write = |ts: &mut [Tensor], vs: &[Vec<f32>]| -> Result<()> {
             if ts.len() != vs.len() {
-                return Err(Error::ReplicaMismatch(format!(
-                    "state holds {} tensors, replica {}",
+                return Err(Error::mismatch(
+                    "tensors of a state to load",
+                    format!("{} (the replica's)", ts.len()),
                     vs.len(),
-                    ts.len()
-                )));
+                ));
             }
             for (t, v) in ts.iter_mut().zip(vs) {
                 t.copy_from_host(v, &stream)?;
@@ -380,18 +382,26 @@ impl Worker {
         self.replica.export_parameters()?;
         let params = self.replica.parameters_mut();
         if params.len() != avg.params.len() || sent.is_some_and(|s| s.len() != params.len()) {
-            return Err(Error::ReplicaMismatch("averaged state does not match the replica".into()));
+            return Err(Error::mismatch(
+                "parameters of an averaged state",
+                format!("{} (the replica's)", params.len()),
+                format!("{} averaged, {:?} sent", avg.params.len(), sent.map(|s| s.len())),
+            ));
         }
         for (i, t) in params.iter_mut().enumerate() {
             let a = &avg.params[i];
             if a.len() != t.numel() {
-                return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
+                return Err(Error::mismatch("an averaged tensor's size", t.numel(), a.len()));
             }
             let shifted = match sent {
                 Some(sent) => {
                     let now = t.to_vec::<f32>(&stream)?;
                     if now.len() != sent[i].len() {
-                        return Err(Error::ReplicaMismatch("averaged tensor size differs".into()));
+                        return Err(Error::mismatch(
+                            "a tensor's size since its snapshot",
+                            sent[i].len(),
+                            now.len(),
+                        ));
                     }
                     Some(
                         now.iter()
@@ -419,7 +429,11 @@ impl Worker {
         }
         let buffers = self.replica.buffers_mut();
         if buffers.len() != avg.buffers.len() {
-            return Err(Error::ReplicaMismatch("averaged buffers do not match the replica".into()));
+            return Err(Error::mismatch(
+                "buffers of an averaged state",
+                format!("{} (the replica's)", buffers.len()),
+                avg.buffers.len(),
+            ));
         }
         for (t, a) in buffers.iter_mut().zip(&avg.buffers) {
             t.copy_from_host(a, &stream)?;
@@ -593,8 +607,10 @@ fn keep_copy(copy: &mut Vec<Tensor>, tensors: &[Tensor], stream: &Stream) -> Res
 /// Overwrites `tensors` with the copy [`keep_copy`] made of them.
 fn put_back(tensors: &mut [Tensor], copy: &[Tensor], stream: &Stream) -> Result<()> {
     if copy.len() != tensors.len() {
-        return Err(Error::ReplicaMismatch(
-            "the pre-reduce copy does not match the replica".into(),
+        return Err(Error::mismatch(
+            "tensors of the pre-reduce copy",
+            format!("{} (the replica's)", tensors.len()),
+            copy.len(),
         ));
     }
     for (t, c) in tensors.iter_mut().zip(copy) {

@@ -348,7 +348,7 @@ impl<'a> RankLoop<'a> {
             cur.work.scalars = drain_scalars();
             cur.work.time = self.ledger.close();
             let rank = self.worker.rank;
-            self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work })?;
+            self.send(ToCoordinator::ChunkDone { rank, chunk: cur.chunk, work: cur.work.into() })?;
         }
         self.win.steps += 1;
         if self.win.reported.is_none() && self.win.is_reached() {
@@ -566,7 +566,7 @@ impl<'a> RankLoop<'a> {
                 tracing::warn!(rank, round, error = %e, "collective group broke; waiting to regroup");
                 self.stage = Stage::Interrupted(what);
                 let generation = self.group.generation;
-                let error = e.to_string();
+                let error = e.to_string().into();
                 self.send(ToCoordinator::ReduceFailed { rank, round, generation, error })
             }
             Err(e) => Err(e),
