@@ -349,6 +349,19 @@ impl Machine {
     }
 }
 
+/// The rate a schedule starts from or peaks at (the learning rate it was built around).
+fn base_rate(schedule: &Schedule) -> f64 {
+    match schedule {
+        Schedule::Constant { lr }
+        | Schedule::Step { lr, .. }
+        | Schedule::MultiStep { lr, .. }
+        | Schedule::Exponential { lr, .. }
+        | Schedule::Cosine { lr, .. } => *lr,
+        Schedule::OneCycle { max_lr, .. } => *max_lr,
+        Schedule::Warmup { inner, .. } => base_rate(inner),
+    }
+}
+
 /// The longest deadline a run takes: a week (longer ones are typos, and deadlines must stay
 /// addable to an `Instant`).
 pub const MAX_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -559,9 +572,8 @@ impl RunSpec {
             let problem = Problem::PerRank { given: self.slowdown.len(), ranks };
             return Err(ConfigError { field: Field::Slowdown, problem });
         }
-        if let Schedule::Constant { lr } = self.schedule
-            && !(lr.is_finite() && lr > 0.0)
-        {
+        let lr = base_rate(&self.schedule);
+        if !(lr.is_finite() && lr > 0.0) {
             return Err(ConfigError::out_of_range(Field::LearningRate, lr, "a positive number"));
         }
         if let Err(e) = self.schedule.validate() {

@@ -387,10 +387,10 @@ impl Trainer {
     }
 
     /// A test dataset evaluated on the averaged model at the end of every `every`-th epoch and
-    /// of the last one (`every` 0 is taken as 1).
+    /// of the last one (`spec` refuses `every` 0).
     pub fn test_dataset(mut self, dataset: Arc<dyn Dataset>, every: usize) -> Trainer {
         self.test = Some(dataset);
-        self.draft.eval_every = every.max(1);
+        self.draft.eval_every = every;
         self
     }
 

@@ -83,6 +83,11 @@ fn check_names_the_field_of_every_refused_option() -> TestResult {
         ("lr -1", base().learning_rate(-1.0), Field::LearningRate),
         ("lr inf", base().learning_rate(f32::INFINITY), Field::LearningRate),
         (
+            "cosine from 0",
+            base().schedule(Schedule::Cosine { lr: 0.0, min_lr: 0.0, total: 10 }.with_warmup(2)),
+            Field::LearningRate,
+        ),
+        (
             "cosine to a negative rate",
             base().schedule(Schedule::Cosine { lr: 0.1, min_lr: -1.0, total: 10 }),
             Field::Schedule,
