@@ -1,7 +1,8 @@
 //! The run specification: what every process of a run must agree on, as plain serde data.
 //!
-//! [`crate::Trainer::spec`] checks a trainer's options and resolves them into a [`RunSpec`]
-//! (devices listed, schedule and guard chosen, linear scaling applied, watchdog defaulted);
+//! [`crate::Trainer`] keeps its options as a draft [`RunSpec`]; [`crate::Trainer::spec`] resolves
+//! it (devices listed, guard chosen, linear scaling applied, watchdog defaulted) and checks it
+//! with [`RunSpec::check`], the one place the rules on a run's options are written;
 //! [`crate::Trainer::run`] runs exactly that spec. What only one process holds — the replica
 //! factory, the datasets, callbacks, the sample audit, the opened checkpoint store, the bundle
 //! resumed from — stays out of it. A spec serializes with serde (bincode 2 and JSON round-trip
