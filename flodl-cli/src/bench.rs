@@ -65,6 +65,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     anyhow::ensure!(cfg.fail_rank.is_empty(), "fail-rank is for fdl train, not fdl bench");
     let devices = cfg.devices()?;
     let data = Data::load(&cfg)?;
+    // Checked before anything is written: the library's rules, in the flags' names.
+    train::trainer(&cfg, &devices, &data, &RunOptions::default(), None)?
+        .spec()
+        .map_err(|e| train::explain(e, &cfg, None))?;
     let (started_at, stamp) = run_dir::utc_now();
     let out =
         args.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("bench-{stamp}")));

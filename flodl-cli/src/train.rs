@@ -10,7 +10,7 @@ use flodl_data::{Access, RecordFile};
 use flodl_data::{Dataset, Subset};
 use flodl_ddp::checkpoint::SaveInterval;
 use flodl_ddp::{
-    CacheTally, Devices, FaultEvent, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec,
+    CacheTally, Devices, FaultEvent, Field, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec,
     TimeBreakdown, TrainedState, Trainer,
 };
 use flodl_tensor::Device;
@@ -55,7 +55,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     if let Some(c) = &cluster {
         trainer = crate::launch::cluster_trainer(trainer, &devices, &cfg, c.clone());
     }
-    let spec = trainer.spec().map_err(|e| resume::explain(e, resume.as_ref()))?;
+    let spec = trainer.spec().map_err(|e| explain(e, &cfg, resume.as_ref()))?;
     if let Some(c) = cluster.as_ref().filter(|c| !c.hosts_controller(spec.backend, kind))
         && !args.dry_run
     {
@@ -277,7 +277,7 @@ pub(crate) struct Outcome {
 /// reference MLP on `data`, with the run options and the bundle to resume from.
 ///
 /// # Errors
-/// The LR schedule does not build.
+/// A watchdog no `Duration` holds (every other option is checked by `Trainer::spec`).
 pub(crate) fn trainer(
     cfg: &TrainConfig,
     devices: &[Device],
@@ -286,6 +286,7 @@ pub(crate) fn trainer(
     resume: Option<&ResumePoint>,
 ) -> Result<Trainer> {
     let mlp = MlpConfig::new(&widths(cfg), Optimizer::sgd(cfg.momentum as f32));
+    let size = mlp.size();
     let build = Mlp::factory(mlp);
     let fails = cfg.fail_rank.clone();
     let factory = move |ctx: &ReplicaContext| {
@@ -304,16 +305,17 @@ pub(crate) fn trainer(
         .seed(cfg.seed)
         .slowdown(cfg.slowdown.clone())
         .prefetch(cfg.prefetch)
-        .staging(cfg.staging);
+        .staging(cfg.staging)
+        .model_size(size);
     // The runtime indexes schedules in cohort steps: every rank's batches together.
-    let per_epoch_steps = (data.train.len() / cfg.batch_size) as u64;
+    let per_epoch_steps = (data.train.len() / cfg.batch_size.max(1)) as u64;
     let total_steps = cfg.epochs as u64 * per_epoch_steps;
     let warmup = (cfg.warmup_epochs * per_epoch_steps as f64).round() as u64;
-    if let Some(schedule) = cfg.schedule.build(cfg.lr, total_steps, warmup)? {
+    if let Some(schedule) = cfg.schedule.build(cfg.lr, total_steps, warmup) {
         trainer = trainer.schedule(schedule);
     }
     if let Some(secs) = cfg.watchdog_s {
-        trainer = trainer.watchdog(Duration::from_secs_f64(secs));
+        trainer = trainer.watchdog(config::seconds(Field::Watchdog, secs, &cfg.ranks)?);
     }
     if let Some(n) = cfg.max_failures {
         trainer = trainer.max_failures(n);
@@ -334,6 +336,19 @@ pub(crate) fn trainer(
         trainer = trainer.resume(point.source());
     }
     Ok(trainer)
+}
+
+/// A library error as `fdl` says it: a configuration error names the flag ([`config::explain`]),
+/// a refused or failed resume the bundle ([`resume::explain`]).
+pub(crate) fn explain(
+    error: flodl_ddp::Error,
+    cfg: &TrainConfig,
+    resume: Option<&ResumePoint>,
+) -> anyhow::Error {
+    match error {
+        e @ flodl_ddp::Error::Invalid(_) => config::explain(e, &cfg.ranks),
+        e => resume::explain(e, resume),
+    }
 }
 
 /// Runs `trainer` (whose spec is `spec`), showing progress and handing every report to `sink`.

@@ -322,7 +322,7 @@ fn bad_flags_and_configs_fail_with_one_line() -> Result {
         ),
         (
             vec!["train".into(), "--ranks".into(), "3".into(), "--slowdown".into(), "1,2".into()],
-            vec!["slowdown", "2 factors", "3 rank"],
+            vec!["--slowdown", "2 values", "3 ranks"],
         ),
         (vec!["train".into(), "--ranks".into(), "0".into()], vec!["ranks"]),
         (vec!["train".into(), "--lr".into(), "-1".into()], vec!["lr"]),
@@ -357,6 +357,61 @@ fn bad_flags_and_configs_fail_with_one_line() -> Result {
         let case = args.join(" ");
         // clap reports flag errors itself (exit 2) with the same one-line shape.
         assert_one_line_error(&out, &needles, &case);
+    }
+    Ok(())
+}
+
+/// Every option the library checks, set wrong as a new user would, through the real binary:
+/// each is refused before anything trains, in one line naming the flag (or the `--config`
+/// key, the same name), with exit code 1 — never a panic (101) or an abort (134).
+#[test]
+fn absurd_values_are_refused_naming_the_flag() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let file = tmp.path().join("zero.toml");
+    fs::write(&file, "eval-every = 0\n")?;
+    let file = file.to_str().ok_or("path")?;
+    let ck = tmp.path().join("ck");
+    let ck = ck.to_str().ok_or("path")?;
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["--epochs", "0"], vec!["--epochs:", "at least 1"]),
+        (vec!["--config", file], vec!["--eval-every:", "at least 1"]),
+        (vec!["--batch-size", "0"], vec!["--batch-size:"]),
+        (vec!["--batch-size", "512"], vec!["--batch-size:", "512 samples"]),
+        (vec!["--lr", "0"], vec!["--lr:", "positive"]),
+        (vec!["--lr", "-1", "--schedule", "step"], vec!["--lr:", "-1"]),
+        (vec!["--lr", "inf"], vec!["--lr:"]),
+        (vec!["--watchdog", "1e20"], vec!["--watchdog:", "1e20"]),
+        (vec!["--watchdog", "1e9"], vec!["--watchdog:", "a week"]),
+        (vec!["--watchdog", "0"], vec!["--watchdog:"]),
+        (vec!["--watchdog", "NaN"], vec!["--watchdog:", "NaN"]),
+        (vec!["--hidden", "100000,100000"], vec!["--hidden:", "GiB", "free"]),
+        (vec!["--ranks", "1000"], vec!["--ranks:", "1000 CPU ranks", "cores"]),
+        (vec!["--ranks", "0"], vec!["--ranks:"]),
+        (vec!["--slowdown", "1,0.5"], vec!["--slowdown:", "0.5"]),
+        (vec!["--slowdown", "1,inf"], vec!["--slowdown:", "inf"]),
+        (vec!["--eval-every", "0"], vec!["--eval-every:"]),
+        (vec!["--checkpoint-dir", ck, "--keep-checkpoints", "0"], vec!["--keep-checkpoints:"]),
+    ];
+    for (extra, needles) in cases {
+        let out = tmp.path().join("run");
+        let mut args = vec!["train", "--out", out.to_str().ok_or("path")?];
+        // A quick run's flags, but for the one the case sets.
+        let base = [
+            ("--ranks", "2"),
+            ("--train-subset", "512"),
+            ("--test-subset", "64"),
+            ("--batch-size", "32"),
+            ("--epochs", "1"),
+        ];
+        for (flag, value) in base.into_iter().filter(|(flag, _)| !extra.contains(flag)) {
+            args.extend([flag, value]);
+        }
+        args.extend(&extra);
+        let output = fdl(&args)?;
+        let case = extra.join(" ");
+        assert_one_line_error(&output, &needles, &case);
+        assert_eq!(output.status.code(), Some(1), "{case}: {}", text(&output.stderr));
+        assert!(!out.exists(), "{case}: a refused run left a run directory");
     }
     Ok(())
 }

@@ -18,14 +18,9 @@ pub enum Error {
     /// The trainer was configured with values that cannot run (reported by `run()`).
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// [`crate::Trainer::slowdown`] was given a number of factors other than one per rank.
-    #[error("slowdown: {factors} factors given for {ranks} ranks (give one per rank, or none)")]
-    SlowdownCount {
-        /// Factors given.
-        factors: usize,
-        /// Ranks in the run.
-        ranks: usize,
-    },
+    /// An option of the run cannot run ([`crate::RunSpec::check`]): the field and what is wrong.
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] crate::config_error::ConfigError),
     /// Training diverged numerically: a rank's loss, or its parameters at a reduce, are not
     /// finite. The run stops (a divergence is no fault of one rank: every rank would die of it in
     /// turn); with a checkpoint directory it first re-saves its last good bundle (or its starting

@@ -92,6 +92,7 @@
 #![doc = concat!("```no_run\n", include_str!("../examples/softmax.rs"), "```")]
 
 pub mod checkpoint;
+mod config_error;
 pub mod contract;
 pub mod control;
 pub mod cooperative;
@@ -102,6 +103,7 @@ mod runtime;
 mod state;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
+pub use config_error::{ConfigError, Field, Problem};
 pub use contract::{
     Batch, BatchEval, Capability, FailingReplica, Failure, Replica, ReplicaContext, TrainerOption,
     evaluate,
@@ -136,8 +138,8 @@ pub use runtime::engine::run_config::{EpochCallback, SampleAudit};
 pub use runtime::engine::staging::Staging;
 pub use runtime::handle::{Cooperative, DdpHandle};
 pub use runtime::spec::{
-    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, Placement, ResumeTerms,
-    RunSpec,
+    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE, Machine,
+    ModelSize, Placement, ResumeTerms, RunSpec,
 };
 pub use runtime::trainer::{Devices, ResumeFrom, Trainer};
 pub use state::HostTensor;

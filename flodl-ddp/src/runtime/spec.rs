@@ -1,7 +1,8 @@
 //! The run specification: what every process of a run must agree on, as plain serde data.
 //!
-//! [`crate::Trainer::spec`] checks a trainer's options and resolves them into a [`RunSpec`]
-//! (devices listed, schedule and guard chosen, linear scaling applied, watchdog defaulted);
+//! [`crate::Trainer`] keeps its options as a draft [`RunSpec`]; [`crate::Trainer::spec`] resolves
+//! it (devices listed, guard chosen, linear scaling applied, watchdog defaulted) and checks it
+//! with [`RunSpec::check`], the one place the rules on a run's options are written;
 //! [`crate::Trainer::run`] runs exactly that spec. What only one process holds — the replica
 //! factory, the datasets, callbacks, the sample audit, the opened checkpoint store, the bundle
 //! resumed from — stays out of it. A spec serializes with serde (bincode 2 and JSON round-trip
@@ -19,9 +20,10 @@ use sha2::{Digest, Sha256};
 
 use crate::Result;
 use crate::checkpoint::{Checkpoint, CheckpointError, ConfigHash, SaveInterval, StoredDType};
+use crate::config_error::{ConfigError, Field, Problem};
 use crate::control::eval_rank::EvalRank;
-use crate::control::guard::Guard;
-use crate::control::outer::OuterKind;
+use crate::control::guard::{Guard, TREND_THRESHOLD, TrendGuard};
+use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
 use crate::runtime::engine::prefetch::Prefetch;
@@ -276,7 +278,94 @@ pub struct RunSpec {
     pub train: DataSpec,
     /// The test set, when there is one.
     pub test: Option<DataSpec>,
+    /// The model's size, when the trainer was told it: checked against the devices' memory.
+    #[serde(default)]
+    pub model: Option<ModelSize>,
 }
+
+/// A model's size: what one replica holds in memory besides its activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSize {
+    /// Trainable parameters (f32 each).
+    pub parameters: u64,
+    /// Optimizer state per parameter, in f32 values (SGD with momentum 1, Adam 2).
+    pub state_per_parameter: u32,
+}
+
+impl ModelSize {
+    /// Bytes one replica holds: its parameters, their gradients and the optimizer state.
+    pub fn replica_bytes(&self) -> u64 {
+        let values = 2 + u64::from(self.state_per_parameter);
+        self.parameters.saturating_mul(values).saturating_mul(4)
+    }
+}
+
+/// What a run is checked against: this machine's cores and each device's free memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Machine {
+    /// Hardware threads available to this process.
+    pub cores: usize,
+    /// Free bytes of each device found (`0` when unknown: then not checked).
+    pub free_memory: Vec<(Device, u64)>,
+}
+
+impl Machine {
+    /// CPU ranks allowed per core: a rank is one thread that mostly computes, so more than a
+    /// few per core only slows every one of them down.
+    pub const RANKS_PER_CORE: usize = 16;
+
+    /// This machine, as [`flodl_tensor::devices`] finds it (system memory for the CPU, each
+    /// GPU's free memory).
+    pub fn this() -> Machine {
+        let devices = flodl_tensor::devices();
+        let cores = devices
+            .iter()
+            .find_map(|d| match d.details {
+                flodl_tensor::DeviceDetails::Cpu { cores } => Some(cores),
+                flodl_tensor::DeviceDetails::Cuda { .. } => None,
+            })
+            .unwrap_or(1);
+        let free_memory = devices
+            .iter()
+            .map(|d| {
+                let free = if d.free_memory > 0 { d.free_memory } else { d.total_memory };
+                (d.device, free)
+            })
+            .collect();
+        Machine { cores, free_memory }
+    }
+
+    /// The most CPU ranks one process may run here.
+    pub fn max_cpu_ranks(&self) -> usize {
+        self.cores.max(1).saturating_mul(Self::RANKS_PER_CORE)
+    }
+
+    /// Free bytes of `device`, when known.
+    fn free(&self, device: Device) -> Option<u64> {
+        self.free_memory
+            .iter()
+            .find(|(d, _)| *d == device)
+            .map(|(_, free)| *free)
+            .filter(|f| *f > 0)
+    }
+}
+
+/// The rate a schedule starts from or peaks at (the learning rate it was built around).
+fn base_rate(schedule: &Schedule) -> f64 {
+    match schedule {
+        Schedule::Constant { lr }
+        | Schedule::Step { lr, .. }
+        | Schedule::MultiStep { lr, .. }
+        | Schedule::Exponential { lr, .. }
+        | Schedule::Cosine { lr, .. } => *lr,
+        Schedule::OneCycle { max_lr, .. } => *max_lr,
+        Schedule::Warmup { inner, .. } => base_rate(inner),
+    }
+}
+
+/// The longest deadline a run takes: a week (longer ones are typos, and deadlines must stay
+/// addable to an `Instant`).
+pub const MAX_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What a bundle's resume depends on: the settings that change the maths of training, which a
 /// run resuming a bundle must share with the run that saved it ([`RunSpec::resume_terms`];
@@ -385,7 +474,198 @@ fn canonical<T: Serialize>(
     Ok(ConfigHash(hasher.finalize().into()))
 }
 
+impl Default for RunSpec {
+    /// [`crate::Trainer`]'s defaults: batch size 64, 1 epoch, `Cadence` on the `Collective`
+    /// backend, seed 42, learning rate 0.01, stall timeout 120 s, snapshot timeout 5 s with 3
+    /// retries, watchdog 30 s, the trend guard, no limit on failed ranks — and no device and an
+    /// empty training set, which [`crate::Trainer::spec`] fills in.
+    fn default() -> Self {
+        RunSpec {
+            batch_size: 64,
+            epochs: 1,
+            devices: Vec::new(),
+            placement: Placement::Threads,
+            wire: crate::link::frame::WireFormat::F32,
+            policy: Policy::Cadence,
+            backend: Backend::Collective,
+            seed: 42,
+            schedule: Schedule::Constant { lr: f64::from(0.01f32) },
+            lr_scale: 1.0,
+            lr_scale_ratio: 0.0,
+            elche: ElCheKnobs::default(),
+            slowdown: Vec::new(),
+            stall_timeout: Duration::from_secs(120),
+            snapshot_timeout: Duration::from_secs(5),
+            max_stalled_rounds: 3,
+            watchdog: Duration::from_secs(30),
+            gamma: crate::control::weighting::DEFAULT_GAMMA,
+            guard: Guard::Trend(TrendGuard::new(TREND_THRESHOLD)),
+            outer: OuterKind::Average,
+            easgd: None,
+            max_grad_norm: None,
+            prefetch: Prefetch::Auto,
+            staging: Staging::Auto,
+            max_failures: usize::MAX,
+            eval_every: 1,
+            eval_rank: EvalRank::Fastest,
+            checkpoint: None,
+            train: DataSpec { samples: 0, fields: Vec::new() },
+            test: None,
+            model: None,
+        }
+    }
+}
+
 impl RunSpec {
+    /// Every rule on a run's options, checked against `machine`: the one place they are
+    /// written ([`crate::Trainer::spec`] and every front end go through it).
+    ///
+    /// # Errors
+    /// The first option that cannot run, as a [`ConfigError`] naming its [`Field`].
+    pub fn check(&self, machine: &Machine) -> std::result::Result<(), ConfigError> {
+        let at_least_one = |field, value: usize| {
+            if value >= 1 {
+                Ok(())
+            } else {
+                Err(ConfigError::out_of_range(field, value, "at least 1"))
+            }
+        };
+        at_least_one(Field::BatchSize, self.batch_size)?;
+        at_least_one(Field::Epochs, self.epochs)?;
+        at_least_one(Field::EvalEvery, self.eval_every)?;
+        let ranks = self.world();
+        if ranks == 0 {
+            return Err(ConfigError::unsupported(
+                Field::Devices,
+                "no rank to run: no device given",
+            ));
+        }
+        let cpu_ranks = self.devices.iter().filter(|d| **d == Device::Cpu).count();
+        if !self.placement.is_cluster() && cpu_ranks > machine.max_cpu_ranks() {
+            let problem = Problem::TooManyRanks {
+                ranks: cpu_ranks,
+                cores: machine.cores,
+                max: machine.max_cpu_ranks(),
+            };
+            return Err(ConfigError { field: Field::Devices, problem });
+        }
+        if self.train.samples / self.batch_size < ranks {
+            let problem = Problem::TooFewSamples {
+                samples: self.train.samples,
+                batch_size: self.batch_size,
+                ranks,
+            };
+            return Err(ConfigError { field: Field::BatchSize, problem });
+        }
+        if let EvalRank::Fixed(rank) = self.eval_rank
+            && rank >= ranks
+        {
+            return Err(ConfigError::out_of_range(Field::EvalRank, rank, "one of the run's ranks"));
+        }
+        if let Some(bad) = self.slowdown.iter().find(|f| !(f.is_finite() && **f >= 1.0)) {
+            return Err(ConfigError::out_of_range(
+                Field::Slowdown,
+                bad,
+                "factors >= 1 (1 = full speed)",
+            ));
+        }
+        if !self.slowdown.is_empty() && self.slowdown.len() != ranks {
+            let problem = Problem::PerRank { given: self.slowdown.len(), ranks };
+            return Err(ConfigError { field: Field::Slowdown, problem });
+        }
+        let lr = base_rate(&self.schedule);
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(ConfigError::out_of_range(Field::LearningRate, lr, "a positive number"));
+        }
+        if let Err(e) = self.schedule.validate() {
+            return Err(ConfigError::unsupported(Field::Schedule, e.to_string()));
+        }
+        if !(self.lr_scale_ratio.is_finite() && self.lr_scale_ratio >= 0.0) {
+            return Err(ConfigError::out_of_range(
+                Field::LrScaleRatio,
+                self.lr_scale_ratio,
+                "a number >= 0",
+            ));
+        }
+        if self.elche.anchor == 0 || self.elche.min_chunk == 0 {
+            let value = format!("anchor {}, min chunk {}", self.elche.anchor, self.elche.min_chunk);
+            return Err(ConfigError::out_of_range(
+                Field::Elche,
+                value,
+                "anchor and min chunk at least 1",
+            ));
+        }
+        let deadlines = [
+            (Field::StallTimeout, self.stall_timeout),
+            (Field::SnapshotTimeout, self.snapshot_timeout),
+            (Field::Watchdog, self.watchdog),
+        ];
+        for (field, deadline) in deadlines {
+            if deadline.is_zero() || deadline > MAX_DEADLINE {
+                return Err(ConfigError::out_of_range(
+                    field,
+                    format!("{deadline:?}"),
+                    "more than 0 and at most a week",
+                ));
+            }
+        }
+        at_least_one(Field::SnapshotTimeout, self.max_stalled_rounds)?;
+        if let Err(e) = OuterOptimizer::new(self.outer) {
+            return Err(ConfigError::unsupported(Field::Outer, e.to_string()));
+        }
+        if let Some(bad) = self.max_grad_norm.filter(|m| !(m.is_finite() && *m > 0.0)) {
+            return Err(ConfigError::out_of_range(Field::MaxGradNorm, bad, "a positive number"));
+        }
+        if let Some(alpha) = self.easgd {
+            if let Err(e) = check_easgd_alpha(alpha) {
+                return Err(ConfigError::unsupported(Field::Easgd, e.to_string()));
+            }
+            if self.backend != Backend::Host {
+                let problem = Problem::Needs { other: Field::Backend, to_be: "host" };
+                return Err(ConfigError { field: Field::Easgd, problem });
+            }
+        }
+        if let Err(e) = crate::control::weighting::work_masses(&[1], self.gamma) {
+            return Err(ConfigError::unsupported(Field::Gamma, e.to_string()));
+        }
+        if let Some(c) = &self.checkpoint {
+            at_least_one(Field::KeepCheckpoints, c.keep)?;
+        }
+        if let Some(model) = self.model {
+            self.check_memory(model, machine)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a model whose replicas do not fit a device's free memory: in one process, every
+    /// rank on a device holds a replica there; in a cluster run, each process holds one.
+    fn check_memory(
+        &self,
+        model: ModelSize,
+        machine: &Machine,
+    ) -> std::result::Result<(), ConfigError> {
+        let mut seen: Vec<Device> = Vec::new();
+        for &device in &self.devices {
+            if seen.contains(&device) {
+                continue;
+            }
+            seen.push(device);
+            let replicas = if self.placement.is_cluster() {
+                1
+            } else {
+                self.devices.iter().filter(|d| **d == device).count()
+            };
+            let needs = model.replica_bytes().saturating_mul(replicas as u64);
+            if let Some(free) = machine.free(device)
+                && needs > free
+            {
+                let problem = Problem::OutOfMemory { device, replicas, needs, free };
+                return Err(ConfigError { field: Field::ModelSize, problem });
+            }
+        }
+        Ok(())
+    }
+
     /// Ranks in the run.
     pub fn world(&self) -> usize {
         self.devices.len()

@@ -8,9 +8,10 @@ use flodl_data::Dataset;
 use flodl_tensor::Device;
 
 use crate::checkpoint::{Checkpoint, CheckpointError, SaveInterval};
+use crate::config_error::{ConfigError, Field, Problem};
 use crate::contract::replica::{Replica, ReplicaContext};
 use crate::control::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, TrendGuard};
-use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
+use crate::control::outer::OuterKind;
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
 use crate::cooperative::bridge::Bridge;
@@ -25,7 +26,7 @@ use crate::runtime::engine::staging::Staging;
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::spec::{
-    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Placement, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Machine, ModelSize, Placement, RunSpec,
 };
 use crate::state::HostTensor;
 use crate::{Error, Result};
@@ -45,7 +46,7 @@ impl Devices {
     /// The devices, one per rank.
     ///
     /// # Errors
-    /// [`Error::Config`] when the list is empty or `AllGpus` finds none.
+    /// [`Error::Invalid`] when the list is empty or `AllGpus` finds none.
     pub fn resolve(&self) -> Result<Vec<Device>> {
         let list = match self {
             Devices::Cpu(n) => vec![Device::Cpu; *n],
@@ -58,7 +59,9 @@ impl Devices {
                     .unwrap_or_else(|| "no CUDA device is visible".into()),
                 _ => "no device given".into(),
             };
-            return Err(Error::Config(format!("no rank to run: {why}")));
+            return Err(
+                ConfigError::unsupported(Field::Devices, format!("no rank to run: {why}")).into()
+            );
         }
         Ok(list)
     }
@@ -126,49 +129,30 @@ pub struct Trainer {
     factory: Factory,
     dataset: Option<Arc<dyn Dataset>>,
     test: Option<Arc<dyn Dataset>>,
-    eval_every: usize,
-    eval_rank: crate::EvalRank,
     on_epoch: Option<EpochCallback>,
-    batch_size: usize,
-    epochs: usize,
-    devices: Devices,
-    policy: Policy,
-    backend: Backend,
-    seed: u64,
-    lr: f32,
-    schedule: Option<Schedule>,
-    lr_scale_ratio: f64,
-    elche: ElCheKnobs,
-    slowdown: Vec<f64>,
-    stall_timeout: Duration,
-    snapshot_timeout: Duration,
-    max_stalled_rounds: usize,
     audit: Option<SampleAudit>,
-    gamma: f64,
-    guard: Option<Guard>,
-    outer: OuterKind,
-    easgd: Option<f32>,
-    max_grad_norm: Option<f32>,
-    prefetch: Prefetch,
-    staging: Staging,
-    checkpoint_dir: Option<PathBuf>,
-    checkpoint_every: SaveInterval,
-    keep_checkpoints: usize,
     resume: Option<ResumeFrom>,
-    watchdog: Option<Duration>,
-    max_failures: usize,
     cluster: Option<Cluster>,
-    wire: WireFormat,
+    /// The one copy of the run's options: every setter writes here, and [`spec`](Self::spec)
+    /// resolves it (devices, data, defaults that follow other options) and checks it.
+    draft: RunSpec,
+    /// Resolved into the draft's `devices` (and `placement`) by [`spec`](Self::spec).
+    devices: Devices,
+    /// Set by the user; otherwise the default follows the stall timeout.
+    watchdog: Option<Duration>,
+    /// Set by the user; otherwise the default follows EASGD.
+    guard: Option<Guard>,
+    /// When and how many bundles, in effect once a directory is given.
+    checkpoint: CheckpointSpec,
+    /// Whether [`checkpoint_dir`](Self::checkpoint_dir) was given.
+    saves: bool,
 }
 
 impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
-            .field("batch_size", &self.batch_size)
-            .field("epochs", &self.epochs)
+            .field("draft", &self.draft)
             .field("devices", &self.devices)
-            .field("policy", &self.policy)
-            .field("backend", &self.backend)
             .finish_non_exhaustive()
     }
 }
@@ -191,39 +175,20 @@ impl Trainer {
             factory,
             dataset: None,
             test: None,
-            eval_every: 1,
-            eval_rank: crate::EvalRank::Fastest,
             on_epoch: None,
-            batch_size: 64,
-            epochs: 1,
-            devices: Devices::Cpu(1),
-            policy: Policy::Cadence,
-            backend: Backend::Collective,
-            seed: 42,
-            lr: 0.01,
-            schedule: None,
-            lr_scale_ratio: 0.0,
-            elche: ElCheKnobs::default(),
-            slowdown: Vec::new(),
-            stall_timeout: Duration::from_secs(120),
-            snapshot_timeout: Duration::from_secs(5),
-            max_stalled_rounds: 3,
             audit: None,
-            gamma: crate::control::weighting::DEFAULT_GAMMA,
-            guard: None,
-            outer: OuterKind::Average,
-            easgd: None,
-            max_grad_norm: None,
-            prefetch: Prefetch::Auto,
-            staging: Staging::Auto,
-            checkpoint_dir: None,
-            checkpoint_every: SaveInterval::every_epochs(1),
-            keep_checkpoints: 3,
             resume: None,
-            watchdog: None,
-            max_failures: usize::MAX,
             cluster: None,
-            wire: WireFormat::F32,
+            draft: RunSpec::default(),
+            devices: Devices::Cpu(1),
+            watchdog: None,
+            guard: None,
+            checkpoint: CheckpointSpec {
+                dir: PathBuf::new(),
+                every: SaveInterval::every_epochs(1),
+                keep: 3,
+            },
+            saves: false,
         }
     }
 
@@ -233,10 +198,11 @@ impl Trainer {
     /// replica to build). Same defaults as [`new`](Self::new).
     pub fn cooperative() -> Trainer {
         Trainer::new(|_: &ReplicaContext| -> Result<Bridge> {
-            Err(Error::Config(
-                "a cooperative trainer has no replicas: start it with Trainer::run_cooperative"
-                    .into(),
-            ))
+            Err(ConfigError::unsupported(
+                Field::Dataset,
+                "a cooperative trainer has no replicas: start it with Trainer::run_cooperative",
+            )
+            .into())
         })
     }
 
@@ -256,25 +222,26 @@ impl Trainer {
     /// checkpoints and no gradient clipping ([`Error::MissingCapability`]).
     ///
     /// # Errors
-    /// Those of [`run`](Self::run); [`Error::Config`] for a cluster run, a rank that is not a
+    /// Those of [`run`](Self::run); [`Error::Invalid`] for a cluster run, a rank that is not a
     /// CPU, or an `initial` tensor whose values do not fill its shape.
     pub fn run_cooperative(mut self, initial: Vec<HostTensor>) -> Result<Cooperative> {
         if self.cluster.is_some() {
-            return Err(Error::Config(
-                "the cooperative tier runs in one process (no cluster run yet)".into(),
-            ));
+            let why = "the cooperative tier runs in one process (no cluster run yet)";
+            return Err(ConfigError::unsupported(Field::Cluster, why).into());
         }
         let spec = self.spec()?;
         if let Some(d) = spec.devices.iter().find(|d| **d != Device::Cpu) {
-            return Err(Error::Config(format!("the cooperative tier runs on CPU ranks, not {d}")));
+            let why = format!("the cooperative tier runs on CPU ranks, not {d}");
+            return Err(ConfigError::unsupported(Field::Devices, why).into());
         }
         if let Some(p) = initial.iter().find(|p| p.shape.iter().product::<usize>() != p.data.len())
         {
-            return Err(Error::Config(format!(
+            let why = format!(
                 "an initial parameter of shape {:?} holds {} values",
                 p.shape,
                 p.data.len()
-            )));
+            );
+            return Err(ConfigError::unsupported(Field::ModelSize, why).into());
         }
         // The rank waits for its worker up to the watchdog (a silent rank is declared dead by
         // then anyway); the worker waits for its rank up to every wait the rank may be in.
@@ -320,7 +287,7 @@ impl Trainer {
     /// the bytes of snapshots, updates and initial states, the consensus staying f32 on the
     /// controller). In-process ranks always exchange f32.
     pub fn wire(mut self, format: WireFormat) -> Trainer {
-        self.wire = format;
+        self.draft.wire = format;
         self
     }
 
@@ -331,16 +298,16 @@ impl Trainer {
     }
 
     /// A test dataset evaluated on the averaged model at the end of every `every`-th epoch and
-    /// of the last one (`every` 0 is taken as 1).
+    /// of the last one (`spec` refuses `every` 0).
     pub fn test_dataset(mut self, dataset: Arc<dyn Dataset>, every: usize) -> Trainer {
         self.test = Some(dataset);
-        self.eval_every = every.max(1);
+        self.draft.eval_every = every;
         self
     }
 
     /// Which rank evaluates the test set (default [`crate::EvalRank::Fastest`]).
     pub fn eval_rank(mut self, rank: crate::EvalRank) -> Trainer {
-        self.eval_rank = rank;
+        self.draft.eval_rank = rank;
         self
     }
 
@@ -355,13 +322,13 @@ impl Trainer {
 
     /// Samples per batch on every rank.
     pub fn batch_size(mut self, batch_size: usize) -> Trainer {
-        self.batch_size = batch_size;
+        self.draft.batch_size = batch_size;
         self
     }
 
     /// Passes over the dataset.
     pub fn epochs(mut self, epochs: usize) -> Trainer {
-        self.epochs = epochs;
+        self.draft.epochs = epochs;
         self
     }
 
@@ -373,69 +340,68 @@ impl Trainer {
 
     /// When to average.
     pub fn policy(mut self, policy: Policy) -> Trainer {
-        self.policy = policy;
+        self.draft.policy = policy;
         self
     }
 
     /// How to average.
     pub fn backend(mut self, backend: Backend) -> Trainer {
-        self.backend = backend;
+        self.draft.backend = backend;
         self
     }
 
     /// The seed of the initial weights and of the epoch permutations.
     pub fn seed(mut self, seed: u64) -> Trainer {
-        self.seed = seed;
+        self.draft.seed = seed;
         self
     }
 
     /// The learning rate every rank's optimizer steps with (a constant schedule).
     pub fn learning_rate(mut self, lr: f32) -> Trainer {
-        self.lr = lr;
-        self.schedule = None;
+        self.draft.schedule = Schedule::Constant { lr: f64::from(lr) };
         self
     }
 
     /// A learning-rate schedule indexed in cohort steps (the batches of all ranks up to the
     /// last reduce, plus the rank's own since); replaces [`learning_rate`](Self::learning_rate).
     pub fn schedule(mut self, schedule: Schedule) -> Trainer {
-        self.schedule = Some(schedule);
+        self.draft.schedule = schedule;
         self
     }
 
     /// The linear scaling rule: every rate is multiplied by `1 + (ranks − 1)·ratio` (default 0,
     /// no scaling; 1 scales by the number of ranks).
     pub fn lr_scale_ratio(mut self, ratio: f64) -> Trainer {
-        self.lr_scale_ratio = ratio;
+        self.draft.lr_scale_ratio = ratio;
         self
     }
 
     /// ElChe's knobs.
     pub fn elche(mut self, knobs: ElCheKnobs) -> Trainer {
-        self.elche = knobs;
+        self.draft.elche = knobs;
         self
     }
 
     /// Per-rank slowdown factors (speed-skew emulation): after each step, rank `r` waits
     /// `(factors[r] − 1) ×` the step's compute time. One factor per rank, or none (every rank
-    /// at full speed); `run` refuses any other count with [`Error::SlowdownCount`].
+    /// at full speed); `spec` refuses any other count ([`Problem::PerRank`]).
     pub fn slowdown(mut self, factors: Vec<f64>) -> Trainer {
-        self.slowdown = factors;
+        self.draft.slowdown = factors;
         self
     }
 
     /// How long any rank or the coordinator waits for a peer before the run fails (a rank's
     /// own liveness is judged by the [`watchdog`](Self::watchdog), at most this long).
     pub fn stall_timeout(mut self, timeout: Duration) -> Trainer {
-        self.stall_timeout = timeout;
+        self.draft.stall_timeout = timeout;
         self
     }
 
     /// Host backend: how long a round waits for snapshots before it is soft-aborted and
     /// retried, and how many rounds in a row may be (the run then fails).
     pub fn snapshot_timeout(mut self, timeout: Duration, retries: usize) -> Trainer {
-        self.snapshot_timeout = timeout;
-        self.max_stalled_rounds = retries.max(1);
+        self.draft.snapshot_timeout = timeout;
+        self.draft.max_stalled_rounds = retries.max(1);
         self
     }
 
@@ -460,7 +426,7 @@ impl Trainer {
     /// a rank is alive). Past the limit the run fails with the error of the rank that died
     /// last; 0 makes any rank's failure the run's failure.
     pub fn max_failures(mut self, max: usize) -> Trainer {
-        self.max_failures = max;
+        self.draft.max_failures = max;
         self
     }
 
@@ -475,7 +441,7 @@ impl Trainer {
     /// counts equally); a rank with no batch takes no part, and buffers are averaged equally
     /// over the ranks that stepped. Both backends use the same weights.
     pub fn gamma(mut self, gamma: f64) -> Trainer {
-        self.gamma = gamma;
+        self.draft.gamma = gamma;
         self
     }
 
@@ -494,7 +460,7 @@ impl Trainer {
     /// stepped on a round where no rank trained. Under [`OuterKind::Nesterov`] (DiLoCo) every
     /// rank resets its inner optimizer state after each round.
     pub fn outer(mut self, outer: OuterKind) -> Trainer {
-        self.outer = outer;
+        self.draft.outer = outer;
         self
     }
 
@@ -504,7 +470,7 @@ impl Trainer {
     /// its snapshot, as the plain update is); buffers are overwritten. α = 1 is exactly the
     /// plain update. The default guard's trend threshold becomes 0.3.
     pub fn easgd(mut self, alpha: f32) -> Trainer {
-        self.easgd = Some(alpha);
+        self.draft.easgd = Some(alpha);
         self
     }
 
@@ -512,7 +478,7 @@ impl Trainer {
     /// replica must expose [`Replica::gradients_mut`]: [`run`](Self::run) fails with
     /// [`Error::MissingCapability`] otherwise.
     pub fn max_grad_norm(mut self, max_norm: f32) -> Trainer {
-        self.max_grad_norm = Some(max_norm);
+        self.draft.max_grad_norm = Some(max_norm);
         self
     }
 
@@ -520,7 +486,7 @@ impl Trainer {
     /// [`Prefetch::Auto`]: CUDA ranks do, CPU ranks do not). A rank waits for a prefetched batch
     /// at most the stall timeout.
     pub fn prefetch(mut self, prefetch: Prefetch) -> Trainer {
-        self.prefetch = prefetch;
+        self.draft.prefetch = prefetch;
         self
     }
 
@@ -529,7 +495,7 @@ impl Trainer {
     /// storage). Batches and their order are the same either way; with prefetching on, the
     /// prefetcher reads through the cache.
     pub fn staging(mut self, staging: Staging) -> Trainer {
-        self.staging = staging;
+        self.draft.staging = staging;
         self
     }
 
@@ -540,19 +506,29 @@ impl Trainer {
     /// its state right after averaging and trains nothing until the coordinator has assembled
     /// the bundle (file IO happens after the ranks are released).
     pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Trainer {
-        self.checkpoint_dir = Some(dir.into());
+        self.checkpoint.dir = dir.into();
+        self.saves = true;
         self
     }
 
     /// When periodic checkpoints are saved (needs [`checkpoint_dir`](Self::checkpoint_dir)).
     pub fn checkpoint_every(mut self, interval: SaveInterval) -> Trainer {
-        self.checkpoint_every = interval;
+        self.checkpoint.every = interval;
         self
     }
 
-    /// How many step bundles the checkpoint directory keeps (default 3, at least 1).
+    /// How many step bundles the checkpoint directory keeps (default 3; `spec` refuses 0).
     pub fn keep_checkpoints(mut self, keep: usize) -> Trainer {
-        self.keep_checkpoints = keep.max(1);
+        self.checkpoint.keep = keep;
+        self
+    }
+
+    /// The model's size (parameters and optimizer state per parameter, e.g.
+    /// [`MlpConfig::size`](crate::MlpConfig::size)): [`spec`](Self::spec) then refuses a run
+    /// whose replicas do not fit a device's free memory, before any is built. Unknown by
+    /// default (not checked).
+    pub fn model_size(mut self, size: ModelSize) -> Trainer {
+        self.draft.model = Some(size);
         self
     }
 
@@ -580,117 +556,37 @@ impl Trainer {
     /// are looked at by `run`).
     ///
     /// # Errors
-    /// [`Error::Config`] for a missing dataset, a zero batch size or epoch count, a dataset
-    /// smaller than one batch per rank, a bad slowdown factor, a negative or non-finite γ, a
-    /// bad outer learning rate or momentum, an EASGD α outside (0, 1] or without the host
-    /// backend, a non-positive maximum gradient norm, or no device; [`Error::SlowdownCount`] when
-    /// the slowdown factors are not one per rank.
+    /// [`Error::Invalid`] naming the option: a missing dataset, no device, a collective
+    /// backend across processes without MPI, or any rule of [`RunSpec::check`] (checked
+    /// against this machine's cores and memory).
     pub fn spec(&self) -> Result<RunSpec> {
+        self.spec_on(&Machine::this())
+    }
+
+    /// [`spec`](Self::spec), checked against `machine` instead of this one.
+    ///
+    /// # Errors
+    /// As [`spec`](Self::spec).
+    pub fn spec_on(&self, machine: &Machine) -> Result<RunSpec> {
         let dataset = self.dataset.as_deref().ok_or_else(missing_dataset)?;
-        let (devices, placement) = match &self.cluster {
+        let mut spec = self.draft.clone();
+        (spec.devices, spec.placement) = match &self.cluster {
             Some(cluster) => (vec![self.device_kind()?; cluster.world()], cluster.placement()),
             None => (self.devices.resolve()?, Placement::Threads),
         };
         // GPU processes average through NCCL (ids relayed by the controller); CPU processes
         // through MPI.
-        if CollectiveEngine::choose(self.backend, placement, &devices)
-            == Some(CollectiveEngine::Mpi)
-        {
+        if spec.collective_engine() == Some(CollectiveEngine::Mpi) {
             check_mpi()?;
         }
-        if self.batch_size == 0 || self.epochs == 0 {
-            return Err(Error::Config("batch size and epochs must be at least 1".into()));
-        }
-        if dataset.len() / self.batch_size < devices.len() {
-            return Err(Error::Config(format!(
-                "{} samples make fewer than one batch of {} per rank for {} ranks",
-                dataset.len(),
-                self.batch_size,
-                devices.len()
-            )));
-        }
-        if let crate::EvalRank::Fixed(rank) = self.eval_rank
-            && rank >= devices.len()
-        {
-            return Err(Error::Config(format!(
-                "eval rank {rank} is not one of the {} ranks",
-                devices.len()
-            )));
-        }
-        if let Some(bad) = self.slowdown.iter().find(|f| !f.is_finite() || **f < 1.0) {
-            return Err(Error::Config(format!("slowdown factors must be >= 1, got {bad}")));
-        }
-        if !self.slowdown.is_empty() && self.slowdown.len() != devices.len() {
-            return Err(Error::SlowdownCount {
-                factors: self.slowdown.len(),
-                ranks: devices.len(),
-            });
-        }
-        if !self.lr.is_finite() || self.lr < 0.0 {
-            return Err(Error::Config(format!("invalid learning rate {}", self.lr)));
-        }
-        let schedule =
-            self.schedule.clone().unwrap_or(Schedule::Constant { lr: f64::from(self.lr) });
-        schedule.validate().map_err(|e| Error::Config(e.to_string()))?;
-        if !self.lr_scale_ratio.is_finite() || self.lr_scale_ratio < 0.0 {
-            return Err(Error::Config(format!("invalid lr scale ratio {}", self.lr_scale_ratio)));
-        }
-        if self.elche.anchor == 0 || self.elche.min_chunk == 0 {
-            return Err(Error::Config("ElChe anchor and min chunk must be at least 1".into()));
-        }
-        let watchdog = self.watchdog.unwrap_or(DEFAULT_WATCHDOG.min(self.stall_timeout));
-        if self.stall_timeout.is_zero() || self.snapshot_timeout.is_zero() || watchdog.is_zero() {
-            return Err(Error::Config("timeouts must be positive".into()));
-        }
-        OuterOptimizer::new(self.outer).map_err(|e| Error::Config(e.to_string()))?;
-        if let Some(bad) = self.max_grad_norm.filter(|m| !(m.is_finite() && *m > 0.0)) {
-            return Err(Error::Config(format!("max gradient norm must be > 0, got {bad}")));
-        }
-        if let Some(alpha) = self.easgd {
-            check_easgd_alpha(alpha).map_err(|e| Error::Config(e.to_string()))?;
-            if self.backend != Backend::Host {
-                return Err(Error::Config("EASGD blending needs the host backend".into()));
-            }
-        }
-        crate::control::weighting::work_masses(&[1], self.gamma)
-            .map_err(|e| Error::Config(e.to_string()))?;
-        let lr_scale = crate::control::schedule::lr_scale(devices.len(), self.lr_scale_ratio);
-        Ok(RunSpec {
-            batch_size: self.batch_size,
-            epochs: self.epochs,
-            devices,
-            placement,
-            wire: self.wire,
-            policy: self.policy,
-            backend: self.backend,
-            seed: self.seed,
-            schedule,
-            lr_scale,
-            lr_scale_ratio: self.lr_scale_ratio,
-            elche: self.elche.clone(),
-            slowdown: self.slowdown.clone(),
-            stall_timeout: self.stall_timeout,
-            snapshot_timeout: self.snapshot_timeout,
-            max_stalled_rounds: self.max_stalled_rounds,
-            watchdog,
-            gamma: self.gamma,
-            guard: self.guard.clone().unwrap_or_else(|| default_guard(self.easgd.is_some())),
-            outer: self.outer,
-            easgd: self.easgd,
-            max_grad_norm: self.max_grad_norm,
-            prefetch: self.prefetch,
-            staging: self.staging,
-            max_failures: self.max_failures,
-            eval_every: self.eval_every,
-            eval_rank: self.eval_rank,
-            checkpoint: self.checkpoint_dir.clone().map(|dir| CheckpointSpec {
-                dir,
-                every: self.checkpoint_every,
-                keep: self.keep_checkpoints,
-            }),
-            train: DataSpec::of(dataset),
-            test: self.test.as_deref().map(DataSpec::of),
-        })
+        spec.train = DataSpec::of(dataset);
+        spec.test = self.test.as_deref().map(DataSpec::of);
+        spec.watchdog = self.watchdog.unwrap_or(DEFAULT_WATCHDOG.min(spec.stall_timeout));
+        spec.guard = self.guard.clone().unwrap_or_else(|| default_guard(spec.easgd.is_some()));
+        spec.lr_scale = crate::control::schedule::lr_scale(spec.world(), spec.lr_scale_ratio);
+        spec.checkpoint = self.saves.then(|| self.checkpoint.clone());
+        spec.check(machine)?;
+        Ok(spec)
     }
 
     /// Checks the configuration ([`spec`](Self::spec)), starts the run and returns once every
@@ -706,20 +602,21 @@ impl Trainer {
     /// disagree.
     pub fn run(self) -> Result<DdpHandle> {
         if let Some(cluster) = &self.cluster
-            && !cluster.hosts_controller(self.backend, self.device_kind()?)
+            && !cluster.hosts_controller(self.draft.backend, self.device_kind()?)
         {
-            return Err(Error::Config(format!(
+            let why = format!(
                 "this process is rank {} of a cluster run, which has no DdpHandle: start it \
                  with Trainer::start, whose RankHandle reports the rank's outcome",
                 cluster.rank().unwrap_or(0)
-            )));
+            );
+            return Err(ConfigError::unsupported(Field::Cluster, why).into());
         }
         match self.start()? {
             Started::Coordinator(handle) => Ok(handle),
-            Started::Rank(rank) => Err(Error::Config(format!(
-                "rank {} of a cluster run has no DdpHandle",
-                rank.rank()
-            ))),
+            Started::Rank(rank) => {
+                let why = format!("rank {} of a cluster run has no DdpHandle", rank.rank());
+                Err(ConfigError::unsupported(Field::Cluster, why).into())
+            }
         }
     }
 
@@ -728,16 +625,18 @@ impl Trainer {
         match &self.devices {
             Devices::Cpu(_) => Ok(Device::Cpu),
             Devices::AllGpus if flodl_tensor::cuda_device_count() > 0 => Ok(Device::Cuda(0)),
-            Devices::AllGpus => Err(Error::Config(format!(
-                "no rank to run: {}",
-                flodl_tensor::gpu_skip_reason()
-                    .unwrap_or_else(|| "no CUDA device is visible".into())
-            ))),
-            Devices::List(_) => Err(Error::Config(
+            Devices::AllGpus => {
+                let why = flodl_tensor::gpu_skip_reason()
+                    .unwrap_or_else(|| "no CUDA device is visible".into());
+                Err(ConfigError::unsupported(Field::Devices, format!("no rank to run: {why}"))
+                    .into())
+            }
+            Devices::List(_) => Err(ConfigError::unsupported(
+                Field::Devices,
                 "a cluster run's processes each pick their device: use Devices::Cpu or \
-                 Devices::AllGpus (cuda:LOCAL_RANK)"
-                    .into(),
-            )),
+                 Devices::AllGpus (cuda:LOCAL_RANK)",
+            )
+            .into()),
         }
     }
 
@@ -781,17 +680,18 @@ impl Trainer {
                     config.own = Some((rank, own_device(kind, cluster.local_rank())));
                 }
                 Seat::Controller if !config.spec.controller_apart() => {
-                    return Err(Error::Config(
+                    return Err(ConfigError::unsupported(
+                        Field::Cluster,
                         "a controller of its own serves only runs of the collective backend \
                          across processes (MPI); with the host backend rank 0's process hosts \
-                         the controller"
-                            .into(),
-                    ));
+                         the controller",
+                    )
+                    .into());
                 }
                 Seat::Controller => {}
             }
             if let Some(rank) =
-                cluster.rank().filter(|_| !cluster.hosts_controller(self.backend, kind))
+                cluster.rank().filter(|_| !cluster.hosts_controller(self.draft.backend, kind))
             {
                 // The controller alone saves and resumes: a rank restores from `Init`.
                 config.checkpoints = None;
@@ -838,22 +738,22 @@ impl Trainer {
 /// through MPI (feature `mpi`).
 ///
 /// # Errors
-/// [`Error::Config`] for GPU ranks (NCCL across processes is not built yet) or a build
-/// without the `mpi` feature.
+/// [`Error::Invalid`] (the backend) for a build without the `mpi` feature.
 fn check_mpi() -> Result<()> {
     if cfg!(feature = "mpi") {
         Ok(())
     } else {
-        Err(Error::Config(
+        Err(ConfigError::unsupported(
+            Field::Backend,
             "the collective backend across processes needs MPI: build with the `mpi` feature \
              (cargo build --features mpi; Debian: libopenmpi-dev, openmpi-bin, libclang-dev) \
-             or use --backend host (Backend::Host)"
-                .into(),
-        ))
+             or use --backend host (Backend::Host)",
+        )
+        .into())
     }
 }
 
 /// The error of a trainer without a training set.
 fn missing_dataset() -> Error {
-    Error::Config("a training dataset is required".into())
+    ConfigError { field: Field::Dataset, problem: Problem::Missing }.into()
 }

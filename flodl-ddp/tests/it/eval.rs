@@ -94,7 +94,7 @@ fn the_elected_rank_evaluates() -> TestResult {
         }
     }
     let (t, _) = watched(Policy::Sync, Backend::Collective, Vec::new());
-    assert!(matches!(t.eval_rank(EvalRank::Fixed(3)).run(), Err(Error::Config(_))));
+    assert!(matches!(t.eval_rank(EvalRank::Fixed(3)).run(), Err(Error::Invalid(_))));
     Ok(())
 }
 

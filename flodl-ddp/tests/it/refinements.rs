@@ -148,7 +148,7 @@ fn gamma_zero_and_one_train_to_different_finite_models() -> TestResult {
 fn bad_gamma_is_rejected() -> TestResult {
     for gamma in [-1.0, f64::NAN, f64::INFINITY] {
         let r = trainer(2, Policy::Cadence, Backend::Host, train_subset(256)).gamma(gamma).run();
-        assert!(matches!(r, Err(Error::Config(_))), "γ {gamma}");
+        assert!(matches!(r, Err(Error::Invalid(_))), "γ {gamma}");
     }
     Ok(())
 }
@@ -313,7 +313,7 @@ fn bad_outer_optimizer_is_rejected() -> TestResult {
         OuterKind::Nesterov { lr: f32::NAN, momentum: 0.5 },
     ] {
         let r = trainer(2, Policy::Cadence, Backend::Host, train_subset(256)).outer(outer).run();
-        assert!(matches!(r, Err(Error::Config(_))), "{outer:?}");
+        assert!(matches!(r, Err(Error::Invalid(_))), "{outer:?}");
     }
     Ok(())
 }
@@ -366,7 +366,7 @@ fn bad_easgd_is_rejected() -> TestResult {
         (0.5, Backend::Collective),
     ] {
         let r = trainer(2, Policy::Async, backend, data.clone()).easgd(alpha).run();
-        assert!(matches!(r, Err(Error::Config(_))), "α {alpha} {backend:?}");
+        assert!(matches!(r, Err(Error::Invalid(_))), "α {alpha} {backend:?}");
     }
     Ok(())
 }
@@ -499,7 +499,7 @@ fn clipping_needs_mutable_gradients_checked_at_run_and_a_positive_norm() -> Test
     assert!(text.contains("max_grad_norm") && text.contains("gradients_mut"), "{text}");
     for bad in [0.0, -1.0, f32::NAN] {
         let r = trainer(2, Policy::Sync, Backend::Host, data.clone()).max_grad_norm(bad).run();
-        assert!(matches!(r, Err(Error::Config(_))), "max norm {bad}");
+        assert!(matches!(r, Err(Error::Invalid(_))), "max norm {bad}");
     }
     Ok(())
 }

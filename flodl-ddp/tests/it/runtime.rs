@@ -341,7 +341,7 @@ fn adam_trains_and_bad_configs_are_errors() -> TestResult {
         Trainer::new(Mlp::factory(small_mlp(Optimizer::adam()))).run().err(),
     ];
     for (i, e) in bad.iter().enumerate() {
-        assert!(matches!(e, Some(Error::Config(_))), "case {i}: {e:?}");
+        assert!(matches!(e, Some(Error::Invalid(_))), "case {i}: {e:?}");
     }
     // A replica that does not fit the data fails the run with a typed error: every rank dies
     // of it, and the run reports the last one's error.
@@ -373,7 +373,13 @@ fn slowdown_needs_one_factor_per_rank() -> TestResult {
             .slowdown(factors)
             .run();
         assert!(
-            matches!(r, Err(Error::SlowdownCount { factors, ranks: n }) if factors == given && n == ranks),
+            matches!(
+                r,
+                Err(Error::Invalid(flodl_ddp::ConfigError {
+                    field: flodl_ddp::Field::Slowdown,
+                    problem: flodl_ddp::Problem::PerRank { given: g, ranks: n },
+                })) if g == given && n == ranks
+            ),
             "{given} factors for {ranks} ranks: {r:?}"
         );
     }

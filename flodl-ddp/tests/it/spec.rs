@@ -11,8 +11,8 @@ use flodl_ddp::control::guard::{Guard, TrendGuard};
 use flodl_ddp::control::outer::OuterKind;
 use flodl_ddp::control::schedule::Schedule;
 use flodl_ddp::{
-    Backend, Devices, ElCheKnobs, EvalRank, Mlp, MlpConfig, Optimizer, Policy, Prefetch, RunSpec,
-    Trainer,
+    Backend, ConfigError, Devices, ElCheKnobs, Error, EvalRank, Field, Machine, Mlp, MlpConfig,
+    ModelSize, Optimizer, Policy, Prefetch, Problem, RunSpec, Trainer,
 };
 use flodl_tensor::Device;
 
@@ -54,6 +54,91 @@ fn spec_resolves_the_run_without_running_it() -> TestResult {
     Ok(())
 }
 
+/// A small machine to check against: 2 cores, 1 GiB free for the CPU.
+fn small_machine() -> Machine {
+    Machine { cores: 2, free_memory: vec![(Device::Cpu, 1 << 30)] }
+}
+
+/// Every rule of `RunSpec::check`, one row each: the option set wrong, and the field the
+/// refusal names. A row's trainer differs from the accepted base in that option only.
+#[test]
+fn check_names_the_field_of_every_refused_option() -> TestResult {
+    let huge = MlpConfig::new(&[784, 100_000, 100_000, 10], Optimizer::sgd(0.9)).size();
+    let cases: Vec<(&str, Trainer, Field)> = vec![
+        (
+            "no dataset",
+            Trainer::new(Mlp::factory(MlpConfig::new(&[784, 10], Optimizer::sgd(0.0)))),
+            Field::Dataset,
+        ),
+        ("zero batch", base().batch_size(0), Field::BatchSize),
+        ("one batch short", base().batch_size(512), Field::BatchSize),
+        ("zero epochs", base().epochs(0), Field::Epochs),
+        ("no rank", base().devices(Devices::Cpu(0)), Field::Devices),
+        ("1000 CPU ranks on 2 cores", base().devices(Devices::Cpu(1000)), Field::Devices),
+        ("eval rank 2 of 2", base().eval_rank(EvalRank::Fixed(2)), Field::EvalRank),
+        ("slowdown 0.5", base().slowdown(vec![1.0, 0.5]), Field::Slowdown),
+        ("slowdown NaN", base().slowdown(vec![1.0, f64::NAN]), Field::Slowdown),
+        ("three factors for two ranks", base().slowdown(vec![1.0; 3]), Field::Slowdown),
+        ("lr 0", base().learning_rate(0.0), Field::LearningRate),
+        ("lr -1", base().learning_rate(-1.0), Field::LearningRate),
+        ("lr inf", base().learning_rate(f32::INFINITY), Field::LearningRate),
+        (
+            "cosine from 0",
+            base().schedule(Schedule::Cosine { lr: 0.0, min_lr: 0.0, total: 10 }.with_warmup(2)),
+            Field::LearningRate,
+        ),
+        (
+            "cosine to a negative rate",
+            base().schedule(Schedule::Cosine { lr: 0.1, min_lr: -1.0, total: 10 }),
+            Field::Schedule,
+        ),
+        ("scale ratio -1", base().lr_scale_ratio(-1.0), Field::LrScaleRatio),
+        ("anchor 0", base().elche(ElCheKnobs { anchor: 0, ..Default::default() }), Field::Elche),
+        ("stall timeout 0", base().stall_timeout(Duration::ZERO), Field::StallTimeout),
+        (
+            "stall timeout a year",
+            base().stall_timeout(Duration::from_secs(365 * 86_400)),
+            Field::StallTimeout,
+        ),
+        ("snapshot timeout 0", base().snapshot_timeout(Duration::ZERO, 3), Field::SnapshotTimeout),
+        ("watchdog 0", base().watchdog(Duration::ZERO), Field::Watchdog),
+        ("watchdog 1e20 s", base().watchdog(Duration::MAX), Field::Watchdog),
+        ("gamma NaN", base().gamma(f64::NAN), Field::Gamma),
+        ("outer lr 0", base().outer(OuterKind::Nesterov { lr: 0.0, momentum: 0.9 }), Field::Outer),
+        ("easgd 2", base().easgd(2.0), Field::Easgd),
+        ("easgd on collective", base().backend(Backend::Collective).easgd(0.5), Field::Easgd),
+        ("max grad norm 0", base().max_grad_norm(0.0), Field::MaxGradNorm),
+        ("keep 0 bundles", base().checkpoint_dir("ck").keep_checkpoints(0), Field::KeepCheckpoints),
+        ("a 121 GB model in 1 GiB", base().model_size(huge), Field::ModelSize),
+        (
+            "two 0.75 GiB replicas in 1 GiB",
+            base().model_size(ModelSize { parameters: 1 << 26, state_per_parameter: 1 }),
+            Field::ModelSize,
+        ),
+    ];
+    for (what, trainer, field) in cases {
+        match trainer.spec_on(&small_machine()) {
+            Err(Error::Invalid(ConfigError { field: named, problem })) => {
+                assert_eq!(named, field, "{what}: {problem}");
+            }
+            other => return Err(format!("{what}: {other:?}").into()),
+        }
+    }
+    // The limits themselves run: 32 CPU ranks on 2 cores, one 0.75 GiB replica in 1 GiB.
+    let one = ModelSize { parameters: 1 << 26, state_per_parameter: 1 };
+    let edge = base().batch_size(8).devices(Devices::Cpu(32)).slowdown(Vec::new());
+    assert_eq!(edge.spec_on(&small_machine())?.world(), 32);
+    assert!(base().devices(Devices::Cpu(1)).model_size(one).spec_on(&small_machine()).is_ok());
+    // The refusal of a model too large names both sizes.
+    let err = base().model_size(huge).spec_on(&small_machine()).err().map(|e| e.to_string());
+    let want = "model_size: 2 replica(s) on cpu need 225.3 GiB";
+    assert!(err.as_deref().is_some_and(|e| e.contains(want)), "{err:?}");
+    let problem = Problem::TooManyRanks { ranks: 1000, cores: 2, max: 32 };
+    let err = base().devices(Devices::Cpu(1000)).spec_on(&small_machine()).err();
+    assert!(matches!(err, Some(Error::Invalid(ConfigError { problem: p, .. })) if p == problem));
+    Ok(())
+}
+
 /// A spec with every option set survives bincode 2 and JSON unchanged, hashes the same after
 /// either, and its JSON names the closed sets as `fdl` spells them.
 #[test]
@@ -80,6 +165,7 @@ fn spec_round_trips_through_bincode_and_json() -> TestResult {
         .checkpoint_dir("ck")
         .checkpoint_every(SaveInterval::every_reduces(7))
         .keep_checkpoints(2)
+        .model_size(ModelSize { parameters: 1000, state_per_parameter: 1 })
         .spec()?;
     let config = bincode::config::standard();
     let bytes = bincode::serde::encode_to_vec(&spec, config)?;
