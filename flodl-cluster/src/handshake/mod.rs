@@ -6,6 +6,7 @@ mod dropped;
 mod join;
 mod refusal;
 mod registry;
+mod slots;
 
 pub use controller::Controller;
 pub use join::join;

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 pub struct TlsFiles {
     /// The job CA's certificate: the only trust anchor.
     pub ca: PathBuf,
-    /// The certificate this process presents (server and client auth).
+    /// The certificate this process presents: the controller's (server use) or its rank's
+    /// (client use).
     pub cert: PathBuf,
     /// The private key of `cert`.
     pub key: PathBuf,
@@ -35,6 +36,22 @@ impl TlsFiles {
             cert: get(Self::CERT_VAR)?,
             key: get(Self::KEY_VAR)?,
         })
+    }
+
+    /// The placeholder a launcher that hands every process the same variables (`mpirun -x`)
+    /// writes in the certificate and key paths; each rank puts its own rank there.
+    pub const RANK_PLACEHOLDER: &'static str = "{rank}";
+
+    /// These files with [`TlsFiles::RANK_PLACEHOLDER`] in the certificate and key paths replaced
+    /// by `rank`.
+    pub fn for_rank(&self, rank: usize) -> TlsFiles {
+        let fill = |path: &PathBuf| match path.to_str() {
+            Some(text) if text.contains(Self::RANK_PLACEHOLDER) => {
+                PathBuf::from(text.replace(Self::RANK_PLACEHOLDER, &rank.to_string()))
+            }
+            _ => path.clone(),
+        };
+        TlsFiles { ca: self.ca.clone(), cert: fill(&self.cert), key: fill(&self.key) }
     }
 
     /// The variables that name these files, as `(name, path)` pairs for a child's environment.
