@@ -133,6 +133,13 @@ impl JobKeys {
         self.files(&format!("rank-{rank}"))
     }
 
+    /// Every rank's files at once, for a launcher that hands all its processes the same
+    /// variables: the certificate and key paths hold [`TlsFiles::RANK_PLACEHOLDER`], which each
+    /// rank fills in ([`TlsFiles::for_rank`]).
+    pub fn ranks(&self) -> TlsFiles {
+        self.files(&format!("rank-{}", TlsFiles::RANK_PLACEHOLDER))
+    }
+
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
