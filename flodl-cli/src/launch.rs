@@ -395,12 +395,14 @@ pub(crate) fn keys(args: &crate::args::KeysArgs) -> Result<()> {
             }
             let keys = JobKeys::generate(&args.dir, world, &hosts, true)
                 .context("cannot make the job's keys")?;
-            println!("# the controller's process (rank 0's, or --controller N's):");
-            rank_files(&keys.controller());
-            println!("# rank R's process (R from 1 to {}):", world.saturating_sub(1));
-            rank_files(&keys.ranks());
             println!(
-                "copy to each host ca.pem and only the certificate and key of the processes it                  runs; keep {} on this host (it issues ranks: fdl cluster keys {} --rank R)",
+                "# every process ({{seat}}: `controller` in rank 0's process when those files are \
+                 on its host, else `rank-R`; a --controller N process: controller.pem/.key):"
+            );
+            rank_files(&keys.seats());
+            println!(
+                "copy to each host ca.pem and only the certificate and key of the processes it \
+                 runs; keep {} on this host (it issues ranks: fdl cluster keys {} --rank R)",
                 JobKeys::CA_KEY_FILE,
                 args.dir.display()
             );

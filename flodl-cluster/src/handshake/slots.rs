@@ -1,4 +1,5 @@
-//! Handshake slots per source address, so one address cannot hold every slot.
+//! Slots per source address, so one address cannot hold every slot (the controller's
+//! handshakes; the dashboard's connections).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -6,21 +7,21 @@ use std::sync::{Arc, Mutex};
 
 /// How many handshakes each source address may have in progress at once.
 #[derive(Debug)]
-pub(crate) struct AddressSlots {
+pub struct AddressSlots {
     limit: usize,
     taken: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// One address's slot, given back when dropped.
 #[derive(Debug)]
-pub(crate) struct AddressSlot {
+pub struct AddressSlot {
     slots: Arc<AddressSlots>,
     ip: IpAddr,
 }
 
 impl AddressSlots {
     /// At most `limit` handshakes at once from each address.
-    pub(crate) fn new(limit: usize) -> Arc<AddressSlots> {
+    pub fn new(limit: usize) -> Arc<AddressSlots> {
         Arc::new(AddressSlots { limit, taken: Mutex::new(HashMap::new()) })
     }
 
@@ -31,7 +32,7 @@ impl AddressSlots {
     }
 
     /// A slot for `ip`, or `None` when its handshakes in progress are at the limit.
-    pub(crate) fn take(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
+    pub fn take(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
         let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
         let count = taken.entry(ip).or_insert(0);
         if *count >= self.limit {

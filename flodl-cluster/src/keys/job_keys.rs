@@ -140,6 +140,12 @@ impl JobKeys {
         self.files(&format!("rank-{}", TlsFiles::RANK_PLACEHOLDER))
     }
 
+    /// Every process's files at once, by seat ([`TlsFiles::SEAT_PLACEHOLDER`]): rank 0's process
+    /// takes the controller's when they are there, every other its rank's.
+    pub fn seats(&self) -> TlsFiles {
+        self.files(TlsFiles::SEAT_PLACEHOLDER)
+    }
+
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
