@@ -466,11 +466,8 @@ fn a_slow_link_grows_the_windows() -> Result {
     };
     let tmp = tempfile::tempdir()?;
     let keys = tmp.path().join("keys");
-    let out = Command::new(FDL)
-        .args(["cluster", "keys"])
-        .arg(&keys)
-        .args(["--world", "3"])
-        .output()?;
+    let out =
+        Command::new(FDL).args(["cluster", "keys"]).arg(&keys).args(["--world", "3"]).output()?;
     if !out.status.success() {
         return Err(format!("fdl cluster keys: {}", String::from_utf8_lossy(&out.stderr)).into());
     }

@@ -303,7 +303,8 @@ fn free_port() -> Result<u16> {
 }
 
 fn keys(dir: &Path) -> Result {
-    let out = Command::new(FDL).args(["cluster", "keys"]).arg(dir).args(["--world", "3"]).output()?;
+    let out =
+        Command::new(FDL).args(["cluster", "keys"]).arg(dir).args(["--world", "3"]).output()?;
     if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into()) }
 }
 

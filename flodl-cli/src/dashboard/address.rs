@@ -178,11 +178,21 @@ mod tests {
 
     #[test]
     fn only_loopback_hosts_are_loopback() {
-        for host in ["127.0.0.1:7411", "localhost:7411", "LOCALHOST", "[::1]:80", "[::1]", "127.3.2.1"] {
+        for host in
+            ["127.0.0.1:7411", "localhost:7411", "LOCALHOST", "[::1]:80", "[::1]", "127.3.2.1"]
+        {
             assert!(names_loopback(host), "{host}");
         }
-        for host in ["evil.example:7411", "evil.example", "10.0.0.1:7411", "127.0.0.1.nip.io:7411",
-            "[::2]:80", "localhost.evil.example", "", ":7411"] {
+        for host in [
+            "evil.example:7411",
+            "evil.example",
+            "10.0.0.1:7411",
+            "127.0.0.1.nip.io:7411",
+            "[::2]:80",
+            "localhost.evil.example",
+            "",
+            ":7411",
+        ] {
             assert!(!names_loopback(host), "{host}");
         }
     }

@@ -295,7 +295,10 @@ async fn guard(
 ) -> Response {
     let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok());
     if app.loopback && !host.is_some_and(super::address::names_loopback) {
-        return (StatusCode::MISDIRECTED_REQUEST, "this dashboard answers to a loopback Host only\n")
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard answers to a loopback Host only\n",
+        )
             .into_response();
     }
     let mut response = match app.access.admits(query.token.as_deref()) {

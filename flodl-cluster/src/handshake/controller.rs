@@ -280,12 +280,8 @@ async fn handshake(
     admission: &Admission,
 ) -> Result<Step, Dropped> {
     let tls = admission.acceptor.accept(tcp).await.map_err(Dropped::Tls)?;
-    let certified = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|chain| chain.first())
-        .map(Role::of);
+    let certified =
+        tls.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(Role::of);
     let mut framed = Framed::new(tls, codec(HANDSHAKE_MAX));
     let first = match framed.next().await {
         None => return Err(Dropped::Closed),

@@ -9,5 +9,5 @@ mod registry;
 mod slots;
 
 pub use controller::Controller;
-pub use slots::{AddressSlot, AddressSlots};
 pub use join::join;
+pub use slots::{AddressSlot, AddressSlots};

@@ -25,7 +25,11 @@ pub fn inherited_listener() -> Result<Option<TcpListener>, IdentityError> {
         return Ok(None);
     }
     let value = value.to_string_lossy().into_owned();
-    let fail = |reason: String| IdentityError::ListenerFd { var: CONTROLLER_FD, value: value.clone(), reason };
+    let fail = |reason: String| IdentityError::ListenerFd {
+        var: CONTROLLER_FD,
+        value: value.clone(),
+        reason,
+    };
     let fd: i32 = value.trim().parse().map_err(|_| fail("not a descriptor number".into()))?;
     if fd <= 2 {
         return Err(fail("descriptors 0 to 2 are the standard streams".into()));

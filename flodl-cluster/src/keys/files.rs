@@ -52,7 +52,8 @@ impl TlsFiles {
     pub fn for_rank(&self, rank: usize) -> TlsFiles {
         let fill = |path: &PathBuf, seat: &str| match path.to_str() {
             Some(text)
-                if text.contains(Self::RANK_PLACEHOLDER) || text.contains(Self::SEAT_PLACEHOLDER) =>
+                if text.contains(Self::RANK_PLACEHOLDER)
+                    || text.contains(Self::SEAT_PLACEHOLDER) =>
             {
                 PathBuf::from(
                     text.replace(Self::RANK_PLACEHOLDER, &rank.to_string())

@@ -44,12 +44,11 @@ fn a_peer_that_stalls_after_joining_is_gone_within_the_silence() -> TestResult {
     let _stalled = runtime.block_on(async {
         let mut lanes = Vec::new();
         for lane in Lane::BOTH {
-            let mut tls =
-                tls_connect(
-                    addr,
-                    client_config(&files.rank(0), Some(&files.rank(0))).map_err(|e| e.to_string())?,
-                )
-                    .await?;
+            let mut tls = tls_connect(
+                addr,
+                client_config(&files.rank(0), Some(&files.rank(0))).map_err(|e| e.to_string())?,
+            )
+            .await?;
             tls.write_all(&hello_bytes(flodl_cluster::Hello::new(RUN, 0, 1), lane, 99))
                 .await
                 .map_err(|e| e.to_string())?;

@@ -100,8 +100,8 @@ fn a_rank_key_cannot_serve_as_the_controller() -> TestResult {
     let acceptor = std::thread::spawn(move || {
         // Serve TLS to whoever comes, until the test ends.
         for tcp in listener.incoming().take(2).flatten() {
-            let mut conn = rustls::ServerConnection::new(server.clone())
-                .map_err(|e| e.to_string())?;
+            let mut conn =
+                rustls::ServerConnection::new(server.clone()).map_err(|e| e.to_string())?;
             let mut tcp = tcp;
             let _ = tcp.set_read_timeout(Some(WAIT));
             while conn.is_handshaking() {
