@@ -55,17 +55,17 @@ const SNAPSHOT: usize = 235_000 * 4;
 /// A controller and one joined rank: (controller side, rank side), and what keeps them alive.
 fn pair() -> (Session, Session, Controller, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let files = JobKeys::generate(dir.path(), &["127.0.0.1".to_string()]).expect("job keys");
-    let cfg = SessionConfig::new(
-        Tls::load(&files).expect("TLS"),
-        Caps { control: 1 << 20, bulk: 2 * BULK },
-    );
+    let keys = JobKeys::generate(&dir.path().join("keys"), 1, &["127.0.0.1".to_string()], false)
+        .expect("job keys");
+    let caps = Caps { control: 1 << 20, bulk: 2 * BULK };
+    let cfg = SessionConfig::new(Tls::load(&keys.controller()).expect("TLS"), caps);
+    let rank_cfg = SessionConfig::new(Tls::load(&keys.rank(0)).expect("TLS"), caps);
     let run = [1u8; 32];
     let controller =
         Controller::bind("127.0.0.1:0".parse().expect("an address"), run, 1, cfg.clone())
             .expect("bind");
     let addr = ControllerAddr { host: "127.0.0.1".into(), port: controller.local_addr().port() };
-    let joiner = thread::spawn(move || join(&addr, Hello::new(run, 0, 1), cfg, WAIT));
+    let joiner = thread::spawn(move || join(&addr, Hello::new(run, 0, 1), rank_cfg, WAIT));
     let at_controller = controller.accept(WAIT).expect("accept");
     let at_rank = joiner.join().expect("the joiner").expect("join");
     (at_controller, at_rank, controller, dir)

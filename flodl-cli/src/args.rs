@@ -68,9 +68,11 @@ pub(crate) struct DataWriteArgs {
 /// `fdl cluster`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum ClusterCommand {
-    /// Make a job CA and a certificate (ca.pem, cert.pem, key.pem) in DIR for a job across
-    /// hosts: copy DIR to every host and point --tls-ca/--tls-cert/--tls-key (or FLODL_TLS_*)
-    /// at it.
+    /// Make a job CA (ca.pem; its key ca.key stays here), the controller's certificate
+    /// (controller.pem, controller.key) and one per rank (rank-R.pem, rank-R.key) in DIR for a
+    /// job across hosts (--world N), or one more rank's (--rank R): give each host ca.pem and
+    /// only its own processes' files, and point --tls-ca/--tls-cert/--tls-key (or
+    /// FLODL_TLS_*) at them ({rank} in a path is the process's rank).
     Keys(KeysArgs),
 }
 
@@ -82,6 +84,12 @@ pub(crate) struct KeysArgs {
     /// A host name or IP address the controller may be reached at (repeatable).
     #[arg(long = "host", value_name = "HOST")]
     pub(crate) hosts: Vec<String>,
+    /// The job's number of ranks: a new CA, the controller's certificate and one per rank.
+    #[arg(long, value_name = "N", conflicts_with = "rank")]
+    pub(crate) world: Option<usize>,
+    /// Issue rank R's certificate with DIR's CA (a host that joins later).
+    #[arg(long, value_name = "R")]
+    pub(crate) rank: Option<usize>,
 }
 
 /// `fdl launch`.

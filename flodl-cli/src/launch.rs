@@ -1,7 +1,8 @@
 //! `fdl launch --nproc N [train flags]`: a cluster job on this host. A fresh job CA in a
 //! private temporary directory (removed at exit), N rank processes of this same binary
-//! running `fdl train` with the cluster's environment (rank, world, controller on a free
-//! loopback port, certificate files), each output line prefixed with its rank, Ctrl-C and
+//! running `fdl train` with the cluster's environment (rank, world, the controller's loopback
+//! listener bound here and handed to rank 0's process, each process its own certificate: the
+//! controller's to rank 0, rank r's to rank r), each output line prefixed with its rank, Ctrl-C and
 //! SIGTERM forwarded to the ranks by pid, and the job's status (rank 0's, whose process hosts
 //! the controller and decides the run) returned. With `--max-restarts N`, a rank process other
 //! than rank 0 that dies (exits non-zero or is killed) is started again with the same rank, at
@@ -80,21 +81,51 @@ pub(crate) fn child_args() -> Vec<OsString> {
     out
 }
 
-/// A job's keys (a fresh CA in a private temporary directory, removed when dropped) and a free
-/// loopback port for its controller.
-pub(crate) fn job_keys() -> Result<(tempfile::TempDir, flodl_cluster::TlsFiles, u16)> {
-    let keys = tempfile::Builder::new()
+/// A job's keys for `world` ranks (a fresh CA in a private temporary directory, removed when
+/// dropped; the CA's key is not kept) and its controller's loopback listener, bound here and
+/// handed to the controller's process ([`hand_listener`]) so no other process can take its port.
+pub(crate) fn job_keys(
+    world: usize,
+) -> Result<(tempfile::TempDir, JobKeys, std::net::TcpListener)> {
+    let temp = tempfile::Builder::new()
         .prefix("flodl-job-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir()
         .context("cannot make a private directory for the job's keys")?;
     let hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
-    let files = JobKeys::generate(keys.path(), &hosts).context("cannot make the job's keys")?;
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0")
-            .context("cannot find a free loopback port")?;
-        probe.local_addr()?.port()
-    };
-    Ok((keys, files, port))
+    let keys = JobKeys::generate(temp.path(), world, &hosts, false)
+        .context("cannot make the job's keys")?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .context("cannot bind a loopback port for the controller")?;
+    Ok((temp, keys, listener))
+}
+
+/// The descriptor the controller's process finds its listener at.
+const LISTENER_FD: i32 = 3;
+
+/// Makes `cmd`'s process inherit `listener` as descriptor [`LISTENER_FD`], named by
+/// `FLODL_CONTROLLER_FD` (the launcher's own copy stays open: a restarted controller gets it
+/// again, on the same port).
+pub(crate) fn hand_listener(cmd: &mut Command, listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    let fd = listener.as_raw_fd();
+    cmd.env(flodl_cluster::identity::CONTROLLER_FD, LISTENER_FD.to_string());
+    // SAFETY: the closure runs in the child between fork and exec and calls only fcntl and
+    // dup2, which are async-signal-safe; it allocates nothing and touches no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == LISTENER_FD {
+                // dup2 onto itself would keep close-on-exec: clear it instead.
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, LISTENER_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Copies `from`'s lines to stdout or stderr, each prefixed with `tag`.
@@ -122,27 +153,36 @@ struct RankCommand {
     exe: std::path::PathBuf,
     train: Vec<OsString>,
     world: usize,
-    port: u16,
-    files: flodl_cluster::TlsFiles,
+    listener: std::net::TcpListener,
+    keys: JobKeys,
 }
 
 impl RankCommand {
     /// Starts rank `rank`'s process, its output relayed with the rank's tag.
     fn spawn(&self, rank: usize, relays: &mut Vec<std::thread::JoinHandle<()>>) -> Result<Child> {
+        let port = self.listener.local_addr()?.port();
         let mut cmd = Command::new(&self.exe);
         cmd.args(&self.train)
             .env("FLODL_RANK", rank.to_string())
             .env("FLODL_WORLD_SIZE", self.world.to_string())
             .env("FLODL_LOCAL_RANK", rank.to_string())
             .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
-            .env("FLODL_CONTROLLER_PORT", self.port.to_string())
+            .env("FLODL_CONTROLLER_PORT", port.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
             // forwards it once.
             .process_group(0);
-        for (name, path) in self.files.vars() {
+        // Rank 0's process hosts the controller: it gets the controller's key and listener; every
+        // other rank its own key only.
+        let files = if rank == 0 {
+            hand_listener(&mut cmd, &self.listener);
+            self.keys.controller()
+        } else {
+            self.keys.rank(rank)
+        };
+        for (name, path) in files.vars() {
             cmd.env(name, path);
         }
         let mut child = cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?;
@@ -186,9 +226,9 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
              fdl launch --mpi (an fdl built with --features mpi), or --backend host"
         );
     }
-    let (keys, files, port) = job_keys()?;
+    let (temp, keys, listener) = job_keys(args.nproc)?;
     let exe = std::env::current_exe().context("cannot find this fdl binary")?;
-    let command = RankCommand { exe, train: child_args(), world: args.nproc, port, files };
+    let command = RankCommand { exe, train: child_args(), world: args.nproc, listener, keys };
     let mut children: Vec<Child> = Vec::with_capacity(args.nproc);
     let mut relays = Vec::new();
     for rank in 0..args.nproc {
@@ -229,7 +269,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     for relay in relays {
         let _ = relay.join();
     }
-    drop(keys);
+    drop(temp);
     match status {
         Some(s) if s.success() => Ok(()),
         Some(s) => Err(JobStatus { code: code_of(s) }.into()),
@@ -333,23 +373,49 @@ fn stop_all(children: &mut [Child], signal: Signal) {
     }
 }
 
-/// `fdl cluster keys DIR --host H...`: a job CA and a certificate for a job across hosts.
+/// `fdl cluster keys DIR --world N [--host H...]`: a job CA (its key kept in DIR, to issue
+/// ranks later), the controller's certificate and one per rank, for a job across hosts;
+/// `fdl cluster keys DIR --rank R`: rank R's certificate issued with that CA (a host that joins
+/// later).
 ///
 /// # Errors
-/// The files cannot be made or written.
+/// Neither or both of `--world` and `--rank`; the files cannot be made or written; a directory
+/// others can read.
 pub(crate) fn keys(args: &crate::args::KeysArgs) -> Result<()> {
-    let mut hosts = args.hosts.clone();
-    if hosts.is_empty() {
-        hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let rank_files = |files: &flodl_cluster::TlsFiles| {
+        for (name, path) in files.vars() {
+            println!("{name}={}", path.display());
+        }
+    };
+    match (args.world, args.rank) {
+        (Some(world), None) => {
+            let mut hosts = args.hosts.clone();
+            if hosts.is_empty() {
+                hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+            }
+            let keys = JobKeys::generate(&args.dir, world, &hosts, true)
+                .context("cannot make the job's keys")?;
+            println!(
+                "# every process ({{seat}}: `controller` in rank 0's process when those files are \
+                 on its host, else `rank-R`; a --controller N process: controller.pem/.key):"
+            );
+            rank_files(&keys.seats());
+            println!(
+                "copy to each host ca.pem and only the certificate and key of the processes it \
+                 runs; keep {} on this host (it issues ranks: fdl cluster keys {} --rank R)",
+                JobKeys::CA_KEY_FILE,
+                args.dir.display()
+            );
+        }
+        (None, Some(rank)) => {
+            let files = JobKeys::issue(&args.dir, rank).context("cannot issue the rank's key")?;
+            rank_files(&files);
+        }
+        _ => bail!(
+            "fdl cluster keys DIR needs --world N (a new job's keys) or --rank R (one more \
+             rank's certificate from DIR's CA)"
+        ),
     }
-    let files = JobKeys::generate(&args.dir, &hosts).context("cannot make the job's keys")?;
-    for (name, path) in files.vars() {
-        println!("{name}={}", path.display());
-    }
-    println!(
-        "copy {} to every host of the job (keep it private: key.pem lets a process join)",
-        args.dir.display()
-    );
     Ok(())
 }
 
@@ -382,7 +448,7 @@ pub(crate) fn place(
         return Ok(None);
     };
     crate::log_warnings();
-    let files = tls_files(flags, &format!("rank {}", identity.rank))?;
+    let files = tls_files(flags, &format!("rank {}", identity.rank))?.for_rank(identity.rank);
     let mut cluster = flodl_ddp::Cluster::new(identity, &files)?;
     if let Some(addr) = flags.bind {
         cluster = cluster.bind(addr);
@@ -407,8 +473,9 @@ fn tls_files(flags: &crate::args::ClusterFlags, who: &str) -> Result<flodl_clust
     })
 }
 
-/// The place of an MPI job's controller (`--controller N`): listening on `--bind`, else on
-/// loopback at FLODL_CONTROLLER_PORT (default 29600).
+/// The place of an MPI job's controller (`--controller N`): listening on `--bind`, else on the
+/// listener its launcher handed down (FLODL_CONTROLLER_FD), else on loopback at
+/// FLODL_CONTROLLER_PORT (default 29600).
 fn controller_place(flags: &crate::args::ClusterFlags, world: usize) -> Result<flodl_ddp::Cluster> {
     crate::log_warnings();
     let files = tls_files(flags, "the controller")?;

@@ -76,7 +76,8 @@ enum Attempt {
 /// Keys or a port that cannot be made, a process that cannot start; [`JobStatus`] when the
 /// job failed and no restart is left.
 pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
-    let (keys, files, port) = crate::launch::job_keys()?;
+    let (temp, keys, listener) = crate::launch::job_keys(args.nproc)?;
+    let port = listener.local_addr()?.port();
     let exe = std::env::current_exe().context("cannot find this fdl binary")?;
     let mut train = crate::launch::child_args();
     // Restarts resume from the checkpoint directory: the user's, else one beside the keys
@@ -84,7 +85,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     let checkpoints = match &args.train.run.checkpoint_dir {
         Some(dir) => Some(dir.clone()),
         None if args.max_restarts > 0 => {
-            let dir = keys.path().join("checkpoints");
+            let dir = temp.path().join("checkpoints");
             train.extend(["--checkpoint-dir".into(), dir.as_os_str().to_owned()]);
             Some(dir)
         }
@@ -94,7 +95,13 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         (flodl_cluster::identity::CONTROLLER_ADDR.into(), "127.0.0.1".into()),
         (flodl_cluster::identity::CONTROLLER_PORT.into(), port.to_string().into()),
     ];
-    env.extend(files.vars().into_iter().map(|(k, v)| (k.to_string(), v.as_os_str().to_owned())));
+    // Every rank its own key (mpirun hands them all the same variables: each fills in its rank);
+    // the controller's process gets the controller's key and the listener (run_attempt).
+    let ranks_env = |files: flodl_cluster::TlsFiles| -> Vec<(String, OsString)> {
+        files.vars().into_iter().map(|(k, v)| (k.to_string(), v.as_os_str().to_owned())).collect()
+    };
+    let controller_env = ranks_env(keys.controller());
+    env.extend(ranks_env(keys.ranks()));
     let pids: Arc<Mutex<Vec<Pid>>> = Arc::default();
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("cannot catch SIGINT/SIGTERM")?;
     let handle = signals.handle();
@@ -122,7 +129,9 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         if let Some(from) = &resume {
             controller_args.extend(["--resume".into(), from.as_os_str().to_owned()]);
         }
-        let ended = run_attempt(&exe, &controller_args, &train, world, &env, &pids, watchdog);
+        let controller =
+            ControllerCommand { args: &controller_args, env: &controller_env, listener: &listener };
+        let ended = run_attempt(&exe, &controller, &train, world, &env, &pids, watchdog);
         let ended = match ended {
             Ok(ended) => ended,
             Err(e) => {
@@ -172,7 +181,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     }
     handle.close();
     let _ = forwarder.join();
-    drop(keys);
+    drop(temp);
     outcome
 }
 
@@ -237,10 +246,20 @@ fn mpirun(exe: &Path, train: &[OsString], world: usize, env: &[(String, OsString
     cmd
 }
 
+/// What the controller's process is started with beyond the job's variables.
+struct ControllerCommand<'a> {
+    /// Its `fdl train` arguments.
+    args: &'a [OsString],
+    /// Its certificate variables (the controller's), over the ranks'.
+    env: &'a [(String, OsString)],
+    /// The listener bound for it.
+    listener: &'a std::net::TcpListener,
+}
+
 /// One attempt: the controller, then mpirun's ranks; waits for both.
 fn run_attempt(
     exe: &Path,
-    controller_args: &[OsString],
+    controller_cmd: &ControllerCommand<'_>,
     train: &[OsString],
     world: usize,
     env: &[(String, OsString)],
@@ -249,7 +268,10 @@ fn run_attempt(
 ) -> Result<Attempt> {
     pids.lock().unwrap_or_else(|p| p.into_inner()).clear();
     let mut cmd = Command::new(exe);
-    cmd.args(controller_args).envs(env.iter().map(|(k, v)| (k, v)));
+    cmd.args(controller_cmd.args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .envs(controller_cmd.env.iter().map(|(k, v)| (k, v)));
+    crate::launch::hand_listener(&mut cmd, controller_cmd.listener);
     let (mut controller, mut relays) = start(cmd, "controller", pids)?;
     let (mut ranks, more) = match start(mpirun(exe, train, world, env), "mpi", pids) {
         Ok(started) => started,

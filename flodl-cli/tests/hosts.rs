@@ -309,8 +309,9 @@ fn run_job(placement: &Placement, keys: &Path, out: &Path, epochs: usize) -> Res
             .env("FLODL_CONTROLLER_ADDR", placement.dial[rank].ip().to_string())
             .env("FLODL_CONTROLLER_PORT", placement.dial[rank].port().to_string())
             .env("FLODL_TLS_CA", keys.join("ca.pem"))
-            .env("FLODL_TLS_CERT", keys.join("cert.pem"))
-            .env("FLODL_TLS_KEY", keys.join("key.pem"))
+            // Each process its own key: rank 0's hosts the controller.
+            .env("FLODL_TLS_CERT", keys.join(own_key(rank, "pem")))
+            .env("FLODL_TLS_KEY", keys.join(own_key(rank, "key")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -465,7 +466,8 @@ fn a_slow_link_grows_the_windows() -> Result {
     };
     let tmp = tempfile::tempdir()?;
     let keys = tmp.path().join("keys");
-    let out = Command::new(FDL).args(["cluster", "keys"]).arg(&keys).output()?;
+    let out =
+        Command::new(FDL).args(["cluster", "keys"]).arg(&keys).args(["--world", "3"]).output()?;
     if !out.status.success() {
         return Err(format!("fdl cluster keys: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
@@ -553,4 +555,10 @@ fn a_slow_link_grows_the_windows() -> Result {
         .into());
     }
     Ok(())
+}
+
+/// The file of rank `rank`'s process's own certificate (`pem`) or key (`key`): the
+/// controller's for rank 0, whose process hosts it.
+fn own_key(rank: usize, ext: &str) -> String {
+    if rank == 0 { format!("controller.{ext}") } else { format!("rank-{rank}.{ext}") }
 }

@@ -276,8 +276,10 @@ fn a_killed_controller_ends_every_rank() -> Result {
     Ok(())
 }
 
-/// A rank process of a job, started by hand with the cluster's environment.
+/// A rank process of a job, started by hand with the cluster's environment and its own key
+/// (rank 0's process hosts the controller: the controller's key).
 fn rank(keys: &Path, port: u16, rank: usize, extra: &[&str], out: &Path) -> Result<Child> {
+    let own = if rank == 0 { "controller".to_owned() } else { format!("rank-{rank}") };
     Ok(Command::new(FDL)
         .args(["train", "--quiet", "--join-timeout", "20", "--out"])
         .arg(out)
@@ -289,8 +291,8 @@ fn rank(keys: &Path, port: u16, rank: usize, extra: &[&str], out: &Path) -> Resu
         .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
         .env("FLODL_CONTROLLER_PORT", port.to_string())
         .env("FLODL_TLS_CA", keys.join("ca.pem"))
-        .env("FLODL_TLS_CERT", keys.join("cert.pem"))
-        .env("FLODL_TLS_KEY", keys.join("key.pem"))
+        .env("FLODL_TLS_CERT", keys.join(format!("{own}.pem")))
+        .env("FLODL_TLS_KEY", keys.join(format!("{own}.key")))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?)
@@ -301,7 +303,8 @@ fn free_port() -> Result<u16> {
 }
 
 fn keys(dir: &Path) -> Result {
-    let out = Command::new(FDL).args(["cluster", "keys"]).arg(dir).output()?;
+    let out =
+        Command::new(FDL).args(["cluster", "keys"]).arg(dir).args(["--world", "3"]).output()?;
     if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into()) }
 }
 

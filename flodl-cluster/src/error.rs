@@ -36,6 +36,13 @@ pub enum NetError {
     /// The job's TLS material cannot be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// This process's certificate is for another part of the job than the one it tried to play
+    /// (a rank's key serving as the controller, the controller's joining as a rank, or rank 2's
+    /// joining as rank 1).
+    #[error(
+        "this process holds {holds}'s certificate, not {wants}'s: hand each process its own key"
+    )]
+    WrongKey { holds: crate::keys::Role, wants: crate::keys::Role },
     /// The TLS handshake or the hello exchange failed (a certificate from elsewhere, a peer that
     /// speaks something else).
     #[error("handshake with the controller failed: {0}")]

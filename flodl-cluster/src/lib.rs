@@ -17,6 +17,6 @@ pub mod wire;
 pub use error::NetError;
 pub use handshake::{Controller, join};
 pub use identity::{ControllerAddr, Identity, IdentityError, Launcher};
-pub use keys::{JobKeys, KeyError, Tls, TlsError, TlsFiles};
+pub use keys::{JobKeys, KeyError, Role, Tls, TlsError, TlsFiles};
 pub use session::{Caps, Lane, Liveness, Session, SessionConfig, SessionReceiver, SessionSender};
 pub use wire::{Hello, PROTOCOL};

@@ -95,7 +95,7 @@ mod signature;
 mod store;
 mod transfer;
 
-pub use bundle::{Checkpoint, OpaqueState, RngStream, SaveReason};
+pub use bundle::{Checkpoint, MAX_WORLD_SIZE, OpaqueState, RngStream, SaveReason};
 pub use coverage::{EpochCoverage, SampleRange, normalise, uncovered};
 pub use error::{CheckpointError, Result};
 pub use format::{FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_META_BYTES, ReadLimits};

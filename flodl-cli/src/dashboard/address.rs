@@ -74,6 +74,24 @@ impl<'de> serde::Deserialize<'de> for Bind {
     }
 }
 
+/// Whether a request's `Host` header (`name` or `name:port`) names this machine's loopback:
+/// `localhost`, an address in 127.0.0.0/8, or `[::1]`. A browser sends the name of the page's
+/// site, so a site that rebinds its own name to 127.0.0.1 still sends its own name and is turned
+/// away.
+pub(crate) fn names_loopback(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => host,
+    };
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let bare = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')).unwrap_or(name);
+    bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Who may read the dashboard.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Access {
@@ -157,6 +175,27 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_hosts_are_loopback() {
+        for host in
+            ["127.0.0.1:7411", "localhost:7411", "LOCALHOST", "[::1]:80", "[::1]", "127.3.2.1"]
+        {
+            assert!(names_loopback(host), "{host}");
+        }
+        for host in [
+            "evil.example:7411",
+            "evil.example",
+            "10.0.0.1:7411",
+            "127.0.0.1.nip.io:7411",
+            "[::2]:80",
+            "localhost.evil.example",
+            "",
+            ":7411",
+        ] {
+            assert!(!names_loopback(host), "{host}");
+        }
+    }
 
     #[test]
     fn addresses_parse_to_the_bind_they_name() -> Result<(), DashboardError> {

@@ -65,12 +65,26 @@ impl Stage {
     }
 }
 
-/// The live record of a run: everything reported so far.
+/// Records kept at most; beyond it, every other reduce record of the older half is folded into
+/// [`Folded`] (the page thins its charts to far fewer points anyway), so a long run's dashboard
+/// stays within a bound.
+const MAX_LINES: usize = 20_000;
+
+/// The reduce records folded out of the kept lines: what the figures still count of them.
+#[derive(Debug, Default)]
+struct Folded {
+    reduces: u64,
+    sync_ms: f64,
+}
+
+/// The live record of a run: what was reported so far (older reduces thinned past
+/// [`MAX_LINES`], their counts kept).
 #[derive(Debug)]
 pub(crate) struct LiveRun {
     meta: Meta,
     started: Instant,
     lines: Vec<Line>,
+    folded: Folded,
     tally: RankTally,
     stage: Stage,
 }
@@ -129,7 +143,14 @@ impl LiveRun {
     /// A run that starts now.
     pub(crate) fn new(meta: Meta) -> Self {
         let tally = RankTally::new(meta.devices.len(), meta.batch_size);
-        Self { meta, started: Instant::now(), lines: Vec::new(), tally, stage: Stage::Running }
+        Self {
+            meta,
+            started: Instant::now(),
+            lines: Vec::new(),
+            folded: Folded::default(),
+            tally,
+            stage: Stage::Running,
+        }
     }
 
     /// What the run is.
@@ -137,7 +158,7 @@ impl LiveRun {
         &self.meta
     }
 
-    /// Every record so far, in order.
+    /// The records kept, in order (older reduces thinned past [`MAX_LINES`]).
     pub(crate) fn lines(&self) -> &[Line] {
         &self.lines
     }
@@ -153,6 +174,27 @@ impl LiveRun {
             Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) => {}
         }
         self.lines.push(line);
+        if self.lines.len() > MAX_LINES {
+            self.fold();
+        }
+    }
+
+    /// Folds every other reduce record of the older half into [`Folded`].
+    fn fold(&mut self) {
+        let half = self.lines.len() / 2;
+        let (mut index, mut nth_reduce) = (0, 0u64);
+        let folded = &mut self.folded;
+        self.lines.retain(|line| {
+            index += 1;
+            let Entry::Reduce(r) = &line.entry else { return true };
+            nth_reduce += 1;
+            if index > half || nth_reduce % 2 == 0 {
+                return true;
+            }
+            folded.reduces += 1;
+            folded.sync_ms += r.sync_ms;
+            false
+        });
     }
 
     /// Marks the run over (the first ending counts).
@@ -179,8 +221,8 @@ impl LiveRun {
             epochs_done: 0,
             train_loss: None,
             eval: None,
-            reduces: 0,
-            sync_ms_total: 0.0,
+            reduces: self.folded.reduces,
+            sync_ms_total: self.folded.sync_ms,
             last_reduce: None,
             deaths: Vec::new(),
             ranks: Vec::new(),
@@ -352,5 +394,30 @@ pub(crate) mod tests {
         let (a, b) = (live.figures_at(Duration::from_secs(9)), live.figures_at(Duration::ZERO));
         assert_eq!((a.stage.label(), a.reduces), ("failed", 1));
         assert_eq!(a, b);
+    }
+
+    /// A run of many reduces keeps at most [`MAX_LINES`] records, yet counts every reduce and
+    /// every millisecond of their sync time, and keeps its epochs and the newest reduce.
+    #[test]
+    fn records_stay_within_a_bound_and_counts_stay_whole() {
+        let mut live = LiveRun::new(meta());
+        let total = 3 * MAX_LINES + 7;
+        let mut sync_ms = 0.0;
+        for i in 0..total {
+            let line = reduce(i as u64 + 1, [1, 3]);
+            if let Entry::Reduce(r) = &line.entry {
+                sync_ms += r.sync_ms;
+            }
+            live.record(line);
+            if i % 1000 == 0 {
+                live.record(epoch(i / 1000, [1, 1], false));
+            }
+            assert!(live.lines().len() <= MAX_LINES + 1);
+        }
+        let f = live.figures_at(Duration::from_secs(1));
+        assert_eq!(f.reduces, total as u64);
+        assert!((f.sync_ms_total - sync_ms).abs() <= 1e-6 * sync_ms.max(1.0));
+        assert_eq!(f.epochs_done, total.div_ceil(1000));
+        assert_eq!(f.last_reduce.as_ref().map(|r| r.round), Some(total as u64));
     }
 }

@@ -1,5 +1,7 @@
-//! The HTTP side: an axum server on its own tokio runtime thread, the task that turns the run's
-//! records into snapshots, and the read-only routes (`/`, `/events`, `/metrics`).
+//! The HTTP side: an axum router served by hyper's HTTP/1 on its own tokio runtime thread (a
+//! deadline on each request head, a cap on connections in all and per address), the task that
+//! turns the run's records into snapshots, and the read-only routes (`/`, `/events`,
+//! `/metrics`), each behind the guard (the `Host` on loopback, the token) before any work.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -33,6 +35,13 @@ const PAUSE_PER_RENDER: u32 = 20;
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long stopping waits for the server's thread.
 const STOP_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a connection may take to send a request head: a client that holds a socket without
+/// asking anything is closed after it.
+const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections served at once; one more is closed as soon as it is accepted.
+const MAX_CONNECTIONS: usize = 256;
+/// Connections served at once from one address, so one client cannot take every slot.
+const MAX_PER_ADDRESS: usize = 32;
 
 /// The run as rendered at one moment: what every route serves until the next one.
 #[derive(Debug)]
@@ -67,6 +76,9 @@ impl Snapshot {
 struct App {
     snapshots: watch::Receiver<Arc<Snapshot>>,
     access: Arc<Access>,
+    /// Whether the server listens on loopback only: a request's `Host` must then name
+    /// loopback too (a page elsewhere cannot reach it by rebinding its own name to 127.0.0.1).
+    loopback: bool,
     name: Arc<str>,
 }
 
@@ -91,6 +103,7 @@ impl Server {
         records: mpsc::Receiver<Line>,
     ) -> Result<Self, DashboardError> {
         listener.set_nonblocking(true).map_err(DashboardError::Start)?;
+        let loopback = listener.local_addr().map_err(DashboardError::Start)?.ip().is_loopback();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .thread_name("fdl-dashboard")
@@ -100,8 +113,12 @@ impl Server {
         let (finished_tx, finished) = std::sync::mpsc::sync_channel(1);
         let first = Arc::new(Snapshot::of(&live, 0));
         let (publish, snapshots) = watch::channel(first);
-        let app =
-            App { snapshots, access: Arc::new(access), name: live.meta().name.as_str().into() };
+        let app = App {
+            snapshots,
+            access: Arc::new(access),
+            loopback,
+            name: live.meta().name.as_str().into(),
+        };
         let thread = std::thread::Builder::new()
             .name("fdl-dashboard".into())
             .spawn(move || {
@@ -146,6 +163,7 @@ async fn serve(
     };
     // The shutdown signal: the follower is done and has dropped the publisher.
     let mut ended = app.snapshots.clone();
+    let closing = app.snapshots.clone();
     tokio::spawn(follow(live, records, stopped, publish));
     let router = Router::new()
         .route("/", get(index))
@@ -153,10 +171,55 @@ async fn serve(
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app);
-    let shutdown = async move { while ended.changed().await.is_ok() {} };
-    if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
-        tracing::warn!("dashboard: server stopped: {e}");
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let per_address = flodl_cluster::handshake::AddressSlots::new(MAX_PER_ADDRESS);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            biased;
+            () = async { while ended.changed().await.is_ok() {} } => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // E.g. out of file descriptors: wait a little rather than spin.
+                    tracing::debug!("dashboard: accepting failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        while connections.try_join_next().is_some() {}
+        let Some(address_slot) = per_address.take(peer.ip()) else {
+            tracing::debug!(%peer, "dashboard: too many connections from its address");
+            continue;
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "dashboard: at its connection cap");
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut closing = closing.clone();
+        connections.spawn(async move {
+            let _slots = (slot, address_slot);
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEAD_DEADLINE);
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = async { while closing.changed().await.is_ok() {} } => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(STOP_DEADLINE, conn).await;
+                }
+            }
+        });
     }
+    // The run has ended: live streams close with the publisher; wait for the connections a
+    // bounded time.
+    let _ = tokio::time::timeout(STOP_DEADLINE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
 }
 
 /// Takes the run's records into `live` and publishes a snapshot after each batch of them (at
@@ -230,6 +293,14 @@ async fn guard(
     request: Request,
     next: Next,
 ) -> Response {
+    let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok());
+    if app.loopback && !host.is_some_and(super::address::names_loopback) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard answers to a loopback Host only\n",
+        )
+            .into_response();
+    }
     let mut response = match app.access.admits(query.token.as_deref()) {
         Verdict::Admit => next.run(request).await,
         Verdict::Missing => {

@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 use super::dropped::Dropped;
 use super::refusal::{Refusal, View};
 use super::registry::{Offer, Registry};
+use super::slots::{AddressSlot, AddressSlots};
 use crate::error::NetError;
+use crate::keys::Role;
 use crate::session::{Conn, Reactor, Session, SessionConfig, reactor, start};
 use crate::wire::{HANDSHAKE_MAX, Message, PROTOCOL, codec};
 
@@ -24,7 +26,9 @@ use crate::wire::{HANDSHAKE_MAX, Message, PROTOCOL, codec};
 type Handshaking = Framed<TlsStream<TcpStream>, LengthDelimitedCodec>;
 
 /// Handshakes in progress at once; further connections wait in the listen backlog until one
-/// finishes (each is bounded by the handshake deadline, so intruders can delay joins, not stop them).
+/// finishes (each is bounded by the handshake deadline). Each source address may hold only a few
+/// of them ([`AddressSlots::limit_for`]) and its connections beyond that are closed at once, so a
+/// flood from elsewhere cannot keep an honest rank's address out.
 const MAX_HANDSHAKES: usize = 256;
 
 /// The server side of a job's control plane: it listens, admits each rank's two lanes (mutual TLS,
@@ -71,16 +75,25 @@ impl Controller {
         world: usize,
         cfg: SessionConfig,
     ) -> Result<Controller, NetError> {
-        cfg.check()?;
-        if world == 0 {
-            return Err(NetError::Config("a world of zero ranks".into()));
-        }
+        Controller::check(&cfg, world)?;
+        Controller::serve(std::net::TcpListener::bind(addr)?, run, world, cfg)
+    }
+
+    /// Admits on `std_listener`, a socket already bound and listening (e.g. one a launcher bound
+    /// and handed down, so nobody can take the port between its choice and its use), the `world`
+    /// ranks of the run whose specification hashes to `run`.
+    pub fn serve(
+        std_listener: std::net::TcpListener,
+        run: [u8; 32],
+        world: usize,
+        cfg: SessionConfig,
+    ) -> Result<Controller, NetError> {
+        Controller::check(&cfg, world)?;
         let reactor = reactor("flodl-controller")?;
         let handle = reactor
             .handle()
             .cloned()
             .ok_or_else(|| NetError::Runtime("the runtime is gone".into()))?;
-        let std_listener = std::net::TcpListener::bind(addr)?;
         std_listener.set_nonblocking(true)?;
         let local_addr = std_listener.local_addr()?;
         let listener = {
@@ -98,9 +111,23 @@ impl Controller {
             handle: handle.clone(),
         });
         let cancel = CancellationToken::new();
-        handle.spawn(listen(listener, admission, cancel.clone()));
+        let per_address = AddressSlots::new(AddressSlots::limit_for(world));
+        handle.spawn(listen(listener, admission, per_address, cancel.clone()));
         tracing::info!(%local_addr, world, "controller listening");
         Ok(Controller { accepted, local_addr, cancel, reactor })
+    }
+
+    /// A configuration and world a controller can serve: the controller's own certificate, at
+    /// least one rank.
+    fn check(cfg: &SessionConfig, world: usize) -> Result<(), NetError> {
+        cfg.check()?;
+        if world == 0 {
+            return Err(NetError::Config("a world of zero ranks".into()));
+        }
+        if cfg.tls.role() != Role::Controller {
+            return Err(NetError::WrongKey { holds: cfg.tls.role(), wants: Role::Controller });
+        }
+        Ok(())
     }
 
     /// The address it listens on (with the port the system chose for port 0).
@@ -134,7 +161,12 @@ impl Drop for Controller {
 }
 
 /// Accepts connections and admits each in its own task, a bounded number at once.
-async fn listen(listener: TcpListener, admission: Arc<Admission>, cancel: CancellationToken) {
+async fn listen(
+    listener: TcpListener,
+    admission: Arc<Admission>,
+    per_address: Arc<AddressSlots>,
+    cancel: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     loop {
         let permit = tokio::select! {
@@ -159,13 +191,18 @@ async fn listen(listener: TcpListener, admission: Arc<Admission>, cancel: Cancel
                 continue;
             }
         };
+        let Some(address_slot) = per_address.take(peer.ip()) else {
+            tracing::warn!(%peer, "connection dropped: too many handshakes under way from its address");
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let (admission, cancel) = (admission.clone(), cancel.clone());
         tokio::spawn(async move {
+            let slots = (permit, address_slot);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {}
-                _ = admit(tcp, peer, &admission, permit) => {}
+                _ = admit(tcp, peer, &admission, slots) => {}
             }
         });
     }
@@ -177,7 +214,7 @@ async fn admit(
     tcp: TcpStream,
     peer: SocketAddr,
     admission: &Admission,
-    slot: OwnedSemaphorePermit,
+    slot: (OwnedSemaphorePermit, AddressSlot),
 ) {
     let limit = admission.cfg.handshake;
     let deadline = Instant::now() + limit;
@@ -243,6 +280,8 @@ async fn handshake(
     admission: &Admission,
 ) -> Result<Step, Dropped> {
     let tls = admission.acceptor.accept(tcp).await.map_err(Dropped::Tls)?;
+    let certified =
+        tls.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(Role::of);
     let mut framed = Framed::new(tls, codec(HANDSHAKE_MAX));
     let first = match framed.next().await {
         None => return Err(Dropped::Closed),
@@ -260,6 +299,20 @@ async fn handshake(
     if let Some(refusal) = Refusal::check(&hello.hello, PROTOCOL, &admission.run, admission.world) {
         refuse(framed, peer, Some(rank), refusal).await;
         return Ok(Step::Refused);
+    }
+    // The rank is the certificate's, not the hello's: a member holding one rank's key can take
+    // that rank's seat and no other.
+    match certified {
+        Some(Ok(Role::Rank(certified))) if certified == rank => {}
+        other => {
+            let certified = match other {
+                Some(Ok(role)) => role.to_string(),
+                Some(Err(e)) => format!("unusable ({e})"),
+                None => "missing".to_owned(),
+            };
+            refuse(framed, peer, Some(rank), Refusal::Seat { claimed: rank, certified }).await;
+            return Ok(Step::Refused);
+        }
     }
     Ok(match admission.registry.offer(&hello, framed) {
         Offer::Refused(refusal, framed) => {

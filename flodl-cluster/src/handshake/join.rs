@@ -43,6 +43,10 @@ pub fn join(
     wait: Duration,
 ) -> Result<Session, NetError> {
     cfg.check()?;
+    let wants = crate::keys::Role::Rank(hello.rank);
+    if cfg.tls.role() != wants {
+        return Err(NetError::WrongKey { holds: cfg.tls.role(), wants });
+    }
     let reactor = reactor("flodl-session")?;
     let handle =
         reactor.handle().cloned().ok_or_else(|| NetError::Runtime("the runtime is gone".into()))?;
@@ -153,7 +157,7 @@ fn handshake_error(e: std::io::Error) -> NetError {
 }
 
 /// A number that pairs this join's two lanes at the controller (unique enough; not a secret: both
-/// lanes are already authenticated by the job's certificate).
+/// lanes are already authenticated by the rank's own certificate).
 fn join_token() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());

@@ -6,6 +6,8 @@ mod dropped;
 mod join;
 mod refusal;
 mod registry;
+mod slots;
 
 pub use controller::Controller;
 pub use join::join;
+pub use slots::{AddressSlot, AddressSlots};

@@ -24,6 +24,8 @@ pub(crate) enum Refusal {
     LaneTwice { rank: usize, lane: Lane },
     /// The first message was not a hello.
     NotHello,
+    /// The hello claims a rank its certificate was not issued for.
+    Seat { claimed: usize, certified: String },
 }
 
 /// Whose view a refusal line takes.
@@ -93,6 +95,9 @@ impl Refusal {
                 format!("rank {rank} opened its {lane} lane twice")
             }
             Refusal::NotHello => "the first message was not a hello".into(),
+            Refusal::Seat { claimed, certified } => {
+                format!("{me} claims rank {claimed} but its certificate is {certified}'s")
+            }
         }
     }
 }

@@ -25,6 +25,9 @@ pub enum IdentityError {
     /// A controller address that is not `host` or `host:port`.
     #[error("{var}={value:?} is not a host or host:port")]
     Address { var: &'static str, value: String },
+    /// The listening socket a launcher says it handed down is not one.
+    #[error("{var}={value:?}: {reason}")]
+    ListenerFd { var: &'static str, value: String, reason: String },
     /// A port that is not a number from 1 to 65535.
     #[error("{var}={value:?} is not a port from 1 to 65535")]
     Port { var: &'static str, value: String },

@@ -18,10 +18,12 @@ mod address;
 mod environment;
 mod error;
 mod hostlist;
+mod inherited;
 mod launcher;
 
 pub use address::{ControllerAddr, DEFAULT_CONTROLLER_PORT};
 pub use environment::Identity;
 pub use error::IdentityError;
 pub use hostlist::first_host;
+pub use inherited::{CONTROLLER_FD, inherited_listener};
 pub use launcher::{CONTROLLER_ADDR, CONTROLLER_PORT, Launcher};

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 pub struct TlsFiles {
     /// The job CA's certificate: the only trust anchor.
     pub ca: PathBuf,
-    /// The certificate this process presents (server and client auth).
+    /// The certificate this process presents: the controller's (server use) or its rank's
+    /// (client use).
     pub cert: PathBuf,
     /// The private key of `cert`.
     pub key: PathBuf,
@@ -35,6 +36,44 @@ impl TlsFiles {
             cert: get(Self::CERT_VAR)?,
             key: get(Self::KEY_VAR)?,
         })
+    }
+
+    /// The placeholder a launcher that hands every process the same variables (`mpirun -x`)
+    /// writes in the certificate and key paths; each rank puts its own rank there.
+    pub const RANK_PLACEHOLDER: &'static str = "{rank}";
+    /// The placeholder for a file's stem by seat: `controller` in rank 0's process when the
+    /// controller's files are there (it hosts the controller), else `rank-<r>`. For launchers
+    /// that hand every process of a host the same variables (torchrun, srun): give rank 0's
+    /// host the controller's files, every host its ranks'.
+    pub const SEAT_PLACEHOLDER: &'static str = "{seat}";
+
+    /// These files for rank `rank`'s process: [`TlsFiles::RANK_PLACEHOLDER`] and
+    /// [`TlsFiles::SEAT_PLACEHOLDER`] in the certificate and key paths filled in.
+    pub fn for_rank(&self, rank: usize) -> TlsFiles {
+        let fill = |path: &PathBuf, seat: &str| match path.to_str() {
+            Some(text)
+                if text.contains(Self::RANK_PLACEHOLDER)
+                    || text.contains(Self::SEAT_PLACEHOLDER) =>
+            {
+                PathBuf::from(
+                    text.replace(Self::RANK_PLACEHOLDER, &rank.to_string())
+                        .replace(Self::SEAT_PLACEHOLDER, seat),
+                )
+            }
+            _ => path.clone(),
+        };
+        let own = format!("rank-{rank}");
+        if rank == 0 {
+            let hosting = TlsFiles {
+                ca: self.ca.clone(),
+                cert: fill(&self.cert, "controller"),
+                key: fill(&self.key, "controller"),
+            };
+            if hosting != *self && hosting.cert.is_file() && hosting.key.is_file() {
+                return hosting;
+            }
+        }
+        TlsFiles { ca: self.ca.clone(), cert: fill(&self.cert, &own), key: fill(&self.key, &own) }
     }
 
     /// The variables that name these files, as `(name, path)` pairs for a child's environment.

@@ -1,7 +1,5 @@
-//! Making a job's CA and its leaf certificate.
+//! Making a job's CA and its certificates: one for the controller, one per rank.
 
-use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -12,6 +10,8 @@ use rcgen::{
 use thiserror::Error;
 
 use super::files::TlsFiles;
+use super::private::PrivateDir;
+use super::role::Role;
 use super::tls::JOB_SERVER_NAME;
 
 /// How long a job's certificates are valid from the moment they are made.
@@ -25,29 +25,58 @@ pub enum KeyError {
     /// rcgen refused the parameters or failed to sign (e.g. a host that is not a valid DNS name).
     #[error("cannot make the job's certificates: {0}")]
     Generate(#[from] rcgen::Error),
-    /// The directory or a file could not be written.
+    /// The directory or a file could not be written or read.
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
+    /// The key directory is not private, or a path in it is not a plain file or directory.
+    #[error("{path}: refusing to keep keys there: {reason}")]
+    Unsafe { path: PathBuf, reason: String },
+    /// A rank's certificate was asked of a directory without the CA's key.
+    #[error(
+        "{path}: no CA key to issue a certificate with (only the directory `fdl cluster keys DIR \
+         --world N` made keeps it)"
+    )]
+    NoCaKey { path: PathBuf },
+    /// A world of no ranks.
+    #[error("a job of zero ranks has no keys to make")]
+    EmptyWorld,
 }
 
-/// The maker of a job's keys.
-#[derive(Debug, Clone, Copy)]
-pub struct JobKeys;
+/// A job's key directory: the CA's certificate, the controller's certificate and key, and one
+/// certificate and key per rank (`rank-<r>.pem`, `rank-<r>.key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobKeys {
+    dir: PathBuf,
+}
 
 impl JobKeys {
-    /// The file names written in the key directory.
+    /// The CA's certificate: every process trusts it alone.
     pub const CA_FILE: &'static str = "ca.pem";
-    /// The leaf certificate's file name.
-    pub const CERT_FILE: &'static str = "cert.pem";
-    /// The leaf key's file name.
-    pub const KEY_FILE: &'static str = "key.pem";
+    /// The CA's private key, kept only where later ranks may be issued: never copy it to a host.
+    pub const CA_KEY_FILE: &'static str = "ca.key";
 
-    /// Makes a fresh CA and one leaf certificate signed by it for both server and client auth,
-    /// naming [`JOB_SERVER_NAME`] and `hosts` (names or IP addresses), and writes `ca.pem`,
-    /// `cert.pem` and `key.pem` in `dir` with mode 0600 (`dir` is made 0700 when missing). The CA's
-    /// key is dropped once the leaf is signed: nobody can add a certificate to the job later.
-    pub fn generate(dir: &Path, hosts: &[String]) -> Result<TlsFiles, KeyError> {
-        let now = time_now();
+    /// The key directory `dir` as made before (nothing is read until a file is loaded).
+    pub fn at(dir: &Path) -> JobKeys {
+        JobKeys { dir: dir.to_owned() }
+    }
+
+    /// Makes a fresh CA in `dir` and signs with it the controller's certificate (server use only,
+    /// naming [`JOB_SERVER_NAME`] and `hosts`) and one certificate per rank of `world` (client
+    /// use only, each naming its rank), all written with mode 0600 in a private `dir` (made 0700
+    /// when missing; an existing one must not be readable by others). With `keep_ca`, the CA's
+    /// key is written too ([`JobKeys::CA_KEY_FILE`]) so [`JobKeys::issue`] can add a rank later;
+    /// without it the key is dropped and nobody can add a certificate to the job.
+    pub fn generate(
+        dir: &Path,
+        world: usize,
+        hosts: &[String],
+        keep_ca: bool,
+    ) -> Result<JobKeys, KeyError> {
+        if world == 0 {
+            return Err(KeyError::EmptyWorld);
+        }
+        let private = PrivateDir::open(dir)?;
+        let now = time::OffsetDateTime::now_utc();
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
         ca.distinguished_name.push(DnType::CommonName, "flodl job CA");
         ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -60,65 +89,114 @@ impl JobKeys {
         ca.not_after = now + VALIDITY;
         let ca_key = KeyPair::generate()?;
         let ca_cert = ca.self_signed(&ca_key)?;
+        private.write(Self::CA_FILE, ca_cert.pem().as_bytes())?;
+        if keep_ca {
+            private.write(Self::CA_KEY_FILE, ca_key.serialize_pem().as_bytes())?;
+        }
+        let issuer = Issuer::new(ca, ca_key);
+        let keys = JobKeys { dir: dir.to_owned() };
+        keys.sign(&private, &issuer, Role::Controller, hosts)?;
+        for rank in 0..world {
+            keys.sign(&private, &issuer, Role::Rank(rank), &[])?;
+        }
+        Ok(keys)
+    }
 
-        let mut names = vec![JOB_SERVER_NAME.to_owned()];
-        names.extend(hosts.iter().filter(|h| h.as_str() != JOB_SERVER_NAME).cloned());
+    /// Issues rank `rank`'s certificate with the CA key kept in `dir` (a host that joins a job
+    /// later, or a seat beyond the world the keys were first made for).
+    pub fn issue(dir: &Path, rank: usize) -> Result<TlsFiles, KeyError> {
+        let private = PrivateDir::open(dir)?;
+        let read = |name: &str| {
+            let path = private.join(name);
+            std::fs::read_to_string(&path).map_err(|source| {
+                if source.kind() == std::io::ErrorKind::NotFound && name == Self::CA_KEY_FILE {
+                    KeyError::NoCaKey { path: dir.to_owned() }
+                } else {
+                    KeyError::Write { path, source }
+                }
+            })
+        };
+        let ca_key = KeyPair::from_pem(&read(Self::CA_KEY_FILE)?)?;
+        let issuer = Issuer::from_ca_cert_pem(&read(Self::CA_FILE)?, ca_key)?;
+        let keys = JobKeys { dir: dir.to_owned() };
+        keys.sign(&private, &issuer, Role::Rank(rank), &[])?;
+        Ok(keys.rank(rank))
+    }
+
+    /// The files of the controller: the CA, its certificate and its key.
+    pub fn controller(&self) -> TlsFiles {
+        self.files("controller")
+    }
+
+    /// The files of rank `rank`: the CA, its certificate and its key.
+    pub fn rank(&self, rank: usize) -> TlsFiles {
+        self.files(&format!("rank-{rank}"))
+    }
+
+    /// Every rank's files at once, for a launcher that hands all its processes the same
+    /// variables: the certificate and key paths hold [`TlsFiles::RANK_PLACEHOLDER`], which each
+    /// rank fills in ([`TlsFiles::for_rank`]).
+    pub fn ranks(&self) -> TlsFiles {
+        self.files(&format!("rank-{}", TlsFiles::RANK_PLACEHOLDER))
+    }
+
+    /// Every process's files at once, by seat ([`TlsFiles::SEAT_PLACEHOLDER`]): rank 0's process
+    /// takes the controller's when they are there, every other its rank's.
+    pub fn seats(&self) -> TlsFiles {
+        self.files(TlsFiles::SEAT_PLACEHOLDER)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn files(&self, stem: &str) -> TlsFiles {
+        TlsFiles {
+            ca: self.dir.join(Self::CA_FILE),
+            cert: self.dir.join(format!("{stem}.pem")),
+            key: self.dir.join(format!("{stem}.key")),
+        }
+    }
+
+    /// Signs `role`'s certificate (extra DNS names or addresses `hosts`) and writes it and its key.
+    fn sign(
+        &self,
+        private: &PrivateDir,
+        issuer: &Issuer<'_, KeyPair>,
+        role: Role,
+        hosts: &[String],
+    ) -> Result<(), KeyError> {
+        let now = time::OffsetDateTime::now_utc();
+        let (names, usage, common) = match role {
+            Role::Controller => {
+                let mut names = vec![JOB_SERVER_NAME.to_owned()];
+                names.extend(hosts.iter().filter(|h| h.as_str() != JOB_SERVER_NAME).cloned());
+                (names, ExtendedKeyUsagePurpose::ServerAuth, "flodl job controller".to_owned())
+            }
+            Role::Rank(rank) => (
+                vec![Role::rank_name(rank)],
+                ExtendedKeyUsagePurpose::ClientAuth,
+                format!("flodl job rank {rank}"),
+            ),
+        };
         let mut leaf = CertificateParams::new(names)?;
-        leaf.distinguished_name.push(DnType::CommonName, "flodl job member");
+        leaf.distinguished_name.push(DnType::CommonName, common);
         leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        leaf.extended_key_usages =
-            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        leaf.extended_key_usages = vec![usage];
         leaf.use_authority_key_identifier_extension = true;
         leaf.not_before = now - CLOCK_SKEW;
         leaf.not_after = now + VALIDITY;
-        let leaf_key = KeyPair::generate()?;
-        let issuer = Issuer::new(ca, ca_key);
-        let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
-
-        make_private_dir(dir)?;
-        let files = TlsFiles {
-            ca: dir.join(Self::CA_FILE),
-            cert: dir.join(Self::CERT_FILE),
-            key: dir.join(Self::KEY_FILE),
+        let key = KeyPair::generate()?;
+        let cert = leaf.signed_by(&key, issuer)?;
+        let files = match role {
+            Role::Controller => self.controller(),
+            Role::Rank(rank) => self.rank(rank),
         };
-        write_private(&files.ca, ca_cert.pem().as_bytes())?;
-        write_private(&files.cert, leaf_cert.pem().as_bytes())?;
-        write_private(&files.key, leaf_key.serialize_pem().as_bytes())?;
-        Ok(files)
+        for (path, bytes) in [(&files.cert, cert.pem()), (&files.key, key.serialize_pem())] {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            private.write(name, bytes.as_bytes())?;
+        }
+        Ok(())
     }
-}
-
-/// The current time as rcgen wants it.
-fn time_now() -> time::OffsetDateTime {
-    time::OffsetDateTime::now_utc()
-}
-
-/// Creates `dir` (mode 0700 on Unix) unless it exists.
-fn make_private_dir(dir: &Path) -> Result<(), KeyError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir).map_err(|source| KeyError::Write { path: dir.to_owned(), source })
-}
-
-/// Writes `bytes` to a fresh or truncated file readable by its owner only.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeyError> {
-    let wrap = |source| KeyError::Write { path: path.to_owned(), source };
-    let mut options = fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(path).map_err(wrap)?;
-    // An existing file keeps its old mode on open: narrow it explicitly.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(fs::Permissions::from_mode(0o600)).map_err(wrap)?;
-    }
-    file.write_all(bytes).map_err(wrap)?;
-    file.sync_all().map_err(wrap)
 }

@@ -1,19 +1,24 @@
-//! A job's keys: a per-job certificate authority, the certificate every process of the job
-//! presents, and the mutual-TLS configurations built from them.
+//! A job's keys: a per-job certificate authority, a certificate for the controller and one per
+//! rank, and the mutual-TLS configurations built from them.
 //!
-//! **Naming rule.** Every leaf certificate of a job carries the fixed DNS name
-//! [`JOB_SERVER_NAME`] (plus the hosts it was made for), and a joining process verifies the
-//! controller's certificate against that name, whatever address it dialled. This is sound because
-//! trust comes from the CA, not the name: each job has its own CA, whose key signs the job's leaf
-//! and is then discarded, and both sides trust that CA alone. A certificate that chains to it was
-//! therefore made for this job, and the name check adds nothing an attacker could satisfy
-//! without it. A fixed name keeps the check independent of how the controller's address was
-//! spelled (an IP, a short host name, `MASTER_ADDR`).
+//! **Naming rule.** The controller's certificate is issued for server use only and carries the
+//! fixed DNS name [`JOB_SERVER_NAME`] (plus the hosts it was made for); a joining rank verifies
+//! the controller against that name, whatever address it dialled. Each rank's certificate is
+//! issued for client use only and names its rank ([`Role::rank_name`]); the controller admits a
+//! hello only for the rank its certificate names. Trust comes from the CA: each job has its own,
+//! and both sides trust it alone, so a certificate that chains to it was made for this job, and
+//! its key usages and name say which seat it holds. A holder of one rank's key can therefore be
+//! that rank and nothing else: not the controller (ranks refuse a client-only certificate as a
+//! server) and not another rank. A fixed controller name keeps the check independent of how the
+//! controller's address was spelled (an IP, a short host name, `MASTER_ADDR`).
 
 mod files;
 mod job_keys;
+mod private;
+mod role;
 mod tls;
 
 pub use files::TlsFiles;
 pub use job_keys::{JobKeys, KeyError};
+pub use role::{Role, RoleError};
 pub use tls::{JOB_SERVER_NAME, Tls, TlsError};

@@ -13,8 +13,9 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use thiserror::Error;
 
 use super::files::TlsFiles;
+use super::role::{Role, RoleError};
 
-/// The DNS name every job leaf certificate carries and every client verifies (see the
+/// The DNS name the controller's certificate carries and every rank verifies (see the
 /// [module](crate::keys) documentation for why that is sound). `.invalid` never resolves.
 pub const JOB_SERVER_NAME: &str = "flodl-job.invalid";
 
@@ -30,11 +31,15 @@ pub enum TlsError {
     /// The CA certificate cannot anchor client verification.
     #[error("client verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// The certificate is not one a job's CA issues to a controller or a rank.
+    #[error("{path}: {source}")]
+    Role { path: PathBuf, source: RoleError },
 }
 
 /// The server and client TLS configurations of one job member; cheap to clone.
 #[derive(Clone)]
 pub struct Tls {
+    pub(crate) role: Role,
     pub(crate) server: Arc<ServerConfig>,
     pub(crate) client: Arc<ClientConfig>,
 }
@@ -46,10 +51,14 @@ impl fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// Loads the job's CA, certificate and key and builds both configurations (ring provider).
+    /// Loads the job's CA, this process's certificate and key, and builds both configurations
+    /// (ring provider). The certificate must be a controller's or a rank's: an older fdl's
+    /// shared certificate is refused with a line saying how to make new keys.
     pub fn load(files: &TlsFiles) -> Result<Tls, TlsError> {
         let ca = certs(&files.ca, "the CA certificate")?;
         let chain = certs(&files.cert, "the certificate")?;
+        let role = Role::of(&chain[0])
+            .map_err(|source| TlsError::Role { path: files.cert.clone(), source })?;
         let key = PrivateKeyDer::from_pem_file(&files.key)
             .map_err(|e| pem_error("the private key", &files.key, e))?;
         let provider = Arc::new(provider());
@@ -69,7 +78,12 @@ impl Tls {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)?;
-        Ok(Tls { server: Arc::new(server), client: Arc::new(client) })
+        Ok(Tls { role, server: Arc::new(server), client: Arc::new(client) })
+    }
+
+    /// What this process's certificate lets it be: the controller, or one rank.
+    pub fn role(&self) -> Role {
+        self.role
     }
 
     /// The server configuration: it requires a client certificate from the job's CA.
@@ -78,7 +92,8 @@ impl Tls {
     }
 
     /// The client configuration: it presents this member's certificate and trusts the job's CA
-    /// alone, verifying the name [`JOB_SERVER_NAME`].
+    /// alone, verifying the controller's name [`JOB_SERVER_NAME`] (a rank's certificate, issued
+    /// for client use only and without that name, cannot serve).
     pub fn client(&self) -> Arc<ClientConfig> {
         self.client.clone()
     }

@@ -182,9 +182,9 @@ fn fuzzed_handshakes_are_dropped_while_a_session_runs() -> TestResult {
     let server = controller(&cfg, WORLD)?;
     let (at_controller, at_rank) = joined(&server, &cfg, 0, WORLD)?;
     let configs = Arc::new(Configs {
-        member: client_config(&job, Some(&job))?,
-        none: client_config(&job, None)?,
-        foreign: client_config(&job, Some(&other))?,
+        member: client_config(&job.rank(1), Some(&job.rank(1)))?,
+        none: client_config(&job.rank(1), None)?,
+        foreign: client_config(&job.rank(1), Some(&other.rank(1)))?,
     });
     let hello_seeds: Vec<Vec<u8>> = [(0, Lane::Control), (1, Lane::Control), (1, Lane::Bulk)]
         .into_iter()
@@ -194,7 +194,7 @@ fn fuzzed_handshakes_are_dropped_while_a_session_runs() -> TestResult {
                 .concat(),
         ))
         .collect();
-    let tls_seed = client_hello(&job)?;
+    let tls_seed = client_hello(&job.rank(1))?;
 
     let mut rng = Rng(seed);
     let inputs: Vec<(Client, Vec<u8>)> = (0..cases)

@@ -55,7 +55,7 @@ fn mismatched_joiners_are_refused_with_a_clear_line_on_both_sides() -> TestResul
     ];
     let addr = target(server.local_addr());
     for (hello, joiner_line, controller_line) in cases {
-        match join(&addr, hello, cfg.clone(), WAIT) {
+        match join(&addr, hello, cfg.rank(hello.rank)?, WAIT) {
             Err(NetError::Refused { reason }) if reason == joiner_line && hello.rank != 0 => {}
             // A second live process claiming a live rank gets its own typed error.
             Err(NetError::RankTaken { rank: 0, reason }) if reason == joiner_line => {}

@@ -157,7 +157,7 @@ fn intruders_are_dropped_while_a_healthy_session_runs() -> TestResult {
         let tasks: Vec<_> = cases
             .iter()
             .map(|(intruder, _)| {
-                let (intruder, job, other) = (*intruder, job.clone(), other.clone());
+                let (intruder, job, other) = (*intruder, job.rank(1), other.rank(1));
                 tokio::spawn(async move {
                     let start = Instant::now();
                     intrude(intruder, addr, &job, &other, limit).await.map(|o| (o, start.elapsed()))
@@ -231,7 +231,7 @@ fn a_joiner_with_another_jobs_keys_cannot_join() -> TestResult {
     let cfg = config(&keys(&dir.path().join("job"))?)?;
     let other = config(&keys(&dir.path().join("other"))?)?;
     let server = controller(&cfg, 2)?;
-    match join(&target(server.local_addr()), Hello::new(RUN, 1, 2), other, WAIT) {
+    match join(&target(server.local_addr()), Hello::new(RUN, 1, 2), other.rank(1)?, WAIT) {
         Err(NetError::Handshake(reason)) if reason.contains("TLS") => Ok(()),
         other => Err(format!("expected a TLS handshake failure, got {other:?}").into()),
     }
@@ -243,8 +243,18 @@ fn key_files_are_private() -> TestResult {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir()?;
     let keydir = dir.path().join("keys");
-    let files = JobKeys::generate(&keydir, &["node1".to_string()])?;
-    let cases = [(&keydir, 0o700), (&files.ca, 0o600), (&files.cert, 0o600), (&files.key, 0o600)];
+    let keys = JobKeys::generate(&keydir, 2, &["node1".to_string()], true)?;
+    let (controller, rank1) = (keys.controller(), keys.rank(1));
+    let ca_key = keydir.join(JobKeys::CA_KEY_FILE);
+    let cases = [
+        (&keydir, 0o700),
+        (&controller.ca, 0o600),
+        (&ca_key, 0o600),
+        (&controller.cert, 0o600),
+        (&controller.key, 0o600),
+        (&rank1.cert, 0o600),
+        (&rank1.key, 0o600),
+    ];
     for (path, mode) in cases {
         let got = std::fs::metadata(path)?.permissions().mode() & 0o777;
         if got != mode {

@@ -44,9 +44,11 @@ fn a_peer_that_stalls_after_joining_is_gone_within_the_silence() -> TestResult {
     let _stalled = runtime.block_on(async {
         let mut lanes = Vec::new();
         for lane in Lane::BOTH {
-            let mut tls =
-                tls_connect(addr, client_config(&files, Some(&files)).map_err(|e| e.to_string())?)
-                    .await?;
+            let mut tls = tls_connect(
+                addr,
+                client_config(&files.rank(0), Some(&files.rank(0))).map_err(|e| e.to_string())?,
+            )
+            .await?;
             tls.write_all(&hello_bytes(flodl_cluster::Hello::new(RUN, 0, 1), lane, 99))
                 .await
                 .map_err(|e| e.to_string())?;
@@ -126,7 +128,7 @@ fn a_killed_rank_process_is_gone_promptly() -> TestResult {
         .env("FLODL_WORLD_SIZE", "1")
         .env("FLODL_LOCAL_RANK", "0");
     command.env("FLODL_CONTROLLER_ADDR", server.local_addr().to_string());
-    for (var, path) in files.vars() {
+    for (var, path) in files.rank(0).vars() {
         command.env(var, path);
     }
     command.stdout(std::process::Stdio::null());

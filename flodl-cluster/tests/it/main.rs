@@ -10,5 +10,6 @@ mod identity;
 mod intruders;
 mod liveness;
 mod order;
+mod seats;
 mod session;
 mod simulated;

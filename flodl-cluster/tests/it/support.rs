@@ -19,19 +19,59 @@ pub(crate) const CAPS: Caps = Caps { control: 64 * 1024, bulk: 8 * 1024 * 1024 }
 /// The longest any single wait in a test may take.
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
-/// A fresh job's key files in `dir`.
-pub(crate) fn keys(dir: &Path) -> Result<TlsFiles, Box<dyn Error>> {
-    Ok(JobKeys::generate(dir, &["localhost".to_string(), "127.0.0.1".to_string()])?)
+/// The ranks the tests' keys are made for.
+pub(crate) const KEYS_WORLD: usize = 4;
+
+/// A fresh job's keys in a private directory made under `dir`: the controller's and
+/// [`KEYS_WORLD`] ranks'.
+pub(crate) fn keys(dir: &Path) -> Result<JobKeys, Box<dyn Error>> {
+    Ok(JobKeys::generate(
+        &dir.join("keys"),
+        KEYS_WORLD,
+        &["localhost".to_string(), "127.0.0.1".to_string()],
+        false,
+    )?)
+}
+
+/// A job's session settings: the controller's (what it derefs to; tests change its timings) and,
+/// with the same timings, each rank's with its own certificate.
+#[derive(Clone)]
+pub(crate) struct JobConfig {
+    controller: SessionConfig,
+    keys: JobKeys,
+}
+
+impl JobConfig {
+    /// Rank `rank`'s settings: the controller's timings and caps, the rank's own certificate.
+    pub(crate) fn rank(&self, rank: usize) -> Result<SessionConfig, Box<dyn Error>> {
+        Ok(SessionConfig { tls: Tls::load(&self.keys.rank(rank))?, ..self.controller.clone() })
+    }
+}
+
+impl std::ops::Deref for JobConfig {
+    type Target = SessionConfig;
+    fn deref(&self) -> &SessionConfig {
+        &self.controller
+    }
+}
+
+impl std::ops::DerefMut for JobConfig {
+    fn deref_mut(&mut self) -> &mut SessionConfig {
+        &mut self.controller
+    }
 }
 
 /// Short timings, so liveness tests finish quickly.
-pub(crate) fn config(files: &TlsFiles) -> Result<SessionConfig, Box<dyn Error>> {
-    Ok(SessionConfig {
-        tls: Tls::load(files)?,
-        caps: CAPS,
-        heartbeat: Duration::from_millis(100),
-        silence: Duration::from_millis(800),
-        handshake: Duration::from_secs(2),
+pub(crate) fn config(keys: &JobKeys) -> Result<JobConfig, Box<dyn Error>> {
+    Ok(JobConfig {
+        controller: SessionConfig {
+            tls: Tls::load(&keys.controller())?,
+            caps: CAPS,
+            heartbeat: Duration::from_millis(100),
+            silence: Duration::from_millis(800),
+            handshake: Duration::from_secs(2),
+        },
+        keys: keys.clone(),
     })
 }
 
@@ -48,12 +88,12 @@ pub(crate) fn target(addr: SocketAddr) -> ControllerAddr {
 /// Joins `rank` from a thread while the controller accepts it: (controller side, rank side).
 pub(crate) fn joined(
     controller: &Controller,
-    cfg: &SessionConfig,
+    cfg: &JobConfig,
     rank: usize,
     world: usize,
 ) -> Result<(Session, Session), Box<dyn Error>> {
     let addr = target(controller.local_addr());
-    let cfg = cfg.clone();
+    let cfg = cfg.rank(rank)?;
     let joiner = thread::spawn(move || join(&addr, Hello::new(RUN, rank, world), cfg, WAIT));
     let accepted = controller.accept(WAIT)?;
     let rank_side = joiner.join().map_err(|_| "the joining thread panicked")??;

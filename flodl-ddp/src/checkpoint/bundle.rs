@@ -94,6 +94,10 @@ impl OpaqueState {
     }
 }
 
+/// The largest world size a bundle may name (far above any real run; a resume's work grows with
+/// it, so a larger value in a file is malformed).
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
 /// A training checkpoint: the consensus model, optimizer states, cadence state, progress and
 /// the run's identity. Written at a reduce; see the [module docs](super) for the file format.
 #[derive(Debug, Clone, PartialEq)]
@@ -183,7 +187,7 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Checks the invariants every bundle holds (world size ≥ 1, coverage normalised and
+    /// Checks the invariants every bundle holds (world size from 1 to [`MAX_WORLD_SIZE`], coverage normalised and
     /// within bounds, one coverage entry per epoch).
     ///
     /// # Errors
@@ -191,6 +195,13 @@ impl Checkpoint {
     pub fn validate(&self) -> Result<()> {
         if self.world_size == 0 {
             return Err(CheckpointError::malformed("world size 0"));
+        }
+        // A resume does work per saving rank (the rank map): a file may not ask for unbounded work.
+        if self.world_size > MAX_WORLD_SIZE {
+            return Err(CheckpointError::malformed(format!(
+                "world size {} above the most a bundle may hold ({MAX_WORLD_SIZE})",
+                self.world_size
+            )));
         }
         for (i, c) in self.coverage.iter().enumerate() {
             c.validate()?;

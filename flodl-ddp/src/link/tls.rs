@@ -134,6 +134,8 @@ pub(crate) struct TlsRendezvous {
     pub(crate) tls: Tls,
     pub(crate) controller: ControllerAddr,
     pub(crate) bind: SocketAddr,
+    /// A listening socket the launcher bound and handed down, used instead of binding `bind`.
+    pub(crate) inherited: Arc<Mutex<Option<std::net::TcpListener>>>,
     pub(crate) bulk_cap: usize,
 }
 
@@ -164,8 +166,12 @@ impl TlsRendezvous {
         wait: Duration,
         silence: Duration,
     ) -> Result<Admitted> {
-        let controller = Controller::bind(self.bind, run, world, self.config(silence))
-            .map_err(net("binding the controller"))?;
+        let inherited = lock(&self.inherited).take();
+        let controller = match inherited {
+            Some(listener) => Controller::serve(listener, run, world, self.config(silence)),
+            None => Controller::bind(self.bind, run, world, self.config(silence)),
+        }
+        .map_err(net("binding the controller"))?;
         tracing::info!(addr = %controller.local_addr(), world, "controller waiting for ranks");
         let roll = RollCall::start(world, ranks, quorum, wait);
         let mut joined: Vec<Option<Arc<dyn Frames>>> = (0..world).map(|_| None).collect();

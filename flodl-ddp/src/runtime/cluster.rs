@@ -273,6 +273,7 @@ impl Cluster {
                 flodl_cluster::TlsFiles::KEY_VAR
             ))
         })?;
+        let files = files.for_rank(identity.rank);
         Cluster::new(identity, &files).map(Some)
     }
 
@@ -293,6 +294,7 @@ impl Cluster {
             tls,
             controller: identity.controller.clone(),
             bind,
+            inherited: inherited()?,
             bulk_cap: DEFAULT_BULK_CAP,
         };
         let mut cluster = Cluster::with(
@@ -320,7 +322,13 @@ impl Cluster {
         let tls = flodl_cluster::Tls::load(files)?;
         let controller =
             flodl_cluster::ControllerAddr { host: bind.ip().to_string(), port: bind.port() };
-        let rendezvous = TlsRendezvous { tls, controller, bind, bulk_cap: DEFAULT_BULK_CAP };
+        let rendezvous = TlsRendezvous {
+            tls,
+            controller,
+            bind,
+            inherited: inherited()?,
+            bulk_cap: DEFAULT_BULK_CAP,
+        };
         Cluster::with(Seat::Controller, world, 0, Arc::new(Rendezvous::tls(rendezvous)))
     }
 
@@ -331,6 +339,7 @@ impl Cluster {
                 tls: r.tls.clone(),
                 controller: r.controller.clone(),
                 bind: r.bind,
+                inherited: r.inherited.clone(),
                 bulk_cap: r.bulk_cap,
             };
             f(&mut r);
@@ -342,7 +351,10 @@ impl Cluster {
     /// Where rank 0's process listens for the other ranks (default: loopback on the
     /// controller port). Give a routable address for a job across hosts.
     pub fn bind(self, addr: std::net::SocketAddr) -> Cluster {
-        self.retls(|r| r.bind = addr)
+        self.retls(|r| {
+            r.bind = addr;
+            r.inherited = Arc::default();
+        })
     }
 
     /// The largest model-state frame accepted (default 1 GiB; about four times the model's
@@ -356,6 +368,13 @@ impl Cluster {
     pub fn identity(&self) -> Option<&flodl_cluster::Identity> {
         self.identity.as_ref()
     }
+}
+
+/// The controller's listening socket when the launcher handed one down
+/// ([`flodl_cluster::identity::CONTROLLER_FD`]), shared by the place's copies and taken once.
+#[cfg(feature = "cluster")]
+fn inherited() -> Result<Arc<std::sync::Mutex<Option<std::net::TcpListener>>>> {
+    Ok(Arc::new(std::sync::Mutex::new(flodl_cluster::identity::inherited_listener()?)))
 }
 
 /// The default cap of a model-state frame.

@@ -1158,3 +1158,15 @@ fn a_resumed_dispatcher_hands_out_exactly_the_uncovered_ranges() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn a_bundle_naming_a_huge_world_is_malformed() -> TestResult {
+    let mut ckpt = small_checkpoint()?;
+    ckpt.world_size = flodl_ddp::checkpoint::MAX_WORLD_SIZE;
+    ckpt.validate()?;
+    ckpt.world_size = flodl_ddp::checkpoint::MAX_WORLD_SIZE + 1;
+    match ckpt.validate() {
+        Err(CheckpointError::Malformed { .. }) => Ok(()),
+        other => Err(fail(format!("a world of {}: {other:?}", ckpt.world_size))),
+    }
+}
