@@ -112,7 +112,8 @@ fn constant_and_zero_blocks_come_back_exactly() -> TestResult {
                         return Err(format!("{f} n={n}: {c} came back as {v}").into());
                     }
                 }
-                if c == 0.0 && (0..n.div_ceil(b)).any(|k| scale_at(&bytes, k * f.block_bytes()) != 0.0)
+                if c == 0.0
+                    && (0..n.div_ceil(b)).any(|k| scale_at(&bytes, k * f.block_bytes()) != 0.0)
                 {
                     return Err(format!("{f} n={n}: a zero block has a nonzero scale").into());
                 }
@@ -160,10 +161,9 @@ fn non_finite_values_are_refused_with_their_index() -> TestResult {
                         match ops::quantize(f, &t, &mut bytes, s) {
                             Err(Error::NonFinite { index, .. }) if index == at => {}
                             other => {
-                                return Err(format!(
-                                    "{f} n={n}: {bad} at {at} gave {other:?}"
-                                )
-                                .into());
+                                return Err(
+                                    format!("{f} n={n}: {bad} at {at} gave {other:?}").into()
+                                );
                             }
                         }
                     }
@@ -235,8 +235,11 @@ fn walk(
         let d = Tensor::from_slice(&delta, &[n], s)?;
         send(&d, &mut bytes)?;
         ops::dequantize(f, &bytes, &mut decoded, s)?;
-        for (k, ((t, r), (dv, y))) in
-            truth.iter_mut().zip(&mut received).zip(delta.iter().zip(decoded.to_vec::<f32>(s)?)).enumerate()
+        for (k, ((t, r), (dv, y))) in truth
+            .iter_mut()
+            .zip(&mut received)
+            .zip(delta.iter().zip(decoded.to_vec::<f32>(s)?))
+            .enumerate()
         {
             *t += f64::from(*dv);
             *r += f64::from(y);
@@ -261,7 +264,9 @@ fn error_feedback_keeps_the_received_sum_within_one_step_of_the_truth() -> TestR
         // Without it the rounding errors add up as a random walk: the check above can fail.
         let without = walk(f, n, 400, &s, |d, out| ops::quantize(f, d, out, &s))?;
         if without < 2.0 {
-            return Err(format!("{f}: without feedback the drift is only {without:.3} steps").into());
+            return Err(
+                format!("{f}: without feedback the drift is only {without:.3} steps").into()
+            );
         }
         eprintln!("{f}: drift {with:.3} steps with feedback, {without:.1} without");
     }
