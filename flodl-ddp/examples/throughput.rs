@@ -4,12 +4,22 @@
 //! cargo run --release -p flodl-ddp --example throughput -- [--epochs 5] [--slow 2.5]
 //!     [--runs solo,equal,skew] [--modes cadence-collective,...] [--lr 0.05]
 //!     [--lr-scale-ratio 0] [--max-anchor N] [--repeats 1] [--prefetch auto,2] [--json]
+//!     [--hidden 256,128] [--samples N]
 //! ```
 //!
-//! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10, batch 64 per rank, SGD lr 0.05
-//! momentum 0.9, one thread per rank. `solo` runs rank 0 alone (factor 1) and rank 1 alone
+//! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10 (`--hidden 4096,4096`: the
+//! 20M-parameter MLP, 80 MB of state per exchange), batch 64 per rank, SGD lr 0.05 momentum 0.9,
+//! one thread per rank; `--samples N` trains on the first N training samples only (a short run
+//! of the large MLP). `solo` runs rank 0 alone (factor 1) and rank 1 alone
 //! (factor `--slow`); `equal` runs two equal ranks; `skew` runs two ranks with rank 1 slowed by
 //! `--slow`, and compares the aggregate with 0.9 × (solo 0 + solo 1) of the same invocation.
+//! With `skew`, each round also runs the **co-run ceiling**: the same two ranks (rank 1 slowed)
+//! training side by side in this process, each its own single-rank job that never averages,
+//! the slow one on the share of the samples its solo speed covers in the fast one's time (so
+//! both end together); its aggregate is the sum of the two jobs' throughputs. On a small
+//! machine the solo sum is no ceiling (a sleeping slow rank frees its core for the other), the
+//! co-run is: a skew mode's loss against the solo sum splits into contention (solo sum → co-run)
+//! and flodl's own cost (co-run → achieved).
 //! Each line reports samples/s over the training wall time, the test accuracy after the last
 //! epoch and each rank's time breakdown (compute, data, reduce, waiting, evaluation,
 //! checkpoint, other, as shares of its training wall); `--json` prints one JSON object per run
@@ -24,7 +34,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flodl_data::{Dataset, Mnist, Split, Verify};
+use flodl_data::{Dataset, Mnist, Split, Subset, Verify};
 use flodl_ddp::{
     Activity, Backend, Devices, ElCheKnobs, Mlp, MlpConfig, Optimizer, Policy, Prefetch,
     TimeBreakdown, TrainedState, Trainer,
@@ -41,6 +51,8 @@ struct Args {
     max_anchor: Option<usize>,
     repeats: usize,
     prefetch: Vec<Prefetch>,
+    hidden: Vec<usize>,
+    samples: Option<usize>,
 }
 
 fn parse_mode(s: &str) -> Option<(Policy, Backend)> {
@@ -65,6 +77,8 @@ fn parse() -> Result<Args, String> {
         max_anchor: None,
         repeats: 1,
         prefetch: vec![Prefetch::Auto],
+        hidden: vec![256, 128],
+        samples: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -92,6 +106,15 @@ fn parse() -> Result<Args, String> {
                     .map(|p| p.parse().map_err(|e| format!("--prefetch: {e}")))
                     .collect::<Result<_, _>>()?
             }
+            "--hidden" => {
+                args.hidden = value()?
+                    .split(',')
+                    .map(|h| h.parse().map_err(|e| format!("--hidden {h}: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--samples" => {
+                args.samples = Some(value()?.parse().map_err(|e| format!("--samples: {e}"))?)
+            }
             "--lr" => args.lr = value()?.parse().map_err(|e| format!("--lr: {e}"))?,
             "--lr-scale-ratio" => {
                 args.lr_scale_ratio =
@@ -118,7 +141,9 @@ fn train(
     args: &Args,
     data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
 ) -> Result<Run, Box<dyn std::error::Error>> {
-    let mlp = MlpConfig::new(&[784, 256, 128, 10], Optimizer::sgd(0.9));
+    let widths: Vec<usize> =
+        std::iter::once(784).chain(args.hidden.iter().copied()).chain([10]).collect();
+    let mlp = MlpConfig::new(&widths, Optimizer::sgd(0.9));
     let mut knobs = ElCheKnobs::default();
     if let Some(m) = args.max_anchor {
         knobs.max_anchor = m;
@@ -239,7 +264,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let dir = flodl_data::mnist::vendored_dir();
-    let train_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Train, Verify::Skip)?);
+    let mnist = Mnist::load(&dir, Split::Train, Verify::Skip)?;
+    let train_set: Arc<dyn Dataset> = match args.samples {
+        Some(n) => Arc::new(Subset::first(mnist, n)),
+        None => Arc::new(mnist),
+    };
     let test_set: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Test, Verify::Skip)?);
     let data = (&train_set, &test_set);
     // Per skew mode and prefetch setting: (aggregate / (solo 0 + solo 1), slow rank's
@@ -265,6 +294,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let slow = median(figures.iter().map(|f| f.slow_non_compute).collect());
             let efficiency = median(figures.iter().map(|f| f.efficiency).collect());
             let contention = median(figures.iter().map(|f| f.contention).collect());
+            let corun = median(figures.iter().map(|f| f.corun_ratio).collect());
+            let of_corun = median(figures.iter().map(|f| f.of_corun).collect());
             // Per rank and activity, the median share over the repeats.
             let ranks = figures.iter().map(|f| f.time_pct.len()).min().unwrap_or(0);
             let time: Vec<Vec<f64>> = (0..ranks)
@@ -287,6 +318,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "    efficiency {efficiency:.3} (aggregate / the ranks' compute rates in the run); compute rates side by side / alone {contention:.3}"
             );
+            println!(
+                "    of the co-run ceiling {of_corun:.3}; the loss against the solo sum splits into contention (solo sum -> co-run) {:.1}% and flodl's own cost (co-run -> achieved) {:.1}% of the solo sum",
+                (1.0 - corun) * 100.0,
+                (corun - ratio) * 100.0
+            );
             let names: Vec<&str> = Activity::ALL.iter().map(|a| a.name()).collect();
             println!("    median time % [{}] per rank {:?}", names.join(" "), time);
         }
@@ -307,12 +343,62 @@ struct SkewFigure {
     /// running side by side costs the steps themselves (shared caches, memory bandwidth, the
     /// coordinator's thread on the same cores).
     contention: f64,
+    /// The co-run ceiling's aggregate over (solo 0 + solo 1).
+    corun_ratio: f64,
+    /// The run's aggregate over the co-run ceiling's: its efficiency against what the machine
+    /// can give these two ranks side by side.
+    of_corun: f64,
     time_pct: Vec<Vec<f64>>,
 }
 
 /// A run name's suffix naming its prefetch setting, when several are compared.
 fn variant(prefetch: Prefetch, args: &Args) -> String {
     if args.prefetch.len() > 1 { format!(" prefetch {prefetch}") } else { String::new() }
+}
+
+/// The co-run ceiling: rank 0 and rank 1 (slowed) each trained as its own single-rank job, side
+/// by side and never averaging, rank 1 on `share` of the samples (its solo speed over rank 0's,
+/// so both end about together). Returns the sum of the two jobs' throughputs.
+fn co_run(
+    args: &Args,
+    data: (&Arc<dyn Dataset>, &Arc<dyn Dataset>),
+    share: f64,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let part = ((data.0.len() as f64 * share).round() as usize).clamp(64, data.0.len());
+    let slow_set: Arc<dyn Dataset> = Arc::new(Subset::first(data.0.clone(), part));
+    let mode = (Policy::Sync, Backend::Collective);
+    let (fast, slow) = std::thread::scope(|scope| {
+        let fast = scope.spawn(|| {
+            train("co-run rank0", 1, mode, vec![1.0], Prefetch::Auto, args, data)
+                .map_err(|e| e.to_string())
+        });
+        let slow = scope.spawn(|| {
+            let name = format!("co-run rank1 (x{}, {part} samples)", args.slow);
+            train(&name, 1, mode, vec![args.slow], Prefetch::Auto, args, (&slow_set, data.1))
+                .map_err(|e| e.to_string())
+        });
+        (fast.join(), slow.join())
+    });
+    let fast = fast.map_err(|_| "the co-run rank 0 panicked")??;
+    let slow = slow.map_err(|_| "the co-run rank 1 panicked")??;
+    report(&fast, args.json, None);
+    report(&slow, args.json, None);
+    let (a, b) = (fast.state.train_ms, slow.state.train_ms);
+    let aggregate = fast.state.throughput() + slow.state.throughput();
+    let overlap = a.min(b) / a.max(b).max(1e-9);
+    if args.json {
+        println!(
+            "{{\"run\":\"co-run ceiling\",\"samples_per_s\":{aggregate:.1},\"overlap\":{overlap:.3}}}"
+        );
+    } else {
+        println!(
+            "{:<28} {:>7.0} samples/s  (the two jobs' sum; they overlapped {:.0}% of the longer one's time)",
+            "co-run ceiling",
+            aggregate,
+            100.0 * overlap
+        );
+    }
+    Ok(aggregate)
 }
 
 /// One pass over the runs asked for; per skew mode and prefetch setting, its aggregate over (solo 0 + solo 1) and
@@ -356,6 +442,12 @@ fn round(
             }
         }
     }
+    let mut corun = f64::NAN;
+    if has("skew")
+        && let [Some(a), Some(c)] = solo
+    {
+        corun = co_run(args, data, c / a)?;
+    }
     if has("skew") {
         let target = match solo {
             [Some(a), Some(b)] => Some(0.9 * (a + b)),
@@ -372,6 +464,8 @@ fn round(
                         breakdowns(&run.state).get(1).map_or(f64::NAN, |t| t.non_compute_share());
                     figures[i * args.prefetch.len() + j] = Some(SkewFigure {
                         ratio: run.state.throughput() / (a + c),
+                        corun_ratio: corun / (a + c),
+                        of_corun: run.state.throughput() / corun,
                         slow_non_compute: slow,
                         efficiency: efficiency(&run.state),
                         contention: compute_rates(&run.state).iter().sum::<f64>()

@@ -108,6 +108,14 @@ pub enum Error {
         /// The number of classes (columns of the logits).
         classes: usize,
     },
+    /// A value that must be finite is NaN or infinite (a delta to quantize, a received scale).
+    #[error("{op}: the value at index {index} is not finite")]
+    NonFinite {
+        /// The operation that checked.
+        op: &'static str,
+        /// The position of the first such value.
+        index: usize,
+    },
     /// A scalar argument is out of its domain (for example a zero thread count or step).
     #[error("{op}: invalid argument: {what}")]
     InvalidArgument {

@@ -42,6 +42,7 @@ mod device;
 mod dtype;
 mod error;
 mod event;
+mod feedback;
 // Without the `cuda` feature only the public names are used (nothing is loaded).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod library_search;
@@ -57,6 +58,7 @@ mod cuda;
 mod cuda;
 
 pub mod ops;
+pub mod quant;
 
 pub use address::DeviceAddress;
 pub use cuda_library::{LibraryReport, LibraryStatus, cuda_libraries};
@@ -64,6 +66,7 @@ pub use device::{Device, DeviceDetails, DeviceInfo, cuda_device_count, devices, 
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use event::Event;
+pub use feedback::ErrorFeedback;
 pub use half::bf16;
 pub use library_search::{CUDA_LIB_DIR_ENV, RuntimeLibrary, cuda_lib_folders};
 pub use pinned::PinnedBuffer;

@@ -17,7 +17,7 @@ use super::deadline::Deadline;
 use super::ends::{Core, LaneTx, SendLanes, Session};
 use super::lane::Lane;
 use super::merge::{Ending, LaneEvent, merge};
-use crate::wire::{DATA_HEADER, Message, codec, data_header};
+use crate::wire::{DATA_HEADER, FrameDecoder, Message, codec, data_header};
 
 /// Frames queued per lane before `send` waits: many small ones, few large ones.
 const SEND_QUEUE: [usize; 2] = [64, 2];
@@ -114,7 +114,7 @@ where
     let (read_half, write_half) = tokio::io::split(Deadline::new(conn.stream, liveness.silence));
     let input = FramedRead::new(
         Cursor::new(conn.leftover).chain(read_half),
-        codec(caps.of(lane) + DATA_HEADER),
+        FrameDecoder::new(caps.of(lane) + DATA_HEADER),
     );
     // Control messages are small: a whole one must arrive within the silence. Bulk frames may
     // take longer; there, bytes must keep coming.

@@ -1,6 +1,7 @@
 //! The length-delimited framing every lane uses, and the data header written in front of a frame.
 
-use tokio_util::codec::LengthDelimitedCodec;
+use bytes::BytesMut;
+use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 /// The bytes a data message adds to its frame inside the length prefix: the kind and the sequence
 /// number.
@@ -17,6 +18,54 @@ pub fn codec(max_body: usize) -> LengthDelimitedCodec {
         .big_endian()
         .max_frame_length(max_body)
         .new_codec()
+}
+
+/// The bytes a reader makes room for when a frame's first bytes arrive; after that its buffer at
+/// most doubles with the bytes that have arrived.
+pub const FIRST_ROOM: usize = 64 * 1024;
+
+/// [`codec`]'s framing for reading from a peer not yet trusted: the same bytes, but the buffer
+/// grows as the frame's bytes arrive instead of being reserved whole when its length prefix
+/// does, so a prefix announcing the cap costs [`FIRST_ROOM`] until the peer has sent (and the
+/// TLS layer has authenticated) as many bytes as it asks the reader to hold. Growth doubles, so
+/// a large frame is moved at most a logarithmic number of times (and a large buffer's growth is a
+/// `realloc`, which remaps pages instead of copying them).
+#[derive(Debug)]
+pub struct FrameDecoder {
+    inner: LengthDelimitedCodec,
+    max_body: usize,
+}
+
+impl FrameDecoder {
+    /// A decoder of messages of at most `max_body` bytes (a longer prefix is an error).
+    pub fn new(max_body: usize) -> FrameDecoder {
+        FrameDecoder { inner: codec(max_body), max_body }
+    }
+}
+
+impl Decoder for FrameDecoder {
+    type Item = BytesMut;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, std::io::Error> {
+        if let Some(&[a, b, c, d]) = src.get(..4) {
+            let body = u32::from_be_bytes([a, b, c, d]) as usize;
+            let whole = body.saturating_add(4);
+            // An incomplete message of an allowed size: make room for what is on its way, at
+            // most as much as has already arrived. A too-large prefix goes to the inner codec,
+            // which refuses it.
+            if body <= self.max_body && src.len() < whole {
+                let want = (whole - src.len()).min(src.len().max(FIRST_ROOM));
+                if src.capacity() - src.len() < want {
+                    src.reserve(want);
+                }
+                return Ok(None);
+            }
+        }
+        // A whole message (or a head still incomplete, or a refused prefix): the inner codec
+        // never needs to reserve here.
+        self.inner.decode(src)
+    }
 }
 
 /// The bytes in front of a data frame of `len` bytes: the length prefix of [`codec`], the data kind

@@ -17,6 +17,6 @@ mod codec;
 mod hello;
 mod message;
 
-pub use codec::{DATA_HEADER, HANDSHAKE_MAX, codec, data_header};
+pub use codec::{DATA_HEADER, FIRST_ROOM, FrameDecoder, HANDSHAKE_MAX, codec, data_header};
 pub use hello::{Hello, LaneHello, PROTOCOL};
 pub use message::{MAX_REASON, Message, WireError};

@@ -8,6 +8,7 @@ pub(crate) mod elementwise;
 pub(crate) mod linalg;
 pub(crate) mod nn;
 pub(crate) mod optim;
+pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod weighted_sum;
 

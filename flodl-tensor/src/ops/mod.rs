@@ -11,9 +11,11 @@ mod linalg;
 mod loss;
 mod norm;
 mod optim;
+mod quant;
 
 pub use elementwise::{axpy, cast, fill, lerp, relu, relu_backward, scale, weighted_sum};
 pub use linalg::{Transpose, bias_add, gemm, sum_rows};
 pub use loss::{argmax_correct, log_softmax_nll};
 pub use norm::{clip_global_norm, dot, global_l2_norm, l2_norm, l2_norm_diff};
 pub use optim::{adam_step, sgd_step};
+pub use quant::{dequantize, quantize, quantize_with_feedback};
