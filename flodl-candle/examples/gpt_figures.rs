@@ -139,6 +139,9 @@ fn main() -> anyhow::Result<()> {
             .epochs(1)
             .seed(5)
             .schedule(gpt_schedule(LR, steps, steps / 10))
+            // A step of the default model takes ~18 s on a loaded core, 45 s at 2.5x: past the
+            // default 30 s a silent rank is declared dead.
+            .stall_timeout(Duration::from_secs(600))
             .run()?
             .join()?;
         let splits = splits.lock().unwrap_or_else(|e| e.into_inner()).clone();

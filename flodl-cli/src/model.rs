@@ -102,6 +102,19 @@ impl Model {
         Ok(Some((train, Arc::new(valid))))
     }
 
+    /// How long a peer may stay silent before it is declared dead, when the model's steps need
+    /// longer than the runtime's default (30 s): a rank cannot report during a step, and a step
+    /// of the 6.4M transformer takes ~18 s on a loaded CPU core (45 s at a 2.5x slowdown), the
+    /// 25.3M one about four times that. `None` keeps the default.
+    pub(crate) fn stall_timeout(self) -> Option<std::time::Duration> {
+        let secs = match self.gpt()? {
+            GptSize::Tiny => 60,
+            GptSize::Default => 300,
+            GptSize::Large => 1200,
+        };
+        Some(std::time::Duration::from_secs(secs))
+    }
+
     /// The run's data: MNIST (with `--data`, `--records` and the subsets) for the MLP, the
     /// corpus for a GPT.
     ///

@@ -321,6 +321,9 @@ pub(crate) fn trainer(
     if let Some(schedule) = cfg.schedule.build(cfg.lr, total_steps, warmup)? {
         trainer = trainer.schedule(schedule);
     }
+    if let Some(t) = data.model.stall_timeout() {
+        trainer = trainer.stall_timeout(t);
+    }
     if let Some(secs) = cfg.watchdog_s {
         trainer = trainer.watchdog(Duration::from_secs_f64(secs));
     }
