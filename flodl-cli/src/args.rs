@@ -307,6 +307,10 @@ pub(crate) struct TrainArgs {
     /// No progress bars, even on a terminal.
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// The model: the reference MLP on MNIST, or the candle transformer on the Shakespeare
+    /// plays (`gpt-tiny`, `gpt`, `gpt-large`; `--train-subset`/`--test-subset` count windows).
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) model: crate::model::Model,
     /// Print the resolved configuration (with the run specification every rank agrees on) as
     /// JSON and exit without training.
     #[arg(long)]

@@ -10,6 +10,7 @@ mod devices;
 mod failure;
 mod interrupt;
 mod launch;
+mod model;
 mod mpi_job;
 mod progress;
 mod record;

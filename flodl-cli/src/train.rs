@@ -10,8 +10,8 @@ use flodl_data::{Access, RecordFile};
 use flodl_data::{Dataset, Subset};
 use flodl_ddp::checkpoint::SaveInterval;
 use flodl_ddp::{
-    CacheTally, Devices, FaultEvent, Field, Mlp, MlpConfig, Optimizer, ReplicaContext, RunSpec,
-    TimeBreakdown, TrainedState, Trainer,
+    CacheTally, Devices, FaultEvent, Field, ReplicaContext, RunSpec, TimeBreakdown, TrainedState,
+    Trainer,
 };
 use flodl_tensor::Device;
 
@@ -50,7 +50,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
     }
-    let data = Data::load(&cfg)?;
+    let data = args.model.data(&cfg)?;
     let mut trainer = trainer(&cfg, &devices, &data, &opts, resume.as_ref())?;
     if let Some(c) = &cluster {
         trainer = crate::launch::cluster_trainer(trainer, &devices, &cfg, c.clone());
@@ -98,7 +98,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     if display != Display::Silent {
         println!(
             "training {} on {} rank(s) [{}], {} / {}, {} epochs; run directory {}",
-            describe_model(&cfg),
+            data.model.describe(&widths(&cfg)),
             spec.world(),
             names.join(", "),
             spec.policy,
@@ -159,6 +159,15 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         n => format!(" ({n} restored from the checkpoint)"),
     };
     match summary.test {
+        Some(t) if data.model.gpt().is_some() => println!(
+            "validation loss {:.4} nats/byte ({:.4} bits/byte), next-byte accuracy {:.2}%, after {} epochs{restored}, {:.1} s of training, {} syncs",
+            t.loss,
+            t.loss / std::f64::consts::LN_2,
+            t.accuracy * 100.0,
+            summary.epochs_completed,
+            summary.train_wall_s,
+            summary.syncs
+        ),
         Some(t) => println!(
             "test accuracy {:.2}% (loss {:.4}) after {} epochs{restored}, {:.1} s of training, {} syncs",
             t.accuracy * 100.0,
@@ -194,6 +203,8 @@ pub(crate) struct Data {
     pub(crate) test: Arc<dyn Dataset>,
     /// Where they were read from.
     pub(crate) dir: PathBuf,
+    /// The model they feed (`--model`).
+    pub(crate) model: crate::model::Model,
 }
 
 impl std::fmt::Debug for Data {
@@ -252,7 +263,7 @@ impl Data {
             Some(n) => Arc::new(Subset::first(test, n)),
             None => Arc::new(test),
         };
-        Ok(Self { train, test, dir })
+        Ok(Self { train, test, dir, model: crate::model::Model::Mlp })
     }
 }
 
@@ -285,9 +296,8 @@ pub(crate) fn trainer(
     opts: &RunOptions,
     resume: Option<&ResumePoint>,
 ) -> Result<Trainer> {
-    let mlp = MlpConfig::new(&widths(cfg), Optimizer::sgd(cfg.momentum as f32));
-    let size = mlp.size();
-    let build = Mlp::factory(mlp);
+    let size = data.model.size(cfg, &widths(cfg));
+    let build = data.model.factory(cfg, &widths(cfg));
     let fails = cfg.fail_rank.clone();
     let factory = move |ctx: &ReplicaContext| {
         let at = crate::failure::fail_at(ctx.rank, &fails);
@@ -313,6 +323,9 @@ pub(crate) fn trainer(
     let warmup = (cfg.warmup_epochs * per_epoch_steps as f64).round() as u64;
     if let Some(schedule) = cfg.schedule.build(cfg.lr, total_steps, warmup) {
         trainer = trainer.schedule(schedule);
+    }
+    if let Some(t) = data.model.stall_timeout() {
+        trainer = trainer.stall_timeout(t);
     }
     if let Some(secs) = cfg.watchdog_s {
         trainer = trainer.watchdog(config::seconds(Field::Watchdog, secs, &cfg.ranks)?);
@@ -486,11 +499,6 @@ fn widths(cfg: &TrainConfig) -> Vec<usize> {
     w.extend(&cfg.hidden);
     w.push(mnist::CLASSES);
     w
-}
-
-fn describe_model(cfg: &TrainConfig) -> String {
-    let w: Vec<String> = widths(cfg).iter().map(ToString::to_string).collect();
-    format!("MLP {}", w.join("-"))
 }
 
 /// `--out`, else `runs/<name>`, else `runs/<UTC timestamp>`.

@@ -9,8 +9,8 @@ use flodl_data::{Dataset, HostBatch};
 
 use crate::data::{accuracy, tensors};
 use crate::lenet::LeNet;
-use crate::replica::pool;
 use crate::settings::{Outcome, Settings};
+use flodl_candle::pool;
 
 /// Trains the model with candle alone on `threads` threads (a rayon pool of that size): the
 /// same batches in the same order as one flodl rank would see them (the run's permutation of

@@ -1,58 +1,23 @@
 //! The cooperative tier: candle's own training loop on every rank, flodl-ddp around it.
 
-use std::time::Instant;
-
 use anyhow::Context as _;
 use candle_core::Device;
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use flodl_candle::{LoopTally, Optim, candle_error, host_tensors, train_loop, write_var};
 use flodl_ddp::{TimeBreakdown, TrainedState, Trainer, Worker};
 
-use crate::data::{accuracy, batch_tensors};
+use crate::data::accuracy;
 use crate::lenet::LeNet;
-use crate::replica::pool;
 use crate::settings::{Outcome, Settings};
-use crate::vars::{CandleParams, candle_error, host_tensors, write_var};
 
-/// What one rank's loop did: its steps, and the time they spent in candle (batch to tensors,
-/// forward, backward, AdamW), measured on the loop's side of the worker.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LoopTally {
-    /// Steps trained.
-    pub steps: usize,
-    /// Seconds inside candle.
-    pub candle_s: f64,
-}
-
-/// One rank's loop, as a user writes it: candle forward, backward and AdamW, on a one-thread
-/// pool; the worker hands out the batches and takes the variables at reduces.
+/// One rank's loop, as a user writes it: flodl-candle's [`train_loop`] (candle forward,
+/// backward and AdamW on a one-thread pool) over a LeNet whose weights the run's initial state
+/// overwrites before the first step.
 ///
 /// # Errors
 /// candle's, the pool's and the worker's.
-pub fn rank_loop(mut worker: Worker) -> flodl_ddp::Result<LoopTally> {
-    pool(1)?.install(move || {
-        let device = Device::Cpu;
-        // Overwritten with the run's initial state before the first step.
-        let model = LeNet::new(&device).map_err(candle_error)?;
-        let mut optimizer =
-            AdamW::new(model.vars().to_vec(), ParamsAdamW::default()).map_err(candle_error)?;
-        let mut params = CandleParams { vars: model.vars() };
-        let mut tally = LoopTally::default();
-        while let Some(step) = worker.next_step(&mut params)? {
-            let t = Instant::now();
-            let (x, y) = batch_tensors(step.batch(), &device)?;
-            let loss = model.loss(&x, &y).map_err(candle_error)?;
-            let grads = loss.backward().map_err(candle_error)?;
-            let loss = loss.to_scalar::<f32>().map_err(candle_error)?;
-            let forward_backward = t.elapsed();
-            let lr = step.finish(loss)?;
-            let t = Instant::now();
-            optimizer.set_learning_rate(f64::from(lr));
-            optimizer.step(&grads).map_err(candle_error)?;
-            tally.candle_s += (forward_backward + t.elapsed()).as_secs_f64();
-            tally.steps += 1;
-        }
-        Ok(tally)
-    })
+pub fn rank_loop(worker: Worker) -> flodl_ddp::Result<LoopTally> {
+    let model = LeNet::new(&Device::Cpu).map_err(candle_error)?;
+    train_loop(worker, &model, Optim::default())
 }
 
 /// Trains the model through the cooperative tier and evaluates the averaged result.

@@ -5,7 +5,7 @@ use flodl_data::{Dataset, HostBatch};
 use flodl_ddp::{Batch, Result};
 
 use crate::lenet::LeNet;
-use crate::vars::candle_error;
+use flodl_candle::candle_error;
 
 /// Images `[n, 1, 28, 28]` f32 and labels `[n]` u32 from MNIST's flat fields.
 ///

@@ -2,6 +2,10 @@
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{Conv2d, Conv2dConfig, Linear, VarBuilder, VarMap};
+use flodl_candle::{CandleModel, candle_error};
+use flodl_ddp::{Batch, BatchEval};
+
+use crate::data::batch_tensors;
 
 /// LeNet-5 for 28 × 28 images: conv 5×5 (6, padded) → ReLU → max-pool 2 → conv 5×5 (16) →
 /// ReLU → max-pool 2 → 400 → 120 → 84 → 10.
@@ -63,5 +67,39 @@ impl LeNet {
     /// The trainable variables, in their fixed order.
     pub fn vars(&self) -> &[Var] {
         &self.vars
+    }
+}
+
+impl CandleModel for LeNet {
+    fn vars(&self) -> &[Var] {
+        &self.vars
+    }
+
+    fn loss(&self, batch: &Batch, device: &Device) -> flodl_ddp::Result<Tensor> {
+        let (x, y) = batch_tensors(batch, device)?;
+        LeNet::loss(self, &x, &y).map_err(candle_error)
+    }
+
+    fn evaluate(&self, batch: &Batch, device: &Device) -> flodl_ddp::Result<BatchEval> {
+        let (x, y) = batch_tensors(batch, device)?;
+        let eval = || -> candle_core::Result<BatchEval> {
+            let logits = self.forward(&x)?;
+            let losses = candle_nn::ops::log_softmax(&logits, 1)?
+                .gather(&y.unsqueeze(1)?, 1)?
+                .sum_all()?
+                .to_scalar::<f32>()?;
+            let correct = logits
+                .argmax(1)?
+                .eq(&y)?
+                .to_dtype(candle_core::DType::F32)?
+                .sum_all()?
+                .to_scalar::<f32>()?;
+            Ok(BatchEval {
+                loss_sum: -f64::from(losses),
+                correct: correct as usize,
+                samples: batch.len(),
+            })
+        };
+        eval().map_err(candle_error)
     }
 }

@@ -13,9 +13,9 @@ use flodl_data::{BatchPicks, CacheReport, Dataset, HostBatch};
 use flodl_tensor::{DType, Device, Stream, Tensor, ops};
 
 use crate::contract::capability::TrainerOption;
-use crate::contract::requirement::require;
 use crate::contract::evaluation::EvalBatches;
 use crate::contract::replica::{Batch, Replica, ReplicaContext};
+use crate::contract::requirement::require;
 use crate::contract::staging::{device_batch, upload};
 use crate::control::breakdown::Activity;
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};

@@ -1,0 +1,8 @@
+//! A GPT-style byte-level language model in candle: pre-norm decoder blocks with causal
+//! self-attention, learned positions and an output layer tied to the token embedding.
+
+mod config;
+mod model;
+
+pub use config::{GptConfig, GptSize, gpt_optim, gpt_schedule};
+pub use model::Gpt;
