@@ -117,6 +117,15 @@ pub enum Error {
         file: String,
     },
 
+    /// A text holds fewer bytes than one token window.
+    #[error("a text of {bytes} bytes holds no window of {window} bytes")]
+    TextTooShort {
+        /// Bytes in the text.
+        bytes: usize,
+        /// Bytes per window (context + 1).
+        window: usize,
+    },
+
     // === Layouts and batches ===
     /// A sample layout is empty, repeats a field name or uses an unsupported dtype.
     #[error("invalid sample layout: {reason}")]

@@ -2,7 +2,9 @@
 //!
 //! - [`Dataset`]: length, [`SampleLayout`] and a bulk [`Dataset::fetch`] into a reusable
 //!   [`HostBatch`]. Readers: [`Mnist`] (idx files, gzipped or raw, validated, optional sha256)
-//!   and [`InMemory`]; [`Subset`] restricts any dataset; [`RecordFile`] reads samples from a
+//!   and [`InMemory`]; [`Shakespeare`] (the vendored byte text, split by play) cut into token
+//!   windows by [`ByteWindows`], with its [`unigram_entropy`] as the context-free loss floor;
+//!   [`Subset`] restricts any dataset; [`RecordFile`] reads samples from a
 //!   checksummed record file on every fetch (written by [`RecordWriter`] / [`write_records`]),
 //!   and says so with [`FetchCost::Storage`].
 //! - Sharding: [`epoch_permutation`] depends only on `(seed, epoch)`; [`equal_partition`] and
@@ -31,9 +33,11 @@
 
 mod background;
 mod batch;
+mod byte_windows;
 mod checksum;
 mod dataset;
 mod depth;
+mod entropy;
 mod error;
 mod idx;
 mod in_memory;
@@ -44,12 +48,15 @@ mod plan;
 mod prefetch;
 mod record;
 mod residency;
+pub mod shakespeare;
 mod staging;
 mod transform;
 
 pub use batch::HostBatch;
+pub use byte_windows::ByteWindows;
 pub use dataset::{Dataset, FetchCost, Subset};
 pub use depth::{CPU_DEPTH, Depth, VramBudget, vram_depth};
+pub use entropy::{Entropy, unigram_entropy};
 pub use error::{Error, Result};
 pub use in_memory::{InMemory, Values};
 pub use layout::{Field, SampleLayout};
@@ -61,5 +68,6 @@ pub use plan::{
 pub use prefetch::{DeviceBatch, Feed, Next, PrefetchConfig, Prefetcher};
 pub use record::{Access, RecordFile, RecordWriter, write_records};
 pub use residency::Eviction;
+pub use shakespeare::{Shakespeare, TextSplit};
 pub use staging::{CacheReport, Fill, StagingCache, StagingConfig};
 pub use transform::Transform;

@@ -5,3 +5,4 @@ mod mnist;
 mod prefetch;
 mod sharding;
 mod staging;
+mod text;
