@@ -153,7 +153,8 @@ fn read(var: &Var, out: &mut [f32]) -> Result<()> {
     // elements, so `data_ptr` (the first element, storage offset included) starts
     // `out.len()` initialised, aligned f32 values. The handle keeps the storage alive, and
     // nothing writes it while this borrow lives: a rank's model is used from its own thread.
-    let values = unsafe { std::slice::from_raw_parts(var.tensor.data_ptr() as *const f32, out.len()) };
+    let values =
+        unsafe { std::slice::from_raw_parts(var.tensor.data_ptr() as *const f32, out.len()) };
     out.copy_from_slice(values);
     Ok(())
 }
