@@ -109,12 +109,33 @@ pub struct Outcome {
     pub faults: Vec<FaultEvent>,
 }
 
-/// The training and validation windows of `settings`, and the validation targets' unigram
-/// entropy.
+/// A run's data: the training windows, the validation windows, and the unigram entropy of the
+/// validation targets (nats per byte).
+#[derive(Clone)]
+pub struct Data {
+    /// The training windows.
+    pub train: Arc<dyn Dataset>,
+    /// The validation windows.
+    pub valid: Arc<dyn Dataset>,
+    /// The loss floor of a model predicting byte frequencies alone, on `valid`'s targets.
+    pub unigram_bound: f64,
+}
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Data")
+            .field("train", &self.train.len())
+            .field("valid", &self.valid.len())
+            .field("unigram_bound", &self.unigram_bound)
+            .finish()
+    }
+}
+
+/// The data of `settings`.
 ///
 /// # Errors
 /// The corpus's (missing or corrupt files).
-pub fn data(settings: &Settings) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>, f64)> {
+pub fn data(settings: &Settings) -> anyhow::Result<Data> {
     let context = settings.config.context;
     let train = Shakespeare::vendored(TextSplit::Train).context("the training plays")?;
     let valid = Shakespeare::vendored(TextSplit::Valid).context("the held-out plays")?;
@@ -128,7 +149,7 @@ pub fn data(settings: &Settings) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Da
         None => Arc::new(train_windows),
     };
     let valid: Arc<dyn Dataset> = Arc::new(Subset::first(valid_windows, n_valid));
-    Ok((train, valid, bound))
+    Ok(Data { train, valid, unigram_bound: bound })
 }
 
 /// The replica of one rank: the model seeded by the run, AdamW, clipping; one libtorch thread.
@@ -153,7 +174,7 @@ pub fn replica(
 /// # Errors
 /// The data's or the run's.
 pub fn train(settings: &Settings) -> anyhow::Result<Outcome> {
-    let (train, valid, unigram_bound) = data(settings)?;
+    let Data { train, valid, unigram_bound } = data(settings)?;
     let train_windows = train.len();
     let total = (settings.epochs * (train_windows / settings.batch_size.max(1))) as u64;
     let schedule =

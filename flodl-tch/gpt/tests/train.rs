@@ -15,8 +15,11 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 const WINDOWS: usize = 1600;
 const EPOCHS: usize = 2;
 
-/// Every rank's picks, `[rank][epoch][window]` counts, and the audit that fills them.
-fn audit() -> (Arc<Mutex<Vec<Vec<Vec<u32>>>>>, SampleAudit) {
+/// Every rank's picks: `[rank][epoch][window]` counts.
+type Seen = Arc<Mutex<Vec<Vec<Vec<u32>>>>>;
+
+/// The picks and the audit that fills them.
+fn audit() -> (Seen, SampleAudit) {
     let seen = Arc::new(Mutex::new(vec![vec![vec![0u32; WINDOWS]; EPOCHS]; 2]));
     let log = seen.clone();
     let audit: SampleAudit = Arc::new(move |rank, epoch, picks: &[usize]| {
