@@ -30,7 +30,7 @@ impl Step {
 }
 
 /// The steps, in the order `.ci/run` runs them (a test keeps the two equal).
-pub(crate) const STEPS: [Step; 6] = [
+pub(crate) const STEPS: [Step; 7] = [
     Step { title: "format", args: &["fmt", "--all", "--check"], env: &[] },
     // One lint of everything, the `mpi` code included (`.ci/run` installs Open MPI and libclang
     // first when missing; here they must be present).
@@ -84,6 +84,21 @@ pub(crate) const STEPS: [Step; 6] = [
             "mpi",
         ],
         env: &[("FLODL_REQUIRE_MPI", "1")],
+    },
+    // flodl-tch, its own workspace (it links libtorch). `.ci/run` installs libtorch first when
+    // it is missing (`flodl-tch/libtorch/install`); here it must be installed.
+    Step {
+        title: "tch",
+        args: &[
+            "test",
+            "--manifest-path",
+            "flodl-tch/Cargo.toml",
+            "--workspace",
+            "--release",
+            "--target-dir",
+            "target",
+        ],
+        env: &[],
     },
 ];
 
@@ -194,8 +209,9 @@ mod tests {
                     StepResult::NotRun,
                     StepResult::NotRun,
                     StepResult::NotRun,
+                    StepResult::NotRun,
                 ],
-                ["ok", "FAILED (exit 101)", "not run", "not run", "not run", "not run"],
+                ["ok", "FAILED (exit 101)", "not run", "not run", "not run", "not run", "not run"],
             ),
             (
                 [
@@ -204,9 +220,10 @@ mod tests {
                     StepResult::Passed { seconds: 40.0 },
                     StepResult::Passed { seconds: 9.0 },
                     StepResult::Passed { seconds: 3.0 },
+                    StepResult::Passed { seconds: 3.0 },
                     StepResult::Failed { seconds: 3.0, code: None },
                 ],
-                ["ok", "ok", "ok", "ok", "ok", "FAILED (signal)"],
+                ["ok", "ok", "ok", "ok", "ok", "ok", "FAILED (signal)"],
             ),
         ];
         for (results, verdicts) in cases {
