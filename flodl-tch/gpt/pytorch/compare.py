@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
-SIZES = {"tiny": (64, 128, 5, 4), "default": (128, 256, 8, 8), "large": (256, 512, 8, 8)}
+SIZES = {"tiny": (64, 128, 4, 4), "default": (128, 256, 8, 8), "large": (128, 512, 8, 8)}
 
 
 class Block(nn.Module):
@@ -41,6 +41,8 @@ class Block(nn.Module):
             nn.init.normal_(lin.weight, 0.0, 0.02)
         for lin in (self.out, self.down):
             nn.init.normal_(lin.weight, 0.0, 0.02 / math.sqrt(2 * layers))
+        for lin in (self.qkv, self.out, self.up, self.down):
+            nn.init.zeros_(lin.bias)
 
     def forward(self, x):
         b, t, d = x.shape
@@ -99,7 +101,7 @@ def rank_main(rank, args):
     torch.manual_seed(args.seed)
     model = Gpt(context, d, layers, heads)
     net = nn.parallel.DistributedDataParallel(model) if args.mode == "ddp" else model
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     per_rank = len(train) // args.batch // args.ranks
     total = per_rank * args.ranks * args.epochs  # batches of all ranks together
     slow = args.slow if rank == args.ranks - 1 else 1.0

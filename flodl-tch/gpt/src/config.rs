@@ -15,14 +15,15 @@ pub struct GptConfig {
     pub heads: usize,
 }
 
-/// The three sizes: tests, the README's run, the big-state benches.
+/// The three sizes: tests, the README's run, the big-state benches; the same shapes as the
+/// candle transformer's (`flodl-candle`'s `GptSize`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Size {
-    /// ~1.03M parameters: width 128, 5 blocks, 4 heads, context 64.
+    /// ~0.83M parameters: width 128, 4 blocks, 4 heads, context 64.
     Tiny,
     /// ~6.42M parameters: width 256, 8 blocks, 8 heads, context 128.
     Default,
-    /// ~25.5M parameters: width 512, 8 blocks, 8 heads, context 256.
+    /// ~25.4M parameters: width 512, 8 blocks, 8 heads, context 128.
     Large,
 }
 
@@ -30,9 +31,9 @@ impl GptConfig {
     /// The configuration of `size`, byte-level.
     pub fn of(size: Size) -> GptConfig {
         let (context, width, layers, heads) = match size {
-            Size::Tiny => (64, 128, 5, 4),
+            Size::Tiny => (64, 128, 4, 4),
             Size::Default => (128, 256, 8, 8),
-            Size::Large => (256, 512, 8, 8),
+            Size::Large => (128, 512, 8, 8),
         };
         GptConfig { vocab: 256, context, width, layers, heads }
     }

@@ -19,7 +19,8 @@ struct Attention {
 impl Attention {
     fn new(p: nn::Path<'_>, cfg: &GptConfig, init: nn::Init, out_init: nn::Init) -> Attention {
         let d = cfg.width as i64;
-        let lin = |ws_init| nn::LinearConfig { ws_init, ..Default::default() };
+        let lin =
+            |ws_init| nn::LinearConfig { ws_init, bs_init: Some(nn::Init::Const(0.0)), bias: true };
         Attention {
             qkv: nn::linear(&p / "qkv", d, 3 * d, lin(init)),
             out: nn::linear(&p / "out", d, d, lin(out_init)),
@@ -62,11 +63,13 @@ struct Block {
 impl Block {
     fn new(p: nn::Path<'_>, cfg: &GptConfig) -> Block {
         let d = cfg.width as i64;
-        // GPT-2's initialisation: N(0, 0.02), the residual projections scaled by 1/sqrt(2L).
+        // GPT-2's initialisation: N(0, 0.02), the residual projections scaled by 1/sqrt(2L),
+        // biases 0 (as the candle transformer).
         let init = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
         let out_init =
             nn::Init::Randn { mean: 0.0, stdev: 0.02 / (2.0 * cfg.layers as f64).sqrt() };
-        let lin = |ws_init| nn::LinearConfig { ws_init, ..Default::default() };
+        let lin =
+            |ws_init| nn::LinearConfig { ws_init, bs_init: Some(nn::Init::Const(0.0)), bias: true };
         Block {
             norm1: nn::layer_norm(&p / "norm1", vec![d], Default::default()),
             attention: Attention::new(&p / "attention", cfg, init, out_init),

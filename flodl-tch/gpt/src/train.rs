@@ -78,7 +78,7 @@ impl Settings {
             valid_windows: Some(512),
             lr: 3e-3,
             warmup: 20,
-            weight_decay: 0.01,
+            weight_decay: 0.1,
             max_grad_norm: 1.0,
             seed: 28,
             fail: None,

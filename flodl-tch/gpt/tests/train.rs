@@ -1,4 +1,4 @@
-//! CI's check of the tch transformer under flodl: the tiny model (~1.03M parameters) on two CPU
+//! CI's check of the tch transformer under flodl: the tiny model (~0.83M parameters) on two CPU
 //! ranks, the second 2.5× slower, Cadence, on the first 1,600 training windows of 65 bytes
 //! (104 KB of the training plays) for 2 epochs of batches of 16 (200 batches), evaluated on 256
 //! held-out windows. It must beat the unigram-entropy bound of the validation targets (the loss
