@@ -37,7 +37,7 @@ impl Step {
 }
 
 /// The steps, in the order `.ci/run` runs them (a test keeps the two equal).
-pub(crate) const STEPS: [Step; 6] = [
+pub(crate) const STEPS: [Step; 7] = [
     Step { title: "format", args: &["fmt", "--all", "--check"], env: &[] },
     // One lint of everything, the `mpi` code included (`.ci/run` installs Open MPI and libclang
     // first when missing; here they must be present).
@@ -91,6 +91,21 @@ pub(crate) const STEPS: [Step; 6] = [
             "mpi",
         ],
         env: &[("FLODL_REQUIRE_MPI", "1")],
+    },
+    // flodl-tch, its own workspace (it links libtorch). `.ci/run` installs libtorch first when
+    // it is missing (`flodl-tch/libtorch/install`); here it must be installed.
+    Step {
+        title: "tch",
+        args: &[
+            "test",
+            "--manifest-path",
+            "flodl-tch/Cargo.toml",
+            "--workspace",
+            "--release",
+            "--target-dir",
+            "target",
+        ],
+        env: &[],
     },
 ];
 
@@ -266,8 +281,9 @@ mod tests {
                     not_run(),
                     not_run(),
                     not_run(),
+                    not_run(),
                 ],
-                ["ok", "FAILED (exit 101)", "not run", "not run", "not run", "not run"],
+                ["ok", "FAILED (exit 101)", "not run", "not run", "not run", "not run", "not run"],
                 "skipped: 0",
             ),
             (
@@ -277,12 +293,13 @@ mod tests {
                     passed(40.0, None),
                     passed(9.0, Some(3)),
                     passed(3.0, Some(0)),
+                    passed(3.0, Some(0)),
                     Outcome {
                         result: StepResult::Failed { seconds: 3.0, code: None },
                         skipped: Some(Vec::new()),
                     },
                 ],
-                ["ok", "ok", "ok", "ok 3", "ok 0", "FAILED (signal) 0"],
+                ["ok", "ok", "ok", "ok 3", "ok 0", "ok 0", "FAILED (signal) 0"],
                 "skipped: 3\n  it t: why (step test)\n  it t: why (step test)\n  it t: why (step test)",
             ),
         ];
