@@ -104,6 +104,7 @@ mod state;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 pub use config_error::{ConfigError, Field, Problem};
+pub use contract::model_size::ModelSize;
 pub use contract::{
     Batch, BatchEval, Capability, FailingReplica, Failure, Replica, ReplicaContext, TrainerOption,
     evaluate,
@@ -139,7 +140,7 @@ pub use runtime::engine::staging::Staging;
 pub use runtime::handle::{Cooperative, DdpHandle};
 pub use runtime::spec::{
     CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE, Machine,
-    ModelSize, Placement, ResumeTerms, RunSpec,
+    Placement, ResumeTerms, RunSpec,
 };
 pub use runtime::trainer::{Devices, ResumeFrom, Trainer};
 pub use state::HostTensor;

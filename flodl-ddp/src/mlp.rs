@@ -67,13 +67,13 @@ impl MlpConfig {
 
     /// The model's size for [`Trainer::model_size`](crate::Trainer::model_size): its weights
     /// and biases, and the optimizer's state per parameter.
-    pub fn size(&self) -> crate::ModelSize {
+    pub fn size(&self) -> crate::contract::model_size::ModelSize {
         let parameters = self
             .widths
             .windows(2)
             .map(|w| (w[0] as u64).saturating_mul(w[1] as u64).saturating_add(w[1] as u64))
             .fold(0u64, u64::saturating_add);
-        crate::ModelSize {
+        crate::contract::model_size::ModelSize {
             parameters,
             state_per_parameter: self.optimizer.state_per_param() as u32,
         }

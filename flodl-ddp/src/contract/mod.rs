@@ -6,6 +6,7 @@
 pub(crate) mod capability;
 pub(crate) mod evaluation;
 pub(crate) mod failing;
+pub(crate) mod model_size;
 pub(crate) mod replica;
 pub(crate) mod requirement;
 pub(crate) mod staging;

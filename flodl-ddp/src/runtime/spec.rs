@@ -10,6 +10,7 @@
 //! encoding: [`RunSpec::hash`] covers all of it, [`RunSpec::compat_hash`] what a checkpoint's
 //! resume depends on.
 
+use crate::contract::model_size::ModelSize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -281,23 +282,6 @@ pub struct RunSpec {
     /// The model's size, when the trainer was told it: checked against the devices' memory.
     #[serde(default)]
     pub model: Option<ModelSize>,
-}
-
-/// A model's size: what one replica holds in memory besides its activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelSize {
-    /// Trainable parameters (f32 each).
-    pub parameters: u64,
-    /// Optimizer state per parameter, in f32 values (SGD with momentum 1, Adam 2).
-    pub state_per_parameter: u32,
-}
-
-impl ModelSize {
-    /// Bytes one replica holds: its parameters, their gradients and the optimizer state.
-    pub fn replica_bytes(&self) -> u64 {
-        let values = 2 + u64::from(self.state_per_parameter);
-        self.parameters.saturating_mul(values).saturating_mul(4)
-    }
 }
 
 /// What a run is checked against: this machine's cores and each device's free memory.

@@ -1,5 +1,6 @@
 //! The `Trainer` builder: what to train, on which devices, how often to average.
 
+use crate::contract::model_size::ModelSize;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,7 +27,7 @@ use crate::runtime::engine::staging::Staging;
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::spec::{
-    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Machine, ModelSize, Placement, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Machine, Placement, RunSpec,
 };
 use crate::state::HostTensor;
 use crate::{Error, Result};
