@@ -17,7 +17,8 @@
 //! [`LAST_SHARE`] over the last quarter, unless the windows have reached the epoch cap
 //! ([`EPOCH_BATCHES`]) by the end, where nothing is left to ElChe: the ~65 ms reduce then costs
 //! what the machine's speed makes it (10-15% of a window measured under load, 21-28% on a
-//! quiet machine training 4× faster). It needs root for `ip netns`; without it, it prints why
+//! quiet machine training 4× faster, 36-39% at 782k samples/s on loopback, where it need not
+//! fall at all). It needs root for `ip netns`; without it, it prints why
 //! and skips, unless `FLODL_REQUIRE_NETNS=1` (CI), where that is a failure.
 //! `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 4 epochs: the windows need ~7 reduces to
 //! reach the cap).
@@ -538,7 +539,10 @@ fn a_slow_link_grows_the_windows() -> Result {
     // ElChe did all it can once its windows reached the cap.
     let capped =
         slow.reduces.iter().rev().find(|r| r.0 > 0.0).is_some_and(|r| r.0 >= EPOCH_BATCHES);
-    if !((s4 <= LAST_SHARE || capped) && s4 < s1) {
+    // At the cap the share is the machine's compute against the link, not ElChe's doing: a
+    // quiet machine trains the capped window of this small MLP in ~0.1 s (782k samples/s on
+    // loopback), so a 60 ms reduce stays 36-39% of it from the first window to the last.
+    if !(capped || (s4 <= LAST_SHARE && s4 < s1)) {
         return Err(format!(
             "the reduce share of a window went {:.1}% → {:.1}%: not below {:.0}% with room to grow",
             100.0 * s1,
