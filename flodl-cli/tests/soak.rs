@@ -61,8 +61,9 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     let soak = Duration::from_secs(env_secs("FLODL_SOAK_SECS", 60)?);
     let long = soak >= Duration::from_secs(300);
     let every = Duration::from_secs(env_secs("FLODL_SOAK_EVERY", if long { 60 } else { 15 })?);
-    // About 2 s an epoch on a loaded 2-core machine at this slowdown (each rank's batch held
-    // 40 times its compute): the run lasts about the soak, more when the machine is slower.
+    // About 2-3 s an epoch (each rank's batch held `slowdown` times its compute, sized below
+    // from the clean run's speed on this machine now), so the run lasts about the soak whether
+    // the machine is quiet or loaded.
     let epochs = (soak.as_secs() / 2).max(20);
     let restarts = (soak.as_secs() / every.as_secs().max(1) + 4).to_string();
     let epochs_s = epochs.to_string();
@@ -85,14 +86,21 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     ];
     let tmp = tempfile::tempdir()?;
     let clean = tmp.path().join("clean");
+    let timed = Instant::now();
     in_process(&flags, &clean)?;
+    // The launched job's epoch lasts about half the slowdown times the clean run's epoch
+    // (measured: 0.02 s a clean epoch and 0.4 s a launched one at 40 on a quiet machine, where
+    // a fixed 40 ended the job in 12 s, before the first kill).
+    let clean_epoch = timed.elapsed().as_secs_f64() / epochs as f64;
+    let slowdown = (6.0 / clean_epoch.max(1e-3)).clamp(40.0, 1000.0).round();
+    let slowdowns = format!("{slowdown},{slowdown},{slowdown}");
     let dir = tmp.path().join("soak");
     let ckpt = tmp.path().join("ckpt");
     let ckpt_s = ckpt.to_string_lossy().into_owned();
     let mut args = flags.clone();
     args.extend([
         "--slowdown",
-        "40,40,40",
+        &slowdowns,
         "--checkpoint-dir",
         &ckpt_s,
         "--checkpoint-every-reduces",
