@@ -38,9 +38,16 @@ pub enum Error {
 impl From<Error> for flodl_ddp::Error {
     fn from(e: Error) -> Self {
         match e {
-            e @ (Error::Size { .. } | Error::Index { .. }) => {
-                flodl_ddp::Error::ReplicaMismatch(e.to_string())
-            }
+            Error::Size { name, have, want } => flodl_ddp::Error::mismatch(
+                "values of a VarStore variable",
+                format!("{have} (`{name}`'s)"),
+                want,
+            ),
+            Error::Index { index, count } => flodl_ddp::Error::mismatch(
+                "a VarStore variable's position",
+                format!("below {count}"),
+                index,
+            ),
             e => flodl_ddp::Error::replica(e),
         }
     }

@@ -139,10 +139,11 @@ impl Gpt {
         match windows.size().as_slice() {
             [_, w] if *w == c + 1 => {}
             other => {
-                return Err(Error::ReplicaMismatch(format!(
-                    "token windows of shape {other:?}, the model reads {c} tokens (windows of {})",
-                    c + 1
-                )));
+                return Err(Error::mismatch(
+                    "a batch's token windows",
+                    format!("[n, {}]", c + 1),
+                    format!("{other:?}"),
+                ));
             }
         }
         Ok((windows.narrow(1, 0, c), windows.narrow(1, 1, c)))
