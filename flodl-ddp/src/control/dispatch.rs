@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{EpochCoverage, SampleRange};
+use crate::control::change::Change;
 use crate::control::logic_error::{LogicError, LogicResult};
 use crate::control::metrics::{EpochTally, WorkTally};
 use crate::control::partition;
@@ -567,6 +568,20 @@ impl Dispatcher {
         // Its new life starts with nothing handed that the consensus does not hold.
         self.reduced[rank] = self.handed[rank];
         true
+    }
+
+    /// Follows a change of the run's members: a rank out of the run (vacant, or dead with
+    /// `held` steps in the reduce in progress) is retired, one that joined again is admitted.
+    /// Returns the re-queued parts of a retired rank's chunks.
+    pub(crate) fn apply(&mut self, change: &Change) -> Vec<Chunk> {
+        match *change {
+            Change::Vacated { rank, at } => self.retire(rank, 0, at),
+            Change::Died { rank, at, held } => self.retire(rank, held, at),
+            Change::Joined { rank } => {
+                self.admit(rank);
+                Vec::new()
+            }
+        }
     }
 
     /// Records a completed reduce: `steps[r]` batches of rank `r` (trained since its previous

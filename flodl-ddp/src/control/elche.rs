@@ -42,6 +42,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::change::Change;
 use crate::control::logic_error::{LogicError, LogicResult};
 use crate::control::verdict::Verdict;
 
@@ -576,6 +577,18 @@ impl ElChe {
         }
         self.refresh(Refresh::Forced);
         Ok(())
+    }
+
+    /// Follows a change of the run's members: a rank out of the run (vacant or dead) is
+    /// retired, one that joined again is admitted.
+    ///
+    /// # Errors
+    /// [`LogicError::RankOutOfRange`].
+    pub(crate) fn apply(&mut self, change: &Change) -> LogicResult<()> {
+        match change {
+            Change::Vacated { rank, .. } | Change::Died { rank, .. } => self.retire(*rank),
+            Change::Joined { rank } => self.admit(*rank),
+        }
     }
 
     /// The checkpointable state.

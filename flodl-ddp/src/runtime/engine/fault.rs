@@ -5,8 +5,9 @@
 //! (or its runtime) returns an error or panics, when its link is gone, when it has been silent past the watchdog
 //! deadline while not inside a collective, when a reduce it never entered has been pending
 //! past that deadline, or when it is still inside a reduce its peers gave up on (their
-//! collectives fail after the deadline). On a death the coordinator
-//! orders the collective group aborted, retires the rank from dispatch and ElChe, and tells the
+//! collectives fail after the deadline). On a death the roster (`roster.rs`) emits the change
+//! every book follows (dispatch and ElChe retire the rank), and the coordinator
+//! orders the collective group aborted and tells the
 //! survivors the new membership (`ToWorker::Regroup`); each survivor then builds its new
 //! communicator and redoes an interrupted reduce from its pre-reduce state. The host backend's
 //! rounds simply stop waiting for the dead rank (a rank that misses its snapshot deadline on
@@ -15,7 +16,7 @@
 //! Membership grows back on the host backend: a dead rank's id may be claimed again by a new
 //! process (a restarted one: `fdl launch --max-restarts`), which joins at the end of the next
 //! reduce from its consensus ([`RejoinEvent`]; the states a rank's seat goes through are
-//! `slot::Standing`). A rank id is one seat: a second live process claiming it is refused by
+//! `roster::Standing`). A rank id is one seat: a second live process claiming it is refused by
 //! the controller (`NetError::RankTaken` on its side), and the world never grows.
 //!
 //! Known limit (NCCL, not exercised without GPUs): NCCL collectives are not all-or-nothing

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::control::change::Change;
 use crate::control::weighting::average_weights;
 use crate::link::wire::Window;
 use crate::state::HostState;
@@ -66,10 +67,12 @@ pub(crate) struct RoundDone {
 }
 
 impl HostRound {
-    /// A round that collects `world` snapshots until `deadline`.
+    /// A round of `world` seats that collects the snapshots of the `live` ones until
+    /// `deadline`.
     pub(crate) fn new(
         round: u64,
         world: usize,
+        live: &[usize],
         deadline: Instant,
         next: Vec<Window>,
         eval: Option<usize>,
@@ -80,7 +83,9 @@ impl HostRound {
             attempt: 0,
             deadline,
             started: Instant::now(),
-            snaps: (0..world).map(|_| Slot::Waiting).collect(),
+            snaps: (0..world)
+                .map(|r| if live.contains(&r) { Slot::Waiting } else { Slot::Gone })
+                .collect(),
             plan: RoundPlan { next, eval, counts },
         }
     }
@@ -115,14 +120,21 @@ impl HostRound {
         self.job_if_complete()
     }
 
-    /// Stops waiting for `rank`'s snapshot (dropping it if it came): the rank is dead. Returns
-    /// the job to average when the other snapshots are all in.
-    pub(crate) fn retire(&mut self, rank: usize) -> Option<AverageJob> {
+    /// Follows a change of the run's members: a rank out of the run is no longer waited for
+    /// (its snapshot dropped if it came), and the job to average is returned when the other
+    /// snapshots are all in. A rank joined again is admitted between rounds: this round does
+    /// not wait for it.
+    pub(crate) fn apply(&mut self, change: &Change) -> Option<AverageJob> {
         let HostRound::Collecting { snaps, .. } = self else { return None };
-        if let Some(slot) = snaps.get_mut(rank) {
-            *slot = Slot::Gone;
+        match *change {
+            Change::Vacated { rank, .. } | Change::Died { rank, .. } => {
+                if let Some(slot) = snaps.get_mut(rank) {
+                    *slot = Slot::Gone;
+                }
+                self.job_if_complete()
+            }
+            Change::Joined { .. } => None,
         }
-        self.job_if_complete()
     }
 
     /// The steps of `rank` that the average being computed holds (0 while snapshots are
@@ -359,7 +371,7 @@ mod tests {
 
     #[test]
     fn late_round_retries_with_a_new_attempt() {
-        let mut r = HostRound::new(3, 2, Instant::now(), vec![], None, vec![]);
+        let mut r = HostRound::new(3, 2, &[0, 1], Instant::now(), vec![], None, vec![]);
         assert!(r.collect(0, 3, 0, HostState::default(), 1).is_none());
         assert_eq!(r.retry_if_late(Duration::from_secs(60)), Some((3, 1)));
         // a snapshot of the aborted attempt no longer counts
@@ -377,7 +389,8 @@ mod tests {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(23);
         for case in 0..500 {
             let world = rng.random_range(1..7);
-            let mut r = HostRound::new(9, world, Instant::now(), vec![], None, vec![]);
+            let live: Vec<usize> = (0..world).collect();
+            let mut r = HostRound::new(9, world, &live, Instant::now(), vec![], None, vec![]);
             let mut events: Vec<(usize, bool)> = (0..world).map(|rank| (rank, false)).collect();
             events.extend((0..world).filter(|_| rng.random_bool(0.3)).map(|rank| (rank, true)));
             for i in (1..events.len()).rev() {
@@ -390,7 +403,7 @@ mod tests {
                 let state = HostState { params: vec![vec![rank as f32]], buffers: vec![] };
                 let out = if dies {
                     dead[rank] = true;
-                    r.retire(rank)
+                    r.apply(&Change::Died { rank, at: Instant::now(), held: 0 })
                 } else {
                     sent[rank] = true;
                     r.collect(rank, 9, 0, state, rank + 1)

@@ -2,6 +2,7 @@
 //! capture and the host averaging round. The face (`runtime/`) starts it and reads what it
 //! writes; it never imports the face.
 
+pub(crate) mod books;
 pub(crate) mod capture;
 pub(crate) mod comm;
 pub(crate) mod coordinator;
@@ -14,6 +15,7 @@ pub(crate) mod ledger;
 pub(crate) mod outlets;
 pub(crate) mod prefetch;
 pub(crate) mod rank;
+pub(crate) mod roster;
 pub(crate) mod run_config;
 pub(crate) mod slot;
 pub(crate) mod solo;

@@ -1,33 +1,13 @@
 //! What the coordinator knows about each rank — one slot per rank — and about the collective
-//! group they form.
+//! group they form. Who is in the run is the roster's (`roster.rs`); a slot follows its changes.
 
 use std::time::{Duration, Instant};
 
+use crate::control::change::Change;
 use crate::link::wire::{Readiness, Window};
-use crate::runtime::engine::fault::DeadFlags;
 
 /// Batches a rank's measured pace spans (without ElChe) before older ones weigh half.
 const PACE_BATCHES: usize = 512;
-
-/// Whether a rank takes part in the run: a rank's seat goes `Starting → Alive → Dead`, and on
-/// the host backend back from `Dead` through `Rejoining → Waiting → Alive` when a new process
-/// claims it (a `Rejoining` or `Waiting` seat whose connection ends is `Dead` again).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Standing {
-    /// Building its replica, not yet reported ready.
-    Starting,
-    /// Ready and taking part.
-    Alive,
-    /// Declared dead by the coordinator; later words from it change nothing.
-    Dead,
-    /// A new process claimed the dead rank's seat: it builds its replica.
-    Rejoining,
-    /// Its replica is built: it is admitted at the end of the next reduce, from its consensus.
-    Waiting,
-    /// No process has taken this seat yet (a cluster run started on a quorum); one that does
-    /// goes `Rejoining → Waiting → Alive`.
-    Vacant,
-}
 
 /// Where a rank is with respect to the pending collective reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +58,6 @@ impl Pace {
 /// What the coordinator knows about one rank.
 #[derive(Debug, Clone)]
 pub(crate) struct RankSlot {
-    pub(crate) standing: Standing,
     /// Chunks sent and not yet reported done.
     pub(crate) in_flight: usize,
     /// Chunks sent so far.
@@ -98,7 +77,6 @@ impl RankSlot {
     fn new(window: Window) -> RankSlot {
         let now = Instant::now();
         RankSlot {
-            standing: Standing::Starting,
             in_flight: 0,
             works_sent: 0,
             ready: None,
@@ -111,17 +89,16 @@ impl RankSlot {
     }
 }
 
-/// Every rank's slot, and the flags that tell the run's handle which ranks died.
+/// Every rank's slot, in rank order.
 #[derive(Debug)]
 pub(crate) struct Slots {
     slots: Vec<RankSlot>,
-    dead: DeadFlags,
 }
 
 impl Slots {
-    /// One starting slot per rank, each in its `windows` entry; deaths are reported into `dead`.
-    pub(crate) fn new(windows: Vec<Window>, dead: DeadFlags) -> Slots {
-        Slots { slots: windows.into_iter().map(RankSlot::new).collect(), dead }
+    /// One fresh slot per rank, each in its `windows` entry.
+    pub(crate) fn new(windows: Vec<Window>) -> Slots {
+        Slots { slots: windows.into_iter().map(RankSlot::new).collect() }
     }
 
     /// Ranks in the run, dead ones included.
@@ -149,93 +126,19 @@ impl Slots {
         self.slots.iter_mut()
     }
 
-    /// Whether `rank` takes part (starting or alive: not dead, not yet admitted again).
-    pub(crate) fn is_live(&self, rank: usize) -> bool {
-        self.slots
-            .get(rank)
-            .is_some_and(|s| matches!(s.standing, Standing::Starting | Standing::Alive))
-    }
-
-    /// `rank`'s standing.
-    pub(crate) fn standing(&self, rank: usize) -> Option<Standing> {
-        self.slots.get(rank).map(|s| s.standing)
-    }
-
-    /// The ranks joining again (connected after their death, not yet admitted).
-    pub(crate) fn joining(&self) -> Vec<usize> {
-        (0..self.slots.len())
-            .filter(|&r| {
-                self.slots
-                    .get(r)
-                    .is_some_and(|s| matches!(s.standing, Standing::Rejoining | Standing::Waiting))
-            })
-            .collect()
-    }
-
-    /// Moves `rank`'s seat to `standing` (a join again: `Rejoining`, `Waiting`, or `Dead`
-    /// when the joining process went away); false for no rank.
-    pub(crate) fn set_joining(&mut self, rank: usize, standing: Standing) -> bool {
-        match self.slots.get_mut(rank) {
-            Some(slot) => {
-                slot.standing = standing;
-                slot.heard = Instant::now();
-                true
-            }
-            None => false,
+    /// Follows a change of the run's members: the seat's slot starts afresh in its window
+    /// (nothing in flight, nothing ready, its pace unknown); the coordinator gives a rank
+    /// joined again its window once ElChe has admitted it.
+    pub(crate) fn apply(&mut self, change: &Change) {
+        if let Some(slot) = self.slots.get_mut(change.rank()) {
+            *slot = RankSlot::new(slot.window);
         }
     }
 
-    /// Admits `rank` again, alive in `window` with a fresh slot; false unless it was waiting.
-    pub(crate) fn admit(&mut self, rank: usize, window: Window) -> bool {
-        match self.slots.get_mut(rank) {
-            Some(slot) if slot.standing == Standing::Waiting => {
-                *slot = RankSlot { standing: Standing::Alive, ..RankSlot::new(window) };
-                self.dead.revive(rank);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The ranks not declared dead, in order.
-    pub(crate) fn live_ranks(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|&r| self.is_live(r)).collect()
-    }
-
-    /// The lowest live rank (the one that returns the final state).
-    pub(crate) fn lowest(&self) -> Option<usize> {
-        (0..self.slots.len()).find(|&r| self.is_live(r))
-    }
-
-    /// Ranks dead now (declared dead, and not admitted again).
-    pub(crate) fn deaths(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| {
-                matches!(s.standing, Standing::Dead | Standing::Rejoining | Standing::Waiting)
-            })
-            .count()
-    }
-
-    /// Declares `rank` dead; false when it was not live (or is no rank).
-    pub(crate) fn bury(&mut self, rank: usize) -> bool {
-        match self.slots.get_mut(rank) {
-            Some(slot) if matches!(slot.standing, Standing::Starting | Standing::Alive) => {
-                *slot = RankSlot { standing: Standing::Dead, ..RankSlot::new(slot.window) };
-                self.dead.mark(rank);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Whether every live rank reported the pending reduce's collective as failed (nobody is
-    /// left inside it, nobody finished it).
-    pub(crate) fn all_failed(&self) -> bool {
-        self.slots
-            .iter()
-            .filter(|s| matches!(s.standing, Standing::Starting | Standing::Alive))
-            .all(|s| s.collective == InCollective::Failed)
+    /// Whether every rank of `live` reported the pending reduce's collective as failed
+    /// (nobody is left inside it, nobody finished it).
+    pub(crate) fn all_failed(&self, live: &[usize]) -> bool {
+        live.iter().all(|&r| self.get(r).is_some_and(|s| s.collective == InCollective::Failed))
     }
 }
 
@@ -334,6 +237,8 @@ impl GroupBook {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::engine::fault::DeadFlags;
+    use crate::runtime::engine::roster::Roster;
     use rand::{RngExt, SeedableRng};
     use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -341,97 +246,44 @@ mod tests {
         Window { round: 1, target: 1, limit: 1, wall: None }
     }
 
-    /// A seat's life, step by step: dead, a process joining (not live, pinged, counted dead),
-    /// waiting, admitted (live again, its dead flag cleared); a joiner that goes away leaves the
-    /// seat dead; a vacant seat is not a death; only a waiting seat can be admitted.
-    #[test]
-    fn a_seat_dies_and_is_taken_again() -> Result<(), String> {
-        #[derive(Debug, Clone, Copy)]
-        enum Step {
-            Bury,
-            Join(Standing),
-            Admit(bool),
-        }
-        use Standing::*;
-        /// A step on rank 1, then: live ranks, joining ranks, deaths, rank 1 flagged dead.
-        type Case = (Step, &'static [usize], &'static [usize], usize, bool);
-        let steps: [Case; 9] = [
-            (Step::Admit(false), &[0, 1, 2], &[], 0, false),
-            (Step::Bury, &[0, 2], &[], 1, true),
-            (Step::Admit(false), &[0, 2], &[], 1, true),
-            (Step::Join(Rejoining), &[0, 2], &[1], 1, true),
-            (Step::Join(Dead), &[0, 2], &[], 1, true),
-            (Step::Join(Rejoining), &[0, 2], &[1], 1, true),
-            (Step::Join(Waiting), &[0, 2], &[1], 1, true),
-            (Step::Admit(true), &[0, 1, 2], &[], 0, false),
-            (Step::Join(Vacant), &[0, 2], &[], 0, false),
-        ];
-        let flags = DeadFlags::new(3);
-        let mut slots = Slots::new(vec![window(); 3], flags.clone());
-        for (i, (step, live, joining, deaths, flagged)) in steps.into_iter().enumerate() {
-            match step {
-                Step::Bury => {
-                    slots.bury(1);
-                }
-                Step::Join(standing) => {
-                    slots.set_joining(1, standing);
-                }
-                Step::Admit(expected) => {
-                    if slots.admit(1, window()) != expected {
-                        return Err(format!("step {i}: admit should be {expected}"));
-                    }
-                }
-            }
-            let got = (slots.live_ranks(), slots.joining(), slots.deaths(), flags.is_dead(1));
-            if got != (live.to_vec(), joining.to_vec(), deaths, flagged) {
-                return Err(format!("step {i} ({step:?}): got {got:?}"));
-            }
-        }
-        Ok(())
-    }
-
-    /// Random deaths: the slots' live ranks, lowest rank and death count follow a plain vector
-    /// of flags, the shared flags agree, a rank dies once; a collective failure counts only in
-    /// the generation it happened in, and "all failed" means every live rank failed.
+    /// Random deaths, through the roster: a dead rank's slot starts afresh in its window; a
+    /// collective failure counts only in the generation it happened in, "all failed" means
+    /// every live rank failed, and a new generation starts with no failure.
     #[test]
     fn slots_follow_deaths_and_generations() -> Result<(), String> {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(3);
         for case in 0..300 {
             let world = rng.random_range(1..8);
-            let flags = DeadFlags::new(world);
-            let mut slots = Slots::new(vec![window(); world], flags.clone());
+            let mut roster = Roster::new(world, DeadFlags::new(world));
+            let mut slots = Slots::new(vec![window(); world]);
             let mut group = GroupBook::default();
-            let mut alive = vec![true; world];
             for _ in 0..20 {
                 let rank = rng.random_range(0..world + 1);
-                let was = alive.get(rank).copied().unwrap_or(false);
-                if slots.bury(rank) != was {
-                    return Err(format!("case {case}: bury({rank}) when alive = {was}"));
+                if let Some(slot) = slots.get_mut(rank) {
+                    slot.in_flight = 2;
+                    slot.window.target = 7;
                 }
-                if let Some(a) = alive.get_mut(rank) {
-                    *a = false;
+                if let Some(change) = roster.die(rank, 0) {
+                    slots.apply(&change);
+                    let slot = slots.get(rank).ok_or("no slot")?;
+                    if slot.in_flight != 0 || slot.window.target != 7 {
+                        return Err(format!("case {case}: rank {rank}'s slot after death"));
+                    }
                 }
-                let live: Vec<usize> = (0..world).filter(|&r| alive[r]).collect();
-                if slots.live_ranks() != live
-                    || slots.lowest() != live.first().copied()
-                    || slots.deaths() != world - live.len()
-                    || (0..world).any(|r| flags.is_dead(r) == alive[r])
-                {
-                    return Err(format!("case {case}: slots out of step with {alive:?}"));
-                }
+                let live = roster.live();
                 let generation = group.generation;
                 let stale = generation.wrapping_sub(1);
                 for &r in &live {
                     // A failure reported for an older group does not count.
                     group.left(&mut slots, r, stale, true);
                 }
-                if !live.is_empty() && slots.all_failed() {
+                if !live.is_empty() && slots.all_failed(&live) {
                     return Err(format!("case {case}: stale failures counted"));
                 }
                 for &r in &live {
                     group.left(&mut slots, r, generation, true);
                 }
-                if !slots.all_failed() || group.failing_for().is_none() && !live.is_empty() {
+                if !slots.all_failed(&live) || group.failing_for().is_none() && !live.is_empty() {
                     return Err(format!("case {case}: current failures not counted"));
                 }
                 group.next_generation(&mut slots);

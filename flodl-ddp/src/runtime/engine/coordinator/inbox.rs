@@ -11,13 +11,10 @@ impl Coordinator {
             Inbound::Gone { rank } => self.gone(rank),
             Inbound::Joined { rank, frames } => self.joined(rank, frames.0),
             Inbound::Wire { rank, msg } => {
-                if matches!(
-                    self.slots.standing(rank),
-                    Some(Standing::Rejoining | Standing::Waiting)
-                ) {
+                if self.roster.is_joining(rank) {
                     return self.joining_wire(rank, msg);
                 }
-                if !self.slots.is_live(rank) {
+                if !self.roster.is_live(rank) {
                     // The coordinator decides membership: a dead rank's late words change nothing.
                     return Ok(());
                 }
@@ -189,9 +186,7 @@ impl Coordinator {
         if init.is_some() {
             *initial = init;
         }
-        if let Some(slot) = self.slots.get_mut(rank) {
-            slot.standing = Standing::Alive;
-        }
+        self.roster.started(rank);
         Ok(())
     }
 
@@ -225,7 +220,7 @@ impl Coordinator {
             if self.cfg.spec.backend == Backend::Host {
                 self.consensus = Some(resumed.consensus.clone());
             }
-            for rank in self.slots.live_ranks() {
+            for rank in self.roster.live() {
                 let restore = resumed.ranks.get(rank).cloned().map(Box::new);
                 let state = resumed.consensus.clone();
                 let window = self.first_window(rank);
@@ -242,7 +237,7 @@ impl Coordinator {
             // Rank 0 trains from its own replica, which is the initial state; in its own
             // process (the controller kept apart) it still needs its first window.
             let apart = self.cfg.spec.controller_apart();
-            for rank in self.slots.live_ranks().into_iter().filter(|&r| apart || r != 0) {
+            for rank in self.roster.live().into_iter().filter(|&r| apart || r != 0) {
                 let state = initial.clone();
                 let window = self.first_window(rank);
                 inits.push((rank, ToWorker::Init { state, restore: None, window, global_step: 0 }));
@@ -250,7 +245,7 @@ impl Coordinator {
         }
         if self.group.relay {
             // The first group forms through the coordinator before the ranks train.
-            let members = self.slots.live_ranks();
+            let members = self.roster.live();
             if let Some((maker, ask)) = self.formation.ask(0, &members, inits) {
                 tracing::info!(maker, "asking the lowest rank for the first group's id");
                 self.send(maker, ask)?;

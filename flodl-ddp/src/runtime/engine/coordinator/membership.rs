@@ -1,17 +1,31 @@
-//! The coordinator as the membership authority: seats left vacant, ranks gone, joining again and admitted, watched for silence, and declared dead (their work handed back, the survivors regrouped).
+//! The coordinator as the membership authority: seats left vacant, ranks gone, joining again and admitted, watched for silence, and declared dead (their work handed back, the survivors regrouped). The roster decides each change; `apply` hands it to every book.
 
 use super::*;
 
 impl Coordinator {
+    /// Hands `change`, as the roster emitted it, to every book that keeps membership: the one
+    /// place they are kept in step ([`Books::apply`]).
+    pub(super) fn apply(&mut self, change: &Change) -> Result<Applied> {
+        let books = Books {
+            slots: &mut self.slots,
+            dispatch: &mut self.dispatch,
+            elche: self.cadence.elche.as_mut(),
+            host_round: match &mut self.reduce {
+                Reduce::Host(round) => Some(round),
+                Reduce::Collective { .. } | Reduce::Idle => None,
+            },
+            reported: &mut self.epochs.reported,
+        };
+        books.apply(change)
+    }
+
     /// Leaves `ranks` out of the start: no process joined their seats (a cluster run started
     /// on a quorum); a process that joins one later is admitted like a rank joining again.
     pub(super) fn vacate(&mut self, ranks: &[usize]) -> Result<()> {
         for &rank in ranks {
             tracing::info!(rank, "rank {rank}'s seat is vacant at the start");
-            self.slots.set_joining(rank, Standing::Vacant);
-            self.dispatch.retire(rank, 0, Instant::now());
-            if let Some(e) = self.cadence.elche.as_mut() {
-                e.retire(rank)?;
+            if let Some(change) = self.roster.vacate(rank, Instant::now()) {
+                self.apply(&change)?;
             }
         }
         Ok(())
@@ -20,12 +34,11 @@ impl Coordinator {
     /// `rank`'s link is gone: after its final state that is the end of it; before, it died.
     /// A process joining again that goes away leaves the seat dead.
     pub(super) fn gone(&mut self, rank: usize) -> Result<()> {
-        if matches!(self.slots.standing(rank), Some(Standing::Rejoining | Standing::Waiting)) {
+        if self.roster.abandon(rank) {
             tracing::warn!(rank, "the process joining again as rank {rank} went away");
-            self.slots.set_joining(rank, Standing::Dead);
             return Ok(());
         }
-        if !self.slots.is_live(rank) {
+        if !self.roster.is_live(rank) {
             return Ok(());
         }
         match &self.phase {
@@ -63,7 +76,7 @@ impl Coordinator {
             frames.close();
             return Ok(());
         }
-        if self.slots.is_live(rank) {
+        if self.roster.is_live(rank) {
             // Its old connection has ended (the controller frees a seat only then), even if
             // its `Gone` was not read yet.
             let failure = RankFailure::from(&Error::PeerGone(Peer::Rank(rank)));
@@ -73,7 +86,7 @@ impl Coordinator {
             frames.close();
             return Ok(());
         }
-        self.slots.set_joining(rank, Standing::Rejoining);
+        self.roster.claim(rank);
         tracing::info!(
             rank,
             reduce = self.rounds.reduces,
@@ -91,7 +104,7 @@ impl Coordinator {
                 msg.rank()
             );
             let _ = self.link.try_send(rank, ToWorker::Stop);
-            self.slots.set_joining(rank, Standing::Dead);
+            self.roster.abandon(rank);
             return Ok(());
         }
         match msg {
@@ -102,9 +115,9 @@ impl Coordinator {
                         "the process joining again as rank {rank} has other parameter shapes: turned away"
                     );
                     let _ = self.link.try_send(rank, ToWorker::Stop);
-                    self.slots.set_joining(rank, Standing::Dead);
+                    self.roster.abandon(rank);
                 } else {
-                    self.slots.set_joining(rank, Standing::Waiting);
+                    self.roster.built(rank);
                     tracing::info!(
                         rank,
                         "rank {rank} is ready; it joins at the end of the next reduce"
@@ -113,7 +126,7 @@ impl Coordinator {
             }
             ToCoordinator::Failed { failure, .. } => {
                 tracing::warn!(rank, error = %failure.message, "the process joining again as rank {rank} failed");
-                self.slots.set_joining(rank, Standing::Dead);
+                self.roster.abandon(rank);
             }
             _ => {
                 if let Some(slot) = self.slots.get_mut(rank) {
@@ -124,48 +137,38 @@ impl Coordinator {
         Ok(())
     }
 
-    /// The ranks whose process is built and waits to join.
-    pub(super) fn waiting(&self) -> Vec<usize> {
-        self.slots
-            .joining()
-            .into_iter()
-            .filter(|&r| self.slots.standing(r) == Some(Standing::Waiting))
-            .collect()
-    }
-
-    /// Takes `rank`, waiting to join, back into the run in its window of `round`: ElChe and
-    /// the dispatcher admit it (a fresh estimate, work from the free spans), its seat is alive
-    /// again, and its rejoin is reported as starting from the consensus of `reduce` reduces.
-    /// Returns its window.
-    pub(super) fn admit(&mut self, rank: usize, round: u64, reduce: u64) -> Result<Window> {
-        self.dispatch.admit(rank);
-        if let Some(e) = self.cadence.elche.as_mut() {
-            e.admit(rank)?;
-        }
+    /// Takes `rank`, waiting to join, back into the run in its window of `round`: the roster
+    /// admits it and every book follows (ElChe with a fresh estimate, the dispatcher with work
+    /// from the free spans, a fresh slot), and its rejoin is reported as starting from the
+    /// consensus of `reduce` reduces. Returns its window; `None` when it was not waiting.
+    pub(super) fn admit(&mut self, rank: usize, round: u64, reduce: u64) -> Result<Option<Window>> {
+        let Some(change) = self.roster.admit(rank) else { return Ok(None) };
+        self.apply(&change)?;
         let window = self.make_windows(round).get(rank).copied().unwrap_or(Window {
             round,
             target: 1,
             limit: 1,
             wall: None,
         });
-        self.slots.admit(rank, window);
-        if let Some(at) = self.epochs.reported.get_mut(rank) {
-            *at = None;
+        if let Some(slot) = self.slots.get_mut(rank) {
+            slot.window = window;
         }
-        let members = self.slots.live_ranks();
+        let members = self.roster.live();
         tracing::info!(rank, reduce, ?members, "rank {rank} rejoined at reduce {reduce}");
         let event = RejoinEvent { rank, at_ms: self.clock.at_ms(), reduce, members };
         self.rejoins.push(event.clone());
         let _ = self.outlets.rejoins.try_send(event);
-        Ok(window)
+        Ok(Some(window))
     }
 
     /// Host backend, at the end of a reduce whose consensus is `state`: admits every rank
     /// waiting to join again, which starts from `state` with a fresh optimizer in the window
     /// the others start now.
     pub(super) fn admit_waiting(&mut self, state: &HostState) -> Result<()> {
-        for rank in self.waiting() {
-            let window = self.admit(rank, self.rounds.round, self.rounds.reduces)?;
+        for rank in self.roster.waiting() {
+            let Some(window) = self.admit(rank, self.rounds.round, self.rounds.reduces)? else {
+                continue;
+            };
             let global_step = self.rounds.global_step;
             let init = ToWorker::Init { state: state.clone(), restore: None, window, global_step };
             self.send(rank, init)?;
@@ -183,8 +186,10 @@ impl Coordinator {
             return Ok(orders);
         }
         let global_step = self.rounds.global_step;
-        for rank in self.waiting() {
-            self.admit(rank, ending, self.rounds.reduces + 1)?;
+        for rank in self.roster.waiting() {
+            if self.admit(rank, ending, self.rounds.reduces + 1)?.is_none() {
+                continue;
+            }
             let window = Window { round: ending, target: 0, limit: 0, wall: None };
             orders.push((rank, ToWorker::Join { window, global_step }));
         }
@@ -210,7 +215,7 @@ impl Coordinator {
         };
         let peers_gave_up = self.group.failing_for().is_some_and(|d| d > after / 4);
         let mut deaths = Vec::new();
-        for rank in self.slots.live_ranks() {
+        for rank in self.roster.live() {
             let Some(slot) = self.slots.get(rank) else { continue };
             let silent = slot.heard.elapsed();
             let cause = match slot.collective {
@@ -252,8 +257,8 @@ impl Coordinator {
             return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
         }
         let beat = self.cfg.heartbeat();
-        let mut heard = self.slots.live_ranks();
-        heard.extend(self.slots.joining());
+        let mut heard = self.roster.live();
+        heard.extend(self.roster.joining());
         for rank in heard {
             let Some(slot) = self.slots.get_mut(rank) else { continue };
             if slot.sent.elapsed() >= beat {
@@ -267,10 +272,10 @@ impl Coordinator {
     }
 
     /// The membership authority: declares `rank` dead for `cause` (`failure` is what the run
-    /// returns, as [`Error::Rank`], if this death ends it) and lets the survivors go on: its
-    /// unfinished chunks go back to the living, ElChe retires it, a host round stops waiting
-    /// for it, and a collective group is aborted and rebuilt from the survivors, who redo an
-    /// interrupted reduce.
+    /// returns, as [`Error::Rank`], if this death ends it) and lets the survivors go on. The
+    /// roster emits the death and every book follows it (its unfinished chunks go back to the
+    /// living, ElChe retires it, a host round stops waiting for it); then a collective group
+    /// is aborted and rebuilt from the survivors, who redo an interrupted reduce.
     ///
     /// # Errors
     /// The rank's failure past the failure limit; [`Error::Unrecoverable`] when no rank is left,
@@ -281,23 +286,20 @@ impl Coordinator {
         cause: FaultCause,
         failure: RankFailure,
     ) -> Result<()> {
-        if !self.slots.is_live(rank) {
-            return Ok(());
-        }
-        if self.eval.rank() == Some(rank) {
-            // Asked again from another live rank.
-            self.eval = Evaluation::Idle;
-        }
-        self.slots.bury(rank);
-        let survivors = self.slots.live_ranks();
-        tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
         // Its part of a reduce in progress that the consensus holds already counts for it.
-        let pending = match &self.reduce {
+        let held = match &self.reduce {
             Reduce::Collective { acks, .. } => acks.get(rank).copied().flatten().map_or(0, |a| a.0),
             Reduce::Host(hr) => hr.averaging_steps(rank),
             Reduce::Idle => 0,
         };
-        let requeued = self.dispatch.retire(rank, pending, Instant::now());
+        let Some(change) = self.roster.die(rank, held) else { return Ok(()) };
+        if self.eval.rank() == Some(rank) {
+            // Asked again from another live rank.
+            self.eval = Evaluation::Idle;
+        }
+        let Applied { requeued, average } = self.apply(&change)?;
+        let survivors = self.roster.live();
+        tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
         let requeued_samples = requeued.iter().map(|c| c.len).sum();
         tracing::debug!(
             rank,
@@ -319,7 +321,7 @@ impl Coordinator {
         let _ = self.link.try_send(rank, ToWorker::Stop);
         let lone_nccl = self.group.engine == Engine::Nccl && survivors.len() == 1;
         let error = Error::Rank { rank, failure };
-        if self.slots.deaths() > self.cfg.spec.max_failures {
+        if self.roster.deaths() > self.cfg.spec.max_failures {
             self.save_failure_bundle(SaveReason::MaxFailureExceeded);
             return Err(error);
         }
@@ -347,17 +349,12 @@ impl Coordinator {
             let last = Some(Box::new(error));
             return Err(Error::Unrecoverable { reason, detail, bundle, last });
         }
-        if let Some(e) = self.cadence.elche.as_mut() {
-            e.retire(rank)?;
-        }
         // What the survivors will be handed changed: the dead rank's work is theirs now.
         self.advise(&survivors);
         match self.cfg.spec.backend {
             Backend::Collective => self.regroup(&survivors)?,
             Backend::Host => {
-                if let Reduce::Host(hr) = &mut self.reduce
-                    && let Some(job) = hr.retire(rank)
-                {
+                if let Some(job) = average {
                     self.start_average(job)?;
                 }
             }

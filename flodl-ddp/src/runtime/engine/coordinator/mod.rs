@@ -18,6 +18,7 @@ use flodl_tensor::{Stream, Tensor};
 
 use crate::checkpoint::{Checkpoint, SaveReason};
 use crate::control::breakdown::Activity;
+use crate::control::change::Change;
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
 use crate::control::guard::{Guard, ReduceReport};
@@ -35,6 +36,7 @@ use crate::link::wire::{
     CaptureRequest, RankCapture, Readiness, Regroup, ToCoordinator, ToWorker, Window,
 };
 use crate::link::{CoordinatorLink, Inbound, LinkError, local};
+use crate::runtime::engine::books::{Applied, Books};
 use crate::runtime::engine::capture::{
     Progress, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };
@@ -44,8 +46,9 @@ use crate::runtime::engine::formation::Formation;
 use crate::runtime::engine::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::engine::rank::rank_loop::run_rank;
+use crate::runtime::engine::roster::Roster;
 use crate::runtime::engine::run_config::{Resumed, RunConfig};
-use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
+use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots};
 use crate::state::HostState;
 use crate::{Error, Result};
 
@@ -312,6 +315,8 @@ struct Coordinator {
     phase: Phase,
     devices: Vec<String>,
     shapes: Vec<Vec<usize>>,
+    /// Who is in the run: the only thing that changes it (see `membership.rs`).
+    roster: Roster,
     slots: Slots,
     group: GroupBook,
     dispatch: Dispatcher,
@@ -381,7 +386,8 @@ impl Coordinator {
             cpu: Stream::cpu_with_threads(1),
         };
         let placeholder = vec![Window { round: 1, target: 1, limit: 1, wall: None }; world];
-        let slots = Slots::new(placeholder, outlets.dead.clone());
+        let slots = Slots::new(placeholder);
+        let roster = Roster::new(world, outlets.dead.clone());
         let mut coord = Coordinator {
             devices: cfg.spec.devices.iter().map(ToString::to_string).collect(),
             dispatch: Dispatcher::new(
@@ -401,6 +407,7 @@ impl Coordinator {
             local,
             link,
             shapes: Vec::new(),
+            roster,
             slots,
             group: GroupBook::default(),
             cadence,
@@ -511,8 +518,8 @@ impl Coordinator {
         }
         let round = self.rounds.round;
         let due: Vec<usize> = self
-            .slots
-            .live_ranks()
+            .roster
+            .live()
             .into_iter()
             .filter(|&r| r != rank && self.slots.get(r).is_some_and(|s| s.ready.is_none()))
             .collect();
@@ -555,7 +562,7 @@ impl Coordinator {
             let now = Instant::now();
             match &self.phase {
                 Phase::Starting { deadline, .. } => {
-                    if self.slots.iter().all(|s| s.standing != Standing::Starting) {
+                    if self.roster.all_started() {
                         self.start_training()?;
                         continue;
                     }
@@ -572,7 +579,7 @@ impl Coordinator {
                     }
                 }
                 Phase::Finishing { deadline, finals, .. } => {
-                    if self.slots.live_ranks().iter().all(|&r| finals[r].is_some()) {
+                    if self.roster.live().iter().all(|&r| finals[r].is_some()) {
                         return self.conclude();
                     }
                     if now >= *deadline {
@@ -624,7 +631,7 @@ impl Coordinator {
         let (counts, calibrated) = self.dispatch_counts();
         let horizon = self.cfg.batches_per_epoch();
         for &rank in ranks {
-            if !self.slots.is_live(rank) {
+            if !self.roster.is_live(rank) {
                 continue;
             }
             let chunks = self.dispatch.forecast(rank, &counts, calibrated, horizon);
@@ -640,7 +647,7 @@ impl Coordinator {
         // In the last epoch a queued chunk could leave a peer idle at the end of the run: each
         // rank then holds one chunk at a time (chunks are sized to its share of what is left).
         let ahead = if self.dispatch.in_last_epoch() { 1 } else { CHUNKS_AHEAD };
-        for rank in self.slots.live_ranks() {
+        for rank in self.roster.live() {
             while self.slots.get(rank).is_some_and(|s| s.in_flight < ahead) {
                 let Some(chunk) =
                     self.dispatch.next_chunk(rank, &counts, calibrated, Instant::now())
@@ -671,7 +678,7 @@ impl Coordinator {
             if last {
                 let end = Instant::now();
                 self.clock.train_end = Some(end);
-                for rank in self.slots.live_ranks() {
+                for rank in self.roster.live() {
                     if let Some(Some(at)) = self.epochs.reported.get(rank) {
                         let ms = end.saturating_duration_since(*at).as_secs_f64() * 1000.0;
                         tally.add_time(rank, Activity::Waiting, ms);
@@ -719,19 +726,19 @@ impl Coordinator {
     /// slows as much as the anchor's, and the fastest rank then read as slow as the others.)
     fn elect_evaluator(&self) -> Option<usize> {
         let ms: Vec<f64> = self.slots.iter().map(|s| s.pace.ms_per_batch()).collect();
-        self.cfg.spec.eval_rank.elect(&self.slots.live_ranks(), &ms)
+        self.cfg.spec.eval_rank.elect(&self.roster.live(), &ms)
     }
 
     /// Tells every live rank to finish.
     fn start_finishing(&mut self) -> Result<()> {
         let capture = self.cfg.checkpoints.is_some();
-        for rank in self.slots.joining() {
+        for rank in self.roster.joining() {
             // Nothing is left to join: the process ends.
             tracing::info!(rank, "the run finishes before rank {rank} could join again");
             let _ = self.link.try_send(rank, ToWorker::Stop);
-            self.slots.set_joining(rank, Standing::Dead);
+            self.roster.abandon(rank);
         }
-        for rank in self.slots.live_ranks() {
+        for rank in self.roster.live() {
             self.send(rank, ToWorker::Finish { capture })?;
         }
         let world = self.cfg.world();
@@ -751,7 +758,7 @@ impl Coordinator {
         else {
             return Err(Error::protocol("the run concluded before it finished"));
         };
-        let lowest = self.slots.lowest().ok_or(Error::PeerGone(Peer::EveryRank))?;
+        let lowest = self.roster.lowest().ok_or(Error::PeerGone(Peer::EveryRank))?;
         let state = finals.swap_remove(lowest).ok_or(Error::PeerGone(Peer::Rank(lowest)))?;
         if let Some(plan) = &self.cfg.checkpoints {
             let outer = match self.cfg.spec.backend {

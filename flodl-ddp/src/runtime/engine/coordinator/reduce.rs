@@ -8,7 +8,7 @@ impl Coordinator {
     pub(super) fn step_reduce(&mut self) -> Result<bool> {
         let ready: Vec<Option<usize>> =
             self.slots.iter().map(|s| s.ready.map(|r| r.steps)).collect();
-        let live: Vec<bool> = (0..ready.len()).map(|r| self.slots.is_live(r)).collect();
+        let live: Vec<bool> = (0..ready.len()).map(|r| self.roster.is_live(r)).collect();
         let busy = !matches!(self.reduce, Reduce::Idle);
         match should_reduce(&ready, &live, busy)? {
             Trigger::Fire => {
@@ -71,13 +71,13 @@ impl Coordinator {
                 parts: vec![None; self.cfg.world()],
             });
         }
-        let lowest = self.slots.lowest();
+        let lowest = self.roster.lowest();
         let evaluator = self.eval.rank();
         match self.cfg.spec.backend {
             Backend::Collective => {
                 let mut orders = joiners;
                 let joining = orders.len();
-                for rank in self.slots.live_ranks() {
+                for rank in self.roster.live() {
                     let eval = if Some(rank) == evaluator { eval } else { None };
                     let window = next[rank];
                     let model = Some(rank) == lowest;
@@ -92,7 +92,7 @@ impl Coordinator {
                 } else {
                     // The joiners take part in this reduce: a group with them as members forms
                     // first, through the coordinator, and the orders follow it.
-                    let members = self.slots.live_ranks();
+                    let members = self.roster.live();
                     let generation = self.group.next_generation(&mut self.slots);
                     tracing::info!(generation, ?members, "a group with the joining ranks forms");
                     if let Some((maker, ask)) = self.formation.ask(generation, &members, orders) {
@@ -105,16 +105,13 @@ impl Coordinator {
             }
             Backend::Host => {
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
-                for rank in self.slots.live_ranks() {
+                for rank in self.roster.live() {
                     self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0, capture })?;
                 }
                 let deadline = started + self.cfg.spec.snapshot_timeout;
-                let mut round =
-                    HostRound::new(ending, self.cfg.world(), deadline, next.clone(), eval, counts);
-                for rank in (0..self.cfg.world()).filter(|&r| !self.slots.is_live(r)) {
-                    // Nothing collected yet, so this completes nothing.
-                    let _ = round.retire(rank);
-                }
+                let (world, live) = (self.cfg.world(), self.roster.live());
+                let round =
+                    HostRound::new(ending, world, &live, deadline, next.clone(), eval, counts);
                 self.reduce = Reduce::Host(round);
             }
         }
@@ -143,7 +140,7 @@ impl Coordinator {
         }
         let evaluator = self.eval.rank();
         let global_step = self.rounds.global_step;
-        for rank in self.slots.live_ranks() {
+        for rank in self.roster.live() {
             let eval = if Some(rank) == evaluator { done.eval } else { None };
             let next = done.next[rank];
             let state = state.clone();
@@ -190,7 +187,7 @@ impl Coordinator {
             "host averaging round missed its snapshot deadline; retrying"
         );
         if self.rounds.stalled >= self.cfg.spec.max_stalled_rounds {
-            if !missing.is_empty() && missing.len() < self.slots.live_ranks().len() {
+            if !missing.is_empty() && missing.len() < self.roster.live().len() {
                 // The ranks that never answered are stuck: the others go on without them.
                 let after = age.map_or(Duration::ZERO, |(_, d)| d);
                 self.rounds.stalled = 0;
@@ -209,7 +206,7 @@ impl Coordinator {
             .as_ref()
             .filter(|c| c.round == round)
             .map(|_| CaptureRequest { model: false });
-        for rank in self.slots.live_ranks() {
+        for rank in self.roster.live() {
             self.send(rank, ToWorker::Snapshot { round, attempt, capture })?;
         }
         Ok(())
@@ -264,7 +261,7 @@ impl Coordinator {
     pub(super) fn check_collective_done(&mut self) -> Result<()> {
         let mut done = None;
         if let Reduce::Collective { round, acks, counts } = &mut self.reduce {
-            let live = self.slots.live_ranks();
+            let live = self.roster.live();
             if live.iter().all(|&r| acks.get(r).is_some_and(Option::is_some)) {
                 let steps = acks.iter().map(|a| a.map_or(0, |a| a.0)).collect::<Vec<_>>();
                 let sync = acks.iter().flatten().map(|a| a.1).fold(0.0, f64::max);
@@ -277,7 +274,7 @@ impl Coordinator {
             if self.saves.capturing.as_ref().is_some_and(|c| c.round == round) {
                 // Every live rank is paused since its acknowledgement: the book is at the cut.
                 self.finish_capture(None, self.rounds.reduces)?;
-                for rank in self.slots.live_ranks() {
+                for rank in self.roster.live() {
                     self.send(rank, ToWorker::Resume)?;
                 }
             }
@@ -291,7 +288,9 @@ impl Coordinator {
     /// # Errors
     /// [`Error::Unrecoverable`] (a reduce stall) after [`FUTILE_ATTEMPTS`] such attempts.
     pub(super) fn check_futile_reduce(&mut self) -> Result<()> {
-        if !matches!(self.reduce, Reduce::Collective { .. }) || !self.slots.all_failed() {
+        if !matches!(self.reduce, Reduce::Collective { .. })
+            || !self.slots.all_failed(&self.roster.live())
+        {
             return Ok(());
         }
         let attempts = self.group.futile_attempt();
@@ -302,7 +301,7 @@ impl Coordinator {
                 format!("the reduce failed {attempts} times in a row with every rank alive");
             return Err(Error::Unrecoverable { reason, detail, bundle, last: None });
         }
-        let members = self.slots.live_ranks();
+        let members = self.roster.live();
         self.regroup(&members)
     }
 
