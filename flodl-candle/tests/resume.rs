@@ -19,9 +19,8 @@ const WINDOWS: usize = 256;
 const EPOCHS: usize = 3;
 
 fn trainer() -> anyhow::Result<Trainer> {
-    let text = |split| -> anyhow::Result<_> {
-        Ok(Shakespeare::vendored(split)?.windows(CONFIG.context)?)
-    };
+    let text =
+        |split| -> anyhow::Result<_> { Ok(Shakespeare::vendored(split)?.windows(CONFIG.context)?) };
     let train: Arc<dyn Dataset> = Arc::new(Subset::first(text(TextSplit::Train)?, WINDOWS));
     let valid: Arc<dyn Dataset> = Arc::new(Subset::first(text(TextSplit::Valid)?, 64));
     let factory =

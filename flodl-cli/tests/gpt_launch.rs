@@ -70,6 +70,10 @@ fn a_launched_transformer_survives_a_killed_rank_and_learns_context() -> Result 
         "1,2",
         "--seed",
         "5",
+        // A rank silent this long is declared dead: a step of the slowed rank on a loaded
+        // machine, and a rank's start (the corpus checked and cut), outlast the default 30 s.
+        "--watchdog",
+        "120",
     ];
     let mut job = Launched::start_with(2, &["--max-restarts", "1"], &job, &dir, &[])?;
     job.wait_for(&format!("epoch 1/{EPOCHS}"), Duration::from_secs(300))?;
