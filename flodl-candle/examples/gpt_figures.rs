@@ -27,7 +27,8 @@ use flodl_tensor::{Stream, Tensor};
 const LR: f64 = 3e-3;
 const SLOW: f64 = 2.5;
 
-/// Seconds a rank spent in candle (train_step, step) and in the adapter's glue (export, import).
+/// Seconds a rank spent in candle (train_step, step: the per-step glue of gradients out and
+/// weights back is inside them) and in the adapter's export and import at reduces.
 #[derive(Debug, Default, Clone, Copy)]
 struct Split {
     candle: Duration,
@@ -220,7 +221,7 @@ fn main() -> anyhow::Result<()> {
             state.reduces
         );
         println!(
-            "| rank | windows | tokens/s (compute) | candle ms | glue ms (export+import) | glue share of a step | data | reduce | waiting | eval |"
+            "| rank | windows | tokens/s (compute) | candle ms (train_step + step, the per-step glue in it) | export+import ms (at reduces) | their share | data | reduce | waiting | eval |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
         for rank in 0..ranks {
