@@ -3,10 +3,9 @@
 use std::time::Instant;
 
 use candle_core::Device;
-use candle_nn::{AdamW, Optimizer};
 use flodl_ddp::{Result, Worker};
 
-use crate::clip::clip_grad_norm;
+use crate::adamw::AdamW;
 use crate::model::CandleModel;
 use crate::replica::{Optim, pool};
 use crate::vars::{CandleParams, candle_error};
@@ -21,10 +20,11 @@ pub struct LoopTally {
     pub candle_s: f64,
 }
 
-/// One rank's loop, as a user writes it: candle forward, backward, clipping and AdamW on a
-/// one-thread pool; the worker hands out the batches and the rates, and takes the variables at
-/// reduces (the model's weights are overwritten with the run's initial state before the first
-/// step).
+/// One rank's loop, as a user writes it: candle forward, backward, clipping and AdamW (the
+/// replica tier's [`AdamW`]) on a one-thread pool; the worker hands out the batches and the
+/// rates, and takes the variables at reduces (the model's weights are overwritten with the
+/// run's initial state before the first step, and with averages at reduces: the optimizer
+/// reads them back before each step).
 ///
 /// # Errors
 /// candle's, the pool's and the worker's.
@@ -35,22 +35,22 @@ pub fn train_loop<M: CandleModel>(
 ) -> Result<LoopTally> {
     pool(1)?.install(move || {
         let device = Device::Cpu;
-        let mut optimizer = AdamW::new(model.vars().to_vec(), optim.adamw).map_err(candle_error)?;
+        let mut optimizer =
+            AdamW::new(model.vars(), &optim, &flodl_tensor::Stream::cpu_with_threads(1))?;
         let mut params = CandleParams { vars: model.vars() };
         let mut tally = LoopTally::default();
         while let Some(step) = worker.next_step(&mut params)? {
             let t = Instant::now();
             let loss = model.loss(step.batch(), &device)?;
-            let mut grads = loss.backward().map_err(candle_error)?;
+            let grads = loss.backward().map_err(candle_error)?;
             let loss = loss.to_scalar::<f32>().map_err(candle_error)?;
             let forward_backward = t.elapsed();
             let lr = step.finish(loss)?;
             let t = Instant::now();
-            if let Some(max) = optim.clip {
-                clip_grad_norm(&mut grads, model.vars(), max)?;
-            }
-            optimizer.set_learning_rate(f64::from(lr));
-            optimizer.step(&grads).map_err(candle_error)?;
+            optimizer.read_vars(model.vars())?;
+            optimizer.take_grads(model.vars(), &grads)?;
+            optimizer.step(lr)?;
+            optimizer.write_vars(model.vars())?;
             tally.candle_s += (forward_backward + t.elapsed()).as_secs_f64();
             tally.steps += 1;
         }

@@ -4,10 +4,11 @@
 //! - [`CandleModel`]: what a candle model offers (its `Var`s in a fixed order, a training loss
 //!   and an evaluation of a flodl [`Batch`](flodl_ddp::Batch)).
 //! - The `Replica` tier: [`CandleReplica`] adapts any [`CandleModel`] with its AdamW ([`Optim`]:
-//!   betas, weight decay, gradient clipping) to [`flodl_ddp::Replica`]; the variables cross into
-//!   flodl tensors only when the runtime reads them
-//!   ([`export_parameters`](flodl_ddp::Replica::export_parameters)) and back after it averaged
-//!   them ([`import_parameters`](flodl_ddp::Replica::import_parameters)).
+//!   betas, weight decay, gradient clipping) to [`flodl_ddp::Replica`]. The optimizer
+//!   ([`AdamW`]) steps on flodl tensors and writes the variables back, so its moments are
+//!   flodl tensors a checkpoint saves and a resume restores (candle-nn's AdamW keeps them to
+//!   itself), and the runtime's averages go back into the variables at
+//!   [`import_parameters`](flodl_ddp::Replica::import_parameters).
 //! - The cooperative tier: [`CandleParams`] is the [`flodl_ddp::Parameters`] view of the
 //!   variables, and [`train_loop`] is a rank's own candle loop driven by a
 //!   [`flodl_ddp::Worker`].
@@ -52,6 +53,7 @@
 //! # }
 //! ```
 
+mod adamw;
 mod clip;
 mod cooperative;
 pub mod gpt;
@@ -59,8 +61,9 @@ mod model;
 mod replica;
 mod vars;
 
+pub use adamw::AdamW;
 pub use clip::clip_grad_norm;
 pub use cooperative::{LoopTally, train_loop};
 pub use model::CandleModel;
 pub use replica::{CandleReplica, Optim, pool};
-pub use vars::{CandleParams, candle_error, host_tensors, read_var, write_var};
+pub use vars::{CandleParams, candle_error, host_tensors, read_tensor, read_var, write_var};

@@ -1,14 +1,13 @@
 //! The `Replica` tier: a candle model with its AdamW adapted to flodl-ddp's `Replica` contract.
 
 use candle_core::Device;
-use candle_core::backprop::GradStore;
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_nn::ParamsAdamW;
 use flodl_ddp::{Batch, BatchEval, Error, Replica, ReplicaContext, Result};
-use flodl_tensor::Tensor;
+use flodl_tensor::{Stream, Tensor};
 
-use crate::clip::clip_grad_norm;
+use crate::adamw::AdamW;
 use crate::model::CandleModel;
-use crate::vars::{candle_error, read_var, write_var};
+use crate::vars::candle_error;
 
 /// How a candle model is optimised: AdamW's settings (its rate is replaced by the run's schedule
 /// at every step) and the gradient clipping.
@@ -36,27 +35,26 @@ pub fn pool(threads: usize) -> Result<rayon::ThreadPool> {
 }
 
 /// A rank's candle model with its AdamW, as a flodl [`Replica`]. The model trains in candle's
-/// variables; `params` mirrors them as flodl tensors, refreshed only when the runtime reads them
-/// ([`export_parameters`](Replica::export_parameters): at a reduce, a snapshot, the end) and
-/// written back when it has averaged them ([`import_parameters`](Replica::import_parameters)).
-/// Its candle work runs on a one-thread pool of its own (the rank is one CPU thread).
+/// variables; the optimizer ([`AdamW`]) holds them as flodl tensors too, current after every
+/// step (it steps on them and writes them back), so the runtime reads them at a reduce, a
+/// snapshot or the end without a copy, and writes averages into them, pushed back into the
+/// variables by [`import_parameters`](Replica::import_parameters). Its moments and step count
+/// are the optimizer state a checkpoint saves and a resume restores. Its candle work runs on a
+/// one-thread pool of its own (the rank is one CPU thread).
 pub struct CandleReplica<M> {
     model: M,
     optimizer: AdamW,
-    clip: Option<f64>,
     device: Device,
-    /// The gradients of the last training step.
-    grads: Option<GradStore>,
-    /// The variables as flodl tensors, in the model's order.
-    params: Vec<Tensor>,
+    /// Whether the gradients of a training step wait for the optimizer.
+    stepped: bool,
     pool: rayon::ThreadPool,
 }
 
 impl<M> std::fmt::Debug for CandleReplica<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CandleReplica")
-            .field("params", &self.params.len())
-            .field("clip", &self.clip)
+            .field("params", &self.optimizer.params().len())
+            .field("steps", &self.optimizer.steps())
             .finish_non_exhaustive()
     }
 }
@@ -67,25 +65,8 @@ impl<M: CandleModel> CandleReplica<M> {
     /// # Errors
     /// candle's, a tensor's or the pool's.
     pub fn new(model: M, optim: Optim, ctx: &ReplicaContext) -> Result<CandleReplica<M>> {
-        let optimizer = AdamW::new(model.vars().to_vec(), optim.adamw).map_err(candle_error)?;
-        let params = model
-            .vars()
-            .iter()
-            .map(|v| {
-                let mut t = Tensor::zeros(v.dims(), flodl_tensor::DType::F32, &ctx.stream)?;
-                read_var(v, t.as_mut_slice::<f32>()?)?;
-                Ok(t)
-            })
-            .collect::<Result<Vec<Tensor>>>()?;
-        Ok(CandleReplica {
-            model,
-            optimizer,
-            clip: optim.clip,
-            device: Device::Cpu,
-            grads: None,
-            params,
-            pool: pool(1)?,
-        })
+        let optimizer = AdamW::new(model.vars(), &optim, &ctx.stream)?;
+        Ok(CandleReplica { model, optimizer, device: Device::Cpu, stepped: true, pool: pool(1)? })
     }
 
     /// The model.
@@ -96,50 +77,66 @@ impl<M: CandleModel> CandleReplica<M> {
 
 impl<M: CandleModel> Replica for CandleReplica<M> {
     fn train_step(&mut self, batch: &Batch) -> Result<f32> {
-        let (model, device) = (&self.model, &self.device);
-        let (loss, grads) = self.pool.install(|| -> Result<(f32, GradStore)> {
+        let (model, device, optimizer) = (&self.model, &self.device, &mut self.optimizer);
+        let loss = self.pool.install(|| -> Result<f32> {
             let loss = model.loss(batch, device)?;
             let grads = loss.backward().map_err(candle_error)?;
-            Ok((loss.to_scalar::<f32>().map_err(candle_error)?, grads))
+            optimizer.take_grads(model.vars(), &grads)?;
+            loss.to_scalar::<f32>().map_err(candle_error)
         })?;
-        self.grads = Some(grads);
+        self.stepped = false;
         Ok(loss)
     }
 
     fn step(&mut self, lr: f32) -> Result<()> {
-        let mut grads = self.grads.take().ok_or_else(|| {
-            Error::mismatch("gradients at an optimizer step", "a backward pass's", "none")
-        })?;
-        self.optimizer.set_learning_rate(f64::from(lr));
-        let (optimizer, vars, clip) = (&mut self.optimizer, self.model.vars(), self.clip);
+        if std::mem::replace(&mut self.stepped, true) {
+            return Err(Error::mismatch(
+                "gradients at an optimizer step",
+                "a backward pass's",
+                "none",
+            ));
+        }
+        let (optimizer, vars) = (&mut self.optimizer, self.model.vars());
         self.pool.install(|| {
-            if let Some(max) = clip {
-                clip_grad_norm(&mut grads, vars, max)?;
-            }
-            optimizer.step(&grads).map_err(candle_error)
+            optimizer.step(lr)?;
+            optimizer.write_vars(vars)
         })
     }
 
     fn parameters(&self) -> &[Tensor] {
-        &self.params
+        self.optimizer.params()
     }
 
     fn parameters_mut(&mut self) -> &mut [Tensor] {
-        &mut self.params
+        self.optimizer.params_mut()
     }
 
-    fn export_parameters(&mut self) -> Result<()> {
-        for (v, t) in self.model.vars().iter().zip(&mut self.params) {
-            read_var(v, t.as_mut_slice::<f32>()?)?;
-        }
-        Ok(())
+    fn gradients_mut(&mut self) -> Option<&mut [Tensor]> {
+        Some(self.optimizer.grads_mut())
+    }
+
+    fn optimizer_state(&self) -> &[Tensor] {
+        self.optimizer.state()
+    }
+
+    fn optimizer_state_mut(&mut self) -> &mut [Tensor] {
+        self.optimizer.state_mut()
+    }
+
+    fn optimizer_steps(&self) -> u64 {
+        self.optimizer.steps()
+    }
+
+    fn set_optimizer_steps(&mut self, steps: u64) {
+        self.optimizer.set_steps(steps);
+    }
+
+    fn reset_optimizer(&mut self, _stream: &Stream) -> Result<()> {
+        self.optimizer.reset()
     }
 
     fn import_parameters(&mut self) -> Result<()> {
-        for (v, t) in self.model.vars().iter().zip(&self.params) {
-            write_var(v, t.as_slice::<f32>()?)?;
-        }
-        Ok(())
+        self.optimizer.write_vars(self.model.vars())
     }
 
     fn evaluate_batch(&mut self, batch: &Batch) -> Result<Option<BatchEval>> {

@@ -20,7 +20,16 @@ pub fn candle_error(e: candle_core::Error) -> Error {
 /// # Errors
 /// [`Error::ReplicaMismatch`] when the sizes differ; candle's as [`Error::Replica`].
 pub fn read_var(var: &Var, out: &mut [f32]) -> Result<()> {
-    let values = var.as_tensor().flatten_all().and_then(|t| t.to_vec1::<f32>());
+    read_tensor(var.as_tensor(), out)
+}
+
+/// Copies candle tensor `t`'s values (f32) into `out` (as many as it holds): a variable's, or
+/// its gradient's.
+///
+/// # Errors
+/// As [`read_var`].
+pub fn read_tensor(t: &Tensor, out: &mut [f32]) -> Result<()> {
+    let values = t.flatten_all().and_then(|t| t.to_vec1::<f32>());
     let values = values.map_err(candle_error)?;
     if values.len() != out.len() {
         return Err(Error::mismatch("a variable's values", out.len(), values.len()));

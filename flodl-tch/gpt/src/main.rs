@@ -93,5 +93,12 @@ fn main() -> anyhow::Result<()> {
         out.faults.len(),
         out.unigram_bound
     );
+    for (rank, f) in out.ranks.iter().enumerate() {
+        println!(
+            "rank {rank}: {:.0} tokens/s of its compute; ms compute {:.0}, data {:.0}, reduce \
+             (export + import included) {:.0}, waiting {:.0}",
+            f.tokens_per_s, f.compute_ms, f.data_ms, f.reduce_ms, f.waiting_ms
+        );
+    }
     Ok(())
 }

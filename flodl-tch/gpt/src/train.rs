@@ -105,8 +105,26 @@ pub struct Outcome {
     pub tokens_per_s: f64,
     /// Reduces performed.
     pub reduces: u64,
+    /// Per rank: training tokens per second of its own compute, and its time in ms by part
+    /// (compute, data, reduce with the adapter's export and import, waiting).
+    pub ranks: Vec<RankFigures>,
     /// The ranks that died, and who survived them.
     pub faults: Vec<FaultEvent>,
+}
+
+/// One rank's throughput and where its time went, over the whole run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RankFigures {
+    /// Training tokens per second of the rank's own compute.
+    pub tokens_per_s: f64,
+    /// Milliseconds computing (forward, backward, optimizer).
+    pub compute_ms: f64,
+    /// Milliseconds waiting for data.
+    pub data_ms: f64,
+    /// Milliseconds in reduces (the adapter's export and import included).
+    pub reduce_ms: f64,
+    /// Milliseconds waiting for the other ranks.
+    pub waiting_ms: f64,
 }
 
 /// A run's data: the training windows, the validation windows, and the unigram entropy of the
@@ -206,6 +224,22 @@ pub fn train(settings: &Settings) -> anyhow::Result<Outcome> {
         train_s: state.train_ms / 1000.0,
         tokens_per_s: state.throughput() * settings.config.context as f64,
         reduces: state.reduces,
+        ranks: (0..settings.ranks)
+            .map(|rank| {
+                let mut f = RankFigures::default();
+                let mut samples = 0;
+                for r in state.epochs.iter().flat_map(|e| &e.ranks).filter(|r| r.rank == rank) {
+                    samples += r.samples;
+                    f.compute_ms += r.compute_ms;
+                    f.data_ms += r.time.data_ms;
+                    f.reduce_ms += r.time.reduce_ms;
+                    f.waiting_ms += r.time.waiting_ms;
+                }
+                f.tokens_per_s =
+                    (samples * settings.config.context) as f64 * 1e3 / f.compute_ms.max(1e-9);
+                f
+            })
+            .collect(),
         faults: state.faults.clone(),
     })
 }
