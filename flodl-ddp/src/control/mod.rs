@@ -16,5 +16,6 @@ pub mod overshoot;
 pub mod partition;
 pub mod policy;
 pub mod schedule;
+pub mod schedule_kind;
 pub mod verdict;
 pub mod weighting;
