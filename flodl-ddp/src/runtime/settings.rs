@@ -112,7 +112,11 @@ partial! {
         pub seed: Option<u64>,
         /// Per-rank slowdown factors to emulate unequal devices, e.g. `1,2.5`.
         #[cfg_attr(feature = "clap", arg(long, value_name = "LIST", value_delimiter = ','))]
-        #[serde(default, skip_serializing_if = "Option::is_none", with = "as_text::list")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "as_text::list::deserialize"
+        )]
         pub slowdown: Option<Vec<f64>>,
         /// Prepare batches ahead on a background thread per rank: auto (GPU ranks only), off, or
         /// a depth N (every rank, CPU ranks too).
