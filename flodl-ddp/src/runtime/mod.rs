@@ -9,5 +9,7 @@ pub(crate) mod cluster;
 pub(crate) mod engine;
 pub(crate) mod handle;
 pub(crate) mod settings;
+#[cfg(test)]
+mod settings_tests;
 pub(crate) mod spec;
 pub(crate) mod trainer;
