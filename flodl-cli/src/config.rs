@@ -320,6 +320,10 @@ pub(crate) fn help_defaults(cmd: clap::Command) -> clap::Command {
     cmd.mut_args(|arg| {
         let value = arg.get_long().and_then(|long| table.get(long));
         let text = match value {
+            // The one default that is a rule, not a value ([`TrainConfig::devices`]).
+            None if arg.get_long() == Some("ranks") => {
+                "every GPU, or 2 CPU ranks when there is none".to_owned()
+            }
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(items)) => items
                 .iter()
