@@ -3,11 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use flodl_ddp::{Backend, Policy, Prefetch, Staging};
-use flodl_tensor::Device;
-use serde::Deserialize;
+use flodl_ddp::{RunSettings, as_text};
+use serde::{Deserialize, Serialize};
 
-use crate::config::{ScheduleKind, text};
 use crate::dashboard::Bind;
 use crate::failure::FailAt;
 
@@ -144,155 +142,107 @@ pub(crate) struct ClusterFlags {
     pub(crate) quorum: Option<usize>,
 }
 
-/// Flags shared by `train` and `bench`: what to train, on which ranks, and how.
+/// Flags shared by `train` and `bench`: the file, the run's settings and what only `fdl` has.
 ///
 /// Every flag is optional: a value given here overrides the same key in the `--config` file,
-/// which overrides the built-in default. The file's keys are these flags' names (kebab-case), so
-/// this one declaration serves both: clap parses the flags, serde the file, with the same types.
-#[derive(Debug, Clone, Default, Args, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// which overrides `fdl`'s default ([`crate::config::defaults`]). The file's keys are these
+/// flags' names (kebab-case), so one declaration serves both: clap parses the flags, serde the
+/// file, with the same types.
+#[derive(Debug, Clone, Default, Args)]
 pub(crate) struct TrainFlags {
     /// TOML file with any of these keys (kebab-case, e.g. `batch-size = 64`); flags override it.
     #[arg(long, value_name = "FILE")]
-    #[serde(skip)]
     pub(crate) config: Option<PathBuf>,
-    /// Number of CPU ranks (default: every GPU, or 2 CPU ranks when there is none).
-    #[arg(long, value_name = "N", conflicts_with = "devices")]
-    pub(crate) ranks: Option<usize>,
-    /// Explicit rank devices, comma separated, e.g. `cpu,cpu,cuda:0`.
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    #[serde(default, deserialize_with = "text::list")]
-    pub(crate) devices: Option<Vec<Device>>,
-    /// When to average: sync, cadence or async (default cadence).
-    #[arg(long, value_name = "POLICY")]
-    pub(crate) policy: Option<Policy>,
-    /// How to average: collective or host (default collective).
-    #[arg(long, value_name = "BACKEND")]
-    pub(crate) backend: Option<Backend>,
-    /// Number of epochs (default 10).
-    #[arg(long, value_name = "N")]
-    pub(crate) epochs: Option<usize>,
-    /// Per-rank batch size (default 64).
-    #[arg(long, value_name = "N")]
-    pub(crate) batch_size: Option<usize>,
-    /// Learning rate of SGD with momentum (default 0.05).
-    #[arg(long, value_name = "LR", allow_negative_numbers = true)]
-    pub(crate) lr: Option<f64>,
-    /// SGD momentum (default 0.9).
-    #[arg(long, value_name = "M", allow_negative_numbers = true)]
-    pub(crate) momentum: Option<f64>,
-    /// LR schedule over the run: constant, cosine (down to 0), one-cycle, step (/10 at 50% and
-    /// 75%) or exponential (down to 1%) (default cosine).
-    #[arg(long, value_name = "SCHEDULE")]
-    pub(crate) schedule: Option<ScheduleKind>,
-    /// Linear LR warmup over the first N epochs (fractions allowed), before the schedule
-    /// (default 0).
-    #[arg(long, value_name = "N")]
-    pub(crate) warmup_epochs: Option<f64>,
-    /// Seed of the initial weights and of the data permutation (default 42).
-    #[arg(long, value_name = "SEED")]
-    pub(crate) seed: Option<u64>,
-    /// Per-rank slowdown factors to emulate unequal devices, e.g. `1,2.5`.
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    #[serde(default, deserialize_with = "text::list")]
-    pub(crate) slowdown: Option<Vec<f64>>,
-    /// Hidden layer widths of the MLP (default 256,128: a 784-256-128-10 MLP).
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    #[serde(default, deserialize_with = "text::list")]
-    pub(crate) hidden: Option<Vec<usize>>,
-    /// Directory with the MNIST idx files (default: data/mnist of this repository).
-    #[arg(long, value_name = "DIR")]
-    pub(crate) data: Option<PathBuf>,
-    /// Train on the first N training images only (quick runs and tests).
-    #[arg(long, value_name = "N")]
-    pub(crate) train_subset: Option<usize>,
-    /// Evaluate on the first N test images only (quick runs and tests).
-    #[arg(long, value_name = "N")]
-    pub(crate) test_subset: Option<usize>,
-    /// Prepare batches ahead on a background thread per rank: auto (GPU ranks only), off, or a
-    /// depth N (every rank, CPU ranks too) (default auto).
-    #[arg(long, value_name = "MODE")]
-    #[serde(default, deserialize_with = "text::optional")]
-    pub(crate) prefetch: Option<Prefetch>,
-    /// Stage each rank's training samples in a host cache filled ahead from the coordinator's
-    /// advisories: auto (datasets read from storage, e.g. --records), off, or a budget per
-    /// rank such as 64M (K, M, G: powers of 1024), with :lru to compare against LRU eviction
-    /// (default auto).
-    #[arg(long, value_name = "MODE")]
-    #[serde(default, deserialize_with = "text::optional")]
-    pub(crate) staging: Option<Staging>,
-    /// Train on a record file (written by `fdl data write`), read from disk on every fetch,
-    /// instead of MNIST's training images (the test set stays MNIST's).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) records: Option<PathBuf>,
-    /// Read the record file around the page cache (O_DIRECT, Linux), so every fetch reads the
-    /// disk (honest benchmarks).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
-    #[serde(default)]
-    pub(crate) direct: Option<bool>,
-    /// Seconds a rank may be silent (or miss a reduce) before it is declared dead and the
-    /// others go on without it (default 30).
-    #[arg(long, value_name = "SECS")]
-    pub(crate) watchdog: Option<f64>,
-    /// Ranks that may die before the run stops (default: no limit; the run goes on while a
-    /// rank is alive).
-    #[arg(long, value_name = "N")]
-    pub(crate) max_failures: Option<usize>,
-    /// Cluster jobs: how model states travel between processes, f32 or bf16 (half the bytes;
-    /// the consensus stays f32 on the controller) (default f32).
-    #[arg(long, value_name = "FORMAT")]
-    pub(crate) wire: Option<flodl_ddp::WireFormat>,
-    /// Emulate device failures: RANK@BATCH makes that rank's replica fail on its BATCH-th
-    /// training batch, e.g. `1@20` or `0@5,1@5` (train only).
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    #[serde(default, deserialize_with = "text::list")]
-    pub(crate) fail_rank: Option<Vec<FailAt>>,
+    /// The run's settings: the library's one declaration of them (`flodl_ddp::RunSettings`).
+    #[command(flatten)]
+    pub(crate) settings: RunSettings,
+    /// The model, the data and emulated failures: what only `fdl` has.
+    #[command(flatten)]
+    pub(crate) local: LocalFlags,
 }
 
-/// Flags of `train` that `bench` has not: evaluation, checkpoints, resume, the run directory.
-/// Keys of the `--config` file too, like [`TrainFlags`].
-#[derive(Debug, Clone, Default, Args, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) struct RunFlags {
-    /// Evaluate on the test set every N epochs (default 1; the last epoch is always evaluated).
-    #[arg(long, value_name = "N")]
-    pub(crate) eval_every: Option<usize>,
-    /// Save checkpoint bundles into this directory (`step-<N>.fdlck`, `latest.fdlck`; a
-    /// `failure.fdlck` when the run cannot go on).
-    #[arg(long, value_name = "DIR")]
-    pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint after every N epochs (default 1; 0: only at the end; needs --checkpoint-dir).
-    #[arg(long, value_name = "N")]
-    pub(crate) checkpoint_every: Option<usize>,
-    /// Checkpoint after every N reduces too (needs --checkpoint-dir; given without
-    /// --checkpoint-every, it replaces the per-epoch default).
-    #[arg(long, value_name = "N")]
-    pub(crate) checkpoint_every_reduces: Option<usize>,
-    /// Step bundles the checkpoint directory keeps (default 3).
-    #[arg(long, value_name = "N")]
-    pub(crate) keep_checkpoints: Option<usize>,
-    /// Resume from a checkpoint: a directory (its newest intact bundle) or a `.fdlck` file. The
-    /// run must have the same ranks, policy, backend, batch size, training set, seed, LR,
-    /// schedule and warmup (every schedule but constant spans --epochs, so only a constant-LR
-    /// run can be given more epochs) and the same model.
-    #[arg(long, value_name = "PATH")]
-    pub(crate) resume: Option<PathBuf>,
-    /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).
-    #[arg(long, value_name = "DIR")]
-    pub(crate) out: Option<PathBuf>,
-    /// Name of the run (its directory under runs/ when --out is not given).
-    #[arg(long, value_name = "NAME")]
-    pub(crate) name: Option<String>,
-    /// Serve a live dashboard of the run (a page updated as it trains, and /metrics for
-    /// Prometheus) on ADDR: `auto` when no ADDR is given (127.0.0.1:7411, or a free port when
-    /// that one is taken), a PORT on 127.0.0.1, or IP:PORT. Any address but loopback is served
-    /// only to URLs with the run's token (random unless --dashboard-token is given).
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "auto")]
-    #[serde(default, deserialize_with = "text::optional")]
-    pub(crate) dashboard: Option<Bind>,
-    /// The dashboard's token: every request must carry `?token=TOKEN` (letters, digits, - . _ ~).
-    #[arg(long, value_name = "TOKEN")]
-    pub(crate) dashboard_token: Option<String>,
+flodl_ddp::partial! {
+    /// The flags (and `--config` keys) of what only `fdl` has: the reference MLP, the data it
+    /// reads, emulated failures.
+    #[derive(Debug, Clone, Default, PartialEq, Args, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub(crate) struct LocalFlags {
+        /// SGD momentum.
+        #[arg(long, value_name = "M", allow_negative_numbers = true)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) momentum: Option<f64>,
+        /// Hidden layer widths of the MLP (784 inputs, these, 10 classes).
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "as_text::list::deserialize"
+        )]
+        pub(crate) hidden: Option<Vec<usize>>,
+        /// Directory with the MNIST idx files (default: data/mnist of this repository).
+        #[arg(long, value_name = "DIR")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) data: Option<PathBuf>,
+        /// Train on the first N training images only (quick runs and tests).
+        #[arg(long, value_name = "N")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) train_subset: Option<usize>,
+        /// Evaluate on the first N test images only (quick runs and tests).
+        #[arg(long, value_name = "N")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) test_subset: Option<usize>,
+        /// Train on a record file (written by `fdl data write`), read from disk on every fetch,
+        /// instead of MNIST's training images (the test set stays MNIST's).
+        #[arg(long, value_name = "FILE")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) records: Option<PathBuf>,
+        /// Read the record file around the page cache (O_DIRECT, Linux), so every fetch reads
+        /// the disk (honest benchmarks).
+        #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) direct: Option<bool>,
+        /// Emulate device failures: RANK@BATCH makes that rank's replica fail on its BATCH-th
+        /// training batch, e.g. `1@20` or `0@5,1@5` (train only).
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "as_text::list")]
+        pub(crate) fail_rank: Option<Vec<FailAt>>,
+    }
+}
+
+flodl_ddp::partial! {
+    /// Flags of `train` that `bench` has not: resume, the run directory, the dashboard. Keys of
+    /// the `--config` file too, like [`TrainFlags`].
+    #[derive(Debug, Clone, Default, PartialEq, Args, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub(crate) struct RunFlags {
+        /// Resume from a checkpoint: a directory (its newest intact bundle) or a `.fdlck` file.
+        /// The run must have the same ranks, policy, backend, batch size, training set, seed,
+        /// LR, schedule and warmup (every schedule but constant spans --epochs, so only a
+        /// constant-LR run can be given more epochs) and the same model.
+        #[arg(long, value_name = "PATH")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) resume: Option<PathBuf>,
+        /// Run directory (default: runs/<name>, or runs/<UTC timestamp>).
+        #[arg(long, value_name = "DIR")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) out: Option<PathBuf>,
+        /// Name of the run (its directory under runs/ when --out is not given).
+        #[arg(long, value_name = "NAME")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) name: Option<String>,
+        /// Serve a live dashboard of the run (a page updated as it trains, and /metrics for
+        /// Prometheus) on ADDR: `auto` when no ADDR is given (127.0.0.1:7411, or a free port
+        /// when that one is taken), a PORT on 127.0.0.1, or IP:PORT. Any address but loopback is
+        /// served only to URLs with the run's token (random unless --dashboard-token is given).
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "auto")]
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "as_text::optional")]
+        pub(crate) dashboard: Option<Bind>,
+        /// The dashboard's token: every request must carry `?token=TOKEN` (letters, digits,
+        /// - . _ ~); a secret, never written to the run directory.
+        #[arg(long, value_name = "TOKEN")]
+        #[serde(default, skip_serializing)]
+        pub(crate) dashboard_token: Option<String>,
+    }
 }
 
 /// `fdl train`.
@@ -301,7 +251,7 @@ pub(crate) struct TrainArgs {
     /// What to train and how.
     #[command(flatten)]
     pub(crate) flags: TrainFlags,
-    /// Evaluation, checkpoints and the run directory.
+    /// Resume, the run directory and the dashboard.
     #[command(flatten)]
     pub(crate) run: RunFlags,
     /// No progress bars, even on a terminal.

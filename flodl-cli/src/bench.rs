@@ -10,7 +10,7 @@ use flodl_ddp::{Activity, Backend, CacheTally, Policy, Staging, TimeBreakdown};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{BenchArgs, RunFlags};
-use crate::config::{self, RankSpec, RunOptions, TrainConfig};
+use crate::config::{self, TrainConfig};
 use crate::progress::Display;
 use crate::record::Entry;
 use crate::report;
@@ -62,11 +62,19 @@ pub(crate) struct BenchReport {
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let (cfg, _) = config::resolve(&args.flags, &RunFlags::default())?;
     // Solo modes renumber the ranks, and a table of runs that lose ranks compares nothing.
-    anyhow::ensure!(cfg.fail_rank.is_empty(), "fail-rank is for fdl train, not fdl bench");
+    anyhow::ensure!(cfg.fail_rank().is_empty(), "fail-rank is for fdl train, not fdl bench");
+    // Every mode evaluates once, at the end, and saves nothing.
+    let train_only = [
+        ("eval-every", cfg.run.eval_every.is_some() && args.flags.settings.eval_every.is_some()),
+        ("checkpoint-dir", cfg.run.checkpoint_dir.is_some()),
+    ];
+    if let Some((key, _)) = train_only.iter().find(|(_, given)| *given) {
+        anyhow::bail!("{key} is for fdl train, not fdl bench");
+    }
     let devices = cfg.devices()?;
     let data = Data::load(&cfg)?;
     // Checked before anything is written: the library's rules, in the flags' names.
-    train::trainer(&cfg, &devices, &data, &RunOptions::default(), None)?
+    train::trainer(&cfg, &devices, &data, None)?
         .spec()
         .map_err(|e| train::explain(e, &cfg, None))?;
     let (started_at, stamp) = run_dir::utc_now();
@@ -79,16 +87,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let mut modes: Vec<(String, TrainConfig)> = Vec::new();
     if !args.no_solo {
         for (rank, device) in devices.iter().enumerate() {
-            let solo = TrainConfig {
-                slowdown: cfg.slowdown.get(rank).map(|f| vec![*f]).unwrap_or_default(),
-                ranks: RankSpec::Devices(vec![*device]),
-                ..cfg.clone()
-            };
+            let mut solo = cfg.clone();
+            solo.run.slowdown =
+                Some(cfg.slowdown().get(rank).map(|f| vec![*f]).unwrap_or_default());
+            (solo.run.ranks, solo.run.devices) = (None, Some(vec![*device]));
             modes.push((format!("solo-{rank} ({device})"), solo));
         }
     }
     if args.staging_ab {
-        let Staging::Budget { bytes, .. } = cfg.staging else {
+        let Some(Staging::Budget { bytes, .. }) = cfg.run.staging else {
             anyhow::bail!("--staging-ab needs a --staging budget, such as --staging 64M");
         };
         for (name, staging) in [
@@ -96,18 +103,17 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             ("staging-next-use", Staging::Budget { bytes, eviction: Eviction::NextUse }),
             ("staging-lru", Staging::Budget { bytes, eviction: Eviction::Lru }),
         ] {
-            let ranks = RankSpec::Devices(devices.clone());
-            modes.push((name.to_owned(), TrainConfig { ranks, staging, ..cfg.clone() }));
+            let mut mode_cfg = cfg.clone();
+            (mode_cfg.run.ranks, mode_cfg.run.devices) = (None, Some(devices.clone()));
+            mode_cfg.run.staging = Some(staging);
+            modes.push((name.to_owned(), mode_cfg));
         }
     } else {
         for policy in Policy::ALL {
             for backend in Backend::ALL {
-                let mode_cfg = TrainConfig {
-                    ranks: RankSpec::Devices(devices.clone()),
-                    policy,
-                    backend,
-                    ..cfg.clone()
-                };
+                let mut mode_cfg = cfg.clone();
+                (mode_cfg.run.ranks, mode_cfg.run.devices) = (None, Some(devices.clone()));
+                (mode_cfg.run.policy, mode_cfg.run.backend) = (Some(policy), Some(backend));
                 modes.push((format!("{backend}-{policy}"), mode_cfg));
             }
         }
@@ -115,7 +121,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
 
     let mut rows = Vec::new();
     let count = modes.len();
-    for (i, (mode, mode_cfg)) in modes.into_iter().enumerate() {
+    for (i, (mode, mut mode_cfg)) in modes.into_iter().enumerate() {
         if display != Display::Silent {
             println!("[{}/{count}] {mode} ...", i + 1);
         }
@@ -130,22 +136,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             .collect();
         let mut dir = RunDir::create(&out.join(&slug))?;
         // Only the last epoch is evaluated: the table compares end states.
-        let opts = RunOptions {
-            eval_every: mode_cfg.epochs,
-            checkpoint_dir: None,
-            checkpoint_every: 1,
-            checkpoint_every_reduces: None,
-            keep_checkpoints: 3,
-            resume: None,
-            out: Some(dir.path().to_owned()),
-            name: None,
-            dashboard: None,
-            dashboard_token: None,
-        };
+        mode_cfg.run.eval_every = mode_cfg.run.epochs;
+        let opts = RunFlags { out: Some(dir.path().to_owned()), ..RunFlags::default() };
         let outcome = (|| {
-            let trainer = train::trainer(&mode_cfg, &mode_cfg.devices()?, &data, &opts, None)?;
+            let trainer = train::trainer(&mode_cfg, &mode_cfg.devices()?, &data, None)?;
             let spec = trainer.spec()?;
-            train::execute(trainer, spec, &opts, None, Display::Silent, |l| dir.append(l))
+            train::execute(trainer, spec, None, Display::Silent, |l| dir.append(l))
         })()
         .with_context(|| format!("bench mode {mode}"))?;
         let summary = train::summarise(slug, started_at.clone(), &mode_cfg, &opts, &outcome);
@@ -231,15 +227,22 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 pub(crate) fn markdown(report: &BenchReport) -> String {
     let c = &report.config;
     let mut out = String::new();
-    let slowdown = if c.slowdown.is_empty() {
+    let slowdown = if c.slowdown().is_empty() {
         "none".to_owned()
     } else {
-        c.slowdown.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        c.slowdown().iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     };
+    let shown = |v: Option<String>| v.unwrap_or_else(|| "default".to_owned());
+    let r = &c.run;
     let _ = writeln!(
         out,
         "fdl bench, {}: {} epochs, batch {}, lr {} ({}), seed {}, slowdown {slowdown}\n",
-        report.started_at, c.epochs, c.batch_size, c.lr, c.schedule, c.seed
+        report.started_at,
+        shown(r.epochs.map(|v| v.to_string())),
+        shown(r.batch_size.map(|v| v.to_string())),
+        shown(r.lr.map(|v| v.to_string())),
+        shown(r.schedule.map(|v| v.to_string())),
+        shown(r.seed.map(|v| v.to_string()))
     );
     out.push_str("| mode | loss | eval | wall (s) | samples/s | syncs | avg sync (ms) |");
     for a in Activity::ALL {
@@ -307,7 +310,7 @@ mod tests {
         };
         let report = BenchReport {
             started_at: "2026-01-01T00:00:00Z".into(),
-            config: TrainConfig::defaults(),
+            config: config::defaults(),
             rows: vec![row("solo-0 (cpu)", 0), row("collective-sync", 100)],
         };
         let md = markdown(&report);

@@ -1,417 +1,153 @@
-//! The resolved training configuration: built-in defaults, then a TOML file, then flags.
+//! The resolved training configuration: `fdl`'s defaults, then a TOML file, then flags.
 //!
-//! The flags and the file's keys are one declaration ([`TrainFlags`] and [`RunFlags`], parsed
-//! by clap from the command line and by serde from the file into the same types: policy,
-//! backend and schedule as their enums); [`resolve`] merges them over the defaults into a
-//! [`TrainConfig`], which `train` turns into a `flodl_ddp::Trainer` (and so a `RunSpec`).
+//! The run's settings are the library's one declaration of them ([`RunSettings`]: clap reads
+//! them from the flags, serde from the file, under the same names); what only `fdl` has is
+//! [`LocalFlags`] and [`RunFlags`], declared the same way. [`resolve`] merges flags over file
+//! over defaults with each group's `or` (one line per group, never per field), and `train`
+//! hands the settings to `flodl_ddp::Trainer::settings`: the library's `RunSpec::check` is the
+//! one check of the run's options, and [`flag`] turns the field it names back into the flag.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
-use flodl_ddp::control::schedule::Schedule;
-use flodl_ddp::{Backend, ConfigError, Devices, Field, Policy, Prefetch, Staging};
+use anyhow::{Result, ensure};
+use flodl_ddp::{
+    Backend, ConfigError, Devices, Field, Policy, Prefetch, Problem, RunSettings, ScheduleKind,
+    Staging,
+};
 use flodl_tensor::Device;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::args::{RunFlags, TrainFlags};
-use crate::dashboard::Bind;
+use crate::args::{LocalFlags, RunFlags, TrainFlags};
 use crate::failure::FailAt;
 
 /// Default hidden widths of the reference MLP (784-256-128-10).
 const DEFAULT_HIDDEN: [usize; 2] = [256, 128];
 
-/// The LR schedules `fdl` offers, by name; [`ScheduleKind::build`] makes the library's
-/// [`Schedule`] once the run's length in steps is known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum ScheduleKind {
-    /// The rate throughout.
-    Constant,
-    /// A cosine from the rate down to 0 at the end.
-    Cosine,
-    /// Warm up to the rate (again), then anneal.
-    OneCycle,
-    /// The rate divided by 10 at half and at three quarters.
-    Step,
-    /// A constant factor per step, down to 1% at the end.
-    Exponential,
-}
+/// Default SGD momentum.
+const DEFAULT_MOMENTUM: f64 = 0.9;
 
-impl fmt::Display for ScheduleKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ScheduleKind::Constant => "constant",
-            ScheduleKind::Cosine => "cosine",
-            ScheduleKind::OneCycle => "one-cycle",
-            ScheduleKind::Step => "step",
-            ScheduleKind::Exponential => "exponential",
-        })
-    }
-}
-
-impl ScheduleKind {
-    /// Every schedule, in the order `--help` names them.
-    const ALL: [ScheduleKind; 5] = [
-        ScheduleKind::Constant,
-        ScheduleKind::Cosine,
-        ScheduleKind::OneCycle,
-        ScheduleKind::Step,
-        ScheduleKind::Exponential,
-    ];
-}
-
-impl std::str::FromStr for ScheduleKind {
-    type Err = String;
-
-    /// The name as `Display` writes it.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let name = s.trim().to_ascii_lowercase();
-        ScheduleKind::ALL.into_iter().find(|k| k.to_string() == name).ok_or_else(|| {
-            format!("schedule '{s}': expected constant, cosine, one-cycle, step or exponential")
-        })
-    }
-}
-
-impl ScheduleKind {
-    /// The schedule over `total` cohort steps, peaking at `lr`, the first `warmup` of them a
-    /// linear warmup; `None` = constant without warmup.
-    ///
-    /// The library checks the schedule (`RunSpec::check`, naming `--lr` or `--schedule`).
-    pub(crate) fn build(self, lr: f64, total: u64, warmup: u64) -> Option<Schedule> {
-        let total = total.max(1);
-        let warmup = warmup.min(total - 1);
-        let rest = total - warmup;
-        let schedule = match self {
-            ScheduleKind::Constant if warmup == 0 => return None,
-            ScheduleKind::Constant => Schedule::Constant { lr },
-            ScheduleKind::Cosine => Schedule::Cosine { lr, min_lr: 0.0, total: rest },
-            ScheduleKind::OneCycle => Schedule::one_cycle(lr, rest),
-            ScheduleKind::Step => {
-                Schedule::MultiStep { lr, milestones: vec![rest / 2, rest * 3 / 4], gamma: 0.1 }
-            }
-            ScheduleKind::Exponential => {
-                Schedule::Exponential { lr, gamma: 0.01f64.powf(1.0 / rest as f64) }
-            }
-        };
-        Some(if warmup > 0 { schedule.with_warmup(warmup) } else { schedule })
-    }
-}
-
-/// Which devices the ranks run on, before device discovery.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum RankSpec {
-    /// Every GPU when there is one, else two CPU ranks.
-    Auto,
-    /// This many CPU ranks.
-    CpuRanks(usize),
-    /// These devices, one rank each (`cpu`, `cuda:0`, ...).
-    Devices(#[serde(with = "text::seq")] Vec<Device>),
-}
-
-/// Everything a training run needs, after defaults, file and flags are merged.
+/// Everything a training run is given, after defaults, file and flags are merged: the run's
+/// settings and what only `fdl` has (written to `summary.json` and `bench.json` as one table
+/// of the flags' names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct TrainConfig {
-    /// Rank devices.
-    pub(crate) ranks: RankSpec,
-    /// When to average.
-    pub(crate) policy: Policy,
-    /// How to average.
-    pub(crate) backend: Backend,
-    /// Epochs to train.
-    pub(crate) epochs: usize,
-    /// Per-rank batch size.
-    pub(crate) batch_size: usize,
-    /// Base learning rate.
-    pub(crate) lr: f64,
-    /// SGD momentum.
-    pub(crate) momentum: f64,
-    /// LR schedule.
-    pub(crate) schedule: ScheduleKind,
-    /// Linear LR warmup, in epochs.
-    #[serde(default)]
-    pub(crate) warmup_epochs: f64,
-    /// Seed of weights and data order.
-    pub(crate) seed: u64,
-    /// Per-rank slowdown factors (empty: none).
-    pub(crate) slowdown: Vec<f64>,
-    /// MLP hidden widths.
-    pub(crate) hidden: Vec<usize>,
-    /// MNIST directory (default: the vendored copy, see `flodl_data::mnist::vendored_dir`).
-    pub(crate) data: Option<PathBuf>,
-    /// Use only the first N training images.
-    pub(crate) train_subset: Option<usize>,
-    /// Use only the first N test images.
-    pub(crate) test_subset: Option<usize>,
-    /// Batch prefetching: `auto`, `off` or a depth.
-    #[serde(default, with = "text::one")]
-    pub(crate) prefetch: Prefetch,
-    /// Staging: `auto`, `off` or a budget per rank.
-    #[serde(default, with = "text::one")]
-    pub(crate) staging: Staging,
-    /// A record file to train on instead of MNIST's training images.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) records: Option<PathBuf>,
-    /// Read the record file around the page cache.
-    #[serde(default)]
-    pub(crate) direct: bool,
-    /// Watchdog deadline in seconds (the library's default when unset).
-    #[serde(default)]
-    pub(crate) watchdog_s: Option<f64>,
-    /// Ranks that may die before the run stops (no limit when unset).
-    #[serde(default)]
-    pub(crate) max_failures: Option<usize>,
-    /// Emulated device failures.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) fail_rank: Vec<FailAt>,
-    /// How model states travel between a cluster job's processes.
-    #[serde(default)]
-    pub(crate) wire: flodl_ddp::WireFormat,
+    /// The run's settings (the library's).
+    #[serde(flatten)]
+    pub(crate) run: RunSettings,
+    /// The model, the data, emulated failures.
+    #[serde(flatten)]
+    pub(crate) local: LocalFlags,
 }
 
-/// The `train`-only part of the configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RunOptions {
-    /// Evaluate every N epochs (the last epoch always).
-    pub(crate) eval_every: usize,
-    /// Checkpoint directory.
-    pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs (0: only at the end).
-    pub(crate) checkpoint_every: usize,
-    /// Also checkpoint every N reduces.
-    #[serde(default)]
-    pub(crate) checkpoint_every_reduces: Option<usize>,
-    /// Step bundles kept in the checkpoint directory.
-    #[serde(default = "default_keep")]
-    pub(crate) keep_checkpoints: usize,
-    /// Checkpoint (file or directory) to resume from.
-    pub(crate) resume: Option<PathBuf>,
-    /// Run directory, when given explicitly.
-    pub(crate) out: Option<PathBuf>,
-    /// Run name.
-    pub(crate) name: Option<String>,
-    /// Where the live dashboard listens, when the run serves one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) dashboard: Option<Bind>,
-    /// The dashboard's token, when given (a secret: never written to the run directory).
-    #[serde(skip)]
-    pub(crate) dashboard_token: Option<String>,
-}
-
-impl Default for RunOptions {
-    /// Evaluation after every epoch; no checkpoints, resume, run directory or dashboard.
-    fn default() -> Self {
-        RunOptions {
-            eval_every: 1,
-            checkpoint_dir: None,
-            checkpoint_every: 1,
-            checkpoint_every_reduces: None,
-            keep_checkpoints: DEFAULT_KEEP,
-            resume: None,
-            out: None,
-            name: None,
-            dashboard: None,
-            dashboard_token: None,
-        }
+/// `fdl`'s defaults, tuned on 2 CPU cores: a cosine decay from lr 0.05 over 10 epochs ends at
+/// ~98.2% in 5-25 s of training (a constant lr 0.05 ends on a noisy epoch too often). An unset
+/// key takes the library's default (ranks: every GPU, or 2 CPU ranks when there is none).
+pub(crate) fn defaults() -> TrainConfig {
+    TrainConfig {
+        run: RunSettings {
+            policy: Some(Policy::Cadence),
+            backend: Some(Backend::Collective),
+            epochs: Some(10),
+            batch_size: Some(64),
+            lr: Some(0.05),
+            schedule: Some(ScheduleKind::Cosine),
+            warmup_epochs: Some(0.0),
+            seed: Some(42),
+            prefetch: Some(Prefetch::Auto),
+            staging: Some(Staging::Auto),
+            wire: Some(flodl_ddp::WireFormat::F32),
+            eval_every: Some(1),
+            ..RunSettings::default()
+        },
+        local: LocalFlags {
+            momentum: Some(DEFAULT_MOMENTUM),
+            hidden: Some(DEFAULT_HIDDEN.to_vec()),
+            ..LocalFlags::default()
+        },
     }
 }
-
-fn default_keep() -> usize {
-    DEFAULT_KEEP
-}
-
-/// Step bundles a checkpoint directory keeps unless told otherwise.
-const DEFAULT_KEEP: usize = 3;
 
 impl TrainConfig {
-    /// The built-in defaults, tuned on 2 CPU cores: a cosine decay from lr 0.05 over 10 epochs
-    /// ends at ~98.2% in 5-25 s of training (a constant lr 0.05 ends on a noisy epoch too often).
-    pub(crate) fn defaults() -> Self {
-        Self {
-            ranks: RankSpec::Auto,
-            policy: Policy::Cadence,
-            backend: Backend::Collective,
-            epochs: 10,
-            batch_size: 64,
-            lr: 0.05,
-            momentum: 0.9,
-            schedule: ScheduleKind::Cosine,
-            warmup_epochs: 0.0,
-            seed: 42,
-            slowdown: Vec::new(),
-            hidden: DEFAULT_HIDDEN.to_vec(),
-            data: None,
-            train_subset: None,
-            test_subset: None,
-            prefetch: Prefetch::Auto,
-            staging: Staging::Auto,
-            records: None,
-            direct: false,
-            watchdog_s: None,
-            max_failures: None,
-            fail_rank: Vec::new(),
-            wire: flodl_ddp::WireFormat::F32,
-        }
+    /// The MLP's hidden widths.
+    pub(crate) fn hidden(&self) -> Vec<usize> {
+        self.local.hidden.clone().unwrap_or_else(|| DEFAULT_HIDDEN.to_vec())
     }
 
-    /// One device per rank, discovered and checked against the other per-rank keys.
+    /// SGD momentum.
+    pub(crate) fn momentum(&self) -> f64 {
+        self.local.momentum.unwrap_or(DEFAULT_MOMENTUM)
+    }
+
+    /// The emulated failures.
+    pub(crate) fn fail_rank(&self) -> &[FailAt] {
+        self.local.fail_rank.as_deref().unwrap_or_default()
+    }
+
+    /// The slowdown factors (empty: none).
+    pub(crate) fn slowdown(&self) -> &[f64] {
+        self.run.slowdown.as_deref().unwrap_or_default()
+    }
+
+    /// One device per rank, discovered and checked against the other per-rank keys: `ranks`
+    /// CPU ranks, the `devices` listed, else every GPU (or 2 CPU ranks when there is none).
     ///
     /// # Errors
     /// No rank; a GPU that is not there; a failure for a rank that does not exist.
     pub(crate) fn devices(&self) -> Result<Vec<Device>> {
-        let devices = match &self.ranks {
-            RankSpec::Auto if flodl_tensor::cuda_device_count() > 0 => Devices::AllGpus,
-            RankSpec::Auto => Devices::Cpu(2),
-            RankSpec::CpuRanks(n) => Devices::Cpu(*n),
-            RankSpec::Devices(list) => Devices::List(list.clone()),
+        let devices = match (self.run.ranks, &self.run.devices) {
+            (Some(n), _) => Devices::Cpu(n),
+            (None, Some(list)) => Devices::List(list.clone()),
+            (None, None) if flodl_tensor::cuda_device_count() > 0 => Devices::AllGpus,
+            (None, None) => Devices::Cpu(2),
         };
-        let devices = devices.resolve().map_err(|e| explain(e, &self.ranks))?;
+        let devices = devices.resolve().map_err(|e| explain(e, &self.run))?;
         let gpus = flodl_tensor::cuda_device_count();
         if let Some(missing) = devices.iter().find(|d| matches!(d, Device::Cuda(i) if *i >= gpus)) {
             let why = flodl_tensor::gpu_skip_reason()
                 .unwrap_or_else(|| format!("{gpus} CUDA device(s) visible"));
-            bail!("devices: {missing} is not available ({why})");
+            anyhow::bail!("devices: {missing} is not available ({why})");
         }
-        if let Some(f) = self.fail_rank.iter().find(|f| f.rank >= devices.len()) {
-            bail!("fail-rank: {f} names rank {}, but there are {} rank(s)", f.rank, devices.len());
+        if let Some(f) = self.fail_rank().iter().find(|f| f.rank >= devices.len()) {
+            anyhow::bail!(
+                "fail-rank: {f} names rank {}, but there are {} rank(s)",
+                f.rank,
+                devices.len()
+            );
         }
         Ok(devices)
     }
 }
 
-impl TrainFlags {
-    /// These flags, each falling back to `file`'s value for the same key.
-    fn or(self, file: TrainFlags) -> TrainFlags {
-        TrainFlags {
-            config: self.config,
-            ranks: self.ranks.or(file.ranks),
-            devices: self.devices.or(file.devices),
-            policy: self.policy.or(file.policy),
-            backend: self.backend.or(file.backend),
-            epochs: self.epochs.or(file.epochs),
-            batch_size: self.batch_size.or(file.batch_size),
-            lr: self.lr.or(file.lr),
-            momentum: self.momentum.or(file.momentum),
-            schedule: self.schedule.or(file.schedule),
-            warmup_epochs: self.warmup_epochs.or(file.warmup_epochs),
-            seed: self.seed.or(file.seed),
-            slowdown: self.slowdown.or(file.slowdown),
-            hidden: self.hidden.or(file.hidden),
-            data: self.data.or(file.data),
-            train_subset: self.train_subset.or(file.train_subset),
-            test_subset: self.test_subset.or(file.test_subset),
-            prefetch: self.prefetch.or(file.prefetch),
-            staging: self.staging.or(file.staging),
-            records: self.records.or(file.records),
-            direct: self.direct.or(file.direct),
-            watchdog: self.watchdog.or(file.watchdog),
-            max_failures: self.max_failures.or(file.max_failures),
-            fail_rank: self.fail_rank.or(file.fail_rank),
-            wire: self.wire.or(file.wire),
-        }
-    }
+/// The three groups of flags (or of a file's keys).
+#[derive(Debug, Clone, Default)]
+struct Given {
+    run: RunSettings,
+    local: LocalFlags,
+    options: RunFlags,
 }
 
-impl RunFlags {
-    /// These flags, each falling back to `file`'s value for the same key.
-    fn or(self, file: RunFlags) -> RunFlags {
-        RunFlags {
-            eval_every: self.eval_every.or(file.eval_every),
-            checkpoint_dir: self.checkpoint_dir.or(file.checkpoint_dir),
-            checkpoint_every: self.checkpoint_every.or(file.checkpoint_every),
-            checkpoint_every_reduces: self
-                .checkpoint_every_reduces
-                .or(file.checkpoint_every_reduces),
-            keep_checkpoints: self.keep_checkpoints.or(file.keep_checkpoints),
-            resume: self.resume.or(file.resume),
-            out: self.out.or(file.out),
-            name: self.name.or(file.name),
-            dashboard: self.dashboard.or(file.dashboard),
-            dashboard_token: self.dashboard_token.or(file.dashboard_token),
-        }
-    }
-}
-
-/// Merges defaults, the `--config` file (if any) and the flags, and checks the values.
+/// Merges `fdl`'s defaults, the `--config` file (if any) and the flags, and checks what only
+/// `fdl` has (the run's settings are checked by the library when the trainer is built).
 ///
 /// # Errors
-/// The config file cannot be read or parsed, or a value is out of range.
-pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig, RunOptions)> {
-    let (mut file, file_run) = match &flags.config {
+/// The config file cannot be read or parsed ([`FileError`]), or a value of `fdl`'s own is out
+/// of range.
+pub(crate) fn resolve(flags: &TrainFlags, run: &RunFlags) -> Result<(TrainConfig, RunFlags)> {
+    let mut file = match &flags.config {
         Some(path) => read_file(path)?,
-        None => (TrainFlags::default(), RunFlags::default()),
+        None => Given::default(),
     };
-    // A flag beats a file key of the other kind; both from one source is ambiguous (clap
-    // refuses both flags).
-    if flags.ranks.is_some() || flags.devices.is_some() {
-        (file.ranks, file.devices) = (None, None);
+    // A flag beats a file key of the other kind (`ranks` and `devices` are one option).
+    if flags.settings.ranks.is_some() || flags.settings.devices.is_some() {
+        (file.run.ranks, file.run.devices) = (None, None);
     }
-    ensure!(
-        file.ranks.is_none() || file.devices.is_none(),
-        "ranks and devices cannot be used together"
-    );
-    let f = flags.clone().or(file);
-    let d = TrainConfig::defaults();
+    let d = defaults();
     let cfg = TrainConfig {
-        ranks: match (f.ranks, f.devices) {
-            (Some(n), _) => RankSpec::CpuRanks(n),
-            (None, Some(list)) => RankSpec::Devices(list),
-            (None, None) => RankSpec::Auto,
-        },
-        policy: f.policy.unwrap_or(d.policy),
-        backend: f.backend.unwrap_or(d.backend),
-        epochs: f.epochs.unwrap_or(d.epochs),
-        batch_size: f.batch_size.unwrap_or(d.batch_size),
-        lr: f.lr.unwrap_or(d.lr),
-        momentum: f.momentum.unwrap_or(d.momentum),
-        schedule: f.schedule.unwrap_or(d.schedule),
-        warmup_epochs: f.warmup_epochs.unwrap_or(d.warmup_epochs),
-        seed: f.seed.unwrap_or(d.seed),
-        slowdown: f.slowdown.unwrap_or(d.slowdown),
-        hidden: f.hidden.unwrap_or(d.hidden),
-        data: f.data,
-        train_subset: f.train_subset,
-        test_subset: f.test_subset,
-        prefetch: f.prefetch.unwrap_or(d.prefetch),
-        staging: f.staging.unwrap_or(d.staging),
-        records: f.records,
-        direct: f.direct.unwrap_or(false),
-        watchdog_s: f.watchdog,
-        max_failures: f.max_failures,
-        fail_rank: f.fail_rank.unwrap_or_default(),
-        wire: f.wire.unwrap_or_default(),
+        run: flags.settings.clone().or(file.run).or(d.run),
+        local: flags.local.clone().or(file.local).or(d.local),
     };
-
-    let r = run.clone().or(file_run);
-    if r.checkpoint_dir.is_none() {
-        let given = [
-            ("checkpoint-every", r.checkpoint_every.is_some()),
-            ("checkpoint-every-reduces", r.checkpoint_every_reduces.is_some()),
-            ("keep-checkpoints", r.keep_checkpoints.is_some()),
-        ];
-        if let Some((key, _)) = given.iter().find(|(_, g)| *g) {
-            bail!("{key} needs checkpoint-dir");
-        }
-    }
-    let opts =
-        RunOptions {
-            eval_every: r.eval_every.unwrap_or(1),
-            // Reduces alone turn the per-epoch default off.
-            checkpoint_every: r
-                .checkpoint_every
-                .unwrap_or(if r.checkpoint_every_reduces.is_some() { 0 } else { 1 }),
-            checkpoint_every_reduces: r.checkpoint_every_reduces,
-            keep_checkpoints: r.keep_checkpoints.unwrap_or(DEFAULT_KEEP),
-            checkpoint_dir: r.checkpoint_dir,
-            resume: r.resume,
-            out: r.out,
-            name: r.name,
-            dashboard: r.dashboard,
-            dashboard_token: r.dashboard_token,
-        };
+    let opts = run.clone().or(file.options);
     check(&cfg, &opts)?;
     Ok((cfg, opts))
 }
@@ -427,10 +163,55 @@ fn file_keys() -> Vec<String> {
         .collect()
 }
 
-/// Reads a `--config` file into the flags' two groups.
-fn read_file(path: &Path) -> Result<(TrainFlags, RunFlags)> {
+/// A `--config` file that cannot be used, in one line naming the file, the line and the key.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FileError {
+    /// The file cannot be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key no flag has.
+    #[error("config file {} line {line}: unknown key `{key}`", path.display())]
+    UnknownKey {
+        /// The file.
+        path: PathBuf,
+        /// Where the key is.
+        line: usize,
+        /// The key.
+        key: String,
+    },
+    /// A key's value the flag would refuse (another type, text it does not parse).
+    #[error("config file {} line {line}: `{key}`: {message}", path.display())]
+    BadValue {
+        /// The file.
+        path: PathBuf,
+        /// Where the value is.
+        line: usize,
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Text that is not TOML.
+    #[error("config file {} line {line}: {message}", path.display())]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// Where the parser stopped.
+        line: usize,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Reads a `--config` file into the flags' three groups (each reads its own keys).
+fn read_file(path: &Path) -> std::result::Result<Given, FileError> {
     let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
+        .map_err(|source| FileError::Unreadable { path: path.to_owned(), source })?;
     let table: toml::Table = parse(&text, path)?;
     let known = file_keys();
     if let Some(key) = table.keys().find(|k| !known.contains(k)) {
@@ -442,48 +223,46 @@ fn read_file(path: &Path) -> Result<(TrainFlags, RunFlags)> {
                     .is_some_and(|r| r.trim_start().starts_with('=') || r.starts_with(']'))
             })
             .map_or(1, |i| i + 1);
-        bail!("config file {} line {line}: unknown key `{key}`", path.display());
+        return Err(FileError::UnknownKey { path: path.to_owned(), line, key: key.clone() });
     }
-    Ok((parse(&text, path)?, parse(&text, path)?))
+    Ok(Given { run: parse(&text, path)?, local: parse(&text, path)?, options: parse(&text, path)? })
 }
 
-/// Parses the TOML `text` of the file at `path`, naming the line of an error.
-fn parse<T: DeserializeOwned>(text: &str, path: &Path) -> Result<T> {
+/// Parses the TOML `text` of the file at `path`, naming the line of an error and its key.
+fn parse<T: DeserializeOwned>(text: &str, path: &Path) -> std::result::Result<T, FileError> {
     toml::from_str(text).map_err(|e| {
         // toml's message spans several lines (a snippet of the file); keep the first.
-        let msg = e.message().to_owned();
-        let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
-        match line {
-            Some(line) => anyhow::anyhow!("config file {} line {line}: {msg}", path.display()),
-            None => anyhow::anyhow!("config file {}: {msg}", path.display()),
+        let message = e.message().lines().next().unwrap_or_default().to_owned();
+        let start = e.span().map_or(0, |s| s.start.min(text.len()));
+        let line = text[..start].lines().count().max(1);
+        let path = path.to_owned();
+        // The key of the line the error points at, when it is a `key = value` line.
+        let key = text[..start]
+            .rsplit('\n')
+            .next()
+            .and_then(|l| l.split_once('='))
+            .map(|(k, _)| k.trim().trim_matches('"').to_owned())
+            .filter(|k| !k.is_empty() && !k.starts_with('['));
+        match key {
+            Some(key) if e.span().is_some() => FileError::BadValue { path, line, key, message },
+            _ => FileError::Syntax { path, line, message },
         }
     })
 }
 
 /// The rules on what only `fdl` has (the MLP, the data, the run directory); every option of
 /// the run itself is checked once, by the library (`RunSpec::check`, see [`explain`]).
-fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
+fn check(cfg: &TrainConfig, opts: &RunFlags) -> Result<()> {
+    let momentum = cfg.momentum();
     ensure!(
-        cfg.momentum.is_finite() && (0.0..1.0).contains(&cfg.momentum),
-        "momentum must be in [0, 1), got {}",
-        cfg.momentum
+        momentum.is_finite() && (0.0..1.0).contains(&momentum),
+        "momentum must be in [0, 1), got {momentum}"
     );
-    ensure!(
-        cfg.warmup_epochs.is_finite()
-            && cfg.warmup_epochs >= 0.0
-            && cfg.warmup_epochs < cfg.epochs.max(1) as f64,
-        "warmup-epochs must be at least 0 and less than epochs ({}), got {}",
-        cfg.epochs,
-        cfg.warmup_epochs
-    );
-    ensure!(!cfg.hidden.is_empty(), "hidden: give at least one layer width");
-    ensure!(cfg.hidden.iter().all(|&h| h > 0), "hidden: layer widths must be positive");
-    ensure!(cfg.train_subset != Some(0), "train-subset must be at least 1");
-    ensure!(cfg.test_subset != Some(0), "test-subset must be at least 1");
-    ensure!(
-        opts.checkpoint_every_reduces != Some(0),
-        "checkpoint-every-reduces must be at least 1"
-    );
+    let hidden = cfg.hidden();
+    ensure!(!hidden.is_empty(), "hidden: give at least one layer width");
+    ensure!(hidden.iter().all(|&h| h > 0), "hidden: layer widths must be positive");
+    ensure!(cfg.local.train_subset != Some(0), "train-subset must be at least 1");
+    ensure!(cfg.local.test_subset != Some(0), "test-subset must be at least 1");
     ensure!(
         opts.dashboard.is_some() || opts.dashboard_token.is_none(),
         "dashboard-token needs dashboard"
@@ -497,202 +276,82 @@ fn check(cfg: &TrainConfig, opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// The flag (and `--config` key) that sets `field`, given how the ranks were named; `None` for
-/// an option `fdl` has no flag for.
-pub(crate) fn flag(field: Field, ranks: &RankSpec) -> Option<&'static str> {
-    Some(match field {
-        Field::Devices if matches!(ranks, RankSpec::CpuRanks(_)) => "ranks",
-        Field::Devices => "devices",
-        Field::BatchSize => "batch-size",
-        Field::Epochs => "epochs",
-        Field::EvalEvery => "eval-every",
-        Field::Backend => "backend",
-        Field::LearningRate => "lr",
-        Field::Schedule => "schedule",
-        Field::Slowdown => "slowdown",
-        Field::Watchdog => "watchdog",
-        Field::KeepCheckpoints => "keep-checkpoints",
-        Field::ModelSize => "hidden",
-        _ => return None,
+/// The flag (and `--config` key) that sets `field`: the library's key for it
+/// ([`RunSettings::key`], the one map), or `hidden` for the model's size (the MLP is `fdl`'s);
+/// `None` for an option `fdl` has no flag for.
+pub(crate) fn flag(field: Field, settings: &RunSettings) -> Option<&'static str> {
+    settings.key(field).or(match field {
+        Field::ModelSize => Some("hidden"),
+        _ => None,
     })
 }
 
 /// A library error as `fdl`'s one line says it: a configuration error names the flag
 /// (`--batch-size: 0 is out of range ...`), any other error is the library's.
-pub(crate) fn explain(error: flodl_ddp::Error, ranks: &RankSpec) -> anyhow::Error {
+pub(crate) fn explain(error: flodl_ddp::Error, settings: &RunSettings) -> anyhow::Error {
     match error {
-        flodl_ddp::Error::Invalid(e) => anyhow::anyhow!(flag_line(&e, ranks)),
+        flodl_ddp::Error::Invalid(e) => anyhow::anyhow!(flag_line(&e, settings)),
         other => other.into(),
     }
 }
 
-/// `e` with the flag of its field in front, or the library's name when `fdl` has no flag.
-fn flag_line(e: &ConfigError, ranks: &RankSpec) -> String {
-    match flag(e.field, ranks) {
-        Some(name) => format!("--{name}: {}", e.problem),
-        None => format!("invalid configuration: {e}"),
+/// `e` with the flag of its field in front (and of the field it needs), or the library's name
+/// when `fdl` has no flag.
+fn flag_line(e: &ConfigError, settings: &RunSettings) -> String {
+    let Some(name) = flag(e.field, settings) else {
+        return format!("invalid configuration: {e}");
+    };
+    match &e.problem {
+        Problem::Needs { other, to_be } if flag(*other, settings).is_some() => {
+            let other = flag(*other, settings).unwrap_or_default();
+            format!("--{name}: needs --{other} to be {to_be}")
+        }
+        problem => format!("--{name}: {problem}"),
     }
 }
 
-/// `secs` seconds as the deadline of `field`, refused in the library's words when no
-/// `Duration` holds it (negative, not a number, or past `u64::MAX` seconds).
-///
-/// # Errors
-/// The one line naming the flag.
-pub(crate) fn seconds(field: Field, secs: f64, ranks: &RankSpec) -> Result<Duration> {
-    Duration::try_from_secs_f64(secs).map_err(|_| {
-        let e =
-            ConfigError::out_of_range(field, format!("{secs:?}"), "more than 0 and at most a week");
-        anyhow::anyhow!(flag_line(&e, ranks))
-    })
-}
-
-/// Values that the command line spells as text, read from the file the same way: a TOML value
-/// may be the flag's text (`"1,2.5"`, `"auto"`) or the native value (`[1.0, 2.5]`, `2`), and
-/// either goes through the type's `FromStr`, the parser clap uses.
-pub(crate) mod text {
-    use std::fmt::{self, Display};
-    use std::marker::PhantomData;
-    use std::str::FromStr;
-
-    use serde::de::{self, Deserializer, SeqAccess, Visitor};
-    use serde::{Serialize, Serializer};
-
-    /// One scalar as text: a string, or a number written out.
-    struct Text;
-
-    impl<'de> Visitor<'de> for Text {
-        type Value = String;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a string or a number")
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
-            Ok(v.to_owned())
-        }
-
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-    }
-
-    impl<'de> de::Deserialize<'de> for TextItem {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            d.deserialize_any(Text).map(TextItem)
-        }
-    }
-
-    /// An element of a list, as text.
-    struct TextItem(String);
-
-    fn parsed<T: FromStr, E: de::Error>(text: &str) -> Result<T, E>
-    where
-        T::Err: Display,
-    {
-        text.trim().parse().map_err(|e| E::custom(format!("'{}': {e}", text.trim())))
-    }
-
-    /// A list: an array, or the comma-separated text the flag takes.
-    struct List<T>(PhantomData<T>);
-
-    impl<'de, T: FromStr> Visitor<'de> for List<T>
-    where
-        T::Err: Display,
-    {
-        type Value = Vec<T>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an array or a comma-separated string")
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Vec<T>, E> {
-            v.split(',').filter(|s| !s.trim().is_empty()).map(parsed).collect()
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut out = Vec::new();
-            while let Some(TextItem(item)) = seq.next_element()? {
-                out.push(parsed(&item)?);
+/// `cmd` (`fdl train`, `bench` or `launch`) with `fdl`'s default appended to the help of every
+/// flag that has one, read from [`defaults`] (so the help cannot state another).
+pub(crate) fn help_defaults(cmd: clap::Command) -> clap::Command {
+    let table = match serde_json::to_value(defaults()) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => return cmd,
+    };
+    cmd.mut_args(|arg| {
+        let value = arg.get_long().and_then(|long| table.get(long));
+        let text = match value {
+            // The one default that is a rule, not a value ([`TrainConfig::devices`]).
+            None if arg.get_long() == Some("ranks") => {
+                "every GPU, or 2 CPU ranks when there is none".to_owned()
             }
-            Ok(out)
-        }
-    }
-
-    /// `deserialize_with` for an optional list key.
-    pub(crate) fn list<'de, D: Deserializer<'de>, T: FromStr>(
-        d: D,
-    ) -> Result<Option<Vec<T>>, D::Error>
-    where
-        T::Err: Display,
-    {
-        d.deserialize_any(List(PhantomData)).map(Some)
-    }
-
-    /// `deserialize_with` for an optional scalar key written as text or a number.
-    pub(crate) fn optional<'de, D: Deserializer<'de>, T: FromStr>(
-        d: D,
-    ) -> Result<Option<T>, D::Error>
-    where
-        T::Err: Display,
-    {
-        one::deserialize(d).map(Some)
-    }
-
-    /// A value stored as its text (`Display` out, `FromStr` in).
-    pub(crate) mod one {
-        use super::*;
-
-        pub(crate) fn serialize<T: Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-            s.collect_str(v)
-        }
-
-        pub(crate) fn deserialize<'de, D: Deserializer<'de>, T: FromStr>(
-            d: D,
-        ) -> Result<T, D::Error>
-        where
-            T::Err: Display,
-        {
-            parsed(&d.deserialize_any(Text)?)
-        }
-    }
-
-    /// A list stored as its elements' text.
-    pub(crate) mod seq {
-        use super::*;
-
-        pub(crate) fn serialize<T: Display, S: Serializer>(
-            v: &[T],
-            s: S,
-        ) -> Result<S::Ok, S::Error> {
-            let texts: Vec<String> = v.iter().map(ToString::to_string).collect();
-            texts.serialize(s)
-        }
-
-        pub(crate) fn deserialize<'de, D: Deserializer<'de>, T: FromStr>(
-            d: D,
-        ) -> Result<Vec<T>, D::Error>
-        where
-            T::Err: Display,
-        {
-            d.deserialize_any(List(PhantomData))
-        }
-    }
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                .collect::<Vec<_>>()
+                .join(","),
+            Some(other) => other.to_string(),
+            None => return arg,
+        };
+        let add = |help: Option<&clap::builder::StyledStr>| match help {
+            Some(h) => format!("{h} (default {text})"),
+            None => format!("(default {text})"),
+        };
+        let (short, long) = (add(arg.get_help()), add(arg.get_long_help().or(arg.get_help())));
+        arg.help(short).long_help(long)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use std::sync::Arc;
+
+    use anyhow::bail;
     use clap::Parser;
+    use flodl_data::mnist::{self, Mnist, Split, Verify};
+    use flodl_data::{Dataset, Subset};
 
     use crate::args::{Cli, Command};
 
@@ -707,12 +366,25 @@ mod tests {
     }
 
     /// `fdl train ARGS` resolved.
-    fn train(args: &[&str]) -> Result<(TrainConfig, RunOptions)> {
+    fn train(args: &[&str]) -> Result<(TrainConfig, RunFlags)> {
         let cli = Cli::try_parse_from(["fdl", "train"].iter().chain(args))?;
         match cli.command {
             Command::Train(t) => resolve(&t.flags, &t.run),
             other => bail!("not train: {other:?}"),
         }
+    }
+
+    /// `fdl train ARGS` resolved, applied to a trainer of 512 MNIST images and checked by the
+    /// library, as `fdl train` does: the error in `fdl`'s words.
+    fn checked(args: &[&str]) -> Result<flodl_ddp::RunSpec> {
+        let (cfg, _) = train(args)?;
+        let images = Mnist::load(mnist::vendored_dir(), Split::Train, Verify::Skip)?;
+        let data: Arc<dyn Dataset> = Arc::new(Subset::first(images, 512));
+        flodl_ddp::Trainer::cooperative()
+            .dataset(data)
+            .settings(&cfg.run)
+            .and_then(|t| t.spec())
+            .map_err(|e| explain(e, &cfg.run))
     }
 
     #[test]
@@ -722,12 +394,13 @@ mod tests {
         )?;
         let path = file.path().to_str().ok_or_else(|| anyhow::anyhow!("path"))?;
         let (cfg, opts) = train(&["--config", path, "--epochs", "5", "--backend", "host"])?;
-        let defaults = TrainConfig::defaults();
-        assert_eq!((cfg.epochs, cfg.batch_size, cfg.lr), (5, 16, 0.1));
-        assert_eq!(cfg.slowdown, vec![1.0, 2.5]);
-        assert_eq!((cfg.policy, cfg.backend), (Policy::Sync, Backend::Host));
-        assert_eq!((cfg.momentum, cfg.schedule), (defaults.momentum, defaults.schedule));
-        assert_eq!(opts.eval_every, 1);
+        let d = defaults();
+        let r = &cfg.run;
+        assert_eq!((r.epochs, r.batch_size, r.lr), (Some(5), Some(16), Some(0.1)));
+        assert_eq!(cfg.slowdown(), [1.0, 2.5]);
+        assert_eq!((r.policy, r.backend), (Some(Policy::Sync), Some(Backend::Host)));
+        assert_eq!((cfg.momentum(), r.schedule), (d.momentum(), d.run.schedule));
+        assert_eq!(opts, RunFlags::default());
         Ok(())
     }
 
@@ -735,45 +408,57 @@ mod tests {
     fn lists_parse_from_flag_text_and_file_strings() -> Result<()> {
         let file = write("devices = \"cpu, cpu\"\nhidden = \"32,16\"\n")?;
         let (cfg, _) = resolve(&with_file(&file), &RunFlags::default())?;
-        assert_eq!(cfg.ranks, RankSpec::Devices(vec![Device::Cpu, Device::Cpu]));
-        assert_eq!(cfg.hidden, vec![32, 16]);
-        let flags = TrainFlags { ranks: Some(3), ..with_file(&file) };
+        assert_eq!(cfg.run.devices, Some(vec![Device::Cpu, Device::Cpu]));
+        assert_eq!(cfg.hidden(), vec![32, 16]);
+        // A flag of the other kind beats the file's key.
+        let mut flags = with_file(&file);
+        flags.settings.ranks = Some(3);
         let (cfg, _) = resolve(&flags, &RunFlags::default())?;
-        assert_eq!(cfg.ranks, RankSpec::CpuRanks(3));
+        assert_eq!((cfg.run.ranks, cfg.run.devices), (Some(3), None));
         let (cfg, _) = train(&["--devices", "cpu,cuda:1", "--hidden", "8,4", "--slowdown", "1,2"])?;
-        assert_eq!(cfg.ranks, RankSpec::Devices(vec![Device::Cpu, Device::Cuda(1)]));
-        assert_eq!((cfg.hidden, cfg.slowdown), (vec![8, 4], vec![1.0, 2.0]));
+        assert_eq!(cfg.run.devices, Some(vec![Device::Cpu, Device::Cuda(1)]));
+        assert_eq!((cfg.hidden(), cfg.slowdown()), (vec![8, 4], &[1.0, 2.0][..]));
         let both = write("ranks = 2\ndevices = \"cpu,cpu\"\n")?;
-        let err = resolve(&with_file(&both), &RunFlags::default()).err().map(|e| format!("{e:#}"));
+        let path = both.path().to_str().ok_or_else(|| anyhow::anyhow!("path"))?;
+        let err = checked(&["--config", path]).err().map(|e| format!("{e:#}"));
         assert!(err.as_deref().is_some_and(|e| e.contains("together")), "{err:?}");
         Ok(())
     }
 
     #[test]
     fn checkpoint_prefetch_and_fault_keys_resolve_from_the_file() -> Result<()> {
-        let text = "checkpoint-dir = \"ck\"\ncheckpoint-every-reduces = 5\nprefetch = 2\n\
-                    watchdog = 2.5\nmax-failures = 1\nfail-rank = [\"1@3\"]\nresume = \"old\"\n";
-        let file = write(text)?;
-        let (cfg, opts) = resolve(&with_file(&file), &RunFlags::default())?;
-        assert_eq!(opts.checkpoint_dir, Some(PathBuf::from("ck")));
-        // Reduces alone: no per-epoch saves.
-        assert_eq!((opts.checkpoint_every, opts.checkpoint_every_reduces), (0, Some(5)));
-        assert_eq!(opts.keep_checkpoints, DEFAULT_KEEP);
+        let dir = tempfile::tempdir()?;
+        let ck = dir.path().join("ck");
+        let text = format!(
+            "checkpoint-dir = {:?}\ncheckpoint-every-reduces = 5\nprefetch = 2\nwatchdog = 2.5\n\
+             max-failures = 1\nfail-rank = [\"1@3\"]\nresume = \"old\"\n",
+            ck.display().to_string()
+        );
+        let file = write(&text)?;
+        let path = file.path().to_str().ok_or_else(|| anyhow::anyhow!("path"))?;
+        let (cfg, opts) = train(&["--config", path])?;
+        assert_eq!(cfg.run.checkpoint_dir.as_deref(), Some(ck.as_path()));
         assert_eq!(opts.resume, Some(PathBuf::from("old")));
-        assert_eq!(cfg.prefetch, Prefetch::Depth(2));
-        assert_eq!((cfg.watchdog_s, cfg.max_failures), (Some(2.5), Some(1)));
-        assert_eq!(cfg.fail_rank, vec![FailAt { rank: 1, batch: 3 }]);
-        let run = RunFlags { checkpoint_every: Some(2), ..RunFlags::default() };
-        let (_, opts) = resolve(&with_file(&file), &run)?;
-        assert_eq!((opts.checkpoint_every, opts.checkpoint_every_reduces), (2, Some(5)));
+        assert_eq!(cfg.run.prefetch, Some(Prefetch::Depth(2)));
+        assert_eq!(cfg.fail_rank(), [FailAt { rank: 1, batch: 3 }]);
+        let spec = checked(&["--config", path, "--ranks", "2"])?;
+        let saves = spec.checkpoint.ok_or_else(|| anyhow::anyhow!("no checkpoints"))?;
+        // Reduces alone: no per-epoch saves.
+        assert_eq!(saves.every.every_epochs, None);
+        assert_eq!(saves.every.every_reduces.map(|n| n.get()), Some(5));
+        assert_eq!((saves.keep, spec.max_failures), (3, 1));
+        assert_eq!(spec.watchdog, std::time::Duration::from_millis(2500));
+        let spec = checked(&["--config", path, "--ranks", "2", "--checkpoint-every", "2"])?;
+        let every = spec.checkpoint.map(|c| c.every);
+        assert_eq!(every.and_then(|e| e.every_epochs).map(|n| n.get()), Some(2));
         let (cfg, opts) = resolve(&TrainFlags::default(), &RunFlags::default())?;
-        assert_eq!((opts.checkpoint_dir, opts.checkpoint_every), (None, 1));
-        assert_eq!(cfg, TrainConfig::defaults());
+        assert_eq!((cfg, opts), (defaults(), RunFlags::default()));
         Ok(())
     }
 
-    /// Every flag of `train` but `--config`, `--quiet` and `--dry-run` is a file key, read with
-    /// the flag's type.
+    /// Every flag of `train` but `--config`, `--quiet`, `--dry-run`, `--model` and the cluster
+    /// flags is a file key, read with the flag's type; the resolved configuration round-trips
+    /// through JSON (summary.json, bench.json).
     #[test]
     fn every_flag_is_a_file_key() -> Result<()> {
         let text = "ranks = 3\npolicy = \"async\"\nbackend = \"host\"\nepochs = 4\n\
@@ -794,38 +479,41 @@ mod tests {
         assert_eq!(keys, set);
         let file = write(text)?;
         let (cfg, opts) = resolve(&with_file(&file), &RunFlags::default())?;
-        let want = TrainConfig {
-            ranks: RankSpec::CpuRanks(3),
-            policy: Policy::Async,
-            backend: Backend::Host,
-            epochs: 4,
-            batch_size: 8,
-            lr: 1.0,
-            momentum: 0.5,
-            schedule: ScheduleKind::OneCycle,
-            warmup_epochs: 1.0,
-            seed: 7,
-            slowdown: vec![1.0, 2.0],
-            hidden: vec![5],
+        let run = RunSettings {
+            ranks: Some(3),
+            devices: None,
+            policy: Some(Policy::Async),
+            backend: Some(Backend::Host),
+            epochs: Some(4),
+            batch_size: Some(8),
+            lr: Some(1.0),
+            schedule: Some(ScheduleKind::OneCycle),
+            warmup_epochs: Some(1.0),
+            seed: Some(7),
+            slowdown: Some(vec![1.0, 2.0]),
+            prefetch: Some(Prefetch::Off),
+            staging: Some(Staging::Budget { bytes: 64 << 20, eviction: flodl_data::Eviction::Lru }),
+            watchdog: Some(3.0),
+            max_failures: Some(2),
+            wire: Some(flodl_ddp::WireFormat::Bf16),
+            eval_every: Some(2),
+            checkpoint_dir: Some("ck".into()),
+            checkpoint_every: Some(3),
+            checkpoint_every_reduces: Some(9),
+            keep_checkpoints: Some(4),
+        };
+        let local = LocalFlags {
+            momentum: Some(0.5),
+            hidden: Some(vec![5]),
             data: Some("d".into()),
             train_subset: Some(100),
             test_subset: Some(50),
-            prefetch: Prefetch::Off,
-            staging: Staging::Budget { bytes: 64 << 20, eviction: flodl_data::Eviction::Lru },
             records: Some("r.fdr".into()),
-            direct: true,
-            watchdog_s: Some(3.0),
-            max_failures: Some(2),
-            fail_rank: vec![FailAt { rank: 0, batch: 1 }, FailAt { rank: 2, batch: 4 }],
-            wire: flodl_ddp::WireFormat::Bf16,
+            direct: Some(true),
+            fail_rank: Some(vec![FailAt { rank: 0, batch: 1 }, FailAt { rank: 2, batch: 4 }]),
         };
-        assert_eq!(cfg, want);
-        let want = RunOptions {
-            eval_every: 2,
-            checkpoint_dir: Some("ck".into()),
-            checkpoint_every: 3,
-            checkpoint_every_reduces: Some(9),
-            keep_checkpoints: 4,
+        assert_eq!(cfg, TrainConfig { run, local });
+        let want = RunFlags {
             resume: Some("r".into()),
             out: Some("o".into()),
             name: Some("n".into()),
@@ -833,20 +521,174 @@ mod tests {
             dashboard_token: Some("t".into()),
         };
         assert_eq!(opts, want);
-        // The resolved configuration round-trips through JSON (summary.json, bench.json).
         let json = serde_json::to_string(&cfg)?;
         assert_eq!(serde_json::from_str::<TrainConfig>(&json)?, cfg);
         Ok(())
     }
 
+    /// Every key a run's settings serialize to (all of them set) is a flag of `fdl train`,
+    /// `bench` and `launch`, and a file key read back to the same settings; every field of the
+    /// library's `RunSpec` is set by a key, or is named here with the reason it has none. A new
+    /// `RunSettings` field without a flag, or a new `RunSpec` field without a key or a reason,
+    /// fails this test.
+    #[test]
+    fn every_run_setting_is_a_flag_and_a_file_key() -> Result<()> {
+        let all = RunSettings {
+            ranks: Some(2),
+            devices: Some(vec![Device::Cpu]),
+            policy: Some(Policy::Sync),
+            backend: Some(Backend::Host),
+            epochs: Some(3),
+            batch_size: Some(16),
+            lr: Some(0.5),
+            schedule: Some(ScheduleKind::Step),
+            warmup_epochs: Some(0.5),
+            seed: Some(9),
+            slowdown: Some(vec![1.0, 1.5]),
+            prefetch: Some(Prefetch::Depth(3)),
+            staging: Some(Staging::Off),
+            watchdog: Some(4.5),
+            max_failures: Some(1),
+            wire: Some(flodl_ddp::WireFormat::Bf16),
+            eval_every: Some(2),
+            checkpoint_dir: Some("ck".into()),
+            checkpoint_every: Some(2),
+            checkpoint_every_reduces: Some(5),
+            keep_checkpoints: Some(2),
+        };
+        let text = toml::to_string(&all)?;
+        let table: toml::Table = toml::from_str(&text)?;
+        let keys: Vec<&String> = table.keys().collect();
+        // Every field is set, so every field is a key (a missing key is a field unset above).
+        let debug = format!("{all:?}");
+        assert_eq!(keys.len(), debug.matches(": Some(").count(), "{text}");
+        let mut cmd = crate::command();
+        for sub in ["train", "bench", "launch"] {
+            let longs: Vec<String> = cmd
+                .find_subcommand_mut(sub)
+                .map(|c| c.get_arguments().filter_map(|a| a.get_long()).map(str::to_owned))
+                .into_iter()
+                .flatten()
+                .collect();
+            for key in &keys {
+                assert!(longs.contains(key), "{key} is not a flag of fdl {sub}");
+            }
+        }
+        let known = file_keys();
+        for key in &keys {
+            assert!(known.contains(key), "{key} is not a --config key");
+        }
+        assert_eq!(toml::from_str::<RunSettings>(&text)?, all);
+        // The flags give the same settings as the file.
+        let mut args = vec!["fdl".to_owned(), "train".to_owned()];
+        for (key, value) in &table {
+            let text = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Array(items) => items
+                    .iter()
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                other => other.to_string(),
+            };
+            // `ranks` and `devices` exclude each other on the command line.
+            if key != "devices" {
+                args.extend([format!("--{key}"), text]);
+            }
+        }
+        let Command::Train(t) = Cli::try_parse_from(&args)?.command else { bail!("not train") };
+        assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
+
+        // Each field of the run specification, and the keys that set it (or why none does).
+        let reached: [(&str, &[&str]); 31] = [
+            ("batch_size", &["batch-size"]),
+            ("epochs", &["epochs"]),
+            ("devices", &["ranks", "devices"]),
+            ("placement", &["(the cluster job's launcher: fdl launch)"]),
+            ("wire", &["wire"]),
+            ("policy", &["policy"]),
+            ("backend", &["backend"]),
+            ("seed", &["seed"]),
+            ("schedule", &["lr", "schedule", "warmup-epochs"]),
+            ("lr_scale", &["(resolved from lr_scale_ratio and the ranks)"]),
+            ("lr_scale_ratio", &["(library only: Trainer::lr_scale_ratio)"]),
+            ("elche", &["(library only: Trainer::elche)"]),
+            ("slowdown", &["slowdown"]),
+            ("stall_timeout", &["(library only; fdl's GPT sets its own)"]),
+            ("snapshot_timeout", &["(library only: Trainer::snapshot_timeout)"]),
+            ("max_stalled_rounds", &["(library only: Trainer::snapshot_timeout)"]),
+            ("watchdog", &["watchdog"]),
+            ("gamma", &["(library only: Trainer::gamma)"]),
+            ("guard", &["(library only: Trainer::guard)"]),
+            ("outer", &["(library only: Trainer::outer)"]),
+            ("easgd", &["(library only: Trainer::easgd)"]),
+            ("max_grad_norm", &["(library only: Trainer::max_grad_norm)"]),
+            ("prefetch", &["prefetch"]),
+            ("staging", &["staging"]),
+            ("max_failures", &["max-failures"]),
+            ("eval_every", &["eval-every"]),
+            ("eval_rank", &["(library only: Trainer::eval_rank)"]),
+            (
+                "checkpoint",
+                &[
+                    "checkpoint-dir",
+                    "checkpoint-every",
+                    "checkpoint-every-reduces",
+                    "keep-checkpoints",
+                ],
+            ),
+            ("train", &["(the dataset: data, records, train-subset)"]),
+            ("test", &["(the dataset: data, test-subset)"]),
+            ("model", &["(the model: hidden, momentum, --model)"]),
+        ];
+        let spec = serde_json::to_value(flodl_ddp::RunSpec::default())?;
+        let fields: Vec<&String> = spec.as_object().map(|m| m.keys().collect()).unwrap_or_default();
+        for field in &fields {
+            let row = reached.iter().find(|(name, _)| name == field);
+            assert!(row.is_some(), "RunSpec::{field} has no key and no reason in this table");
+        }
+        for (field, by) in reached {
+            assert!(fields.iter().any(|f| *f == field), "{field} is not a RunSpec field");
+            for key in by.iter().filter(|k| !k.starts_with('(')) {
+                assert!(keys.iter().any(|k| k == key), "RunSpec::{field}: {key} is no setting");
+            }
+        }
+        Ok(())
+    }
+
+    /// The one map from the library's fields to `fdl`'s flags names a real flag for each
+    /// field a setting reaches, and the rules the library owns come back in the flag's name.
+    #[test]
+    fn library_errors_name_the_flag() -> Result<()> {
+        let cases: [(&[&str], &str); 12] = [
+            (&["--epochs", "0"], "--epochs:"),
+            (&["--batch-size", "0"], "--batch-size:"),
+            (&["--lr", "0"], "--lr:"),
+            (&["--warmup-epochs", "10"], "--warmup-epochs:"),
+            (&["--warmup-epochs", "-1"], "--warmup-epochs:"),
+            (&["--slowdown", "1,0.5"], "--slowdown:"),
+            (&["--watchdog", "1e20"], "--watchdog:"),
+            (&["--eval-every", "0"], "--eval-every:"),
+            (&["--ranks", "0"], "--ranks:"),
+            (&["--checkpoint-every", "2"], "--checkpoint-every: needs --checkpoint-dir"),
+            (&["--keep-checkpoints", "2"], "--keep-checkpoints: needs --checkpoint-dir"),
+            (
+                &["--checkpoint-dir", "ck", "--checkpoint-every-reduces", "0"],
+                "--checkpoint-every-reduces:",
+            ),
+        ];
+        for (args, start) in cases {
+            let err = checked(args).err().map(|e| format!("{e:#}")).unwrap_or_default();
+            assert!(err.starts_with(start), "{args:?}: {err:?}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn bad_values_are_rejected_with_the_key_named() -> Result<()> {
-        // The rules the library owns (epochs, lr, slowdown factors, watchdog, ...) are tried
-        // through the real binary (tests/cli.rs), since `fdl` checks them by building the spec.
-        let cases: [(&[&str], &str); 8] = [
+        let cases: [(&[&str], &str); 7] = [
             (&["--slowdown", "1,x"], "slowdown"),
             (&["--hidden", "0"], "hidden"),
-            (&["--warmup-epochs", "10"], "warmup-epochs"),
             (&["--fail-rank", "1@0"], "fail-rank"),
             (&["--policy", "often"], "often"),
             (&["--schedule", "zigzag"], "schedule"),
@@ -858,57 +700,37 @@ mod tests {
             assert!(err.as_deref().is_some_and(|e| e.contains(key)), "{key}: {err:?}");
         }
         let files = [
-            ("epoch = 3\n", vec!["line 1", "epoch"]),
-            ("epochs = 2\npolicy = \"often\"\n", vec!["line 2", "often"]),
-            ("slowdown = \"1,x\"\n", vec!["line 1", "x"]),
+            ("epoch = 3\n", vec!["line 1", "unknown key `epoch`"]),
+            ("epochs = 2\npolicy = \"often\"\n", vec!["line 2", "`policy`", "often"]),
+            ("slowdown = \"1,x\"\n", vec!["line 1", "`slowdown`", "x"]),
+            ("epochs = \"x\"\n", vec!["line 1", "`epochs`"]),
+            ("seed = 1\nhidden = true\n", vec!["line 2", "`hidden`"]),
             ("[checkpoint]\nevery = 2\n", vec!["line 1", "checkpoint"]),
+            ("epochs = [\n", vec!["line 1"]),
         ];
         for (text, needles) in files {
             let file = write(text)?;
             let err = resolve(&with_file(&file), &RunFlags::default()).err();
             let err = err.map(|e| format!("{e:#}")).unwrap_or_default();
             assert!(needles.iter().all(|n| err.contains(n)), "{text:?}: {err:?}");
+            assert_eq!(err.lines().count(), 1, "{text:?}: {err:?}");
         }
         Ok(())
     }
 
     #[test]
-    fn schedules_peak_at_lr_and_end_where_named() -> Result<()> {
-        // The flag, the file and summary.json spell a schedule alike.
-        for kind in ScheduleKind::ALL {
-            assert_eq!(kind.to_string().parse::<ScheduleKind>(), Ok(kind));
-            assert_eq!(serde_json::to_value(kind)?, kind.to_string());
-        }
-        let total = 1000;
-        assert!(ScheduleKind::Constant.build(0.05, total, 0).is_none());
+    fn devices_are_checked_against_the_per_rank_keys() -> Result<()> {
+        let base = |f: &dyn Fn(&mut TrainConfig)| {
+            let mut cfg = defaults();
+            cfg.run.ranks = Some(2);
+            f(&mut cfg);
+            cfg
+        };
         let cases = [
-            (ScheduleKind::Cosine, 0, 0.05, 0.0),
-            (ScheduleKind::Step, 0, 0.05, 0.0005),
-            (ScheduleKind::OneCycle, 0, 0.05 / 25.0, 0.0),
-            (ScheduleKind::Exponential, 0, 0.05, 0.0005),
-            (ScheduleKind::Constant, 100, 0.05 / 100.0, 0.05),
-            (ScheduleKind::Cosine, 100, 0.05 / 100.0, 0.0),
-            (ScheduleKind::Exponential, 250, 0.05 / 250.0, 0.0005),
-        ];
-        for (kind, warmup, first, last) in cases {
-            let s =
-                kind.build(0.05, total, warmup).ok_or_else(|| anyhow::anyhow!("{kind}: none"))?;
-            let peak = (0..=total).map(|t| s.lr(t)).fold(0.0, f64::max);
-            assert!((peak - 0.05).abs() < 1e-9, "{kind}: peak {peak}");
-            assert!((s.lr(0) - first).abs() < 1e-9, "{kind}: first {}", s.lr(0));
-            assert!((s.lr(total) - last).abs() < 1e-6, "{kind}: last {}", s.lr(total));
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn devices_are_checked_against_the_per_rank_keys() {
-        let base = TrainConfig { ranks: RankSpec::CpuRanks(2), ..TrainConfig::defaults() };
-        let cases = [
-            (TrainConfig { ranks: RankSpec::CpuRanks(0), ..base.clone() }, "--ranks"),
-            (TrainConfig { fail_rank: vec![FailAt { rank: 2, batch: 1 }], ..base.clone() }, "2@1"),
+            (base(&|c| c.run.ranks = Some(0)), "--ranks"),
+            (base(&|c| c.local.fail_rank = Some(vec![FailAt { rank: 2, batch: 1 }])), "2@1"),
             (
-                TrainConfig { ranks: RankSpec::Devices(vec![Device::Cuda(99)]), ..base.clone() },
+                base(&|c| (c.run.ranks, c.run.devices) = (None, Some(vec![Device::Cuda(99)]))),
                 "cuda:99",
             ),
         ];
@@ -916,6 +738,7 @@ mod tests {
             let err = cfg.devices().err().map(|e| format!("{e:#}"));
             assert!(err.as_deref().is_some_and(|e| e.contains(key)), "{key}: {err:?}");
         }
-        assert!(base.devices().is_ok_and(|d| d == [Device::Cpu, Device::Cpu]));
+        assert!(base(&|_| ()).devices().is_ok_and(|d| d == [Device::Cpu, Device::Cpu]));
+        Ok(())
     }
 }

@@ -220,7 +220,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     }
     let (cfg, _) = crate::config::resolve(&args.train.flags, &args.train.run)?;
     let cpu_ranks = cluster_devices(&cfg, args.nproc)?.first() == Some(&flodl_tensor::Device::Cpu);
-    if cfg.backend == flodl_ddp::Backend::Collective && cpu_ranks {
+    if cfg.run.backend == Some(flodl_ddp::Backend::Collective) && cpu_ranks {
         bail!(
             "the collective backend across CPU rank processes runs them as one MPI world: use \
              fdl launch --mpi (an fdl built with --features mpi), or --backend host"
@@ -255,8 +255,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
             }
         }
     });
-    let watchdog =
-        args.train.flags.watchdog.map_or(Duration::from_secs(30), Duration::from_secs_f64);
+    let watchdog = job_watchdog(&cfg);
     let restarts = Restarts {
         left: args.max_restarts,
         total: args.max_restarts,
@@ -509,7 +508,7 @@ fn finish_place(
     // A snapshot with a checkpoint part carries the parameters and the momentum: a bulk frame
     // is at most about four times the model's bytes.
     let mut widths = vec![flodl_data::mnist::PIXELS];
-    widths.extend(&cfg.hidden);
+    widths.extend(cfg.hidden());
     widths.push(flodl_data::mnist::CLASSES);
     let params: usize = widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
     cluster.bulk_cap(params * 4 * 4 + (1 << 20))
@@ -525,27 +524,25 @@ pub(crate) fn cluster_devices(
     cfg: &crate::config::TrainConfig,
     world: usize,
 ) -> Result<Vec<flodl_tensor::Device>> {
-    use crate::config::RankSpec;
     use flodl_tensor::Device;
-    let gpu = match &cfg.ranks {
-        RankSpec::Auto => flodl_tensor::cuda_device_count() > 0,
-        RankSpec::CpuRanks(_) => false,
-        RankSpec::Devices(list) => list.iter().any(|d| matches!(d, Device::Cuda(_))),
+    let gpu = match (cfg.run.ranks, &cfg.run.devices) {
+        (Some(_), _) => false,
+        (None, Some(list)) => list.iter().any(|d| matches!(d, Device::Cuda(_))),
+        (None, None) => flodl_tensor::cuda_device_count() > 0,
     };
-    if cfg.slowdown.len() > world {
-        bail!("slowdown: {} factors given for {world} rank(s)", cfg.slowdown.len());
+    if cfg.slowdown().len() > world {
+        bail!("slowdown: {} factors given for {world} rank(s)", cfg.slowdown().len());
     }
-    if let Some(f) = cfg.fail_rank.iter().find(|f| f.rank >= world) {
+    if let Some(f) = cfg.fail_rank().iter().find(|f| f.rank >= world) {
         bail!("fail-rank: {f} names rank {}, but there are {world} rank(s)", f.rank);
     }
     Ok(vec![if gpu { Device::Cuda(0) } else { Device::Cpu }; world])
 }
 
-/// `trainer` made a cluster job's: the job's kind of device, the wire format, the place.
+/// `trainer` made a cluster job's: the job's kind of device, the place.
 pub(crate) fn cluster_trainer(
     trainer: flodl_ddp::Trainer,
     devices: &[flodl_tensor::Device],
-    cfg: &crate::config::TrainConfig,
     cluster: flodl_ddp::Cluster,
 ) -> flodl_ddp::Trainer {
     let kind = if devices.iter().any(|d| matches!(d, flodl_tensor::Device::Cuda(_))) {
@@ -553,7 +550,7 @@ pub(crate) fn cluster_trainer(
     } else {
         flodl_ddp::Devices::Cpu(devices.len())
     };
-    trainer.devices(kind).wire(cfg.wire).cluster(cluster)
+    trainer.devices(kind).cluster(cluster)
 }
 
 /// A cluster job's rank other than 0: joins the controller, trains its share and says how it
@@ -573,4 +570,14 @@ pub(crate) fn run_rank(trainer: flodl_ddp::Trainer, cluster: &flodl_ddp::Cluster
         }
         flodl_ddp::Started::Coordinator(_) => bail!("rank {rank} started a controller"),
     }
+}
+
+/// The rank processes' watchdog, which bounds how long the launcher waits on a silent job: the
+/// configured one, else the library's default (a value no `Duration` holds is refused by every
+/// rank process, in its own words).
+pub(crate) fn job_watchdog(cfg: &crate::config::TrainConfig) -> Duration {
+    cfg.run
+        .watchdog
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(Duration::from_secs(30))
 }

@@ -25,13 +25,22 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Parser;
 use clap::error::ErrorKind;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::args::{Cli, ClusterCommand, Command, DataCommand};
 
+/// `fdl`'s grammar, every flag with a default stating it in its help.
+fn command() -> clap::Command {
+    Cli::command()
+        .mut_subcommand("train", config::help_defaults)
+        .mut_subcommand("bench", config::help_defaults)
+        .mut_subcommand("launch", config::help_defaults)
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = command().try_get_matches().and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             let _ = e.print();
@@ -152,30 +161,44 @@ fn regenerate_report(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TrainConfig;
-
+    /// Every default of `fdl`, read from `config::defaults`, is in the help of its flag, for
+    /// every command that takes the train flags.
     #[test]
-    fn train_help_states_the_real_defaults() {
-        let mut cmd = <Cli as clap::CommandFactory>::command();
-        let help = cmd
-            .find_subcommand_mut("train")
-            .map(|c| c.render_long_help().to_string())
-            .unwrap_or_default();
-        let d = TrainConfig::defaults();
-        let hidden: Vec<String> = d.hidden.iter().map(ToString::to_string).collect();
-        for want in [
-            format!("(default {})", d.policy),
-            format!("(default {})", d.backend),
-            format!("(default {})", d.epochs),
-            format!("(default {})", d.batch_size),
-            format!("(default {})", d.lr),
-            format!("(default {})", d.momentum),
-            format!("(default {})", d.seed),
-            format!("(default {})", d.schedule),
-            format!("(default {}:", hidden.join(",")),
-        ] {
-            assert!(help.contains(&want), "help lacks {want:?}");
+    fn help_states_the_real_defaults() -> Result<()> {
+        let mut cmd = command();
+        let d = config::defaults();
+        let hidden: Vec<String> = d.hidden().iter().map(ToString::to_string).collect();
+        let r = &d.run;
+        let wants = [
+            ("--policy", r.policy.map(|p| p.to_string())),
+            ("--backend", r.backend.map(|b| b.to_string())),
+            ("--epochs", r.epochs.map(|e| e.to_string())),
+            ("--batch-size", r.batch_size.map(|b| b.to_string())),
+            ("--lr", r.lr.map(|l| l.to_string())),
+            ("--momentum", Some(d.momentum().to_string())),
+            ("--seed", r.seed.map(|s| s.to_string())),
+            ("--schedule", r.schedule.map(|s| s.to_string())),
+            ("--hidden", Some(hidden.join(","))),
+            ("--prefetch", r.prefetch.map(|p| p.to_string())),
+        ];
+        for sub in ["train", "bench", "launch"] {
+            let help = cmd
+                .find_subcommand_mut(sub)
+                .map(|c| c.render_long_help().to_string())
+                .unwrap_or_default();
+            for (flag, value) in &wants {
+                let value = value.clone().ok_or_else(|| anyhow::anyhow!("{flag}: no default"))?;
+                // The flag's own paragraph holds its default.
+                let paragraph = help
+                    .split(&format!("{flag} <"))
+                    .nth(1)
+                    .and_then(|rest| rest.split("\n\n").next())
+                    .unwrap_or_default();
+                let want = format!("(default {value})");
+                anyhow::ensure!(paragraph.contains(&want), "{sub} {flag}: lacks {want:?}");
+            }
         }
+        Ok(())
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl Model {
     pub(crate) fn text(self, cfg: &TrainConfig) -> Result<Option<TextSets>> {
         let Some(size) = self.gpt() else { return Ok(None) };
         anyhow::ensure!(
-            cfg.data.is_none() && cfg.records.is_none(),
+            cfg.local.data.is_none() && cfg.local.records.is_none(),
             "--data and --records feed the MLP; --model {} reads the vendored Shakespeare corpus",
             self.to_possible_value().map_or_else(String::new, |v| v.get_name().to_owned())
         );
@@ -93,12 +93,14 @@ impl Model {
             Ok(text.windows(context)?)
         };
         let train = load(TextSplit::Train)?;
-        let train: Arc<dyn Dataset> = match cfg.train_subset {
+        let train: Arc<dyn Dataset> = match cfg.local.train_subset {
             Some(n) => Arc::new(Subset::first(train, n)),
             None => Arc::new(train),
         };
-        let valid =
-            Subset::first(load(TextSplit::Valid)?, cfg.test_subset.unwrap_or(GPT_EVAL_WINDOWS));
+        let valid = Subset::first(
+            load(TextSplit::Valid)?,
+            cfg.local.test_subset.unwrap_or(GPT_EVAL_WINDOWS),
+        );
         Ok(Some((train, Arc::new(valid))))
     }
 
@@ -136,7 +138,7 @@ impl Model {
     /// optimizer state per parameter (SGD with momentum 1, AdamW 2).
     pub(crate) fn size(self, cfg: &TrainConfig, mlp_widths: &[usize]) -> ModelSize {
         match self.gpt() {
-            None => MlpConfig::new(mlp_widths, Optimizer::sgd(cfg.momentum as f32)).size(),
+            None => MlpConfig::new(mlp_widths, Optimizer::sgd(cfg.momentum() as f32)).size(),
             Some(size) => ModelSize {
                 parameters: size.config().parameter_count() as u64,
                 state_per_parameter: 2,
@@ -148,7 +150,7 @@ impl Model {
         match self.gpt() {
             None => {
                 let build =
-                    Mlp::factory(MlpConfig::new(mlp_widths, Optimizer::sgd(cfg.momentum as f32)));
+                    Mlp::factory(MlpConfig::new(mlp_widths, Optimizer::sgd(cfg.momentum() as f32)));
                 Box::new(move |ctx| Ok(Box::new(build(ctx)?) as Box<dyn Replica>))
             }
             Some(size) => Box::new(move |ctx| {
@@ -172,7 +174,8 @@ mod tests {
             .filter_map(|m| m.to_possible_value().map(|v| v.get_name().to_owned()))
             .collect();
         assert_eq!(names, ["mlp", "gpt-tiny", "gpt", "gpt-large"]);
-        let cfg = TrainConfig { train_subset: Some(100), ..TrainConfig::defaults() };
+        let mut cfg = crate::config::defaults();
+        cfg.local.train_subset = Some(100);
         assert!(Model::Mlp.text(&cfg)?.is_none());
         let (train, valid) = Model::GptTiny.text(&cfg)?.context("no text")?;
         assert_eq!((train.len(), valid.len()), (100, GPT_EVAL_WINDOWS));

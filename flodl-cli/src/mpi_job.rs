@@ -82,7 +82,8 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     let mut train = crate::launch::child_args();
     // Restarts resume from the checkpoint directory: the user's, else one beside the keys
     // (given to every process: it is part of the run specification they agree on).
-    let checkpoints = match &args.train.run.checkpoint_dir {
+    let (cfg, _) = crate::config::resolve(&args.train.flags, &args.train.run)?;
+    let checkpoints = match &cfg.run.checkpoint_dir {
         Some(dir) => Some(dir.clone()),
         None if args.max_restarts > 0 => {
             let dir = temp.path().join("checkpoints");
@@ -117,8 +118,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
             }
         })
     };
-    let watchdog =
-        args.train.flags.watchdog.map_or(Duration::from_secs(30), Duration::from_secs_f64);
+    let watchdog = crate::launch::job_watchdog(&cfg);
     let mut world = args.nproc;
     let mut resume: Option<PathBuf> = None;
     let mut outcome = Err(JobStatus { code: 1 }.into());

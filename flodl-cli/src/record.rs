@@ -9,7 +9,7 @@ use flodl_ddp::{
     TimeBreakdown,
 };
 
-use crate::config::{RunOptions, TrainConfig};
+use crate::args::RunFlags;
 
 /// What a line of `metrics.jsonl` reports, tagged by `kind`: flodl-ddp's `Report` (`epoch`,
 /// `reduce`, with the library's field names) plus the rank deaths (`fault`) and the ranks that
@@ -63,10 +63,11 @@ pub(crate) struct Summary {
     pub(crate) fdl_version: String,
     /// Start time, UTC, RFC 3339.
     pub(crate) started_at: String,
-    /// The resolved configuration.
-    pub(crate) config: TrainConfig,
-    /// The resolved run options.
-    pub(crate) options: RunOptions,
+    /// The resolved configuration: one table of the flags' names (a run directory written by
+    /// an older `fdl` holds its own layout, shown as it is).
+    pub(crate) config: serde_json::Value,
+    /// The resolved run options (resume, run directory, dashboard).
+    pub(crate) options: RunFlags,
     /// Device of each rank (`cpu`, `cuda:0`).
     pub(crate) devices: Vec<String>,
     /// Epochs finished.

@@ -208,7 +208,10 @@ fn key_figures(html: &mut String, s: &Summary) {
         ("epochs", s.epochs_completed.to_string()),
         ("syncs", s.syncs.to_string()),
         ("average sync", avg_sync),
-        ("policy / backend", format!("{} / {}", s.config.policy, s.config.backend)),
+        (
+            "policy / backend",
+            format!("{} / {}", text(&s.config["policy"]), text(&s.config["backend"])),
+        ),
     ];
     figure_cards(html, &figures);
 }
@@ -238,7 +241,7 @@ fn rank_table(html: &mut String, s: &Summary) {
     }
     html.push_str("</tr>");
     for r in &s.ranks {
-        let slowdown = s.config.slowdown.get(r.rank).map_or("1".to_owned(), |f| format!("{f}"));
+        let slowdown = s.config["slowdown"].get(r.rank).map_or("1".to_owned(), text);
         let _ = write!(
             html,
             "<tr><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}%</td>",
@@ -366,6 +369,11 @@ pub(crate) fn fault_table(html: &mut String, faults: &[FaultEvent]) {
     html.push_str("</table>");
 }
 
+/// A value of the configuration as the flag would spell it (a string without its quotes).
+fn text(value: &serde_json::Value) -> String {
+    value.as_str().map_or_else(|| value.to_string(), str::to_owned)
+}
+
 fn config_table(html: &mut String, s: &Summary) {
     html.push_str("<h2>Configuration</h2><table>");
     let mut rows = Vec::new();
@@ -471,7 +479,6 @@ fn charts(devices: &[String], timeline: &Timeline<'_>) -> Vec<LineChart> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{RunOptions, TrainConfig};
     use crate::record::RankSummary;
     use flodl_ddp::{EvalMetrics, FaultCause, FaultEvent, RankEpochMetrics, TimeBreakdown};
 
@@ -536,19 +543,8 @@ mod tests {
             name: "t<1>".into(),
             fdl_version: "0".into(),
             started_at: "2026-01-01T00:00:00Z".into(),
-            config: TrainConfig::defaults(),
-            options: RunOptions {
-                eval_every: 1,
-                checkpoint_dir: None,
-                checkpoint_every: 1,
-                checkpoint_every_reduces: None,
-                keep_checkpoints: 3,
-                resume: None,
-                out: None,
-                name: None,
-                dashboard: None,
-                dashboard_token: None,
-            },
+            config: serde_json::to_value(crate::config::defaults()).unwrap_or_default(),
+            options: crate::args::RunFlags::default(),
             devices: vec!["cpu".into(), "cpu".into()],
             epochs_completed: epochs,
             train_wall_s: epochs as f64,

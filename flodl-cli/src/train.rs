@@ -8,15 +8,13 @@ use anyhow::{Context, Result, bail, ensure};
 use flodl_data::mnist::{self, Mnist, Split, Verify};
 use flodl_data::{Access, RecordFile};
 use flodl_data::{Dataset, Subset};
-use flodl_ddp::checkpoint::SaveInterval;
 use flodl_ddp::{
-    CacheTally, Devices, FaultEvent, Field, ReplicaContext, RunSpec, TimeBreakdown, TrainedState,
-    Trainer,
+    CacheTally, Devices, FaultEvent, ReplicaContext, RunSpec, TimeBreakdown, TrainedState, Trainer,
 };
 use flodl_tensor::Device;
 
-use crate::args::TrainArgs;
-use crate::config::{self, RunOptions, TrainConfig};
+use crate::args::{RunFlags, TrainArgs};
+use crate::config::{self, TrainConfig};
 use crate::dashboard::{Dashboard, Ending, Meta};
 use crate::progress::{Display, Progress};
 use crate::record::{Entry, Line, RankSummary, Summary};
@@ -38,12 +36,13 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     // In a cluster job only the controller's process (rank 0's, or its own in an MPI job)
     // saves and resumes: the ranks restore from what it sends them, and may not see its files.
     let kind = devices.first().copied().unwrap_or(Device::Cpu);
-    let controller = cluster.as_ref().is_none_or(|c| c.hosts_controller(cfg.backend, kind));
+    let backend = cfg.run.backend.unwrap_or_default();
+    let controller = cluster.as_ref().is_none_or(|c| c.hosts_controller(backend, kind));
     let resume = match &opts.resume {
         Some(path) if controller => Some(ResumePoint::locate(path)?),
         _ => None,
     };
-    if let Some(dir) = &opts.checkpoint_dir
+    if let Some(dir) = &cfg.run.checkpoint_dir
         && !args.dry_run
         && controller
     {
@@ -51,9 +50,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
             .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
     }
     let data = args.model.data(&cfg)?;
-    let mut trainer = trainer(&cfg, &devices, &data, &opts, resume.as_ref())?;
+    let mut trainer = trainer(&cfg, &devices, &data, resume.as_ref())?;
     if let Some(c) = &cluster {
-        trainer = crate::launch::cluster_trainer(trainer, &devices, &cfg, c.clone());
+        trainer = crate::launch::cluster_trainer(trainer, &devices, c.clone());
     }
     let spec = trainer.spec().map_err(|e| explain(e, &cfg, resume.as_ref()))?;
     if let Some(c) = cluster.as_ref().filter(|c| !c.hosts_controller(spec.backend, kind))
@@ -137,7 +136,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         }
         Ok(())
     };
-    let outcome = match execute(trainer, spec, &opts, resume.as_ref(), display, sink) {
+    let outcome = match execute(trainer, spec, resume.as_ref(), display, sink) {
         Ok(outcome) => outcome,
         Err(e) => {
             if let Some(d) = dashboard {
@@ -223,10 +222,10 @@ impl Data {
     /// # Errors
     /// A missing or corrupt file (named in the message).
     pub(crate) fn load(cfg: &TrainConfig) -> Result<Self> {
-        let dir = cfg.data.clone().unwrap_or_else(mnist::vendored_dir);
+        let dir = cfg.local.data.clone().unwrap_or_else(mnist::vendored_dir);
         if !dir.is_dir() {
             // A moved binary or a registry-installed crate does not find the vendored files.
-            let hint = match cfg.data {
+            let hint = match cfg.local.data {
                 Some(_) => String::new(),
                 None => format!(
                     " (set {} or pass --data to name the folder holding the MNIST idx files)",
@@ -241,9 +240,10 @@ impl Data {
                 .with_context(|| format!("cannot load MNIST from {}", dir.display()))
         };
         let test = load(Split::Test)?;
-        let train: Arc<dyn Dataset> = match &cfg.records {
+        let train: Arc<dyn Dataset> = match &cfg.local.records {
             Some(path) => {
-                let access = if cfg.direct { Access::Direct } else { Access::Buffered };
+                let access =
+                    if cfg.local.direct == Some(true) { Access::Direct } else { Access::Buffered };
                 let file = RecordFile::open(path, access)
                     .with_context(|| format!("cannot open the record file {}", path.display()))?;
                 ensure!(
@@ -255,11 +255,11 @@ impl Data {
             }
             None => Arc::new(load(Split::Train)?),
         };
-        let train: Arc<dyn Dataset> = match cfg.train_subset {
+        let train: Arc<dyn Dataset> = match cfg.local.train_subset {
             Some(n) => Arc::new(Subset::first(train, n)),
             None => train,
         };
-        let test: Arc<dyn Dataset> = match cfg.test_subset {
+        let test: Arc<dyn Dataset> = match cfg.local.test_subset {
             Some(n) => Arc::new(Subset::first(test, n)),
             None => Arc::new(test),
         };
@@ -285,65 +285,33 @@ pub(crate) struct Outcome {
 }
 
 /// The trainer of a run of `cfg` on `devices` (resolved by [`TrainConfig::devices`]): the
-/// reference MLP on `data`, with the run options and the bundle to resume from.
+/// reference MLP on `data`, the run's settings, the bundle to resume from.
 ///
 /// # Errors
-/// A watchdog no `Duration` holds (every other option is checked by `Trainer::spec`).
+/// A setting `Trainer::settings` refuses, naming its flag (every other rule is checked by
+/// `Trainer::spec`).
 pub(crate) fn trainer(
     cfg: &TrainConfig,
     devices: &[Device],
     data: &Data,
-    opts: &RunOptions,
     resume: Option<&ResumePoint>,
 ) -> Result<Trainer> {
     let size = data.model.size(cfg, &widths(cfg));
     let build = data.model.factory(cfg, &widths(cfg));
-    let fails = cfg.fail_rank.clone();
+    let fails = cfg.fail_rank().to_vec();
     let factory = move |ctx: &ReplicaContext| {
         let at = crate::failure::fail_at(ctx.rank, &fails);
         Ok(flodl_ddp::FailingReplica::new(build(ctx)?, at, flodl_ddp::Failure::Error))
     };
     let mut trainer = Trainer::new(factory)
         .dataset(data.train.clone())
-        .test_dataset(data.test.clone(), opts.eval_every)
+        .test_dataset(data.test.clone(), 1)
         .devices(Devices::List(devices.to_vec()))
-        .policy(cfg.policy)
-        .backend(cfg.backend)
-        .epochs(cfg.epochs)
-        .batch_size(cfg.batch_size)
-        .learning_rate(cfg.lr as f32)
-        .seed(cfg.seed)
-        .slowdown(cfg.slowdown.clone())
-        .prefetch(cfg.prefetch)
-        .staging(cfg.staging)
-        .model_size(size);
-    // The runtime indexes schedules in cohort steps: every rank's batches together.
-    let per_epoch_steps = (data.train.len() / cfg.batch_size.max(1)) as u64;
-    let total_steps = cfg.epochs as u64 * per_epoch_steps;
-    let warmup = (cfg.warmup_epochs * per_epoch_steps as f64).round() as u64;
-    if let Some(schedule) = cfg.schedule.build(cfg.lr, total_steps, warmup) {
-        trainer = trainer.schedule(schedule);
-    }
+        .model_size(size)
+        .settings(&cfg.run)
+        .map_err(|e| config::explain(e, &cfg.run))?;
     if let Some(t) = data.model.stall_timeout() {
         trainer = trainer.stall_timeout(t);
-    }
-    if let Some(secs) = cfg.watchdog_s {
-        trainer = trainer.watchdog(config::seconds(Field::Watchdog, secs, &cfg.ranks)?);
-    }
-    if let Some(n) = cfg.max_failures {
-        trainer = trainer.max_failures(n);
-    }
-    if let Some(dir) = &opts.checkpoint_dir {
-        let interval = SaveInterval {
-            every_epochs: std::num::NonZeroU64::new(opts.checkpoint_every as u64),
-            every_reduces: opts
-                .checkpoint_every_reduces
-                .and_then(|n| std::num::NonZeroU64::new(n as u64)),
-        };
-        trainer = trainer
-            .checkpoint_dir(dir.clone())
-            .checkpoint_every(interval)
-            .keep_checkpoints(opts.keep_checkpoints);
     }
     if let Some(point) = resume {
         trainer = trainer.resume(point.source());
@@ -359,7 +327,7 @@ pub(crate) fn explain(
     resume: Option<&ResumePoint>,
 ) -> anyhow::Error {
     match error {
-        e @ flodl_ddp::Error::Invalid(_) => config::explain(e, &cfg.ranks),
+        e @ flodl_ddp::Error::Invalid(_) => config::explain(e, &cfg.run),
         e => resume::explain(e, resume),
     }
 }
@@ -371,12 +339,12 @@ pub(crate) fn explain(
 pub(crate) fn execute(
     trainer: Trainer,
     spec: RunSpec,
-    opts: &RunOptions,
     resume: Option<&ResumePoint>,
     display: Display,
     mut sink: impl FnMut(&Line) -> Result<()>,
 ) -> Result<Outcome> {
     let names: Vec<String> = spec.devices.iter().map(Device::to_string).collect();
+    let saves = spec.checkpoint.is_some();
     let per_epoch = (spec.batches_per_epoch() * spec.batch_size) as u64;
     let mut progress = Progress::new(display, &names, per_epoch, spec.epochs, spec.batch_size);
     let start = Instant::now();
@@ -411,7 +379,7 @@ pub(crate) fn execute(
             && let Some(signal) = crate::interrupt::first()
         {
             signals = now;
-            if now == 1 && opts.checkpoint_dir.is_some() {
+            if now == 1 && saves {
                 progress.alert(&crate::interrupt::stopping_line(signal));
                 handle.stop_with_checkpoint();
             } else {
@@ -496,13 +464,13 @@ fn fault_line(fault: &FaultEvent, devices: &[String]) -> String {
 /// Layer widths: 784 inputs, the hidden widths, 10 classes.
 fn widths(cfg: &TrainConfig) -> Vec<usize> {
     let mut w = vec![mnist::PIXELS];
-    w.extend(&cfg.hidden);
+    w.extend(cfg.hidden());
     w.push(mnist::CLASSES);
     w
 }
 
 /// `--out`, else `runs/<name>`, else `runs/<UTC timestamp>`.
-fn run_path(opts: &RunOptions, stamp: &str) -> PathBuf {
+fn run_path(opts: &RunFlags, stamp: &str) -> PathBuf {
     match (&opts.out, &opts.name) {
         (Some(out), _) => out.clone(),
         (None, Some(name)) => PathBuf::from("runs").join(name),
@@ -515,7 +483,7 @@ pub(crate) fn summarise(
     name: String,
     started_at: String,
     cfg: &TrainConfig,
-    opts: &RunOptions,
+    opts: &RunFlags,
     outcome: &Outcome,
 ) -> Summary {
     let state = &outcome.state;
@@ -573,7 +541,7 @@ pub(crate) fn summarise(
         name,
         fdl_version: env!("CARGO_PKG_VERSION").to_owned(),
         started_at,
-        config: cfg.clone(),
+        config: serde_json::to_value(cfg).unwrap_or_default(),
         options: opts.clone(),
         devices: names,
         epochs_completed: state.epochs.len(),
@@ -587,7 +555,8 @@ pub(crate) fn summarise(
         held_back,
         resumed_from: outcome.resumed_from.clone(),
         epochs_restored: outcome.restored,
-        checkpoint: opts
+        checkpoint: cfg
+            .run
             .checkpoint_dir
             .as_ref()
             .and_then(|d| flodl_ddp::checkpoint::locate(d).ok())
@@ -655,18 +624,7 @@ mod tests {
 
     #[test]
     fn run_path_prefers_out_then_name_then_stamp() {
-        let mut opts = RunOptions {
-            eval_every: 1,
-            checkpoint_dir: None,
-            checkpoint_every: 1,
-            checkpoint_every_reduces: None,
-            keep_checkpoints: 3,
-            resume: None,
-            out: None,
-            name: None,
-            dashboard: None,
-            dashboard_token: None,
-        };
+        let mut opts = RunFlags::default();
         assert_eq!(run_path(&opts, "20260101-000000"), PathBuf::from("runs/20260101-000000"));
         opts.name = Some("a".into());
         assert_eq!(run_path(&opts, "x"), PathBuf::from("runs/a"));

@@ -30,6 +30,8 @@ pub enum Field {
     LearningRate,
     /// [`crate::Trainer::schedule`].
     Schedule,
+    /// The linear warmup of a schedule given by name ([`crate::RunSettings::warmup_epochs`]).
+    WarmupEpochs,
     /// [`crate::Trainer::lr_scale_ratio`].
     LrScaleRatio,
     /// [`crate::Trainer::elche`].
@@ -50,6 +52,10 @@ pub enum Field {
     Easgd,
     /// [`crate::Trainer::max_grad_norm`].
     MaxGradNorm,
+    /// [`crate::Trainer::checkpoint_dir`].
+    Checkpoint,
+    /// [`crate::Trainer::checkpoint_every`].
+    CheckpointEvery,
     /// [`crate::Trainer::keep_checkpoints`].
     KeepCheckpoints,
     /// [`crate::Trainer::model_size`]: the model against the devices' memory.
@@ -71,6 +77,7 @@ impl Field {
             Field::Backend => "backend",
             Field::LearningRate => "learning_rate",
             Field::Schedule => "schedule",
+            Field::WarmupEpochs => "warmup_epochs",
             Field::LrScaleRatio => "lr_scale_ratio",
             Field::Elche => "elche",
             Field::Slowdown => "slowdown",
@@ -81,6 +88,8 @@ impl Field {
             Field::Outer => "outer",
             Field::Easgd => "easgd",
             Field::MaxGradNorm => "max_grad_norm",
+            Field::Checkpoint => "checkpoint_dir",
+            Field::CheckpointEvery => "checkpoint_every",
             Field::KeepCheckpoints => "keep_checkpoints",
             Field::ModelSize => "model_size",
             Field::Cluster => "cluster",

@@ -120,6 +120,7 @@ pub use control::metrics::{
 };
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
+pub use control::schedule_kind::ScheduleKind;
 pub use control::verdict::Verdict;
 pub use cooperative::{Parameters, Step, Worker};
 pub use error::{Divergence, Error, Peer, Result};
@@ -129,6 +130,7 @@ pub use link::frame::WireFormat;
 pub use link::fuzz as fuzz_targets;
 pub use link::text::WireText;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
+pub use runtime::as_text;
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Seat, Started};
@@ -138,6 +140,7 @@ pub use runtime::engine::prefetch::Prefetch;
 pub use runtime::engine::run_config::{EpochCallback, SampleAudit};
 pub use runtime::engine::staging::Staging;
 pub use runtime::handle::{Cooperative, DdpHandle};
+pub use runtime::settings::RunSettings;
 pub use runtime::spec::{
     CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE, Machine,
     Placement, ResumeTerms, RunSpec,

@@ -70,7 +70,7 @@ impl serde::Serialize for Bind {
 impl<'de> serde::Deserialize<'de> for Bind {
     /// The text `FromStr` reads (a port may be a number).
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::config::text::one::deserialize(d)
+        flodl_ddp::as_text::one::deserialize(d)
     }
 }
 

@@ -17,5 +17,6 @@ pub mod overshoot;
 pub mod partition;
 pub mod policy;
 pub mod schedule;
+pub mod schedule_kind;
 pub mod verdict;
 pub mod weighting;

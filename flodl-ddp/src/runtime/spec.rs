@@ -335,7 +335,7 @@ impl Machine {
 }
 
 /// The rate a schedule starts from or peaks at (the learning rate it was built around).
-fn base_rate(schedule: &Schedule) -> f64 {
+pub(crate) fn base_rate(schedule: &Schedule) -> f64 {
     match schedule {
         Schedule::Constant { lr }
         | Schedule::Step { lr, .. }

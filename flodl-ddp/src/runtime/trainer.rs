@@ -15,6 +15,7 @@ use crate::control::guard::{Guard, TREND_THRESHOLD, TREND_THRESHOLD_EASGD, Trend
 use crate::control::outer::OuterKind;
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
+use crate::control::schedule_kind::ScheduleKind;
 use crate::cooperative::bridge::Bridge;
 use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
@@ -26,6 +27,7 @@ use crate::runtime::engine::run_config::{
 use crate::runtime::engine::staging::Staging;
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
+use crate::runtime::settings::RunSettings;
 use crate::runtime::spec::{
     CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Machine, Placement, RunSpec,
 };
@@ -147,6 +149,19 @@ pub struct Trainer {
     checkpoint: CheckpointSpec,
     /// Whether [`checkpoint_dir`](Self::checkpoint_dir) was given.
     saves: bool,
+    /// A schedule given by name, made by [`spec`](Self::spec) once the run's length is known.
+    named: Option<NamedSchedule>,
+}
+
+/// A learning-rate schedule by name, as [`RunSettings`] give it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct NamedSchedule {
+    /// Which schedule.
+    kind: ScheduleKind,
+    /// Its peak rate (unset: the draft schedule's).
+    lr: Option<f64>,
+    /// Epochs of linear warmup before it.
+    warmup_epochs: f64,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -190,7 +205,90 @@ impl Trainer {
                 keep: 3,
             },
             saves: false,
+            named: None,
         }
+    }
+
+    /// Applies every setting `settings` gives (an unset one leaves this trainer's value): the
+    /// one place a named setting becomes a trainer option. A schedule given by name is made by
+    /// [`spec`](Self::spec), over the run's length in cohort steps.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming the option: both `ranks` and `devices`, a watchdog no
+    /// [`Duration`] holds, checkpoint keys without `checkpoint_dir`, `checkpoint_every_reduces`
+    /// 0. Every other rule is [`RunSpec::check`]'s, at [`spec`](Self::spec).
+    pub fn settings(mut self, settings: &RunSettings) -> Result<Trainer> {
+        let s = settings.clone();
+        match (s.ranks, s.devices) {
+            (Some(_), Some(_)) => {
+                let why = "ranks and devices cannot be used together";
+                return Err(ConfigError::unsupported(Field::Devices, why).into());
+            }
+            (Some(n), None) => self.devices = Devices::Cpu(n),
+            (None, Some(list)) => self.devices = Devices::List(list),
+            (None, None) => {}
+        }
+        let d = &mut self.draft;
+        d.policy = s.policy.unwrap_or(d.policy);
+        d.backend = s.backend.unwrap_or(d.backend);
+        d.epochs = s.epochs.unwrap_or(d.epochs);
+        d.batch_size = s.batch_size.unwrap_or(d.batch_size);
+        d.seed = s.seed.unwrap_or(d.seed);
+        d.slowdown = s.slowdown.unwrap_or(std::mem::take(&mut d.slowdown));
+        d.prefetch = s.prefetch.unwrap_or(d.prefetch);
+        d.staging = s.staging.unwrap_or(d.staging);
+        d.max_failures = s.max_failures.unwrap_or(d.max_failures);
+        d.wire = s.wire.unwrap_or(d.wire);
+        d.eval_every = s.eval_every.unwrap_or(d.eval_every);
+        if let Some(lr) = s.lr {
+            self = self.learning_rate(lr as f32);
+        }
+        if s.schedule.is_some() || s.warmup_epochs.is_some() {
+            self.named = Some(NamedSchedule {
+                kind: s.schedule.unwrap_or(ScheduleKind::Constant),
+                lr: s.lr,
+                warmup_epochs: s.warmup_epochs.unwrap_or(0.0),
+            });
+        }
+        if let Some(secs) = s.watchdog {
+            let deadline = Duration::try_from_secs_f64(secs).map_err(|_| {
+                ConfigError::out_of_range(
+                    Field::Watchdog,
+                    format!("{secs:?}"),
+                    "more than 0 and at most a week",
+                )
+            })?;
+            self.watchdog = Some(deadline);
+        }
+        if s.checkpoint_every_reduces == Some(0) {
+            return Err(ConfigError::out_of_range(Field::CheckpointEvery, 0, "at least 1").into());
+        }
+        match s.checkpoint_dir {
+            Some(dir) => {
+                let reduces = s.checkpoint_every_reduces;
+                // Reduces alone turn the per-epoch default off.
+                let epochs = s.checkpoint_every.unwrap_or(if reduces.is_some() { 0 } else { 1 });
+                let interval = SaveInterval {
+                    every_epochs: std::num::NonZeroU64::new(epochs as u64),
+                    every_reduces: reduces.and_then(|n| std::num::NonZeroU64::new(n as u64)),
+                };
+                self = self.checkpoint_dir(dir).checkpoint_every(interval);
+                if let Some(keep) = s.keep_checkpoints {
+                    self = self.keep_checkpoints(keep);
+                }
+            }
+            None => {
+                let given = [
+                    (Field::CheckpointEvery, s.checkpoint_every.or(s.checkpoint_every_reduces)),
+                    (Field::KeepCheckpoints, s.keep_checkpoints),
+                ];
+                if let Some((field, _)) = given.iter().find(|(_, v)| v.is_some()) {
+                    let problem = Problem::Needs { other: Field::Checkpoint, to_be: "given" };
+                    return Err(ConfigError { field: *field, problem }.into());
+                }
+            }
+        }
+        Ok(self)
     }
 
     /// A trainer for the cooperative tier: the user's own loop trains each rank through a
@@ -367,6 +465,7 @@ impl Trainer {
     /// last reduce, plus the rank's own since); replaces [`learning_rate`](Self::learning_rate).
     pub fn schedule(mut self, schedule: Schedule) -> Trainer {
         self.draft.schedule = schedule;
+        self.named = None;
         self
     }
 
@@ -586,6 +685,9 @@ impl Trainer {
         spec.guard = self.guard.clone().unwrap_or_else(|| default_guard(spec.easgd.is_some()));
         spec.lr_scale = crate::control::schedule::lr_scale(spec.world(), spec.lr_scale_ratio);
         spec.checkpoint = self.saves.then(|| self.checkpoint.clone());
+        if let Some(named) = self.named {
+            spec.schedule = named.resolve(&spec)?;
+        }
         spec.check(machine)?;
         Ok(spec)
     }
@@ -732,6 +834,31 @@ impl Trainer {
             None => (Vec::new(), None),
         };
         DdpHandle::start(Arc::new(config), remote).map(Started::Coordinator)
+    }
+}
+
+impl NamedSchedule {
+    /// The schedule over `spec`'s run: its epochs of full batches, in cohort steps (the batches
+    /// of all ranks together); the draft's schedule when this one is constant without warmup.
+    ///
+    /// # Errors
+    /// [`Field::WarmupEpochs`] when the warmup is negative, not a number, or not shorter than
+    /// the run.
+    fn resolve(self, spec: &RunSpec) -> Result<Schedule> {
+        let w = self.warmup_epochs;
+        if !(w.is_finite() && w >= 0.0 && w < spec.epochs.max(1) as f64) {
+            let e = ConfigError::out_of_range(
+                Field::WarmupEpochs,
+                w,
+                "at least 0 and less than the epochs",
+            );
+            return Err(e.into());
+        }
+        let per_epoch = spec.batches_per_epoch() as u64;
+        let total = spec.epochs as u64 * per_epoch;
+        let warmup = (w * per_epoch as f64).round() as u64;
+        let lr = self.lr.unwrap_or_else(|| crate::runtime::spec::base_rate(&spec.schedule));
+        Ok(self.kind.build(lr, total, warmup).unwrap_or_else(|| spec.schedule.clone()))
     }
 }
 
