@@ -62,6 +62,9 @@ pub enum Field {
     ModelSize,
     /// [`crate::Trainer::cluster`]: where this process sits in a cluster run.
     Cluster,
+    /// The replica's own configuration (its factory's settings: an MLP's widths, a
+    /// transformer's sizes).
+    Model,
 }
 
 impl Field {
@@ -93,6 +96,7 @@ impl Field {
             Field::KeepCheckpoints => "keep_checkpoints",
             Field::ModelSize => "model_size",
             Field::Cluster => "cluster",
+            Field::Model => "model",
         }
     }
 }
@@ -160,6 +164,13 @@ pub enum Problem {
         /// What it must be.
         to_be: &'static str,
     },
+    /// Environment variables the option is read from are not set.
+    MissingVariables {
+        /// The variables needed.
+        vars: &'static [&'static str],
+        /// What makes them.
+        made_by: &'static str,
+    },
     /// A combination this build or this kind of run does not serve.
     Unsupported(String),
 }
@@ -190,6 +201,13 @@ impl fmt::Display for Problem {
                 bytes(*free)
             ),
             Problem::Needs { other, to_be } => write!(f, "needs {other} to be {to_be}"),
+            Problem::MissingVariables { vars, made_by } => {
+                write!(
+                    f,
+                    "needs the environment variables {} ({made_by} makes them)",
+                    vars.join(", ")
+                )
+            }
             Problem::Unsupported(why) => f.write_str(why),
         }
     }

@@ -15,9 +15,6 @@ use crate::link::text::WireText;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The trainer was configured with values that cannot run (reported by `run()`).
-    #[error("invalid configuration: {0}")]
-    Config(String),
     /// An option of the run cannot run ([`crate::RunSpec::check`]): the field and what is wrong.
     #[error("invalid configuration: {0}")]
     Invalid(#[from] crate::config_error::ConfigError),
@@ -70,6 +67,16 @@ pub enum Error {
     Protocol {
         /// What did not fit.
         detail: String,
+    },
+    /// A cooperative worker and its rank out of step: an order or an answer that does not fit
+    /// where the other stands (the worker's loop called out of turn). Not a wire violation: both
+    /// ends are in this process.
+    #[error("cooperative worker out of step: {got} {during}")]
+    OutOfStep {
+        /// What arrived (the order or the answer).
+        got: &'static str,
+        /// Where it arrived: the phase it arrived in, or the order it answered.
+        during: &'static str,
     },
     /// The collective backend was asked to reduce on a rank that has no communicator.
     #[error("the collective backend has no communicator on this rank")]

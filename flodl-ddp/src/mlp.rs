@@ -5,6 +5,7 @@ use flodl_tensor::ops::Transpose::{No, Yes};
 use flodl_tensor::{DType, Stream, Tensor, ops};
 use serde::{Deserialize, Serialize};
 
+use crate::config_error::{ConfigError, Field};
 use crate::contract::replica::{Batch, BatchEval, Replica, ReplicaContext};
 use crate::{Error, Result};
 
@@ -81,10 +82,12 @@ impl MlpConfig {
 
     fn check(&self) -> Result<()> {
         if self.widths.len() < 2 || self.widths.contains(&0) {
-            return Err(Error::Config(format!(
-                "an MLP needs at least two non-zero widths, got {:?}",
-                self.widths
-            )));
+            return Err(ConfigError::out_of_range(
+                Field::Model,
+                format!("MLP widths {:?}", self.widths),
+                "at least two non-zero widths",
+            )
+            .into());
         }
         Ok(())
     }
@@ -149,12 +152,12 @@ impl Mlp {
     /// Builds the MLP on `stream`'s device for training batches of `batch_size` samples.
     ///
     /// # Errors
-    /// [`Error::Config`] for fewer than two widths, a zero width or a zero batch size; a tensor
+    /// [`Error::Invalid`] for fewer than two widths, a zero width or a zero batch size; a tensor
     /// error from allocation.
     pub fn new(config: &MlpConfig, batch_size: usize, seed: u64, stream: &Stream) -> Result<Mlp> {
         config.check()?;
         if batch_size == 0 {
-            return Err(Error::Config("batch size must be at least 1".into()));
+            return Err(ConfigError::out_of_range(Field::BatchSize, 0, "at least 1").into());
         }
         let w = &config.widths;
         let layers = w.len() - 1;
@@ -203,7 +206,7 @@ impl Mlp {
     /// loss and the accuracy ([`crate::evaluate`] on the MLP's stream).
     ///
     /// # Errors
-    /// [`Error::Config`] for a zero batch size; [`Error::ReplicaMismatch`] for a dataset whose
+    /// [`Error::Invalid`] for a zero batch size; [`Error::ReplicaMismatch`] for a dataset whose
     /// layout does not fit the MLP; data and tensor errors.
     pub fn evaluate(
         &mut self,

@@ -60,8 +60,6 @@ pub(crate) const KNOWN: &[&str] = &[
     "import cycle: checkpoint/error.rs -> checkpoint/record.rs (`super::record::StoredDType`); checkpoint/record.rs -> checkpoint/error.rs (`super::error::CheckpointError`);",
     "import cycle: checkpoint/location.rs -> checkpoint/store.rs (`super::store::EXTENSION`); checkpoint/store.rs -> checkpoint/location.rs (`super::location::locate`);",
     "import cycle: cooperative/step.rs -> cooperative/worker.rs (`crate::cooperative::worker::Worker`); cooperative/worker.rs -> cooperative/step.rs (`crate::cooperative::step::Step`);",
-    // control/dispatch.rs is cut with control/'s reshape.
-    "control/dispatch.rs has 1383 lines (limit 1000)",
 ];
 
 /// One finding, naming the file or the edge.

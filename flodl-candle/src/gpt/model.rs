@@ -1,7 +1,7 @@
 //! `Gpt`, the transformer: its variables, forward pass, training loss and evaluation.
 
 use candle_core::{D, DType, Device, Tensor, Var};
-use flodl_ddp::{Batch, BatchEval, Error, Result};
+use flodl_ddp::{Batch, BatchEval, ConfigError, Error, Field, Result};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
@@ -90,13 +90,16 @@ impl Gpt {
     /// into the residual stream scaled by `1/sqrt(2·layers)`; biases 0, norm gains 1).
     ///
     /// # Errors
-    /// [`Error::Config`] when `heads` does not divide `width` or a dimension is 0; candle's.
+    /// [`Error::Invalid`] when `heads` does not divide `width` or a dimension is 0; candle's.
     pub fn new(config: GptConfig, seed: u64) -> Result<Gpt> {
         let GptConfig { context, width: d, layers, heads } = config;
         if context == 0 || d == 0 || layers == 0 || heads == 0 || d % heads != 0 {
-            return Err(Error::Config(format!(
-                "a transformer needs positive sizes and heads dividing the width: {config:?}"
-            )));
+            return Err(ConfigError::out_of_range(
+                Field::Model,
+                format!("{config:?}"),
+                "a transformer of positive sizes, its heads dividing its width",
+            )
+            .into());
         }
         let build = || -> candle_core::Result<Gpt> {
             let device = Device::Cpu;

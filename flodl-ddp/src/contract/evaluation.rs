@@ -4,6 +4,7 @@
 use flodl_data::{Dataset, HostBatch};
 use flodl_tensor::Stream;
 
+use crate::config_error::{ConfigError, Field};
 use crate::contract::replica::{Batch, Replica};
 use crate::contract::staging::{device_batch, upload};
 use crate::control::metrics::EvalMetrics;
@@ -17,7 +18,7 @@ use crate::{Error, Result};
 /// evaluate ([`Replica::evaluate_batch`] answers `None`).
 ///
 /// # Errors
-/// [`Error::Config`] for a zero batch size; [`Error::ReplicaMismatch`] when `stream` is not on
+/// [`Error::Invalid`] for a zero batch size; [`Error::ReplicaMismatch`] when `stream` is not on
 /// the device of the replica's parameters; data and tensor errors; whatever the replica's
 /// evaluation raises.
 pub fn evaluate(
@@ -46,7 +47,7 @@ impl EvalBatches {
         stream: &Stream,
     ) -> Result<Option<EvalMetrics>> {
         if batch_size == 0 {
-            return Err(Error::Config("evaluation batch size must be at least 1".into()));
+            return Err(ConfigError::out_of_range(Field::BatchSize, 0, "at least 1").into());
         }
         let device = stream.device();
         if let Some(p) = replica.parameters().iter().find(|p| p.device() != device) {

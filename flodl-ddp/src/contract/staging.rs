@@ -3,8 +3,9 @@
 use flodl_data::{HostBatch, SampleLayout};
 use flodl_tensor::{DType, Stream, Tensor};
 
+use crate::Result;
+use crate::config_error::{ConfigError, Field};
 use crate::contract::replica::Batch;
-use crate::{Error, Result};
 
 /// The device shape of `n` samples of a field of `numel` values: `[n]` or `[n, numel]`.
 fn batch_shape(n: usize, numel: usize) -> Vec<usize> {
@@ -14,15 +15,16 @@ fn batch_shape(n: usize, numel: usize) -> Vec<usize> {
 /// A device batch of `n` samples laid out like `layout`, zero-filled, on `stream`'s device.
 ///
 /// # Errors
-/// [`Error::Config`] for a field dtype other than f32 or i32; tensor errors from allocation.
+/// [`crate::Error::Invalid`] for a field dtype other than f32 or i32; tensor errors from allocation.
 pub(crate) fn device_batch(layout: &SampleLayout, n: usize, stream: &Stream) -> Result<Batch> {
     let mut fields = Vec::with_capacity(layout.fields().len());
     for f in layout.fields() {
         if !matches!(f.dtype, DType::F32 | DType::I32) {
-            return Err(Error::Config(format!(
-                "field {} has dtype {:?}; batches carry f32 or i32",
-                f.name, f.dtype
-            )));
+            return Err(ConfigError::unsupported(
+                Field::Dataset,
+                format!("field {} has dtype {:?}; batches carry f32 or i32", f.name, f.dtype),
+            )
+            .into());
         }
         fields.push(Tensor::zeros(&batch_shape(n, f.numel()), f.dtype, stream)?);
     }

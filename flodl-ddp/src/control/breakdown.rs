@@ -170,7 +170,7 @@ pub struct Straggler {
     pub rank: usize,
     /// What kept it busy beyond the others: its largest part other than compute and waiting,
     /// or [`Activity::Compute`] when it is simply the slowest (no such part above
-    /// [`STRAGGLER_LOSS_SHARE`] of its wall).
+    /// `STRAGGLER_LOSS_SHARE` of its wall).
     pub activity: Activity,
     /// The fraction of its wall that activity took.
     pub share: f64,

@@ -9,7 +9,7 @@
 //! # Choices between the two reference behaviours
 //!
 //! * **Speed estimate: trust window, not adaptive EMA.** Each rank keeps the last
-//!   [`TRUST_WINDOW`] readings of ms/batch and uses their mean. The [0.5] adaptive EMA
+//!   `TRUST_WINDOW` readings of ms/batch and uses their mean. The [0.5] adaptive EMA
 //!   (`α = clamp(|err|, 0.1, 0.8)`) lets one outlier window (a page fault, a GC pause, a cold
 //!   cache) move the estimate by up to 80%, which then moves every count; the mean of five
 //!   readings bounds one outlier's weight at 20%, still follows a real change of speed within five
@@ -78,9 +78,9 @@ pub enum Phase {
     Probe,
     /// At least one calibration.
     Warmup,
-    /// At least [`STABLE_AFTER`] calibrations: the anchor rank may be re-elected.
+    /// At least `STABLE_AFTER` calibrations: the anchor rank may be re-elected.
     Stable,
-    /// At least [`MATURE_AFTER`] calibrations.
+    /// At least `MATURE_AFTER` calibrations.
     Mature,
 }
 
@@ -102,7 +102,7 @@ pub enum Growth {
     Armed,
     /// A guard verdict turned growth off; `stables` consecutive `Stable` verdicts seen since.
     Latched {
-        /// Consecutive `Stable` verdicts since the latch; [`REARM_STABLES`] re-arms.
+        /// Consecutive `Stable` verdicts since the latch; `REARM_STABLES` re-arms.
         stables: u32,
     },
 }
@@ -221,7 +221,7 @@ pub struct ElChe {
 impl ElChe {
     /// A balancer for `world` ranks starting with `anchor` batches per rank.
     ///
-    /// Defaults: overhead target [`DEFAULT_OVERHEAD_TARGET`], `min_anchor = anchor`,
+    /// Defaults: overhead target `DEFAULT_OVERHEAD_TARGET`, `min_anchor = anchor`,
     /// `max_anchor = max(DEFAULT_MAX_ANCHOR, anchor)`, no `max_batch_diff`, no window cap.
     ///
     /// # Errors
@@ -403,7 +403,7 @@ impl ElChe {
     /// Feeds one window's timing: per rank the compute wall time in ms and the steps really
     /// trained since the last reduce, and the reduce's own wall time in ms.
     ///
-    /// A rank with no steps or no time counts as a miss for that rank ([`MAX_MISSES`] misses in a
+    /// A rank with no steps or no time counts as a miss for that rank (`MAX_MISSES` misses in a
     /// row clear its estimate). If no rank has an estimate afterwards the call changes nothing
     /// else. Otherwise the anchor rank is (re-)elected when allowed, counts are recomputed, and a
     /// larger anchor may be proposed (see [`ElChe::apply_verdict`]).
@@ -451,7 +451,7 @@ impl ElChe {
     }
 
     /// Obeys the guard: `Stable` commits a proposed growth (and re-arms growth after
-    /// [`REARM_STABLES`] of them), `SuppressGrowth` drops it and latches growth off, `NudgeDown`
+    /// `REARM_STABLES` of them), `SuppressGrowth` drops it and latches growth off, `NudgeDown`
     /// drops it, latches growth off and shrinks the anchor by the factor.
     pub fn apply_verdict(&mut self, verdict: Verdict) {
         match verdict {
@@ -507,7 +507,7 @@ impl ElChe {
         clamp_total(&self.counts, max)
     }
 
-    /// Normalised mean of the last [`SHARE_HISTORY`] windows' counts: each rank's share of the
+    /// Normalised mean of the last `SHARE_HISTORY` windows' counts: each rank's share of the
     /// batches (equal shares before the first calibration).
     pub fn recent_batch_share(&self) -> Vec<f64> {
         let w = self.world();

@@ -14,7 +14,7 @@ pub mod logic_error;
 pub(crate) mod metrics;
 pub mod outer;
 pub mod overshoot;
-pub mod partition;
+pub(crate) mod partition;
 pub mod policy;
 pub mod schedule;
 pub mod schedule_kind;

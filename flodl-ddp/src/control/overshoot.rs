@@ -36,7 +36,7 @@ impl Overshoot {
         Overshoot { mode: OvershootMode::Auto { initial, cap }, current: initial }
     }
 
-    /// A fixed bound (at most [`OVERSHOOT_CEILING`]).
+    /// A fixed bound (at most `OVERSHOOT_CEILING`).
     pub fn fixed(batches: usize) -> Overshoot {
         Overshoot { mode: OvershootMode::Fixed, current: batches.min(OVERSHOOT_CEILING) }
     }

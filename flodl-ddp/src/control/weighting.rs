@@ -6,6 +6,7 @@
 //! with no steps takes no part; a round where nobody stepped has no average at all (every rank
 //! keeps its local state).
 
+#[cfg(test)]
 use flodl_tensor::{Error as TensorError, Result as TensorResult, Stream, Tensor, ops};
 
 use crate::control::logic_error::{LogicError, LogicResult};
@@ -33,7 +34,7 @@ impl AverageWeights {
 ///
 /// # Errors
 /// [`LogicError::InvalidValue`] for a negative or non-finite γ.
-pub fn work_masses(steps: &[u64], gamma: f64) -> LogicResult<Vec<f64>> {
+pub(crate) fn work_masses(steps: &[u64], gamma: f64) -> LogicResult<Vec<f64>> {
     if !(gamma.is_finite() && gamma >= 0.0) {
         return Err(LogicError::InvalidValue { what: "work-weighting gamma", value: gamma });
     }
@@ -43,7 +44,7 @@ pub fn work_masses(steps: &[u64], gamma: f64) -> LogicResult<Vec<f64>> {
 /// The round's weights, or `None` when no rank stepped (the round is passed through).
 ///
 /// # Errors
-/// As [`work_masses`].
+/// As `work_masses`.
 pub fn average_weights(steps: &[u64], gamma: f64) -> LogicResult<Option<AverageWeights>> {
     let masses = work_masses(steps, gamma)?;
     let total: f64 = masses.iter().sum();
@@ -57,13 +58,15 @@ pub fn average_weights(steps: &[u64], gamma: f64) -> LogicResult<Option<AverageW
     }))
 }
 
+// No caller outside this crate's tests: kept for them only.
+#[cfg(test)]
 /// Writes into each `out[i]` the weighted sum over ranks of `replicas[r][i]`, skipping ranks of
 /// weight 0 (they take no part, whatever their values).
 ///
 /// # Errors
 /// [`TensorError::LengthMismatch`] when the weights do not match the ranks or a rank's tensor
 /// list does not match `out`; the kernels' shape, dtype and device errors.
-pub fn weighted_average(
+pub(crate) fn weighted_average(
     replicas: &[&[Tensor]],
     weights: &[f32],
     out: &mut [Tensor],

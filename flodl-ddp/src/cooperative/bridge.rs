@@ -95,12 +95,8 @@ impl Bridge {
     }
 
     /// The error of an answer that does not fit the order.
-    fn unexpected(&self, order: &str, answer: &Answer) -> Error {
-        Error::protocol(format!(
-            "rank {}'s cooperative worker answered {} to {order}",
-            self.rank,
-            answer.name()
-        ))
+    fn unexpected(&self, order: &'static str, answer: &Answer) -> Error {
+        Error::OutOfStep { got: answer.name(), during: order }
     }
 }
 
@@ -120,7 +116,7 @@ impl Replica for Bridge {
                 self.agreement = Agreement::Trained;
                 Ok(loss)
             }
-            other => Err(self.unexpected("train", &other)),
+            other => Err(self.unexpected("in answer to train", &other)),
         }
     }
 
@@ -150,7 +146,7 @@ impl Replica for Bridge {
                 self.agreement = Agreement::Same;
                 Ok(())
             }
-            other => Err(self.unexpected("lend", &other)),
+            other => Err(self.unexpected("in answer to lend", &other)),
         }
     }
 
@@ -162,7 +158,7 @@ impl Replica for Bridge {
                 self.agreement = Agreement::Same;
                 Ok(())
             }
-            other => Err(self.unexpected("take", &other)),
+            other => Err(self.unexpected("in answer to take", &other)),
         }
     }
 }

@@ -164,6 +164,11 @@ fn check_count(have: usize, want: usize) -> Result<()> {
 }
 
 /// The error of an order that does not fit where the worker stands.
-fn out_of_step(what: &str, phase: Phase) -> Error {
-    Error::protocol(format!("cooperative worker got {what} while {phase:?}"))
+fn out_of_step(what: &'static str, phase: Phase) -> Error {
+    let during = match phase {
+        Phase::Idle => "while idle",
+        Phase::Training => "while training",
+        Phase::Stepping => "while stepping",
+    };
+    Error::OutOfStep { got: what, during }
 }

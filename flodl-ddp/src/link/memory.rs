@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::config_error::{ConfigError, Field};
 use crate::link::frame::Lane;
 use crate::link::frames::{Admitted, Arrivals, Connections, Frames};
 use crate::link::link_error::LinkError;
@@ -172,10 +173,9 @@ impl Memory {
     ) -> Result<Arc<dyn Frames>> {
         let (controller, own) = pair();
         let mut posted = self.board.posted.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = posted
-            .ends
-            .get_mut(rank)
-            .ok_or_else(|| Error::Config(format!("rank {rank} is outside the world")))?;
+        let slot = posted.ends.get_mut(rank).ok_or_else(|| {
+            ConfigError::out_of_range(Field::Cluster, rank, "a rank below the world's size")
+        })?;
         *slot = Some((run, controller));
         self.board.arrived.notify_all();
         Ok(own)

@@ -53,7 +53,8 @@ mod tests {
     }
 
     #[test]
-    fn a_roll_call_waits_for_the_quorum_then_names_the_missing() -> Result<()> {
+    fn a_roll_call_waits_for_the_quorum_then_names_the_missing()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
         // (world, awaited ranks, quorum, joined, wait, answer)
         type Case = (usize, &'static [usize], usize, &'static [usize], Duration, Answer);
         let long = Duration::from_secs(60);
@@ -73,7 +74,7 @@ mod tests {
                 Err(Error::RanksMissing { missing, after }) if after == wait => {
                     Answer::Missing(missing)
                 }
-                other => return Err(Error::Config(format!("unexpected {other:?}"))),
+                other => return Err(format!("unexpected {other:?}").into()),
             };
             assert_eq!(got, want, "world {world}, awaited {ranks:?}, quorum {quorum}");
         }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use flodl_tensor::Device;
 
+use crate::config_error::{ConfigError, Field, Problem};
 use crate::link::failure::RankFailure;
 use crate::link::frames::Frames;
 use crate::link::rendezvous::Rendezvous;
@@ -77,10 +78,20 @@ impl Cluster {
         if let Seat::Rank(rank) = seat
             && rank >= world
         {
-            return Err(Error::Config(format!("rank {rank} is not one of a world of {world}")));
+            return Err(ConfigError::out_of_range(
+                Field::Cluster,
+                format!("rank {rank} of a world of {world}"),
+                "a rank below the world's size",
+            )
+            .into());
         }
         if world == 0 {
-            return Err(Error::Config("a cluster run needs at least one rank".into()));
+            return Err(ConfigError::out_of_range(
+                Field::Cluster,
+                "a world of 0",
+                "at least one rank",
+            )
+            .into());
         }
         Ok(Cluster {
             seat,
@@ -259,19 +270,22 @@ impl Cluster {
     /// (a plain in-process run).
     ///
     /// # Errors
-    /// [`Error::Identity`] for inconsistent launcher variables; [`Error::Config`] when the
+    /// [`Error::Identity`] for inconsistent launcher variables; [`Error::Invalid`] when the
     /// certificate variables are missing; [`Error::Tls`] when the files do not load.
     pub fn from_env() -> Result<Option<Cluster>> {
         let Some(identity) = flodl_cluster::Identity::from_env()? else { return Ok(None) };
         let files = flodl_cluster::TlsFiles::from_env().ok_or_else(|| {
-            Error::Config(format!(
-                "rank {} of a cluster job needs the job's certificate files: set {}, {} and {} \
-                 (fdl cluster keys makes them)",
-                identity.rank,
-                flodl_cluster::TlsFiles::CA_VAR,
-                flodl_cluster::TlsFiles::CERT_VAR,
-                flodl_cluster::TlsFiles::KEY_VAR
-            ))
+            Error::from(ConfigError {
+                field: Field::Cluster,
+                problem: Problem::MissingVariables {
+                    vars: &[
+                        flodl_cluster::TlsFiles::CA_VAR,
+                        flodl_cluster::TlsFiles::CERT_VAR,
+                        flodl_cluster::TlsFiles::KEY_VAR,
+                    ],
+                    made_by: "fdl cluster keys",
+                },
+            })
         })?;
         let files = files.for_rank(identity.rank);
         Cluster::new(identity, &files).map(Some)
@@ -283,7 +297,7 @@ impl Cluster {
     /// otherwise.
     ///
     /// # Errors
-    /// [`Error::Tls`] when the files do not load; [`Error::Config`] for an impossible rank.
+    /// [`Error::Tls`] when the files do not load; [`Error::Invalid`] for an impossible rank.
     pub fn new(
         identity: flodl_cluster::Identity,
         files: &flodl_cluster::TlsFiles,
@@ -313,7 +327,7 @@ impl Cluster {
     /// `files`.
     ///
     /// # Errors
-    /// [`Error::Tls`] when the files do not load; [`Error::Config`] for a world of none.
+    /// [`Error::Tls`] when the files do not load; [`Error::Invalid`] for a world of none.
     pub fn controller(
         world: usize,
         files: &flodl_cluster::TlsFiles,

@@ -210,6 +210,6 @@ fn evaluate_matches_a_hand_computation() -> TestResult {
     let mut silent = scorer(false)?;
     assert_eq!(flodl_ddp::evaluate(&mut silent, &data, 2, &stream)?, None);
     let zero = flodl_ddp::evaluate(&mut scorer(true)?, &data, 0, &stream);
-    assert!(matches!(zero, Err(Error::Config(_))), "{zero:?}");
+    assert!(matches!(zero, Err(Error::Invalid(_))), "{zero:?}");
     Ok(())
 }

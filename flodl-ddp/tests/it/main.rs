@@ -13,16 +13,11 @@ mod eval;
 mod fault;
 mod follow;
 mod gpu;
-mod guard;
-mod outer;
 mod overshoot;
-mod partition;
-mod policy;
 mod prefetch;
 mod refinements;
 mod resume;
 mod runtime;
-mod schedule;
 // The custom replica of the crate docs and README (its `main` is the example's).
 #[allow(dead_code)]
 #[path = "../../examples/softmax.rs"]

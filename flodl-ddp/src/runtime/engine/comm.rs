@@ -3,6 +3,7 @@
 use flodl_nccl::{AbortHandle, HostComm};
 use flodl_tensor::{Device, Stream, Tensor};
 
+use crate::config_error::{ConfigError, Field};
 use crate::control::weighting::average_weights;
 use crate::link::wire::{GroupKey, Regroup};
 use crate::{Error, Result};
@@ -60,7 +61,11 @@ impl CommPlan {
             #[cfg(feature = "cuda")]
             CommPlan::Nccl { id, world } => {
                 let Device::Cuda(ordinal) = device else {
-                    return Err(Error::protocol("an NCCL rank must be a GPU"));
+                    return Err(ConfigError::unsupported(
+                        Field::Devices,
+                        format!("an NCCL rank trains on a GPU, this one on {device}"),
+                    )
+                    .into());
                 };
                 let comm = flodl_nccl::NcclComm::new(&id, rank, world, ordinal, timeout)?;
                 let stream = Stream::new(device)?;
@@ -71,9 +76,11 @@ impl CommPlan {
             #[cfg(feature = "mpi")]
             CommPlan::Mpi { world } => {
                 if device != Device::Cpu {
-                    return Err(Error::Config(format!(
-                        "an MPI rank trains on the CPU, this one on {device}"
-                    )));
+                    return Err(ConfigError::unsupported(
+                        Field::Devices,
+                        format!("an MPI rank trains on the CPU, this one on {device}"),
+                    )
+                    .into());
                 }
                 let mut comm = flodl_nccl::MpiComm::world()?;
                 comm.set_timeout(timeout);
@@ -126,12 +133,16 @@ impl RankComm {
         world: usize,
     ) -> Result<RankComm> {
         if comm.rank() != rank || comm.world_size() != world {
-            return Err(Error::Config(format!(
-                "the MPI world says rank {} of {}, the cluster identity rank {rank} of {world}: \
-                 start the ranks with mpirun (fdl launch --mpi)",
-                comm.rank(),
-                comm.world_size()
-            )));
+            return Err(ConfigError::unsupported(
+                Field::Cluster,
+                format!(
+                    "the MPI world says rank {} of {}, the cluster identity rank {rank} of \
+                     {world}: start the ranks with mpirun (fdl launch --mpi)",
+                    comm.rank(),
+                    comm.world_size()
+                ),
+            )
+            .into());
         }
         let stream = Stream::cpu_with_threads(1);
         let meta = Tensor::zeros(&[comm.world_size()], flodl_tensor::DType::F32, &stream)?;
@@ -181,7 +192,7 @@ impl RankComm {
     /// Every rank must call this, then [`reduce`](Self::reduce) identically, for each reduce.
     ///
     /// # Errors
-    /// Collective errors (abort, timeout, peer lost, mismatch); [`Error::Config`] for a bad γ.
+    /// Collective errors (abort, timeout, peer lost, mismatch); [`Error::Logic`] for a bad γ.
     pub(crate) fn weights(&mut self, steps: usize, gamma: f64) -> Result<Option<(f32, f32)>> {
         let (rank, world) = match self {
             RankComm::Host { comm, .. } => (comm.rank(), comm.world_size()),

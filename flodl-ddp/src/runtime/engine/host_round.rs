@@ -235,7 +235,7 @@ impl HostRound {
 ///
 /// # Errors
 /// [`Error::ReplicaMismatch`] when no rank stepped or the states disagree in layout;
-/// [`Error::Config`] for a bad γ.
+/// [`Error::Logic`] for a bad γ.
 pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Result<HostState> {
     let first = states
         .first()

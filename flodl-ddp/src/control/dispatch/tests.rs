@@ -1,0 +1,664 @@
+//! The dispatcher's tests: every position trained once, through deaths, resumes and reshards.
+
+use super::*;
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The book reads no clock: an epoch's wall time is the span between the times it was
+/// given for the first hand-out and the last completion, exactly.
+#[test]
+fn epoch_wall_time_comes_from_the_times_given() -> TestResult {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+    for (handed, done, expected) in [(0, 250, 250.0), (40, 40, 0.0), (7, 1007, 1000.0)] {
+        let mut d = Dispatcher::new(1, 2, 4, 1, Cutting::Static);
+        let c = d.next_chunk(0, &[1], true, at(handed)).ok_or("no chunk")?;
+        let w = WorkTally { batches: c.batches(2), samples: c.len, ..Default::default() };
+        if !d.complete(0, &c, &w, at(done)) {
+            return Err("the chunk was not credited".into());
+        }
+        let (_, _, ms) = d.pop_complete().ok_or("the epoch did not complete")?;
+        if (ms - expected).abs() > 1e-9 {
+            return Err(format!("handed at {handed}, done at {done}: {ms} ms").into());
+        }
+    }
+    Ok(())
+}
+
+/// Hands out and completes chunks in a random rank order; every position of every epoch is
+/// handed out exactly once and epochs complete in order.
+#[test]
+fn every_position_once_per_epoch() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+    for case in 0..200 {
+        let world = rng.random_range(1..6);
+        let bs = rng.random_range(1..5);
+        let batches = rng.random_range(world..60);
+        let epochs = rng.random_range(1..4);
+        let cutting = if case % 2 == 0 {
+            Cutting::Static
+        } else {
+            Cutting::Progressive { min_chunk: rng.random_range(1..5) }
+        };
+        let counts: Vec<usize> = (0..world).map(|_| rng.random_range(1..8)).collect();
+        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        let mut seen = vec![vec![0u32; batches * bs]; epochs];
+        let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
+        let mut done = Vec::new();
+        for _ in 0..100_000 {
+            if d.all_done() {
+                break;
+            }
+            let r = rng.random_range(0..world);
+            if rng.random_bool(0.5) {
+                if let Some(c) = d.next_chunk(r, &counts, case % 4 == 1, Instant::now()) {
+                    for n in &mut seen[c.epoch][c.offset..c.offset + c.len] {
+                        *n += 1;
+                    }
+                    held[r].push(c);
+                }
+            } else if let Some(c) = held[r].pop() {
+                let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
+                if !d.complete(r, &c, &w, Instant::now()) {
+                    return Err(format!("case {case}: {c:?} not held by rank {r}").into());
+                }
+            }
+            while let Some((e, tally, _)) = d.pop_complete() {
+                let m = tally.finish(e, 1.0, &[]);
+                if m.samples != batches * bs {
+                    return Err(format!("epoch {e}: {} samples", m.samples).into());
+                }
+                done.push(e);
+            }
+        }
+        if !d.all_done() || done != (0..epochs).collect::<Vec<_>>() {
+            return Err(format!("case {case}: epochs done {done:?}").into());
+        }
+        if seen.iter().flatten().any(|&n| n != 1) {
+            return Err(format!("case {case}: a position was not handed out exactly once").into());
+        }
+    }
+    Ok(())
+}
+
+/// Random deaths and rejoins at random moments: every position of every epoch is still
+/// completed exactly once by a live rank, a retired rank is handed nothing until it is
+/// admitted again, its late report is refused, and only a retired rank can be admitted.
+#[test]
+fn retired_work_is_completed_once_by_the_living() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+    for case in 0..300 {
+        let world = rng.random_range(2..6);
+        let bs = rng.random_range(1..4);
+        let batches = rng.random_range(world..50);
+        let epochs = rng.random_range(1..4);
+        let cutting = if case % 2 == 0 {
+            Cutting::Static
+        } else {
+            Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+        };
+        let counts = vec![3; world];
+        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        let mut completed = vec![vec![0u32; batches * bs]; epochs];
+        let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
+        let mut dead = vec![false; world];
+        for _ in 0..100_000 {
+            if d.all_done() {
+                break;
+            }
+            let r = rng.random_range(0..world);
+            let alive = dead.iter().filter(|&&x| !x).count();
+            if alive > 1 && rng.random_bool(0.01) {
+                // No reduce is recorded: everything the rank held goes back.
+                let requeued = d.retire(r, 0, Instant::now());
+                if !dead[r] && requeued.len() != held[r].len() {
+                    return Err(
+                        format!("case {case}: requeued {requeued:?}, held {:?}", held[r]).into()
+                    );
+                }
+                dead[r] = true;
+                // A late report of a dead rank is refused.
+                if let Some(c) = held[r].pop()
+                    && d.complete(r, &c, &WorkTally::default(), Instant::now())
+                {
+                    return Err(format!("case {case}: a retired rank's chunk was credited").into());
+                }
+                held[r].clear();
+            } else if rng.random_bool(0.01) {
+                // A process joins again as rank r (refused while r is live).
+                if d.admit(r) != dead[r] {
+                    return Err(format!("case {case}: admit({r}) when dead = {}", dead[r]).into());
+                }
+                dead[r] = false;
+            } else if rng.random_bool(0.5) {
+                if let Some(c) = d.next_chunk(r, &counts, true, Instant::now()) {
+                    if dead[r] {
+                        return Err(
+                            format!("case {case}: retired rank {r} was handed {c:?}").into()
+                        );
+                    }
+                    held[r].push(c);
+                }
+            } else if let Some(c) = held[r].pop() {
+                let w = WorkTally { batches: c.len / bs, samples: c.len, ..Default::default() };
+                if !d.complete(r, &c, &w, Instant::now()) {
+                    return Err(format!("case {case}: {c:?} refused").into());
+                }
+                for n in &mut completed[c.epoch][c.offset..c.offset + c.len] {
+                    *n += 1;
+                }
+            }
+            while d.pop_complete().is_some() {}
+        }
+        if !d.all_done() {
+            return Err(format!("case {case}: the run did not finish").into());
+        }
+        if completed.iter().flatten().any(|&n| n != 1) {
+            return Err(format!("case {case}: a position was not completed exactly once").into());
+        }
+    }
+    Ok(())
+}
+
+/// Interrupts a book at a random moment, resumes a new one from its coverage (completed
+/// chunks plus the trained part of held ones): together they complete every position once,
+/// and under the static cut each rank is handed exactly the positions it would have been.
+#[test]
+fn resume_hands_out_only_the_uncovered_rest() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(13);
+    for case in 0..300 {
+        let world = rng.random_range(1..5);
+        let bs = rng.random_range(1..4);
+        let batches = rng.random_range(world..40);
+        let epochs = rng.random_range(1..4);
+        let cutting = if case % 2 == 0 {
+            Cutting::Static
+        } else {
+            Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+        };
+        let counts = vec![2; world];
+        // Reference: which rank trains each position, uninterrupted (static only).
+        let mut owner = vec![vec![usize::MAX; batches * bs]; epochs];
+        let mut completed = vec![vec![0u32; batches * bs]; epochs];
+        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
+        let stop_after = rng.random_range(0..200);
+        for _ in 0..stop_after {
+            if d.all_done() {
+                break;
+            }
+            let r = rng.random_range(0..world);
+            if rng.random_bool(0.5) {
+                if let Some(c) = d.next_chunk(r, &counts, false, Instant::now()) {
+                    held[r].push(c);
+                }
+            } else if let Some(c) = held[r].pop() {
+                d.complete(r, &c, &WorkTally::default(), Instant::now());
+                for p in c.offset..c.offset + c.len {
+                    completed[c.epoch][p] += 1;
+                    owner[c.epoch][p] = r;
+                }
+            }
+            while d.pop_complete().is_some() {}
+        }
+        // Each held chunk was partly trained: a random number of leading batches.
+        let mut partial = Vec::new();
+        for (r, hs) in held.iter().enumerate() {
+            for c in hs {
+                let k = rng.random_range(0..=c.len / bs);
+                if k > 0 {
+                    partial.push((c.epoch, SampleRange::new(c.offset, k * bs)));
+                    for p in c.offset..c.offset + k * bs {
+                        completed[c.epoch][p] += 1;
+                        owner[c.epoch][p] = r;
+                    }
+                }
+            }
+        }
+        let coverage = d.coverage(&partial, 42)?;
+        let oldest = d.oldest();
+        let mut e = Dispatcher::new(world, bs, batches, epochs, cutting)
+            .resume(oldest, &coverage)
+            .map_err(|e| format!("case {case}: {e}"))?;
+        let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
+        for _ in 0..100_000 {
+            if e.all_done() {
+                break;
+            }
+            let r = rng.random_range(0..world);
+            if rng.random_bool(0.5) {
+                if let Some(c) = e.next_chunk(r, &counts, false, Instant::now()) {
+                    held[r].push(c);
+                }
+            } else if let Some(c) = held[r].pop() {
+                e.complete(r, &c, &WorkTally::default(), Instant::now());
+                for p in c.offset..c.offset + c.len {
+                    completed[c.epoch][p] += 1;
+                    if cutting == Cutting::Static && owner[c.epoch][p] != usize::MAX {
+                        return Err(format!("case {case}: position {p} trained twice").into());
+                    }
+                    owner[c.epoch][p] = r;
+                }
+            }
+            while e.pop_complete().is_some() {}
+        }
+        if !e.all_done() {
+            return Err(format!("case {case}: the resumed run did not finish").into());
+        }
+        if completed.iter().flatten().any(|&n| n != 1) {
+            return Err(format!("case {case}: a position was not completed exactly once").into());
+        }
+        if cutting == Cutting::Static {
+            let reference = Dispatcher::new(world, bs, batches, epochs, cutting);
+            for (epoch, owners) in owner.iter().enumerate() {
+                for (index, (s, e)) in reference.shares(world).into_iter().enumerate() {
+                    if owners[s..e].iter().any(|&o| o != index) {
+                        return Err(
+                            format!("case {case}: epoch {epoch} share {index} moved").into()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A forecast starts with the chunks the rank holds and, where the dispatcher's choice
+/// depends on nobody else (the static cut, a world of one), is exactly what it hands the
+/// rank next, cut at the horizon; a retired rank gets none.
+#[test]
+fn forecast_is_what_the_rank_is_handed_next() -> TestResult {
+    // (cutting, world, batch size, batches, epochs, calibrated)
+    let cases = [
+        (Cutting::Static, 3, 2, 31, 3, false),
+        (Cutting::Static, 2, 4, 10, 2, true),
+        (Cutting::Progressive { min_chunk: 2 }, 1, 2, 50, 3, false),
+        (Cutting::Progressive { min_chunk: 1 }, 1, 3, 40, 2, true),
+    ];
+    for (i, (cutting, world, bs, batches, epochs, calibrated)) in cases.into_iter().enumerate() {
+        let counts = vec![3; world];
+        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        let mut held = Vec::new();
+        for r in 0..world {
+            let c = d
+                .next_chunk(r, &counts, calibrated, Instant::now())
+                .ok_or(format!("case {i}: none"))?;
+            if r == 0 {
+                held.push(c);
+            }
+        }
+        for horizon in [1, 5, usize::MAX] {
+            let forecast = d.forecast(0, &counts, calibrated, horizon);
+            let mut probe = Dispatcher::new(world, bs, batches, epochs, cutting);
+            let mut want = Vec::new();
+            for r in 0..world {
+                let c = probe.next_chunk(r, &counts, calibrated, Instant::now());
+                if r == 0 {
+                    want.extend(c);
+                }
+            }
+            while let Some(c) = probe.next_chunk(0, &counts, calibrated, Instant::now()) {
+                want.push(c);
+            }
+            // The same positions in the same order, cut at the horizon.
+            let flat = |cs: &[Chunk]| -> Vec<(usize, usize)> {
+                cs.iter().flat_map(|c| (c.offset..c.end()).map(move |p| (c.epoch, p))).collect()
+            };
+            let mut want = flat(&want);
+            want.truncate(horizon.saturating_mul(bs));
+            let starts_held = horizon < usize::MAX || forecast.first() == held.first();
+            if flat(&forecast) != want || !starts_held {
+                return Err(format!("case {i} horizon {horizon}: {forecast:?}").into());
+            }
+        }
+    }
+    let mut d = Dispatcher::new(2, 1, 10, 1, Cutting::Static);
+    d.next_chunk(1, &[1, 1], false, Instant::now());
+    d.retire(1, 0, Instant::now());
+    assert!(d.forecast(1, &[1, 1], false, 100).is_empty());
+    Ok(())
+}
+
+/// Elastic resume: a book of one world size interrupted at a random moment, resumed and
+/// re-sharded on another world size. Together they complete every position once; under
+/// the static cut the rest of the interrupted epoch is split over the new ranks with batch
+/// counts at most one apart.
+#[test]
+fn reshard_onto_another_world_trains_the_rest_once() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
+    for case in 0..300 {
+        let from = rng.random_range(1..5);
+        let to = rng.random_range(1..5);
+        let bs = rng.random_range(1..4);
+        let batches = rng.random_range(from.max(to)..40);
+        let epochs = rng.random_range(1..4);
+        let cutting = if case % 2 == 0 {
+            Cutting::Static
+        } else {
+            Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+        };
+        let mut completed = vec![vec![0u32; batches * bs]; epochs];
+        let mut d = Dispatcher::new(from, bs, batches, epochs, cutting);
+        let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); from];
+        for _ in 0..rng.random_range(0..200) {
+            if d.all_done() {
+                break;
+            }
+            let r = rng.random_range(0..from);
+            if rng.random_bool(0.5) {
+                if let Some(c) = d.next_chunk(r, &vec![2; from], false, Instant::now()) {
+                    held[r].push(c);
+                }
+            } else if let Some(c) = held[r].pop() {
+                d.complete(r, &c, &WorkTally::default(), Instant::now());
+                for n in &mut completed[c.epoch][c.offset..c.end()] {
+                    *n += 1;
+                }
+            }
+            while d.pop_complete().is_some() {}
+        }
+        let coverage = d.coverage(&[], 42)?;
+        let oldest = d.oldest();
+        let mut e = Dispatcher::new(to, bs, batches, epochs, cutting)
+            .resume(oldest, &coverage)
+            .map_err(|e| format!("case {case}: {e}"))?
+            .reshard();
+        // Static: what each new rank is handed of the resumed epoch, before anything ends.
+        if cutting == Cutting::Static && oldest < epochs {
+            let mut mine = vec![0usize; to];
+            e.pool_mut(oldest);
+            for (r, n) in mine.iter_mut().enumerate() {
+                while e
+                    .pools
+                    .front()
+                    .is_some_and(|p| p.epoch == oldest && !p.assigned[r].is_empty())
+                {
+                    let c = e
+                        .next_chunk(r, &[], false, Instant::now())
+                        .ok_or("an assigned span not handed")?;
+                    *n += c.batches(bs);
+                    held_push(&mut e, &mut completed, r, c)?;
+                }
+            }
+            let (lo, hi) = (mine.iter().min(), mine.iter().max());
+            if let (Some(lo), Some(hi)) = (lo, hi)
+                && hi - lo > 1
+            {
+                return Err(format!("case {case}: {from}→{to} shares {mine:?}").into());
+            }
+            while e.pop_complete().is_some() {}
+        }
+        let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); to];
+        for _ in 0..100_000 {
+            if e.all_done() {
+                break;
+            }
+            let r = rng.random_range(0..to);
+            if rng.random_bool(0.5) {
+                if let Some(c) = e.next_chunk(r, &vec![2; to], false, Instant::now()) {
+                    held[r].push(c);
+                }
+            } else if let Some(c) = held[r].pop() {
+                held_push(&mut e, &mut completed, r, c)?;
+            }
+            while e.pop_complete().is_some() {}
+        }
+        if !e.all_done() {
+            return Err(format!("case {case}: the resumed run did not finish").into());
+        }
+        if completed.iter().flatten().any(|&n| n != 1) {
+            return Err(format!("case {case}: {from}→{to}: a position not trained once").into());
+        }
+    }
+    Ok(())
+}
+
+/// Completes chunk `c` of rank `r` in `e` and counts its positions.
+fn held_push(e: &mut Dispatcher, completed: &mut [Vec<u32>], r: usize, c: Chunk) -> TestResult {
+    if !e.complete(r, &c, &WorkTally::default(), Instant::now()) {
+        return Err(format!("rank {r} did not hold {c:?}").into());
+    }
+    for n in &mut completed[c.epoch][c.offset..c.end()] {
+        *n += 1;
+    }
+    Ok(())
+}
+
+/// A book with fewer epochs than the run that saved the coverage ignores the epochs it will
+/// not train; coverage of an epoch before the resumed one is refused.
+#[test]
+fn resume_into_fewer_epochs_ignores_the_later_ones() -> TestResult {
+    let covered = vec![
+        EpochCoverage::with_completed(1, 42, 12, &[SampleRange::new(0, 8)])?,
+        EpochCoverage::with_completed(2, 42, 12, &[SampleRange::new(0, 4)])?,
+    ];
+    let mut d =
+        Dispatcher::new(2, 2, 6, 2, Cutting::Progressive { min_chunk: 1 }).resume(1, &covered)?;
+    let mut trained = Vec::new();
+    while let Some(c) = d.next_chunk(0, &[1, 1], false, Instant::now()) {
+        d.complete(0, &c, &WorkTally::default(), Instant::now());
+        trained.push(c);
+        while d.pop_complete().is_some() {}
+    }
+    assert!(d.all_done(), "the resumed epoch did not finish");
+    assert!(trained.iter().all(|c| c.epoch == 1 && c.offset >= 8), "{trained:?}");
+    assert_eq!(trained.iter().map(|c| c.len).sum::<usize>(), 4, "{trained:?}");
+    let early = Dispatcher::new(2, 2, 6, 3, Cutting::Static).resume(2, &covered);
+    assert!(early.is_err(), "coverage before the resumed epoch was accepted");
+    Ok(())
+}
+
+/// The work of `c`'s batches as a rank reports it when the chunk is done.
+fn work_of(c: &Chunk, bs: usize) -> WorkTally {
+    WorkTally { batches: c.batches(bs), samples: c.len, ..Default::default() }
+}
+
+/// Hand-computed retirements: what the consensus holds of a dead rank's chunks stays done
+/// and counts for it in the epoch's metrics; only the rest is handed out again.
+#[test]
+fn a_dead_ranks_reduced_batches_stay_done() -> TestResult {
+    // (cutting, world, batch size, batches, chunks each rank takes first, reduces of one
+    // step per rank, steps of a reduce in progress, the dead rank, re-queued chunks, the
+    // dead rank's batches in the epoch's metrics)
+    type Case = (Cutting, usize, usize, usize, usize, usize, usize, usize, Vec<Chunk>, usize);
+    let c = |offset, len| Chunk { epoch: 0, offset, len };
+    let progressive = Cutting::Progressive { min_chunk: 4 };
+    let cases: [Case; 6] = [
+        // Static shares of 10 batches of 2: rank 1 holds 20..40 and trained 4 into reduces.
+        (Cutting::Static, 3, 2, 30, 1, 4, 0, 1, vec![c(28, 12)], 4),
+        // ... and a fifth in a reduce its collective finished before it died.
+        (Cutting::Static, 3, 2, 30, 1, 4, 1, 1, vec![c(30, 10)], 5),
+        // Nothing reduced yet: the whole share goes back.
+        (Cutting::Static, 3, 2, 30, 1, 0, 0, 1, vec![c(20, 20)], 0),
+        // The whole share reduced: nothing goes back.
+        (Cutting::Static, 3, 2, 30, 1, 10, 0, 2, vec![], 10),
+        // Progressive probes of 80 / (2 × 10) = 4 batches, two per rank (rank 0: 0..4 and
+        // 8..12): 6 steps reduced cover its first chunk and half its second.
+        (progressive, 2, 1, 80, 2, 6, 0, 0, vec![c(10, 2)], 6),
+        (progressive, 2, 1, 80, 2, 1, 0, 1, vec![c(5, 3), c(12, 4)], 1),
+    ];
+    for (i, (cutting, world, bs, batches, take, reduces, pending, dead, want, mine)) in
+        cases.into_iter().enumerate()
+    {
+        let mut d = Dispatcher::new(world, bs, batches, 1, cutting);
+        let counts = vec![4; world];
+        for _ in 0..take {
+            for r in 0..world {
+                d.next_chunk(r, &counts, false, Instant::now())
+                    .ok_or(format!("case {i}: no chunk"))?;
+            }
+        }
+        for _ in 0..reduces {
+            d.add_reduce(0.0, &vec![1; world]);
+        }
+        let requeued = d.retire(dead, pending, Instant::now());
+        if requeued != want {
+            return Err(format!("case {i}: re-queued {requeued:?}, want {want:?}").into());
+        }
+        // The living finish the epoch: every chunk they hold, then what they are handed.
+        let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
+        let live: Vec<usize> = (0..world).filter(|&r| r != dead).collect();
+        for (r, h) in held.iter_mut().enumerate() {
+            if r != dead {
+                *h = d.pools[0].held[r].iter().map(|h| h.chunk).collect();
+            }
+        }
+        let mut metrics = None;
+        for _ in 0..10_000 {
+            for &r in &live {
+                if let Some(c) = held[r].pop() {
+                    d.complete(r, &c, &work_of(&c, bs), Instant::now());
+                } else if let Some(c) = d.next_chunk(r, &counts, true, Instant::now()) {
+                    held[r].push(c);
+                }
+            }
+            if let Some((e, tally, _)) = d.pop_complete() {
+                metrics = Some(tally.finish(e, 1.0, &[]));
+                break;
+            }
+        }
+        let m = metrics.ok_or(format!("case {i}: the epoch did not complete"))?;
+        if m.samples != batches * bs || m.ranks[dead].batches != mine {
+            return Err(format!(
+                "case {i}: {} samples, the dead rank {} batches (want {mine})",
+                m.samples, m.ranks[dead].batches
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Ranks train their chunks batch by batch in the order handed, reduces at random moments
+/// put what each live rank trained since its last reduce into the consensus, ranks die at
+/// random moments (sometimes right after their part of a reduce in progress): every
+/// position enters the consensus exactly once, except the batches of a dead rank's
+/// completed chunks it never reduced (counted done, lost); each epoch's metrics count every
+/// position once, for the rank whose training of it the consensus holds.
+#[test]
+fn the_consensus_holds_every_position_once() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
+    for case in 0..400 {
+        let world = rng.random_range(2..6);
+        let bs = rng.random_range(1..4);
+        let batches = rng.random_range(world..50);
+        let epochs = rng.random_range(1..4);
+        let cutting = if case % 2 == 0 {
+            Cutting::Static
+        } else {
+            Cutting::Progressive { min_chunk: rng.random_range(1..4) }
+        };
+        let counts: Vec<usize> = (0..world).map(|_| rng.random_range(1..6)).collect();
+        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        // Per rank: chunks held in the order handed with the batches trained of the first,
+        // and the batches trained since its last reduce: (epoch, offset, in a done chunk).
+        let mut queue: Vec<VecDeque<Chunk>> = vec![VecDeque::new(); world];
+        let mut trained = vec![0usize; world];
+        let mut since: Vec<Vec<(usize, usize, bool)>> = vec![Vec::new(); world];
+        let mut dead = vec![false; world];
+        // Per epoch and position: times in the consensus, the rank that put it there, lost.
+        let mut held_by = vec![vec![Vec::<usize>::new(); batches * bs]; epochs];
+        let mut lost = vec![vec![None::<usize>; batches * bs]; epochs];
+        let mut book = Vec::new();
+        let reduce = |since: &mut [Vec<(usize, usize, bool)>],
+                      held_by: &mut [Vec<Vec<usize>>],
+                      only: Option<usize>| {
+            let mut steps = vec![0; since.len()];
+            for (r, s) in since.iter_mut().enumerate() {
+                if only.is_some_and(|o| o != r) {
+                    continue;
+                }
+                steps[r] = s.len();
+                for (e, off, _) in s.drain(..) {
+                    held_by[e][off..off + bs].iter_mut().for_each(|by| by.push(r));
+                }
+            }
+            steps
+        };
+        for _ in 0..200_000 {
+            if d.all_done() {
+                break;
+            }
+            let live: Vec<usize> = (0..world).filter(|&r| !dead[r]).collect();
+            let r = live[rng.random_range(0..live.len())];
+            let roll = rng.random_range(0..100);
+            if roll < 30 {
+                if queue[r].len() < 2
+                    && let Some(c) = d.next_chunk(r, &counts, case % 4 == 1, Instant::now())
+                {
+                    queue[r].push_back(c);
+                }
+            } else if roll < 90 {
+                let Some(&c) = queue[r].front() else { continue };
+                since[r].push((c.epoch, c.offset + trained[r] * bs, false));
+                trained[r] += 1;
+                if trained[r] == c.batches(bs) {
+                    queue[r].pop_front();
+                    trained[r] = 0;
+                    let done = since[r].len().saturating_sub(c.batches(bs));
+                    since[r][done..].iter_mut().for_each(|b| b.2 = true);
+                    if !d.complete(r, &c, &work_of(&c, bs), Instant::now()) {
+                        return Err(format!("case {case}: {c:?} refused").into());
+                    }
+                }
+            } else if roll < 99 || live.len() == 1 {
+                let steps = reduce(&mut since, &mut held_by, None);
+                d.add_reduce(0.0, &steps);
+            } else {
+                // A death; half the time its part of a reduce in progress was done.
+                let pending = if rng.random_bool(0.5) {
+                    reduce(&mut since, &mut held_by, Some(r))[r]
+                } else {
+                    0
+                };
+                for (e, off, done) in since[r].drain(..) {
+                    if done {
+                        (off..off + bs).for_each(|p| lost[e][p] = Some(r));
+                    }
+                }
+                d.retire(r, pending, Instant::now());
+                dead[r] = true;
+                queue[r].clear();
+                trained[r] = 0;
+            }
+            while let Some((e, tally, _)) = d.pop_complete() {
+                book.push(tally.finish(e, 1.0, &[]));
+            }
+        }
+        if !d.all_done() {
+            return Err(format!("case {case}: the run did not finish").into());
+        }
+        // The last reduce, at the end of the run.
+        reduce(&mut since, &mut held_by, None);
+        for (e, positions) in held_by.iter().enumerate() {
+            for (p, by) in positions.iter().enumerate() {
+                let ok = matches!((by.as_slice(), lost[e][p]), ([_], None) | ([], Some(_)));
+                if !ok {
+                    return Err(format!(
+                        "case {case} epoch {e} position {p}: held by {by:?}, lost {:?}",
+                        lost[e][p]
+                    )
+                    .into());
+                }
+            }
+            for rank in 0..world {
+                let mine = positions
+                    .iter()
+                    .zip(&lost[e])
+                    .filter(|(by, l)| by.first() == Some(&rank) || **l == Some(rank))
+                    .count();
+                if book[e].ranks[rank].samples != mine {
+                    return Err(format!(
+                        "case {case} epoch {e}: rank {rank} counted {} samples, trained {mine}",
+                        book[e].ranks[rank].samples
+                    )
+                    .into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
