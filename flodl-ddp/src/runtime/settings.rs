@@ -237,6 +237,7 @@ mod tests {
             (Field::CheckpointEvery, Some("checkpoint-every")),
             (Field::KeepCheckpoints, Some("keep-checkpoints")),
             (Field::ModelSize, None),
+            (Field::Model, None),
             (Field::Cluster, None),
         ];
         for (field, _) in &all {
@@ -265,6 +266,7 @@ mod tests {
                 | Field::CheckpointEvery
                 | Field::KeepCheckpoints
                 | Field::ModelSize
+                | Field::Model
                 | Field::Cluster => {}
             }
         }
