@@ -51,10 +51,8 @@ const SPEC_WHY: &str = "RunSpec, the run's description every process agrees on, 
 /// listed here and on any listed one that is gone (remove it then), so the list only shrinks.
 pub(crate) const KNOWN: &[&str] = &[
     // The wire vocabulary and typed errors (issue 26, items 4 and 6).
-    "import cycle: link/samples.rs -> link/wire.rs (`super::wire::CaptureRequest`); link/wire.rs -> link/samples.rs (`crate::link::samples::messages`);",
     "import runs up from floor `error` to floor `checkpoint`: error.rs -> checkpoint.rs (`crate::checkpoint::CheckpointError`)",
     "import runs up from floor `error` to floor `control`: error.rs -> control/logic_error.rs (`crate::control::logic_error::LogicError`)",
-    "import runs up from floor `link` to floor `contract`: link/samples.rs -> contract/mod.rs (`crate::Capability::MutableGradients`)",
     // Circles inside a folder, between files of one concept each.
     "import cycle: checkpoint/bundle.rs -> checkpoint/format.rs (`super::format::MAX_META_BYTES`); checkpoint/format.rs -> checkpoint/bundle.rs (`super::bundle::Checkpoint`);",
     "import cycle: checkpoint/error.rs -> checkpoint/record.rs (`super::record::StoredDType`); checkpoint/record.rs -> checkpoint/error.rs (`super::error::CheckpointError`);",
