@@ -48,7 +48,7 @@ use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots
 use crate::state::HostState;
 use crate::{Error, Result};
 
-/// Capacity of the coordinator's inbox (every rank's messages and its own events).
+/// Capacity of each of the coordinator's two inbox queues (the ranks' messages, its own events).
 const INBOX: usize = 4096;
 /// Capacity of each rank's queue.
 const TO_RANK: usize = 256;
