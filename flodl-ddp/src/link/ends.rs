@@ -1,62 +1,183 @@
-//! The link's two ends as the runtime sees them: the coordinator's and a rank's, and how
-//! often a quiet end says it is alive.
+//! The link's two ends as the runtime sees them: the coordinator's and a rank's, each one of a
+//! closed set of flavors (in-process queues [`super::local`], a connection per rank
+//! [`super::net`], or both, routed by rank [`super::route`]), and how often a quiet end says it
+//! is alive.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
-use super::frames::Frames;
+use super::frame::WireFormat;
+use super::frames::{Admitted, Frames};
+use super::inbound::Inbound;
 use super::link_error::LinkError;
+use super::local::{self, LocalCoordinator, LocalRank};
+use super::net::{NetCoordinator, NetRank};
+use super::route::{Route, Routed};
 use super::wire::{ToCoordinator, ToWorker};
+use crate::Result;
 
 /// The coordinator's end of the link: one send queue per rank.
-pub(crate) trait CoordinatorLink: Send {
+#[derive(Debug)]
+pub(crate) struct CoordinatorLink {
+    flavor: CoordinatorFlavor,
+}
+
+/// The flavors of the coordinator's end.
+#[derive(Debug)]
+enum CoordinatorFlavor {
+    /// Every rank in-process.
+    Local(LocalCoordinator),
+    /// Some ranks in-process, the others over connections (or joining again over one).
+    Routed(Routed),
+}
+
+impl CoordinatorLink {
+    /// The coordinator's end for a world of `world` ranks, and the ends of the ranks `here`
+    /// (this process's, on in-process queues of `capacity` messages): the ranks `admitted`
+    /// are reached through their connections in `format`, and so are those admitted later.
+    /// What the ranks send goes to `inbox`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Spawn`] when a link thread cannot start; a protocol error for a
+    /// connection of a rank outside the world.
+    pub(crate) fn start(
+        world: usize,
+        here: &[usize],
+        admitted: Admitted,
+        capacity: usize,
+        format: WireFormat,
+        inbox: &flume::Sender<Inbound>,
+    ) -> Result<(CoordinatorLink, Vec<RankLink>)> {
+        let (remote, arrivals) = admitted;
+        let (local, ends) = local::link_ranks(here, capacity, inbox);
+        let ends = ends.into_iter().map(|end| RankLink { flavor: RankFlavor::Local(end) });
+        let flavor = if remote.is_empty() && arrivals.is_none() {
+            CoordinatorFlavor::Local(local)
+        } else {
+            let routes = (0..world)
+                .map(|r| here.iter().position(|x| *x == r).map_or(Route::Remote, Route::Local))
+                .collect();
+            let net = NetCoordinator::new(world, remote, format, inbox, arrivals)?;
+            CoordinatorFlavor::Routed(Routed::new(routes, local, net))
+        };
+        Ok((CoordinatorLink { flavor }, ends.collect()))
+    }
+
     /// Sends `msg` to `rank`, waiting at most `wait` for room.
     ///
     /// # Errors
     /// [`LinkError::Gone`] when the rank's end is gone, [`LinkError::Timeout`] when there was
     /// no room in time.
-    fn send(&self, rank: usize, msg: ToWorker, wait: Duration) -> Result<(), LinkError>;
+    pub(crate) fn send(
+        &self,
+        rank: usize,
+        msg: ToWorker,
+        wait: Duration,
+    ) -> std::result::Result<(), LinkError> {
+        match &self.flavor {
+            CoordinatorFlavor::Local(l) => l.send(rank, msg, wait),
+            CoordinatorFlavor::Routed(r) => r.send(rank, msg, wait),
+        }
+    }
 
     /// Sends `msg` to `rank` only if there is room now.
     ///
     /// # Errors
     /// [`LinkError::Gone`], or [`LinkError::Full`] (the message is dropped).
-    fn try_send(&self, rank: usize, msg: ToWorker) -> Result<(), LinkError>;
+    pub(crate) fn try_send(
+        &self,
+        rank: usize,
+        msg: ToWorker,
+    ) -> std::result::Result<(), LinkError> {
+        match &self.flavor {
+            CoordinatorFlavor::Local(l) => l.try_send(rank, msg),
+            CoordinatorFlavor::Routed(r) => r.try_send(rank, msg),
+        }
+    }
 
     /// Reaches `rank` through `frames` from now on (a rank that joined again), closing its
     /// old connection; false when `rank` is not reached over connections.
-    fn attach(&self, _rank: usize, _frames: Arc<dyn Frames>) -> bool {
-        false
+    pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
+        match &self.flavor {
+            CoordinatorFlavor::Local(_) => false,
+            CoordinatorFlavor::Routed(r) => r.attach(rank, frames),
+        }
     }
 }
 
 /// A rank's end of the link.
-pub(crate) trait RankLink: Send {
+#[derive(Debug)]
+pub(crate) struct RankLink {
+    flavor: RankFlavor,
+}
+
+/// The flavors of a rank's end.
+#[derive(Debug)]
+enum RankFlavor {
+    /// A rank in the coordinator's process.
+    Local(LocalRank),
+    /// A rank in a process of its own, over its connection to the controller.
+    Net(NetRank),
+}
+
+impl RankLink {
+    /// A rank's end over `frames`, its connection to the controller, in `format`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Spawn`] when the reader thread cannot start.
+    pub(crate) fn over(frames: Arc<Frames>, format: WireFormat) -> Result<RankLink> {
+        Ok(RankLink { flavor: RankFlavor::Net(NetRank::new(frames, format)?) })
+    }
+
     /// Sends `msg` to the coordinator, waiting at most `wait` for room.
     ///
     /// # Errors
     /// [`LinkError::Gone`] or [`LinkError::Timeout`].
-    fn send(&self, msg: ToCoordinator, wait: Duration) -> Result<(), LinkError>;
+    pub(crate) fn send(
+        &self,
+        msg: ToCoordinator,
+        wait: Duration,
+    ) -> std::result::Result<(), LinkError> {
+        match &self.flavor {
+            RankFlavor::Local(l) => l.send(msg, wait),
+            RankFlavor::Net(n) => n.send(msg, wait),
+        }
+    }
 
     /// The next message, waiting at most `wait`.
     ///
     /// # Errors
     /// [`LinkError::Timeout`] when nothing came, [`LinkError::Gone`] when the coordinator's end
     /// is gone and nothing is left to read.
-    fn recv(&self, wait: Duration) -> Result<ToWorker, LinkError>;
+    pub(crate) fn recv(&self, wait: Duration) -> std::result::Result<ToWorker, LinkError> {
+        match &self.flavor {
+            RankFlavor::Local(l) => l.recv(wait),
+            RankFlavor::Net(n) => n.recv(wait),
+        }
+    }
 
     /// The next message if one is waiting.
     ///
     /// # Errors
     /// [`LinkError::Gone`] when the coordinator's end is gone and nothing is left to read.
-    fn try_recv(&self) -> Result<Option<ToWorker>, LinkError>;
+    pub(crate) fn try_recv(&self) -> std::result::Result<Option<ToWorker>, LinkError> {
+        match &self.flavor {
+            RankFlavor::Local(l) => l.try_recv(),
+            RankFlavor::Net(n) => n.try_recv(),
+        }
+    }
 
     /// Arms the abort of the rank's collective group number `generation`: an
     /// [`AbortGroup`](ToWorker::AbortGroup) order for it (or a later group) fires `handle` as
     /// it arrives, while the rank may be blocked inside the group.
-    fn arm_abort(&self, generation: u64, handle: AbortHandle);
+    pub(crate) fn arm_abort(&self, generation: u64, handle: AbortHandle) {
+        match &self.flavor {
+            RankFlavor::Local(l) => l.arm_abort(generation, handle),
+            RankFlavor::Net(n) => n.arm_abort(generation, handle),
+        }
+    }
 }
 
 /// How long a side of a link stays quiet before it says it is alive: a quarter of the

@@ -1,12 +1,12 @@
 //! The in-process link: bounded flume queues, one towards each rank and one shared inbox
-//! towards the coordinator.
+//! towards the coordinator (the in-process flavor of [`CoordinatorLink`](super::CoordinatorLink)
+//! and [`RankLink`](super::RankLink)).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
-use super::ends::{CoordinatorLink, RankLink};
 use super::inbound::Inbound;
 use super::link_error::LinkError;
 use super::wire::{ToCoordinator, ToWorker};
@@ -46,32 +46,32 @@ pub(crate) struct LocalCoordinator {
 
 /// A rank's end of an in-process link; dropping it tells the coordinator the rank is gone.
 #[derive(Debug)]
-pub(crate) struct LocalRank<L> {
+pub(crate) struct LocalRank {
     rank: usize,
     rx: flume::Receiver<ToWorker>,
-    inbox: flume::Sender<Inbound<L>>,
+    inbox: flume::Sender<Inbound>,
     armed: Arc<Armed>,
 }
 
 /// A link between a coordinator whose inbox is `inbox` and `world` ranks, each rank's queue
 /// holding `capacity` messages.
 #[cfg(test)]
-pub(crate) fn link<L: Send>(
+pub(crate) fn link(
     world: usize,
     capacity: usize,
-    inbox: &flume::Sender<Inbound<L>>,
-) -> (LocalCoordinator, Vec<LocalRank<L>>) {
+    inbox: &flume::Sender<Inbound>,
+) -> (LocalCoordinator, Vec<LocalRank>) {
     link_ranks(&(0..world).collect::<Vec<_>>(), capacity, inbox)
 }
 
 /// A link between a coordinator whose inbox is `inbox` and the ranks `ranks` of its process:
 /// the coordinator's end numbers them by position in `ranks`, their messages are stamped with
 /// their own rank.
-pub(crate) fn link_ranks<L: Send>(
+pub(crate) fn link_ranks(
     ranks_here: &[usize],
     capacity: usize,
-    inbox: &flume::Sender<Inbound<L>>,
-) -> (LocalCoordinator, Vec<LocalRank<L>>) {
+    inbox: &flume::Sender<Inbound>,
+) -> (LocalCoordinator, Vec<LocalRank>) {
     let mut ranks = Vec::with_capacity(ranks_here.len());
     let mut ends = Vec::with_capacity(ranks_here.len());
     for &rank in ranks_here {
@@ -98,8 +98,10 @@ impl LocalCoordinator {
     }
 }
 
-impl CoordinatorLink for LocalCoordinator {
-    fn send(&self, rank: usize, msg: ToWorker, wait: Duration) -> Result<(), LinkError> {
+impl LocalCoordinator {
+    /// As [`CoordinatorLink::send`](super::CoordinatorLink::send), `rank` numbered by its
+    /// position among the ranks of the link.
+    pub(crate) fn send(&self, rank: usize, msg: ToWorker, wait: Duration) -> Result<(), LinkError> {
         let Some((tx, msg)) = self.route(rank, msg)? else { return Ok(()) };
         tx.send_timeout(msg, wait).map_err(|e| match e {
             flume::SendTimeoutError::Timeout(_) => LinkError::Timeout(wait),
@@ -107,7 +109,8 @@ impl CoordinatorLink for LocalCoordinator {
         })
     }
 
-    fn try_send(&self, rank: usize, msg: ToWorker) -> Result<(), LinkError> {
+    /// As [`CoordinatorLink::try_send`](super::CoordinatorLink::try_send).
+    pub(crate) fn try_send(&self, rank: usize, msg: ToWorker) -> Result<(), LinkError> {
         let Some((tx, msg)) = self.route(rank, msg)? else { return Ok(()) };
         tx.try_send(msg).map_err(|e| match e {
             flume::TrySendError::Full(_) => LinkError::Full,
@@ -116,8 +119,9 @@ impl CoordinatorLink for LocalCoordinator {
     }
 }
 
-impl<L: Send> RankLink for LocalRank<L> {
-    fn send(&self, msg: ToCoordinator, wait: Duration) -> Result<(), LinkError> {
+impl LocalRank {
+    /// As [`RankLink::send`](super::RankLink::send).
+    pub(crate) fn send(&self, msg: ToCoordinator, wait: Duration) -> Result<(), LinkError> {
         let rank = self.rank;
         self.inbox.send_timeout(Inbound::Wire { rank, msg }, wait).map_err(|e| match e {
             flume::SendTimeoutError::Timeout(_) => LinkError::Timeout(wait),
@@ -125,14 +129,16 @@ impl<L: Send> RankLink for LocalRank<L> {
         })
     }
 
-    fn recv(&self, wait: Duration) -> Result<ToWorker, LinkError> {
+    /// As [`RankLink::recv`](super::RankLink::recv).
+    pub(crate) fn recv(&self, wait: Duration) -> Result<ToWorker, LinkError> {
         self.rx.recv_timeout(wait).map_err(|e| match e {
             flume::RecvTimeoutError::Timeout => LinkError::Timeout(wait),
             flume::RecvTimeoutError::Disconnected => LinkError::Gone,
         })
     }
 
-    fn try_recv(&self) -> Result<Option<ToWorker>, LinkError> {
+    /// As [`RankLink::try_recv`](super::RankLink::try_recv).
+    pub(crate) fn try_recv(&self) -> Result<Option<ToWorker>, LinkError> {
         match self.rx.try_recv() {
             Ok(msg) => Ok(Some(msg)),
             Err(flume::TryRecvError::Empty) => Ok(None),
@@ -140,12 +146,13 @@ impl<L: Send> RankLink for LocalRank<L> {
         }
     }
 
-    fn arm_abort(&self, generation: u64, handle: AbortHandle) {
+    /// As [`RankLink::arm_abort`](super::RankLink::arm_abort).
+    pub(crate) fn arm_abort(&self, generation: u64, handle: AbortHandle) {
         self.armed.arm(generation, handle);
     }
 }
 
-impl<L> Drop for LocalRank<L> {
+impl Drop for LocalRank {
     fn drop(&mut self) {
         // Best effort: a coordinator that is gone, or too busy to make room, needs no word.
         let _ = self.inbox.send_timeout(Inbound::Gone { rank: self.rank }, GONE_WAIT);
@@ -166,7 +173,7 @@ mod tests {
     /// after its last message; a dropped coordinator end is `Gone` to the rank once drained.
     #[test]
     fn messages_keep_order_and_ends_say_gone() -> Result<(), String> {
-        let (inbox_tx, inbox) = flume::bounded::<Inbound<()>>(16);
+        let (inbox_tx, inbox) = flume::bounded::<Inbound>(16);
         let (coord, mut ends) = link(2, 4, &inbox_tx);
         let rank1 = ends.pop().ok_or("no rank 1")?;
         let rank0 = ends.pop().ok_or("no rank 0")?;
@@ -206,7 +213,7 @@ mod tests {
     /// and without reaching the rank's queue; an order for an older group leaves it armed.
     #[test]
     fn abort_orders_fire_the_armed_handle() -> Result<(), String> {
-        let (inbox_tx, _inbox) = flume::bounded::<Inbound<()>>(16);
+        let (inbox_tx, _inbox) = flume::bounded::<Inbound>(16);
         let (coord, ends) = link(1, 1, &inbox_tx);
         let end = ends.first().ok_or("no rank")?;
         let group = HostComm::group(1);

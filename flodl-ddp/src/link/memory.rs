@@ -1,5 +1,7 @@
 //! In-memory connections, for cluster runs within one process: frame queues in place of
-//! sessions, and a rendezvous that pairs them.
+//! sessions, and a rendezvous that pairs them (the in-memory flavor of
+//! [`Frames`](super::frames::Frames), [`Arrivals`](super::frames::Arrivals) and
+//! [`Rendezvous`](super::rendezvous::Rendezvous)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -7,7 +9,6 @@ use std::time::Duration;
 
 use crate::config_error::{ConfigError, Field};
 use crate::link::frame::Lane;
-use crate::link::frames::{Admitted, Arrivals, Connections, Frames};
 use crate::link::link_error::LinkError;
 use crate::link::roll_call::RollCall;
 use crate::{Error, Result};
@@ -24,12 +25,10 @@ pub(crate) struct MemFrames {
 }
 
 /// Two connected ends.
-pub(crate) fn pair() -> (Arc<MemFrames>, Arc<MemFrames>) {
+pub(crate) fn pair() -> (MemFrames, MemFrames) {
     let (a_tx, b_rx) = flume::bounded(DEPTH);
     let (b_tx, a_rx) = flume::bounded(DEPTH);
-    let end = |tx, rx| {
-        Arc::new(MemFrames { tx: Mutex::new(Some(tx)), rx, closed: AtomicBool::new(false) })
-    };
+    let end = |tx, rx| MemFrames { tx: Mutex::new(Some(tx)), rx, closed: AtomicBool::new(false) };
     (end(a_tx, a_rx), end(b_tx, b_rx))
 }
 
@@ -39,29 +38,30 @@ impl MemFrames {
         tx.clone().ok_or(LinkError::Gone)
     }
 
-    /// Sends raw bytes, as a hostile peer would.
-    #[cfg(test)]
-    pub(crate) fn raw(&self, bytes: Vec<u8>) -> std::result::Result<(), LinkError> {
-        self.sender()?.send(bytes).map_err(|_| LinkError::Gone)
-    }
-}
-
-impl Frames for MemFrames {
-    fn send(&self, _: Lane, frame: Vec<u8>, wait: Duration) -> std::result::Result<(), LinkError> {
+    /// As [`Frames::send`](super::frames::Frames::send) (one queue: the lane keeps no order of
+    /// its own).
+    pub(crate) fn send(
+        &self,
+        _: Lane,
+        frame: Vec<u8>,
+        wait: Duration,
+    ) -> std::result::Result<(), LinkError> {
         self.sender()?.send_timeout(frame, wait).map_err(|e| match e {
             flume::SendTimeoutError::Timeout(_) => LinkError::Timeout(wait),
             flume::SendTimeoutError::Disconnected(_) => LinkError::Gone,
         })
     }
 
-    fn try_send(&self, _: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError> {
+    /// As [`Frames::try_send`](super::frames::Frames::try_send).
+    pub(crate) fn try_send(&self, _: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError> {
         self.sender()?.try_send(frame).map_err(|e| match e {
             flume::TrySendError::Full(_) => LinkError::Full,
             flume::TrySendError::Disconnected(_) => LinkError::Gone,
         })
     }
 
-    fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
+    /// As [`Frames::recv`](super::frames::Frames::recv).
+    pub(crate) fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(LinkError::Gone);
         }
@@ -71,7 +71,8 @@ impl Frames for MemFrames {
         })
     }
 
-    fn close(&self) {
+    /// As [`Frames::close`](super::frames::Frames::close).
+    pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -80,7 +81,7 @@ impl Frames for MemFrames {
 /// The controller's ends, posted by joining ranks, with the run each claimed.
 #[derive(Debug, Default)]
 struct Posted {
-    ends: Vec<Option<([u8; 32], Arc<MemFrames>)>>,
+    ends: Vec<Option<([u8; 32], MemFrames)>>,
 }
 
 /// The posted ends and the signal that one arrived.
@@ -105,13 +106,15 @@ impl Memory {
 }
 
 /// Ranks that post their end after the start: joins of a running run.
-struct Later {
+#[derive(Debug)]
+pub(crate) struct Later {
     board: Arc<Board>,
     run: [u8; 32],
 }
 
-impl Arrivals for Later {
-    fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)> {
+impl Later {
+    /// As [`Arrivals::next`](super::frames::Arrivals::next).
+    pub(crate) fn next(&self, wait: Duration) -> Option<(usize, MemFrames)> {
         let board = &self.board;
         let mut posted = board.posted.lock().unwrap_or_else(|p| p.into_inner());
         if posted.ends.iter().all(Option::is_none) {
@@ -124,7 +127,7 @@ impl Arrivals for Later {
             end.close();
             return None;
         }
-        Some((rank, end as Arc<dyn Frames>))
+        Some((rank, end))
     }
 }
 
@@ -138,14 +141,14 @@ impl Memory {
         quorum: usize,
         wait: Duration,
         _silence: Duration,
-    ) -> Result<Admitted> {
+    ) -> Result<(Vec<(usize, MemFrames)>, Later)> {
         let roll = RollCall::start(world, ranks, quorum, wait);
         let board = &self.board;
         let mut posted = board.posted.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(left) = roll.left(|r| posted.ends.get(r).is_some_and(Option::is_some))? {
             posted = board.arrived.wait_timeout(posted, left).unwrap_or_else(|p| p.into_inner()).0;
         }
-        let mut out = Connections::new();
+        let mut out = Vec::new();
         for (rank, slot) in posted.ends.iter_mut().enumerate() {
             if !ranks.contains(&rank) {
                 continue;
@@ -155,11 +158,10 @@ impl Memory {
                     end.close();
                     return Err(Error::RunMismatch { rank });
                 }
-                out.push((rank, end as Arc<dyn Frames>));
+                out.push((rank, end));
             }
         }
-        let later = Later { board: self.board.clone(), run };
-        Ok((out, Some(Box::new(later))))
+        Ok((out, Later { board: self.board.clone(), run }))
     }
 
     /// As [`super::rendezvous::Rendezvous::join`].
@@ -170,7 +172,7 @@ impl Memory {
         _world: usize,
         _wait: Duration,
         _silence: Duration,
-    ) -> Result<Arc<dyn Frames>> {
+    ) -> Result<MemFrames> {
         let (controller, own) = pair();
         let mut posted = self.board.posted.lock().unwrap_or_else(|p| p.into_inner());
         let slot = posted.ends.get_mut(rank).ok_or_else(|| {

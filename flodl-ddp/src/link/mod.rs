@@ -7,7 +7,9 @@
 //! in-process link ([`local`]) is a pair of bounded flume queues per rank; the network link
 //! ([`net`]) carries the same messages as [`frame`]s over a connection per rank and delivers
 //! into the same inbox; [`route`] sends each rank's orders through whichever of the two
-//! reaches it (a controller's own rank stays in-process).
+//! reaches it (a controller's own rank stays in-process). Each end, connection and rendezvous
+//! is a struct over a private enum of its flavors (no trait objects): the flavors sit side by
+//! side here, in-process and network, in-memory ([`memory`]) and mutual TLS ([`tls`]).
 //!
 //! **Architecture Invariant:** nothing crosses a link but [`wire`] messages; the one
 //! process-local act, aborting a rank's collective group while the rank is blocked inside it, is

@@ -1,5 +1,6 @@
 //! The network link: the coordinator's end and a rank's end over one connection per rank,
-//! each a [`Frames`] carrying opaque frames in order on two lanes.
+//! each a [`Frames`] carrying opaque frames in order on two lanes (the network flavor of
+//! [`CoordinatorLink`](super::CoordinatorLink) and [`RankLink`](super::RankLink)).
 //!
 //! Wire messages travel as [`frame`](super::frame)s. A reader thread per connection turns
 //! arriving frames into what the runtime expects of any link: on the coordinator's side
@@ -16,7 +17,6 @@ use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
-use super::ends::{CoordinatorLink, RankLink};
 use super::frame::{self, Framed, WireFormat};
 use super::frames::{Arrivals, Attached, Frames};
 use super::inbound::Inbound;
@@ -51,7 +51,7 @@ fn deliver<T>(tx: &flume::Sender<T>, mut item: T, stop: &AtomicBool) -> bool {
 /// to `deliver`; returns true when the connection ended (rather than a stop or a refusal to
 /// take more).
 fn read_frames<M: Framed>(
-    frames: &dyn Frames,
+    frames: &Frames,
     peer: &str,
     stop: &AtomicBool,
     mut deliver: impl FnMut(M) -> bool,
@@ -79,7 +79,7 @@ fn read_frames<M: Framed>(
 
 /// Sends `msg` as one frame in `format`.
 fn send_frame<M: Framed>(
-    frames: &dyn Frames,
+    frames: &Frames,
     msg: M,
     format: WireFormat,
     wait: Option<Duration>,
@@ -96,7 +96,7 @@ fn send_frame<M: Framed>(
 }
 
 /// A connection per rank, by global rank (`None` for ranks that are not remote).
-type Table = std::sync::RwLock<Vec<Option<Arc<dyn Frames>>>>;
+type Table = std::sync::RwLock<Vec<Option<Arc<Frames>>>>;
 /// The reader thread of each rank's current connection.
 type Readers = std::sync::Mutex<Vec<Option<JoinHandle<()>>>>;
 
@@ -108,7 +108,7 @@ type Readers = std::sync::Mutex<Vec<Option<JoinHandle<()>>>>;
 /// [`Inbound::Joined`] with the new connection, then the new connection's messages: the
 /// joining thread waits for the old reader to end before it posts the join and starts the new
 /// reader. The coordinator sends on the new connection only once it has read the join
-/// ([`CoordinatorLink::attach`]), so orders meant for the dead process never reach its
+/// ([`NetCoordinator::attach`]), so orders meant for the dead process never reach its
 /// successor.
 pub(crate) struct NetCoordinator {
     ranks: Arc<Table>,
@@ -128,10 +128,10 @@ impl std::fmt::Debug for NetCoordinator {
 }
 
 /// Starts the thread that reads `frames`, rank `rank`'s connection, into `inbox`.
-fn spawn_reader<L: Send + 'static>(
+fn spawn_reader(
     rank: usize,
-    frames: Arc<dyn Frames>,
-    inbox: flume::Sender<Inbound<L>>,
+    frames: Arc<Frames>,
+    inbox: flume::Sender<Inbound>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -157,15 +157,15 @@ impl NetCoordinator {
     ///
     /// # Errors
     /// [`Error::Spawn`] when a thread cannot start.
-    pub(crate) fn new<L: Send + 'static>(
+    pub(crate) fn new(
         world: usize,
-        remote: Vec<(usize, Arc<dyn Frames>)>,
+        remote: Vec<(usize, Arc<Frames>)>,
         format: WireFormat,
-        inbox: &flume::Sender<Inbound<L>>,
-        arrivals: Option<Box<dyn Arrivals>>,
+        inbox: &flume::Sender<Inbound>,
+        arrivals: Option<Arrivals>,
     ) -> Result<NetCoordinator> {
         let stop = Arc::new(AtomicBool::new(false));
-        let mut table: Vec<Option<Arc<dyn Frames>>> = vec![None; world];
+        let mut table: Vec<Option<Arc<Frames>>> = vec![None; world];
         let mut readers: Vec<Option<JoinHandle<()>>> = (0..world).map(|_| None).collect();
         let mut link = NetCoordinator {
             ranks: Arc::new(Table::default()),
@@ -189,14 +189,14 @@ impl NetCoordinator {
             let (readers, inbox) = (link.readers.clone(), inbox.clone());
             let joiner = std::thread::Builder::new()
                 .name("flodl-link-joins".into())
-                .spawn(move || take_joins(arrivals.as_ref(), world, &readers, &inbox, &stop))
+                .spawn(move || take_joins(&arrivals, world, &readers, &inbox, &stop))
                 .map_err(|source| Error::Spawn { what: "the link's joining thread", source })?;
             link.joiner = Some(joiner);
         }
         Ok(link)
     }
 
-    fn frames(&self, rank: usize) -> std::result::Result<Arc<dyn Frames>, LinkError> {
+    fn frames(&self, rank: usize) -> std::result::Result<Arc<Frames>, LinkError> {
         let ranks = self.ranks.read().unwrap_or_else(|p| p.into_inner());
         ranks.get(rank).cloned().flatten().ok_or(LinkError::Gone)
     }
@@ -204,11 +204,11 @@ impl NetCoordinator {
 
 /// The joining thread: each rank admitted again (never rank 0, whose process hosts the
 /// controller) is posted to the inbox once its old reader has ended, then read.
-fn take_joins<L: Send + 'static>(
-    arrivals: &dyn Arrivals,
+fn take_joins(
+    arrivals: &Arrivals,
     world: usize,
     readers: &Readers,
-    inbox: &flume::Sender<Inbound<L>>,
+    inbox: &flume::Sender<Inbound>,
     stop: &Arc<AtomicBool>,
 ) {
     while !stop.load(Ordering::Acquire) {
@@ -263,8 +263,9 @@ fn take_joins<L: Send + 'static>(
     }
 }
 
-impl CoordinatorLink for NetCoordinator {
-    fn send(
+impl NetCoordinator {
+    /// As [`CoordinatorLink::send`](super::CoordinatorLink::send).
+    pub(crate) fn send(
         &self,
         rank: usize,
         msg: ToWorker,
@@ -273,11 +274,17 @@ impl CoordinatorLink for NetCoordinator {
         send_frame(self.frames(rank)?.as_ref(), msg, self.format, Some(wait))
     }
 
-    fn try_send(&self, rank: usize, msg: ToWorker) -> std::result::Result<(), LinkError> {
+    /// As [`CoordinatorLink::try_send`](super::CoordinatorLink::try_send).
+    pub(crate) fn try_send(
+        &self,
+        rank: usize,
+        msg: ToWorker,
+    ) -> std::result::Result<(), LinkError> {
         send_frame(self.frames(rank)?.as_ref(), msg, self.format, None)
     }
 
-    fn attach(&self, rank: usize, frames: Arc<dyn Frames>) -> bool {
+    /// As [`CoordinatorLink::attach`](super::CoordinatorLink::attach).
+    pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
         let mut ranks = self.ranks.write().unwrap_or_else(|p| p.into_inner());
         match ranks.get_mut(rank) {
             Some(slot) => {
@@ -314,7 +321,7 @@ impl Drop for NetCoordinator {
 /// A rank's end of the network link: its connection, read by a thread that fires abort
 /// orders on arrival and queues the rest for the rank's loop.
 pub(crate) struct NetRank {
-    frames: Arc<dyn Frames>,
+    frames: Arc<Frames>,
     format: WireFormat,
     rx: flume::Receiver<ToWorker>,
     armed: Arc<Armed>,
@@ -333,7 +340,7 @@ impl NetRank {
     ///
     /// # Errors
     /// [`Error::Spawn`] when the reader thread cannot start.
-    pub(crate) fn new(frames: Arc<dyn Frames>, format: WireFormat) -> Result<NetRank> {
+    pub(crate) fn new(frames: Arc<Frames>, format: WireFormat) -> Result<NetRank> {
         let (tx, rx) = flume::bounded(TO_RANK);
         let armed = Arc::new(Armed::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -358,19 +365,26 @@ impl NetRank {
     }
 }
 
-impl RankLink for NetRank {
-    fn send(&self, msg: ToCoordinator, wait: Duration) -> std::result::Result<(), LinkError> {
+impl NetRank {
+    /// As [`RankLink::send`](super::RankLink::send).
+    pub(crate) fn send(
+        &self,
+        msg: ToCoordinator,
+        wait: Duration,
+    ) -> std::result::Result<(), LinkError> {
         send_frame(self.frames.as_ref(), msg, self.format, Some(wait))
     }
 
-    fn recv(&self, wait: Duration) -> std::result::Result<ToWorker, LinkError> {
+    /// As [`RankLink::recv`](super::RankLink::recv).
+    pub(crate) fn recv(&self, wait: Duration) -> std::result::Result<ToWorker, LinkError> {
         self.rx.recv_timeout(wait).map_err(|e| match e {
             flume::RecvTimeoutError::Timeout => LinkError::Timeout(wait),
             flume::RecvTimeoutError::Disconnected => LinkError::Gone,
         })
     }
 
-    fn try_recv(&self) -> std::result::Result<Option<ToWorker>, LinkError> {
+    /// As [`RankLink::try_recv`](super::RankLink::try_recv).
+    pub(crate) fn try_recv(&self) -> std::result::Result<Option<ToWorker>, LinkError> {
         match self.rx.try_recv() {
             Ok(msg) => Ok(Some(msg)),
             Err(flume::TryRecvError::Empty) => Ok(None),
@@ -378,7 +392,8 @@ impl RankLink for NetRank {
         }
     }
 
-    fn arm_abort(&self, generation: u64, handle: AbortHandle) {
+    /// As [`RankLink::arm_abort`](super::RankLink::arm_abort).
+    pub(crate) fn arm_abort(&self, generation: u64, handle: AbortHandle) {
         self.armed.arm(generation, handle);
     }
 }
@@ -397,7 +412,8 @@ mod tests {
     use flodl_nccl::HostComm;
 
     use super::*;
-    use crate::link::memory::pair as mem_pair;
+    use crate::link::frame::Lane;
+    use crate::link::frames::pair as mem_pair;
     use crate::state::HostState;
 
     const WAIT: Duration = Duration::from_secs(5);
@@ -412,17 +428,12 @@ mod tests {
     /// connection is closed, the other goes on).
     #[test]
     fn remote_ranks_talk_through_frames() -> std::result::Result<(), String> {
-        let (inbox_tx, inbox) = flume::bounded::<Inbound<()>>(64);
+        let (inbox_tx, inbox) = flume::bounded::<Inbound>(64);
         let (c1, r1) = mem_pair();
         let (c2, r2) = mem_pair();
-        let coord = NetCoordinator::new(
-            3,
-            vec![(1, c1 as Arc<dyn Frames>), (2, c2.clone() as Arc<dyn Frames>)],
-            WireFormat::Bf16,
-            &inbox_tx,
-            None,
-        )
-        .map_err(|e| e.to_string())?;
+        let coord =
+            NetCoordinator::new(3, vec![(1, c1), (2, c2)], WireFormat::Bf16, &inbox_tx, None)
+                .map_err(|e| e.to_string())?;
         let rank1 = NetRank::new(r1, WireFormat::Bf16).map_err(|e| e.to_string())?;
         if coord.send(0, ToWorker::Ping, WAIT) != Err(LinkError::Gone) {
             return Err("a send to a rank that is not remote went through".into());
@@ -460,7 +471,7 @@ mod tests {
             Ok(Inbound::Gone { rank: 1 }) => {}
             other => return Err(format!("expected rank 1 gone, got {other:?}")),
         }
-        r2.raw(vec![0xff; 9]).map_err(|e| e.to_string())?;
+        r2.send(Lane::Control, vec![0xff; 9], WAIT).map_err(|e| e.to_string())?;
         match inbox.recv_timeout(WAIT) {
             Ok(Inbound::Gone { rank: 2 }) => {}
             other => return Err(format!("expected rank 2 gone after garbage, got {other:?}")),
@@ -479,9 +490,9 @@ mod tests {
             let rank = NetRank::new(r, WireFormat::F32).map_err(|e| e.to_string())?;
             let (_, ping) =
                 frame::encode(ToWorker::Ping, WireFormat::F32).map_err(|e| e.to_string())?;
-            c.raw(ping).map_err(|e| e.to_string())?;
+            c.send(Lane::Control, ping, WAIT).map_err(|e| e.to_string())?;
             if garbage {
-                c.raw(vec![200; 3]).map_err(|e| e.to_string())?;
+                c.send(Lane::Control, vec![200; 3], WAIT).map_err(|e| e.to_string())?;
             } else {
                 c.close();
             }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Result;
-use crate::link::frames::{Admitted, Frames};
+use crate::link::frames::{Admitted, Frames, admitted};
 use crate::link::memory::Memory;
 #[cfg(feature = "cluster")]
 use crate::link::tls::TlsRendezvous;
@@ -71,9 +71,9 @@ impl Rendezvous {
         silence: Duration,
     ) -> Result<Admitted> {
         match &self.flavor {
-            Flavor::Memory(m) => m.accept(run, world, ranks, quorum, wait, silence),
+            Flavor::Memory(m) => m.accept(run, world, ranks, quorum, wait, silence).map(admitted),
             #[cfg(feature = "cluster")]
-            Flavor::Tls(t) => t.accept(run, world, ranks, quorum, wait, silence),
+            Flavor::Tls(t) => t.accept(run, world, ranks, quorum, wait, silence).map(admitted),
         }
     }
 
@@ -88,11 +88,12 @@ impl Rendezvous {
         world: usize,
         wait: Duration,
         silence: Duration,
-    ) -> Result<Arc<dyn Frames>> {
-        match &self.flavor {
-            Flavor::Memory(m) => m.join(run, rank, world, wait, silence),
+    ) -> Result<Arc<Frames>> {
+        let frames: Frames = match &self.flavor {
+            Flavor::Memory(m) => m.join(run, rank, world, wait, silence)?.into(),
             #[cfg(feature = "cluster")]
-            Flavor::Tls(t) => t.join(run, rank, world, wait, silence),
-        }
+            Flavor::Tls(t) => t.join(run, rank, world, wait, silence)?.into(),
+        };
+        Ok(Arc::new(frames))
     }
 }

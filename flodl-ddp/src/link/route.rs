@@ -1,10 +1,13 @@
 //! The coordinator's end when some ranks share its process and others do not: each rank's
 //! messages go through the link that reaches it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::ends::CoordinatorLink;
+use super::frames::Frames;
 use super::link_error::LinkError;
+use super::local::LocalCoordinator;
+use super::net::NetCoordinator;
 use super::wire::ToWorker;
 
 /// Which link reaches a rank, and the rank's number on it.
@@ -18,35 +21,36 @@ pub(crate) enum Route {
 
 /// A coordinator end routing each rank to the in-process or the network link.
 #[derive(Debug)]
-pub(crate) struct Routed<A, B> {
+pub(crate) struct Routed {
     routes: Vec<Route>,
-    local: A,
-    remote: B,
+    local: LocalCoordinator,
+    remote: NetCoordinator,
 }
 
-impl<A: CoordinatorLink, B: CoordinatorLink> Routed<A, B> {
+impl Routed {
     /// Rank `r` goes where `routes[r]` says.
-    pub(crate) fn new(routes: Vec<Route>, local: A, remote: B) -> Self {
+    pub(crate) fn new(routes: Vec<Route>, local: LocalCoordinator, remote: NetCoordinator) -> Self {
         Routed { routes, local, remote }
     }
-}
 
-impl<A: CoordinatorLink, B: CoordinatorLink> CoordinatorLink for Routed<A, B> {
-    fn send(&self, rank: usize, msg: ToWorker, wait: Duration) -> Result<(), LinkError> {
+    /// As [`CoordinatorLink::send`](super::CoordinatorLink::send).
+    pub(crate) fn send(&self, rank: usize, msg: ToWorker, wait: Duration) -> Result<(), LinkError> {
         match self.routes.get(rank).ok_or(LinkError::Gone)? {
             Route::Local(index) => self.local.send(*index, msg, wait),
             Route::Remote => self.remote.send(rank, msg, wait),
         }
     }
 
-    fn try_send(&self, rank: usize, msg: ToWorker) -> Result<(), LinkError> {
+    /// As [`CoordinatorLink::try_send`](super::CoordinatorLink::try_send).
+    pub(crate) fn try_send(&self, rank: usize, msg: ToWorker) -> Result<(), LinkError> {
         match self.routes.get(rank).ok_or(LinkError::Gone)? {
             Route::Local(index) => self.local.try_send(*index, msg),
             Route::Remote => self.remote.try_send(rank, msg),
         }
     }
 
-    fn attach(&self, rank: usize, frames: std::sync::Arc<dyn super::frames::Frames>) -> bool {
+    /// As [`CoordinatorLink::attach`](super::CoordinatorLink::attach).
+    pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
         match self.routes.get(rank) {
             Some(Route::Remote) => self.remote.attach(rank, frames),
             _ => false,
@@ -56,16 +60,12 @@ impl<A: CoordinatorLink, B: CoordinatorLink> CoordinatorLink for Routed<A, B> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::link::ends::RankLink;
     use crate::link::frame::WireFormat;
-    use crate::link::frames::Frames;
+    use crate::link::frames::pair as mem_pair;
     use crate::link::inbound::Inbound;
     use crate::link::local;
-    use crate::link::memory::pair as mem_pair;
-    use crate::link::net::{NetCoordinator, NetRank};
+    use crate::link::net::NetRank;
 
     const WAIT: Duration = Duration::from_secs(5);
 
@@ -73,17 +73,11 @@ mod tests {
     /// both ranks' messages reach the one inbox stamped with their rank.
     #[test]
     fn each_rank_is_reached_through_its_own_link() -> Result<(), String> {
-        let (inbox_tx, inbox) = flume::bounded::<Inbound<()>>(16);
+        let (inbox_tx, inbox) = flume::bounded::<Inbound>(16);
         let (local, mut ends) = local::link(1, 4, &inbox_tx);
         let (c, r) = mem_pair();
-        let remote = NetCoordinator::new(
-            2,
-            vec![(1, c as Arc<dyn Frames>)],
-            WireFormat::F32,
-            &inbox_tx,
-            None,
-        )
-        .map_err(|e| e.to_string())?;
+        let remote = NetCoordinator::new(2, vec![(1, c)], WireFormat::F32, &inbox_tx, None)
+            .map_err(|e| e.to_string())?;
         let link = Routed::new(vec![Route::Local(0), Route::Remote], local, remote);
         let rank0 = ends.pop().ok_or("no local end")?;
         let rank1 = NetRank::new(r, WireFormat::F32).map_err(|e| e.to_string())?;

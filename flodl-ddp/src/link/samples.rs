@@ -1,5 +1,5 @@
 //! One of every wire message each way, with every optional part filled and left out: the seeds
-//! of the wire tests and of the fuzz test.
+//! of the wire tests (here) and of the fuzz test.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +8,7 @@ use super::wire::{
     CaptureRequest, Chunk, GroupKey, RankCapture, RankRestore, Readiness, Regroup, Window,
 };
 use super::wire::{ToCoordinator, ToWorker};
+use crate::contract::capability::{Capability, TrainerOption};
 use crate::control::metrics::{EvalMetrics, WorkTally};
 use crate::error::Divergence;
 use crate::state::{HostState, HostTensor};
@@ -125,8 +126,8 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
             rank: 0,
             failure: RankFailure {
                 kind: FailureKind::MissingCapability {
-                    option: crate::TrainerOption::MaxGradNorm,
-                    capability: crate::Capability::MutableGradients,
+                    option: TrainerOption::MaxGradNorm,
+                    capability: Capability::MutableGradients,
                 },
                 message: "needs".into(),
             },
@@ -140,4 +141,63 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         ToCoordinator::GroupId { rank: 1, generation: 3, how: Regroup::Host },
     ];
     (to_rank, to_coordinator)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Serialize;
+
+    use super::*;
+
+    fn round_trip<T>(msg: &T) -> Result<T, String>
+    where
+        T: Serialize + serde::de::DeserializeOwned,
+    {
+        let config = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(msg, config).map_err(|e| e.to_string())?;
+        let (back, read) =
+            bincode::serde::decode_from_slice(&bytes, config).map_err(|e| e.to_string())?;
+        if read != bytes.len() {
+            return Err(format!("decoded {read} of {} bytes", bytes.len()));
+        }
+        Ok(back)
+    }
+
+    /// Every wire message (each seed) survives bincode 2 unchanged, and the rank a rank message
+    /// names is kept.
+    #[test]
+    fn every_wire_message_round_trips_through_bincode() -> Result<(), String> {
+        let (to_rank, to_coordinator) = messages();
+        for msg in &to_rank {
+            let back = round_trip(msg)?;
+            if &back != msg {
+                return Err(format!("{msg:?} came back as {back:?}"));
+            }
+        }
+        for msg in &to_coordinator {
+            let back = round_trip(msg)?;
+            if &back != msg || back.rank() != msg.rank() {
+                return Err(format!("{msg:?} came back as {back:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Truncated encodings are refused with an error, never a panic.
+    #[test]
+    fn truncated_messages_are_decode_errors() -> Result<(), String> {
+        let config = bincode::config::standard();
+        let (to_rank, _) = messages();
+        for msg in &to_rank {
+            let bytes = bincode::serde::encode_to_vec(msg, config).map_err(|e| e.to_string())?;
+            for cut in 0..bytes.len() {
+                let decoded: Result<(ToWorker, usize), _> =
+                    bincode::serde::decode_from_slice(&bytes[..cut], config);
+                if decoded.is_ok() {
+                    return Err(format!("{msg:?} decoded from {cut} of {} bytes", bytes.len()));
+                }
+            }
+        }
+        Ok(())
+    }
 }

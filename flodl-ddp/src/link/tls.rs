@@ -1,5 +1,7 @@
 //! The rendezvous over mutual TLS: flodl-cluster's controller and sessions, each session the
-//! [`Frames`] of one rank's connection.
+//! [`Frames`](super::frames::Frames) of one rank's connection (the TLS flavor of
+//! [`Frames`](super::frames::Frames), [`Arrivals`](super::frames::Arrivals) and
+//! [`Rendezvous`](super::rendezvous::Rendezvous)).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +14,6 @@ use flodl_cluster::{
 };
 
 use crate::link::frame::Lane;
-use crate::link::frames::{Admitted, Arrivals, Frames};
 use crate::link::link_error::LinkError;
 use crate::link::roll_call::RollCall;
 use crate::{Error, Result};
@@ -22,7 +23,7 @@ pub(crate) const CONTROL_CAP: usize = 1 << 20;
 
 /// One rank's session as the network link's frames: its two halves, each dropped on close
 /// (the session ends once both are gone).
-struct SessionFrames {
+pub(crate) struct SessionFrames {
     sender: Mutex<Option<SessionSender>>,
     receiver: Mutex<Option<SessionReceiver>>,
     closed: AtomicBool,
@@ -46,13 +47,13 @@ fn link_error(e: NetError) -> LinkError {
 }
 
 impl SessionFrames {
-    fn shared(session: flodl_cluster::Session) -> Arc<dyn Frames> {
+    fn new(session: flodl_cluster::Session) -> SessionFrames {
         let (sender, receiver) = session.split();
-        Arc::new(SessionFrames {
+        SessionFrames {
             sender: Mutex::new(Some(sender)),
             receiver: Mutex::new(Some(receiver)),
             closed: AtomicBool::new(false),
-        })
+        }
     }
 
     fn with_sender(
@@ -78,8 +79,9 @@ fn net_lane(lane: Lane) -> NetLane {
     }
 }
 
-impl Frames for SessionFrames {
-    fn send(
+impl SessionFrames {
+    /// As [`Frames::send`](super::frames::Frames::send).
+    pub(crate) fn send(
         &self,
         lane: Lane,
         frame: Vec<u8>,
@@ -88,18 +90,25 @@ impl Frames for SessionFrames {
         self.with_sender(|s| s.send(net_lane(lane), frame, wait))
     }
 
-    fn try_send(&self, lane: Lane, frame: Vec<u8>) -> std::result::Result<(), LinkError> {
+    /// As [`Frames::try_send`](super::frames::Frames::try_send).
+    pub(crate) fn try_send(
+        &self,
+        lane: Lane,
+        frame: Vec<u8>,
+    ) -> std::result::Result<(), LinkError> {
         self.with_sender(|s| s.try_send(net_lane(lane), frame))
     }
 
-    fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
+    /// As [`Frames::recv`](super::frames::Frames::recv).
+    pub(crate) fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
         match lock(&self.receiver).as_ref() {
             Some(r) => r.recv(wait).map_err(link_error),
             None => Err(LinkError::Gone),
         }
     }
 
-    fn close(&self) {
+    /// As [`Frames::close`](super::frames::Frames::close).
+    pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         lock(&self.receiver).take();
         // A sender busy in a send drops its half when the send returns.
@@ -110,14 +119,15 @@ impl Frames for SessionFrames {
 }
 
 /// The controller after the start: the sessions of ranks joining again.
-struct Later {
+pub(crate) struct Later {
     controller: Controller,
 }
 
-impl Arrivals for Later {
-    fn next(&self, wait: Duration) -> Option<(usize, Arc<dyn Frames>)> {
+impl Later {
+    /// As [`Arrivals::next`](super::frames::Arrivals::next).
+    pub(crate) fn next(&self, wait: Duration) -> Option<(usize, SessionFrames)> {
         match self.controller.accept(wait) {
-            Ok(session) => Some((session.rank(), SessionFrames::shared(session))),
+            Ok(session) => Some((session.rank(), SessionFrames::new(session))),
             Err(NetError::Timeout(_)) => None,
             Err(e) => {
                 tracing::warn!(error = %e, "the controller stopped admitting ranks");
@@ -165,7 +175,7 @@ impl TlsRendezvous {
         quorum: usize,
         wait: Duration,
         silence: Duration,
-    ) -> Result<Admitted> {
+    ) -> Result<(Vec<(usize, SessionFrames)>, Later)> {
         let inherited = lock(&self.inherited).take();
         let controller = match inherited {
             Some(listener) => Controller::serve(listener, run, world, self.config(silence)),
@@ -174,14 +184,14 @@ impl TlsRendezvous {
         .map_err(net("binding the controller"))?;
         tracing::info!(addr = %controller.local_addr(), world, "controller waiting for ranks");
         let roll = RollCall::start(world, ranks, quorum, wait);
-        let mut joined: Vec<Option<Arc<dyn Frames>>> = (0..world).map(|_| None).collect();
+        let mut joined: Vec<Option<SessionFrames>> = (0..world).map(|_| None).collect();
         while let Some(left) = roll.left(|r| joined.get(r).is_some_and(Option::is_some))? {
             match controller.accept(left) {
                 Ok(session) => {
                     let rank = session.rank();
                     match joined.get_mut(rank) {
                         Some(slot @ None) if ranks.contains(&rank) => {
-                            *slot = Some(SessionFrames::shared(session))
+                            *slot = Some(SessionFrames::new(session))
                         }
                         // The controller admits each rank once; anything else is dropped.
                         _ => tracing::warn!(rank, "an unexpected session was dropped"),
@@ -194,7 +204,7 @@ impl TlsRendezvous {
         let now = joined.into_iter().enumerate().filter_map(|(r, f)| f.map(|f| (r, f))).collect();
         // The controller keeps admitting for the whole run: a rank process restarted after its
         // death joins again (same CA, same run, its seat free once its old session ended).
-        Ok((now, Some(Box::new(Later { controller }))))
+        Ok((now, Later { controller }))
     }
 
     /// As [`super::rendezvous::Rendezvous::join`].
@@ -205,10 +215,10 @@ impl TlsRendezvous {
         world: usize,
         wait: Duration,
         silence: Duration,
-    ) -> Result<Arc<dyn Frames>> {
+    ) -> Result<SessionFrames> {
         let hello = Hello::new(run, rank, world);
         let session = flodl_cluster::join(&self.controller, hello, self.config(silence), wait)
             .map_err(net("joining the controller"))?;
-        Ok(SessionFrames::shared(session))
+        Ok(SessionFrames::new(session))
     }
 }

@@ -211,7 +211,7 @@ pub struct RankHandle {
 
 impl RankHandle {
     /// Starts rank `rank` of `cfg`'s run over `frames`, its connection to the controller.
-    pub(crate) fn start(cfg: Arc<RunConfig>, rank: usize, frames: Arc<dyn Frames>) -> Result<Self> {
+    pub(crate) fn start(cfg: Arc<RunConfig>, rank: usize, frames: Arc<Frames>) -> Result<Self> {
         let thread = crate::runtime::engine::start_rank(cfg, rank, frames)?;
         Ok(RankHandle { rank, thread: Some(thread) })
     }

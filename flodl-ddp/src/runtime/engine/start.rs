@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::link::RankLink;
 use crate::link::failure::RankFailure;
 use crate::link::frames::{Admitted, Frames};
-use crate::link::net::NetRank;
 use crate::link::wire::Window;
 use crate::runtime::engine::comm::CommPlan;
 use crate::runtime::engine::coordinator::{self, Spawned};
@@ -42,9 +42,9 @@ pub(crate) fn start(config: Arc<RunConfig>, outlets: Outlets, remote: Admitted) 
 pub(crate) fn start_rank(
     cfg: Arc<RunConfig>,
     rank: usize,
-    frames: Arc<dyn Frames>,
+    frames: Arc<Frames>,
 ) -> Result<JoinHandle<std::result::Result<(), RankFailure>>> {
-    let link = NetRank::new(frames, cfg.spec.wire)?;
+    let link = RankLink::over(frames, cfg.spec.wire)?;
     // Only rank 0 trains before `Init`, which names a later rank's first window.
     let first = Window { round: 1, target: 1, limit: 1, wall: None };
     std::thread::Builder::new()

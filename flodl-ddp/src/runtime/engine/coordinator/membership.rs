@@ -60,7 +60,7 @@ impl Coordinator {
     pub(super) fn joined(
         &mut self,
         rank: usize,
-        frames: Arc<dyn crate::link::frames::Frames>,
+        frames: Arc<crate::link::frames::Frames>,
     ) -> Result<()> {
         let refusal = if !matches!(self.phase, Phase::Training) {
             Some("the run is not training")

@@ -30,12 +30,11 @@ use crate::control::verdict::Verdict;
 use crate::error::Peer;
 use crate::link::failure::RankFailure;
 use crate::link::frames::Admitted;
-use crate::link::net::NetCoordinator;
-use crate::link::route::{Route, Routed};
+use crate::link::inbound::{Inbox, inbox};
 use crate::link::wire::{
     CaptureRequest, RankCapture, Readiness, Regroup, ToCoordinator, ToWorker, Window,
 };
-use crate::link::{CoordinatorLink, Inbound, LinkError, local};
+use crate::link::{CoordinatorLink, Inbound, LinkError};
 use crate::runtime::engine::books::{Applied, Books};
 use crate::runtime::engine::capture::{
     Progress, assemble, outer_state, partial_ranges, restore_outer, save, signature,
@@ -52,7 +51,7 @@ use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots
 use crate::state::HostState;
 use crate::{Error, Result};
 
-/// Capacity of the coordinator's inbox (every rank's messages and its own events).
+/// Capacity of each of the coordinator's two inbox queues (the ranks' messages, its own events).
 const INBOX: usize = 4096;
 /// Capacity of each rank's queue.
 const TO_RANK: usize = 256;
@@ -85,9 +84,9 @@ type Event = Inbound<Local>;
 /// connection (the network link).
 pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -> Result<Spawned> {
     let world = cfg.world();
-    let (remote, arrivals) = admitted;
+    let remote = &admitted.0;
     let comms = comm_plans(&cfg)?;
-    let (inbox_tx, inbox) = flume::bounded(INBOX);
+    let (inbox, inbox_tx, local) = inbox(INBOX);
     // A cluster controller runs its own rank only; a seat no process has joined is vacant.
     let here: Vec<usize> = match cfg.own {
         Some((own, _)) => vec![own],
@@ -95,17 +94,9 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -
     };
     let vacant: Vec<usize> =
         (0..world).filter(|r| !here.contains(r) && remote.iter().all(|(x, _)| x != r)).collect();
-    let (local_link, ends) = local::link_ranks(&here, TO_RANK, &inbox_tx);
-    let link: Box<dyn CoordinatorLink> = if remote.is_empty() && arrivals.is_none() {
-        Box::new(local_link)
-    } else {
-        let routes = (0..world)
-            .map(|r| here.iter().position(|x| *x == r).map_or(Route::Remote, Route::Local))
-            .collect();
-        let net = NetCoordinator::new(world, remote, cfg.spec.wire, &inbox_tx, arrivals)?;
-        Box::new(Routed::new(routes, local_link, net))
-    };
-    let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, link)?;
+    let (link, ends) =
+        CoordinatorLink::start(world, &here, admitted, TO_RANK, cfg.spec.wire, &inbox_tx)?;
+    let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, local, link)?;
     coord.vacate(&vacant)?;
     coord.group.engine = engine(&cfg, &comms);
     // NCCL ranks in several processes: each group's id is made by its lowest member and
@@ -308,10 +299,10 @@ struct OuterStep {
 struct Coordinator {
     cfg: Arc<RunConfig>,
     outlets: Outlets,
-    inbox: flume::Receiver<Event>,
+    inbox: Inbox<Local>,
     /// Where the coordinator's own helpers deliver their events.
-    local: flume::Sender<Event>,
-    link: Box<dyn CoordinatorLink>,
+    local: flume::Sender<Local>,
+    link: CoordinatorLink,
     phase: Phase,
     devices: Vec<String>,
     shapes: Vec<Vec<usize>>,
@@ -354,9 +345,9 @@ impl Coordinator {
     fn new(
         cfg: Arc<RunConfig>,
         outlets: Outlets,
-        inbox: flume::Receiver<Event>,
-        local: flume::Sender<Event>,
-        link: Box<dyn CoordinatorLink>,
+        inbox: Inbox<Local>,
+        local: flume::Sender<Local>,
+        link: CoordinatorLink,
     ) -> Result<Self> {
         let world = cfg.world();
         let batches = cfg.batches_per_epoch();

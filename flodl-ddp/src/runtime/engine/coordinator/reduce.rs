@@ -324,7 +324,7 @@ impl Coordinator {
                     _ => None,
                 };
                 let round = job.round;
-                let _ = tx.send(Inbound::Local(Local::Averaged { round, state, divergence }));
+                let _ = tx.send(Local::Averaged { round, state, divergence });
             })
             .map_err(|source| Error::Spawn { what: "the averaging thread", source })?;
         Ok(())

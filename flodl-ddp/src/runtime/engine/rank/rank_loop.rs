@@ -6,7 +6,7 @@ use super::*;
 /// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
 /// `last_sent`.
 fn send_on(
-    link: &dyn RankLink,
+    link: &RankLink,
     last_sent: &Cell<Instant>,
     msg: ToCoordinator,
     wait: Duration,
@@ -20,7 +20,7 @@ fn send_on(
 
 /// Tells the coordinator over `link` that `rank` is alive when it has sent nothing for `beat`.
 fn heartbeat_on(
-    link: &dyn RankLink,
+    link: &RankLink,
     rank: usize,
     last_sent: &Cell<Instant>,
     beat: Duration,
@@ -39,7 +39,7 @@ fn heartbeat_on(
 /// machine wakes the rank late, to find it queued), would otherwise keep the rank quiet until
 /// the watchdog declares it dead.
 fn wait_on(
-    link: &dyn RankLink,
+    link: &RankLink,
     rank: usize,
     last_sent: &Cell<Instant>,
     beat: Duration,
@@ -145,7 +145,7 @@ enum Stage {
 pub(crate) struct RankLoop<'a> {
     worker: Worker,
     cfg: Arc<RunConfig>,
-    link: &'a dyn RankLink,
+    link: &'a RankLink,
     stage: Stage,
     queue: VecDeque<Chunk>,
     current: Option<Current>,
@@ -180,7 +180,7 @@ pub(crate) fn run_rank(
     rank: usize,
     cfg: Arc<RunConfig>,
     comm: Option<CommPlan>,
-    link: &dyn RankLink,
+    link: &RankLink,
     first: Window,
 ) -> std::result::Result<(), RankFailure> {
     let wait = cfg.spec.stall_timeout;
@@ -210,7 +210,7 @@ pub(crate) fn run_rank(
 
 impl<'a> RankLoop<'a> {
     /// A loop for `worker` over `link`, starting in the window `first`.
-    pub(crate) fn new(worker: Worker, link: &'a dyn RankLink, first: Window) -> Self {
+    pub(crate) fn new(worker: Worker, link: &'a RankLink, first: Window) -> Self {
         let cfg = worker.cfg.clone();
         // Rank 0's replica is the initial state, unless a checkpoint is resumed.
         let stage = if worker.rank == 0 && cfg.resume.is_none() {
@@ -634,7 +634,7 @@ impl<'a> RankLoop<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::local::link;
+    use crate::link::frame::WireFormat;
     use crate::link::{CoordinatorLink, Inbound};
 
     const BEAT: Duration = Duration::from_millis(500);
@@ -646,8 +646,10 @@ mod tests {
     #[test]
     fn a_quiet_rank_woken_by_a_ping_says_it_is_alive() -> std::result::Result<(), String> {
         for (quiet, alive) in [(2 * BEAT, true), (BEAT + BEAT / 2, true), (Duration::ZERO, false)] {
-            let (inbox_tx, inbox) = flume::bounded::<Inbound<()>>(16);
-            let (coord, mut ends) = link(1, 4, &inbox_tx);
+            let (inbox_tx, inbox) = flume::bounded::<Inbound>(16);
+            let (coord, mut ends) =
+                CoordinatorLink::start(1, &[0], (Vec::new(), None), 4, WireFormat::F32, &inbox_tx)
+                    .map_err(|e| e.to_string())?;
             let rank = ends.pop().ok_or("no rank 0")?;
             coord.send(0, ToWorker::Ping, STALL).map_err(|e| e.to_string())?;
             let since = Instant::now().checked_sub(quiet).ok_or("no instant that early")?;
