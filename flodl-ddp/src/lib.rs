@@ -132,7 +132,7 @@ pub use mlp::{Mlp, MlpConfig, Optimizer};
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Seat, Started};
-pub use runtime::engine::fault::{FaultCause, FaultEvent, RejoinEvent};
+pub use runtime::engine::fault::{FaultCause, FaultEvent, Misconduct, RejoinEvent};
 pub use runtime::engine::outlets::TrainedState;
 pub use runtime::engine::prefetch::Prefetch;
 pub use runtime::engine::run_config::{EpochCallback, SampleAudit};

@@ -115,6 +115,25 @@ impl HostRound {
         self.job_if_complete()
     }
 
+    /// What a snapshot of `rank` for `round` and `attempt` is to this round: `Some(true)` one it
+    /// takes, `Some(false)` one late for an earlier attempt of it (dropped, no fault), `None`
+    /// one no honest rank sends (a closed or future round or attempt, a second for the
+    /// attempt: a replay).
+    pub(crate) fn admits(&self, rank: usize, round: u64, attempt: u32) -> Option<bool> {
+        match self {
+            HostRound::Collecting { round: r, attempt: a, snaps, .. } if *r == round => {
+                if attempt < *a {
+                    Some(false)
+                } else if attempt == *a && matches!(snaps.get(rank), Some(Slot::Waiting)) {
+                    Some(true)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// Stops waiting for `rank`'s snapshot (dropping it if it came): the rank is dead. Returns
     /// the job to average when the other snapshots are all in.
     pub(crate) fn retire(&mut self, rank: usize) -> Option<AverageJob> {

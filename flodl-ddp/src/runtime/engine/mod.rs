@@ -15,6 +15,7 @@ pub(crate) mod outlets;
 pub(crate) mod prefetch;
 pub(crate) mod rank;
 pub(crate) mod run_config;
+pub(crate) mod scrutiny;
 pub(crate) mod slot;
 pub(crate) mod solo;
 pub(crate) mod staging;

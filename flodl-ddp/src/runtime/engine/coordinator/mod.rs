@@ -2,6 +2,7 @@
 //! averaging rounds, decides membership and aggregates metrics — one loop over the run's
 //! [`Phase`], talking to the ranks only through their link.
 
+mod conduct;
 mod inbox;
 mod membership;
 mod reduce;
@@ -39,15 +40,18 @@ use crate::runtime::engine::capture::{
     Progress, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };
 use crate::runtime::engine::comm::{CommPlan, RankComm};
-use crate::runtime::engine::fault::{FaultCause, FaultEvent, RankThread, RejoinEvent};
+use crate::runtime::engine::fault::{FaultCause, FaultEvent, Misconduct, RankThread, RejoinEvent};
 use crate::runtime::engine::formation::Formation;
 use crate::runtime::engine::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::engine::rank::rank_loop::run_rank;
 use crate::runtime::engine::run_config::{Resumed, RunConfig};
+use crate::runtime::engine::scrutiny::check_state;
 use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots, Standing};
 use crate::state::HostState;
 use crate::{Error, Result};
+
+use conduct::Conduct;
 
 /// Capacity of the coordinator's inbox (every rank's messages and its own events).
 const INBOX: usize = 4096;
@@ -103,6 +107,7 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -
         Box::new(Routed::new(routes, local_link, net))
     };
     let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, inbox_tx, link)?;
+    coord.conduct = Conduct::new(world, cfg.spec.batch_size, |r| !here.contains(&r));
     coord.vacate(&vacant)?;
     coord.group.engine = engine(&cfg, &comms);
     // NCCL ranks in several processes: each group's id is made by its lowest member and
@@ -332,6 +337,8 @@ struct Coordinator {
     consensus: Option<HostState>,
     /// The collective group being formed through the coordinator (ranks in several processes).
     formation: Formation,
+    /// What each rank was handed and asked, against which its reports are checked.
+    conduct: Conduct,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -355,6 +362,7 @@ impl Coordinator {
     ) -> Result<Self> {
         let world = cfg.world();
         let batches = cfg.batches_per_epoch();
+        let batch_size = cfg.spec.batch_size;
         let knobs = &cfg.spec.elche;
         let elche = match cfg.spec.policy {
             Policy::Sync => None,
@@ -415,6 +423,7 @@ impl Coordinator {
             rejoins: Vec::new(),
             consensus: None,
             formation: Formation::Idle,
+            conduct: Conduct::new(world, batch_size, |_| false),
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
@@ -541,6 +550,7 @@ impl Coordinator {
         if let Some(slot) = self.slots.get_mut(rank) {
             slot.sent = Instant::now();
         }
+        self.conduct.sent(rank, &msg);
         match self.link.send(rank, msg, self.cfg.spec.stall_timeout) {
             Ok(()) | Err(LinkError::Gone | LinkError::Full) => Ok(()),
             Err(LinkError::Timeout(after)) => {
@@ -557,6 +567,9 @@ impl Coordinator {
                 Phase::Starting { deadline, .. } => {
                     if self.slots.iter().all(|s| s.standing != Standing::Starting) {
                         self.start_training()?;
+                        for (rank, misconduct) in self.conduct.take_condemned() {
+                            self.evict(rank, misconduct)?;
+                        }
                         continue;
                     }
                     if now >= *deadline {

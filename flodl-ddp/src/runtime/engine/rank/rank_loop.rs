@@ -2,6 +2,7 @@
 //! obeys its coordinator's orders (reduce, regroup, evaluate, capture, stop) over its link.
 
 use super::*;
+use crate::runtime::engine::scrutiny::check_state;
 
 /// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
 /// `last_sent`.
@@ -412,10 +413,32 @@ impl<'a> RankLoop<'a> {
         Ok(Some(Box::new(part?)))
     }
 
+    /// Checks what the controller sends as it checks what a rank sends: a state of the
+    /// replica's shapes with finite parameters, a cohort step that only goes forward.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] naming what was refused.
+    fn vet(&self, what: &str, state: Option<&HostState>, global_step: u64) -> Result<()> {
+        if let Some(state) = state
+            && let Err(misconduct) = check_state(what, state, &self.worker.shapes())
+        {
+            return Err(Error::protocol(format!("the controller {misconduct}")));
+        }
+        if global_step < self.global_step {
+            return Err(Error::protocol(format!(
+                "the controller sent a {what} at cohort step {global_step}, behind step {} \
+                 (a replay)",
+                self.global_step
+            )));
+        }
+        Ok(())
+    }
+
     fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
         let rank = self.worker.rank;
         match msg {
             ToWorker::Init { state, restore, window, global_step } => {
+                self.vet("starting state", Some(&state), global_step)?;
                 self.win = WindowState::new(window, (0, 0.0));
                 self.ledger.start();
                 self.worker.load(&state)?;
@@ -458,6 +481,7 @@ impl<'a> RankLoop<'a> {
                 }
             }
             ToWorker::Reduce { next, eval, global_step, capture } => {
+                self.vet("reduce order", None, global_step)?;
                 self.reduce(Interrupted { next, eval, global_step, capture })?;
             }
             ToWorker::Due { round } => self.due(round)?,
@@ -483,6 +507,7 @@ impl<'a> RankLoop<'a> {
                 })?;
             }
             ToWorker::Update { state, next, eval, global_step } => {
+                self.vet("update", Some(&state), global_step)?;
                 self.global_step = global_step;
                 if matches!(self.stage, Stage::Paused) {
                     self.stage = Stage::Training;
