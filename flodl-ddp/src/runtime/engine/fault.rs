@@ -138,7 +138,7 @@ impl std::fmt::Display for Misconduct {
             Misconduct::Misshaped { what, detail } => {
                 write!(f, "sent a mis-shaped {what}: {detail}")
             }
-            Misconduct::NonFinite { what, value } => write!(f, "sent {value} in {what}"),
+            Misconduct::NonFinite { what, value } => write!(f, "sent {value} in its {what}"),
             Misconduct::Unsolicited { what } => write!(f, "sent {what} it was not asked for"),
             Misconduct::Replayed { round, attempt } => {
                 write!(

@@ -75,14 +75,14 @@ mod tests {
         let cases: Vec<(&str, HostState, Option<&str>)> = vec![
             ("good", good(), None),
             ("a mask's -inf in a buffer", mask, None),
-            ("NaN parameter", nan, Some("NaN in a snapshot (parameter tensor 1)")),
-            ("inf parameter", inf, Some("inf in a snapshot (parameter tensor 0)")),
-            ("NaN buffer", nan_buffer, Some("NaN in a snapshot (buffer tensor 2)")),
+            ("NaN parameter", nan, Some("NaN in its snapshot (parameter tensor 1)")),
+            ("inf parameter", inf, Some("inf in its snapshot (parameter tensor 0)")),
+            ("NaN buffer", nan_buffer, Some("NaN in its snapshot (buffer tensor 2)")),
             ("short tensor", short, Some("tensor 0 holds 3 values where its shape [2, 2] holds 4")),
             ("extra tensor", extra, Some("4 tensors where the replica has 3")),
         ];
         for (name, s, expected) in cases {
-            let got = check_state("a snapshot", &s, &shapes).err().map(|m| m.to_string());
+            let got = check_state("snapshot", &s, &shapes).err().map(|m| m.to_string());
             match (expected, &got) {
                 (None, None) => {}
                 (Some(e), Some(g)) if g.contains(e) => {}

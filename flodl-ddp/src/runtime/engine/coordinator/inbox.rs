@@ -91,13 +91,13 @@ impl Coordinator {
                 Ok(())
             }
             ToCoordinator::Progress { rank, steps, wall_ms, .. } => {
-                finite("its window's wall time", *wall_ms)?;
+                finite("window's wall time", *wall_ms)?;
                 self.conduct.steps(*rank, *steps)
             }
             ToCoordinator::Reduced { rank, steps, sync_ms, divergence, .. } => {
-                finite("its reduce's time", *sync_ms)?;
+                finite("reduce's time", *sync_ms)?;
                 if let Some(d) = divergence {
-                    finite("its divergence", *d)?;
+                    finite("divergence", *d)?;
                 }
                 self.conduct.steps(*rank, *steps)
             }

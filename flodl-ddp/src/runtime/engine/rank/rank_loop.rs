@@ -2,6 +2,7 @@
 //! obeys its coordinator's orders (reduce, regroup, evaluate, capture, stop) over its link.
 
 use super::*;
+use super::attack::Attacker;
 use crate::runtime::engine::scrutiny::check_state;
 
 /// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
@@ -162,6 +163,8 @@ pub(crate) struct RankLoop<'a> {
     ledger: Ledger,
     /// The latest window whose anchor is ready ([`ToWorker::Due`]).
     due: Option<u64>,
+    /// The hostile-member test's attacker mode, when armed for this rank.
+    attacker: Option<Attacker>,
 }
 
 impl std::fmt::Debug for RankLoop<'_> {
@@ -213,6 +216,7 @@ impl<'a> RankLoop<'a> {
     /// A loop for `worker` over `link`, starting in the window `first`.
     pub(crate) fn new(worker: Worker, link: &'a dyn RankLink, first: Window) -> Self {
         let cfg = worker.cfg.clone();
+        let worker_rank = worker.rank;
         // Rank 0's replica is the initial state, unless a checkpoint is resumed.
         let stage = if worker.rank == 0 && cfg.resume.is_none() {
             Stage::Training
@@ -234,11 +238,19 @@ impl<'a> RankLoop<'a> {
             group,
             ledger: Ledger::default(),
             due: None,
+            attacker: Attacker::from_env(worker_rank),
         }
     }
 
     fn send(&self, msg: ToCoordinator) -> Result<()> {
-        send_on(self.link, &self.last_sent, msg, self.cfg.spec.stall_timeout)
+        let stall = self.cfg.spec.stall_timeout;
+        let Some(attacker) = &self.attacker else {
+            return send_on(self.link, &self.last_sent, msg, stall);
+        };
+        for msg in attacker.forge(msg) {
+            send_on(self.link, &self.last_sent, msg, stall)?;
+        }
+        Ok(())
     }
 
     /// Runs until the coordinator says finish or stop.
