@@ -66,7 +66,9 @@ fn attacked(attack: &str, misconduct: &str, dir: &Path) -> Result<f64> {
         && evicted[0].1.contains("Misconduct")
         && evicted[0].1.contains(misconduct);
     if !named {
-        return Err(format!("{attack}: faults {evicted:?}, expected rank 2 for {misconduct}").into());
+        return Err(
+            format!("{attack}: faults {evicted:?}, expected rank 2 for {misconduct}").into()
+        );
     }
     let epochs = records(dir, "epoch")?;
     if epochs.len() != EPOCHS {
@@ -110,7 +112,9 @@ fn a_hostile_member_is_evicted_and_the_job_trains_on() -> Result {
                 trains_as_well(attack, clean, acc, 0.5).map(|()| acc).map_err(|e| e.to_string())
             });
             match r {
-                Ok(acc) => eprintln!("{attack}: evicted rank 2; accuracy {acc:.3} (clean {clean:.3})"),
+                Ok(acc) => {
+                    eprintln!("{attack}: evicted rank 2; accuracy {acc:.3} (clean {clean:.3})")
+                }
                 Err(e) => failures.push(format!("{attack}: {e}")),
             }
         }

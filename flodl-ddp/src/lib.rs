@@ -139,8 +139,8 @@ pub use runtime::engine::run_config::{EpochCallback, SampleAudit};
 pub use runtime::engine::staging::Staging;
 pub use runtime::handle::{Cooperative, DdpHandle};
 pub use runtime::spec::{
-    CheckpointSpec, CollectiveEngine, DataChecksums, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE, Machine,
-    Placement, ResumeTerms, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataChecksums, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE,
+    Machine, Placement, ResumeTerms, RunSpec,
 };
 pub use runtime::trainer::{Devices, ResumeFrom, Trainer};
 pub use state::HostTensor;

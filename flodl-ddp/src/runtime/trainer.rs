@@ -27,7 +27,8 @@ use crate::runtime::engine::staging::Staging;
 use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::spec::{
-    CheckpointSpec, CollectiveEngine, DataChecksums, DataSpec, ElCheKnobs, Machine, Placement, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataChecksums, DataSpec, ElCheKnobs, Machine, Placement,
+    RunSpec,
 };
 use crate::state::HostTensor;
 use crate::{Error, Result};

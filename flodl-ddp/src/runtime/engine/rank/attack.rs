@@ -89,7 +89,10 @@ impl Attacker {
                 let steps = 1_000_000_000;
                 vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works }]
             }
-            (Attack::Steps, ToCoordinator::Snapshot { rank, round, attempt, state, capture, .. }) => {
+            (
+                Attack::Steps,
+                ToCoordinator::Snapshot { rank, round, attempt, state, capture, .. },
+            ) => {
                 let steps = 1_000_000_000;
                 vec![ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture }]
             }

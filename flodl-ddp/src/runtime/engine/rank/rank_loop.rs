@@ -1,8 +1,8 @@
 //! A rank's loop: it trains the chunks it is handed in windows, reports at window ends, and
 //! obeys its coordinator's orders (reduce, regroup, evaluate, capture, stop) over its link.
 
-use super::*;
 use super::attack::Attacker;
+use super::*;
 use crate::runtime::engine::scrutiny::check_state;
 
 /// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
