@@ -3,6 +3,7 @@
 //! rank refuses a controller's state that fails it. (Buffers may hold infinities on purpose,
 //! an attention mask's `-inf`; a NaN is never meant.)
 
+use crate::Error;
 use crate::runtime::engine::fault::Misconduct;
 use crate::state::HostState;
 
@@ -47,6 +48,33 @@ pub(crate) fn check_state(
     Ok(())
 }
 
+/// A rank's check of an order of the controller's carrying `state` (called `what`) and the
+/// cohort step `global_step`: the state as [`check_state`] wants it against the rank's
+/// `shapes`, and the step not behind `current`, the rank's (steps only go forward).
+///
+/// # Errors
+/// [`Error::Protocol`] naming what was refused.
+pub(crate) fn check_order(
+    what: &str,
+    state: Option<&HostState>,
+    shapes: &[Vec<usize>],
+    global_step: u64,
+    current: u64,
+) -> Result<(), Error> {
+    if let Some(state) = state
+        && let Err(misconduct) = check_state(what, state, shapes)
+    {
+        return Err(Error::protocol(format!("the controller {misconduct}")));
+    }
+    if global_step < current {
+        return Err(Error::protocol(format!(
+            "the controller sent a {what} at cohort step {global_step}, behind step {current} \
+             (a replay)"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +111,30 @@ mod tests {
         ];
         for (name, s, expected) in cases {
             let got = check_state("snapshot", &s, &shapes).err().map(|m| m.to_string());
+            match (expected, &got) {
+                (None, None) => {}
+                (Some(e), Some(g)) if g.contains(e) => {}
+                _ => return Err(format!("{name}: expected {expected:?}, got {got:?}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// A rank refuses an order whose state is bad or whose cohort step goes back.
+    #[test]
+    fn a_rank_refuses_bad_states_and_steps_going_back() -> Result<(), String> {
+        let shapes = vec![vec![2]];
+        let good = state(vec![vec![1.0, 2.0]], Vec::new());
+        let nan = state(vec![vec![1.0, f32::NAN]], Vec::new());
+        let cases: Vec<(&str, Option<&HostState>, u64, Option<&str>)> = vec![
+            ("an update forward", Some(&good), 12, None),
+            ("the same step", Some(&good), 10, None),
+            ("an order with no state", None, 11, None),
+            ("a NaN update", Some(&nan), 12, Some("the controller sent NaN in its update")),
+            ("a step back", Some(&good), 9, Some("at cohort step 9, behind step 10 (a replay)")),
+        ];
+        for (name, s, step, expected) in cases {
+            let got = check_order("update", s, &shapes, step, 10).err().map(|e| e.to_string());
             match (expected, &got) {
                 (None, None) => {}
                 (Some(e), Some(g)) if g.contains(e) => {}

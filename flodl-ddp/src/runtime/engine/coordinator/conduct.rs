@@ -8,11 +8,11 @@ use crate::link::wire::ToWorker;
 use crate::runtime::engine::fault::Misconduct;
 
 /// Frames a rank in another process may send in a burst.
-const BURST: u32 = 10_000;
+const BURST: u32 = 20_000;
 /// Frames a rank in another process may send per second past its burst. An honest rank sends a
-/// handful per window (its progress, its snapshot or acknowledgement, its chunk reports), and
-/// a window is at least a batch: far below this.
-const PER_SECOND: u32 = 5_000;
+/// handful per window (its progress, its snapshot or acknowledgement, its chunk reports), and a
+/// window is at least a batch and a round trip to the controller: far below this.
+const PER_SECOND: u32 = 20_000;
 /// Questions (evaluations, group ids) a rank may have outstanding; older ones are forgotten.
 const OUTSTANDING: usize = 8;
 

@@ -13,7 +13,7 @@ use crate::state::HostState;
 pub(crate) const HOSTILE: &str = "FLODL_HOSTILE";
 
 /// Control frames a flooding rank sends after each chunk report: past the controller's burst.
-const FLOOD: usize = 20_000;
+const FLOOD: usize = 100_000;
 
 /// One attack, one per run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use super::attack::Attacker;
 use super::*;
-use crate::runtime::engine::scrutiny::check_state;
+use crate::runtime::engine::scrutiny::check_order;
 
 /// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
 /// `last_sent`.
@@ -425,25 +425,14 @@ impl<'a> RankLoop<'a> {
         Ok(Some(Box::new(part?)))
     }
 
-    /// Checks what the controller sends as it checks what a rank sends: a state of the
-    /// replica's shapes with finite parameters, a cohort step that only goes forward.
+    /// Checks what the controller sends as it checks what a rank sends
+    /// ([`check_order`]: the replica's shapes, finite parameters, a cohort step that only goes
+    /// forward).
     ///
     /// # Errors
     /// [`Error::Protocol`] naming what was refused.
     fn vet(&self, what: &str, state: Option<&HostState>, global_step: u64) -> Result<()> {
-        if let Some(state) = state
-            && let Err(misconduct) = check_state(what, state, &self.worker.shapes())
-        {
-            return Err(Error::protocol(format!("the controller {misconduct}")));
-        }
-        if global_step < self.global_step {
-            return Err(Error::protocol(format!(
-                "the controller sent a {what} at cohort step {global_step}, behind step {} \
-                 (a replay)",
-                self.global_step
-            )));
-        }
-        Ok(())
+        check_order(what, state, &self.worker.shapes(), global_step, self.global_step)
     }
 
     fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
