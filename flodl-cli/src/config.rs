@@ -600,7 +600,7 @@ mod tests {
         assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
 
         // Each field of the run specification, and the keys that set it (or why none does).
-        let reached: [(&str, &[&str]); 31] = [
+        let reached: [(&str, &[&str]); 32] = [
             ("batch_size", &["batch-size"]),
             ("epochs", &["epochs"]),
             ("devices", &["ranks", "devices"]),
@@ -639,6 +639,7 @@ mod tests {
             ),
             ("train", &["(the dataset: data, records, train-subset)"]),
             ("test", &["(the dataset: data, test-subset)"]),
+            ("data", &["(the dataset's checksums: computed from the loaded samples)"]),
             ("model", &["(the model: hidden, momentum, --model)"]),
         ];
         let spec = serde_json::to_value(flodl_ddp::RunSpec::default())?;

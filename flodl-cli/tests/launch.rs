@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -12,7 +12,8 @@ use serde_json::Value;
 mod support;
 
 use support::launched::{
-    FDL, Launched, Result, accuracy, in_process, kill9, summary, trains_as_well,
+    FDL, Launched, Result, accuracy, by_hand, free_port, in_process, keys, kill9, own_key, summary,
+    trains_as_well,
 };
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
@@ -279,33 +280,7 @@ fn a_killed_controller_ends_every_rank() -> Result {
 /// A rank process of a job, started by hand with the cluster's environment and its own key
 /// (rank 0's process hosts the controller: the controller's key).
 fn rank(keys: &Path, port: u16, rank: usize, extra: &[&str], out: &Path) -> Result<Child> {
-    let own = if rank == 0 { "controller".to_owned() } else { format!("rank-{rank}") };
-    Ok(Command::new(FDL)
-        .args(["train", "--quiet", "--join-timeout", "20", "--out"])
-        .arg(out)
-        .args(JOB)
-        .args(extra)
-        .env("FLODL_RANK", rank.to_string())
-        .env("FLODL_WORLD_SIZE", "3")
-        .env("FLODL_LOCAL_RANK", rank.to_string())
-        .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
-        .env("FLODL_CONTROLLER_PORT", port.to_string())
-        .env("FLODL_TLS_CA", keys.join("ca.pem"))
-        .env("FLODL_TLS_CERT", keys.join(format!("{own}.pem")))
-        .env("FLODL_TLS_KEY", keys.join(format!("{own}.key")))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn keys(dir: &Path) -> Result {
-    let out =
-        Command::new(FDL).args(["cluster", "keys"]).arg(dir).args(["--world", "3"]).output()?;
-    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into()) }
+    by_hand(keys, port, rank, &own_key(rank), &JOB, extra, out)
 }
 
 /// Hostile clients on the controller's port while the job forms (no certificate: random

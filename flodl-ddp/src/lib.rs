@@ -134,7 +134,7 @@ pub use runtime::as_text;
 #[cfg(feature = "cluster")]
 pub use runtime::cluster::DEFAULT_BULK_CAP;
 pub use runtime::cluster::{Cluster, DEFAULT_JOIN_TIMEOUT, RankHandle, Seat, Started};
-pub use runtime::engine::fault::{FaultCause, FaultEvent, RejoinEvent};
+pub use runtime::engine::fault::{FaultCause, FaultEvent, Misconduct, RejoinEvent};
 pub use runtime::engine::outlets::TrainedState;
 pub use runtime::engine::prefetch::Prefetch;
 pub use runtime::engine::run_config::{EpochCallback, SampleAudit};
@@ -142,8 +142,8 @@ pub use runtime::engine::staging::Staging;
 pub use runtime::handle::{Cooperative, DdpHandle};
 pub use runtime::settings::RunSettings;
 pub use runtime::spec::{
-    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE, Machine,
-    Placement, ResumeTerms, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataChecksums, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE,
+    Machine, Placement, ResumeTerms, RunSpec,
 };
 pub use runtime::trainer::{Devices, ResumeFrom, Trainer};
 pub use state::HostTensor;

@@ -188,3 +188,50 @@ impl Launched {
 fn pid_in(line: &str) -> Result<i32> {
     Ok(line.rsplit(' ').next().ok_or("no pid")?.parse()?)
 }
+
+/// A process of a job started by hand, with the cluster's environment: it takes seat `rank` and
+/// presents the key of `seat` (`controller` or `rank-R`: its own, unless a test lies), running
+/// `fdl train` with `job` and `extra`.
+pub(crate) fn by_hand(
+    keys: &Path,
+    port: u16,
+    rank: usize,
+    seat: &str,
+    job: &[&str],
+    extra: &[&str],
+    out: &Path,
+) -> Result<Child> {
+    Ok(Command::new(FDL)
+        .args(["train", "--quiet", "--join-timeout", "20", "--out"])
+        .arg(out)
+        .args(job)
+        .args(extra)
+        .env("FLODL_RANK", rank.to_string())
+        .env("FLODL_WORLD_SIZE", "3")
+        .env("FLODL_LOCAL_RANK", rank.to_string())
+        .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
+        .env("FLODL_CONTROLLER_PORT", port.to_string())
+        .env("FLODL_TLS_CA", keys.join("ca.pem"))
+        .env("FLODL_TLS_CERT", keys.join(format!("{seat}.pem")))
+        .env("FLODL_TLS_KEY", keys.join(format!("{seat}.key")))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?)
+}
+
+/// The key of seat `rank` (`controller` for rank 0's process, which hosts the controller).
+pub(crate) fn own_key(rank: usize) -> String {
+    if rank == 0 { "controller".to_owned() } else { format!("rank-{rank}") }
+}
+
+/// A loopback port free now.
+pub(crate) fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `fdl cluster keys DIR --world 3`.
+pub(crate) fn keys(dir: &Path) -> Result {
+    let out =
+        Command::new(FDL).args(["cluster", "keys"]).arg(dir).args(["--world", "3"]).output()?;
+    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into()) }
+}

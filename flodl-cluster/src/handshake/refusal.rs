@@ -74,7 +74,8 @@ impl Refusal {
             }
             Refusal::Run { joiner, controller } => {
                 format!(
-                    "run specification differs: {me} {}, {other} {}",
+                    "run specification differs (its settings, or the checksums of the training \
+                     and test data the process loaded): {me} {}, {other} {}",
                     short(joiner),
                     short(controller)
                 )

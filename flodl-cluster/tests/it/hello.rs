@@ -30,9 +30,11 @@ fn mismatched_joiners_are_refused_with_a_clear_line_on_both_sides() -> TestResul
         ),
         (
             Hello::new([0x3f; 32], 1, 2),
-            "run specification differs: this process 3f3f3f3f…, the controller 07070707…"
+            "run specification differs (its settings, or the checksums of the training and test \
+             data the process loaded): this process 3f3f3f3f…, the controller 07070707…"
                 .to_string(),
-            "run specification differs: the joiner 3f3f3f3f…, this controller 07070707…"
+            "run specification differs (its settings, or the checksums of the training and test \
+             data the process loaded): the joiner 3f3f3f3f…, this controller 07070707…"
                 .to_string(),
         ),
         (

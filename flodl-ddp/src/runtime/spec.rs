@@ -282,6 +282,56 @@ pub struct RunSpec {
     /// The model's size, when the trainer was told it: checked against the devices' memory.
     #[serde(default)]
     pub model: Option<ModelSize>,
+    /// The checksums of the samples this process loaded, in a cluster run: part of the hash
+    /// the ranks compare at the hello, so a rank with other data is refused there.
+    #[serde(default)]
+    pub data: Option<DataChecksums>,
+}
+
+/// What the samples a process loaded hash to (SHA-256 of every field's values in sample
+/// order, hex): the identity of the data itself, beyond its length and layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataChecksums {
+    /// The training set's.
+    pub train: String,
+    /// The test set's, when there is one.
+    pub test: Option<String>,
+}
+
+/// Samples hashed per fetch.
+const CHECKSUM_BATCH: usize = 1024;
+
+impl DataChecksums {
+    /// The checksums of `train` and `test`, read through their fetches (what the ranks will
+    /// train and evaluate on), a bounded batch at a time.
+    ///
+    /// # Errors
+    /// What a fetch fails with.
+    pub fn of(train: &dyn Dataset, test: Option<&dyn Dataset>) -> Result<DataChecksums> {
+        Ok(DataChecksums { train: checksum(train)?, test: test.map(checksum).transpose()? })
+    }
+}
+
+/// The SHA-256 of `dataset`'s samples, field by field within each batch of samples, in hex.
+fn checksum(dataset: &dyn Dataset) -> Result<String> {
+    let layout = dataset.layout();
+    let mut hasher = Sha256::new();
+    let mut batch = flodl_data::HostBatch::new(layout, Device::Cpu);
+    let mut start = 0;
+    while start < dataset.len() {
+        let end = (start + CHECKSUM_BATCH).min(dataset.len());
+        let indices: Vec<usize> = (start..end).collect();
+        dataset.fetch(&indices, &mut batch)?;
+        for field in 0..layout.fields().len() {
+            let bytes: Vec<u8> = match batch.f32(field) {
+                Ok(values) => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Err(_) => batch.i32(field)?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            };
+            hasher.update(&bytes);
+        }
+        start = end;
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// What a run is checked against: this machine's cores and each device's free memory.
@@ -496,6 +546,7 @@ impl Default for RunSpec {
             train: DataSpec { samples: 0, fields: Vec::new() },
             test: None,
             model: None,
+            data: None,
         }
     }
 }

@@ -29,7 +29,8 @@ use crate::runtime::handle::Cooperative;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::settings::RunSettings;
 use crate::runtime::spec::{
-    CheckpointSpec, CollectiveEngine, DataSpec, ElCheKnobs, Machine, Placement, RunSpec,
+    CheckpointSpec, CollectiveEngine, DataChecksums, DataSpec, ElCheKnobs, Machine, Placement,
+    RunSpec,
 };
 use crate::state::HostTensor;
 use crate::{Error, Result};
@@ -681,6 +682,11 @@ impl Trainer {
         }
         spec.train = DataSpec::of(dataset);
         spec.test = self.test.as_deref().map(DataSpec::of);
+        if self.cluster.is_some() {
+            // The data itself is part of a cluster run: a rank that loaded other samples hashes
+            // another spec and is refused at the hello.
+            spec.data = Some(DataChecksums::of(dataset, self.test.as_deref())?);
+        }
         spec.watchdog = self.watchdog.unwrap_or(DEFAULT_WATCHDOG.min(spec.stall_timeout));
         spec.guard = self.guard.clone().unwrap_or_else(|| default_guard(spec.easgd.is_some()));
         spec.lr_scale = crate::control::schedule::lr_scale(spec.world(), spec.lr_scale_ratio);

@@ -65,6 +65,94 @@ pub enum FaultCause {
         /// How long the rank had been inside.
         after: Duration,
     },
+    /// The rank sent what no honest rank sends (see [`Misconduct`]): it is evicted, the run
+    /// goes on with the others.
+    Misconduct {
+        /// What it sent.
+        misconduct: Misconduct,
+    },
+}
+
+/// What a rank sent that the controller refused, evicting it: the controller believes nothing
+/// a rank reports without checking it against what it knows (what it handed out, what it
+/// asked, the replica's shapes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Misconduct {
+    /// A starting state from a rank other than rank 0 (whose replica is the start).
+    StartState,
+    /// More steps than the batches the dispatcher handed the rank.
+    StepsBeyondDispatch {
+        /// Steps the rank claimed in all, this report included.
+        claimed: u64,
+        /// Batches it was handed in all.
+        handed: u64,
+    },
+    /// A report of a chunk it does not hold, or of more work than the chunk holds.
+    ForgedWork {
+        /// What was wrong, in words.
+        detail: String,
+    },
+    /// A state whose tensors are not the replica's shapes.
+    Misshaped {
+        /// What was sent (a snapshot, a final state...).
+        what: String,
+        /// What was wrong, in words.
+        detail: String,
+    },
+    /// A state or a measure holding a value that is not finite.
+    NonFinite {
+        /// What was sent, and where in it.
+        what: String,
+        /// The value (NaN, inf, -inf).
+        value: String,
+    },
+    /// An answer to a question the controller did not ask it (an evaluation, a group id).
+    Unsolicited {
+        /// What was sent.
+        what: String,
+    },
+    /// A snapshot for a round that was already collected or is not open.
+    Replayed {
+        /// The round it named.
+        round: u64,
+        /// The attempt it named.
+        attempt: u32,
+    },
+    /// More control frames than the rate limit allows.
+    Flooded {
+        /// The frames allowed in a burst.
+        burst: u32,
+        /// The frames allowed per second afterwards.
+        per_second: u32,
+    },
+}
+
+impl std::fmt::Display for Misconduct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Misconduct::StartState => write!(f, "sent a starting state, which only rank 0 sends"),
+            Misconduct::StepsBeyondDispatch { claimed, handed } => {
+                write!(f, "claimed {claimed} steps in all, but was handed {handed} batches")
+            }
+            Misconduct::ForgedWork { detail } => write!(f, "reported forged work: {detail}"),
+            Misconduct::Misshaped { what, detail } => {
+                write!(f, "sent a mis-shaped {what}: {detail}")
+            }
+            Misconduct::NonFinite { what, value } => write!(f, "sent {value} in its {what}"),
+            Misconduct::Unsolicited { what } => write!(f, "sent {what} it was not asked for"),
+            Misconduct::Replayed { round, attempt } => {
+                write!(
+                    f,
+                    "sent a snapshot for round {round} attempt {attempt}, which is not open (a replay)"
+                )
+            }
+            Misconduct::Flooded { burst, per_second } => write!(
+                f,
+                "sent control frames past the limit ({burst} in a burst, {per_second} per second)"
+            ),
+        }
+    }
 }
 
 impl std::fmt::Display for FaultCause {
@@ -80,6 +168,7 @@ impl std::fmt::Display for FaultCause {
             FaultCause::StuckInReduce { round, after } => {
                 write!(f, "stuck inside reduce {round} for {after:?} after its peers gave up")
             }
+            FaultCause::Misconduct { misconduct } => write!(f, "evicted: it {misconduct}"),
         }
     }
 }

@@ -120,6 +120,25 @@ impl HostRound {
         self.job_if_complete()
     }
 
+    /// What a snapshot of `rank` for `round` and `attempt` is to this round: `Some(true)` one it
+    /// takes, `Some(false)` one late for an earlier attempt of it (dropped, no fault), `None`
+    /// one no honest rank sends (a closed or future round or attempt, a second for the
+    /// attempt: a replay).
+    pub(crate) fn admits(&self, rank: usize, round: u64, attempt: u32) -> Option<bool> {
+        match self {
+            HostRound::Collecting { round: r, attempt: a, snaps, .. } if *r == round => {
+                if attempt < *a {
+                    Some(false)
+                } else if attempt == *a && matches!(snaps.get(rank), Some(Slot::Waiting)) {
+                    Some(true)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// Follows a change of the run's members: a rank out of the run is no longer waited for
     /// (its snapshot dropped if it came), and the job to average is returned when the other
     /// snapshots are all in. A rank joined again is admitted between rounds: this round does

@@ -17,6 +17,7 @@ pub(crate) mod prefetch;
 pub(crate) mod rank;
 pub(crate) mod roster;
 pub(crate) mod run_config;
+pub(crate) mod scrutiny;
 pub(crate) mod slot;
 pub(crate) mod solo;
 pub(crate) mod staging;

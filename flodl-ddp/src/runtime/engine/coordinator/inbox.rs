@@ -9,8 +9,18 @@ impl Coordinator {
                 self.averaged(round, state, divergence)
             }
             Inbound::Gone { rank } => self.gone(rank),
-            Inbound::Joined { rank, frames } => self.joined(rank, frames.0),
+            Inbound::Joined { rank, frames } => {
+                self.conduct.reset(rank);
+                self.joined(rank, frames.0)
+            }
             Inbound::Wire { rank, msg } => {
+                if let Err(misconduct) = self.conduct.frame(rank, Instant::now()) {
+                    // Past its budget: dropped, and a live rank evicted.
+                    if self.roster.is_live(rank) {
+                        return self.evict(rank, misconduct);
+                    }
+                    return Ok(());
+                }
                 if self.roster.is_joining(rank) {
                     return self.joining_wire(rank, msg);
                 }
@@ -43,7 +53,81 @@ impl Coordinator {
         }
     }
 
-    pub(super) fn handle_wire(&mut self, msg: ToCoordinator) -> Result<()> {
+    /// `rank` sent what no honest rank sends: it is evicted through the death path (before
+    /// training starts, once it has), and the run goes on with the others.
+    pub(super) fn evict(&mut self, rank: usize, misconduct: Misconduct) -> Result<()> {
+        tracing::warn!(rank, %misconduct, "rank {rank} misbehaved: evicting it");
+        if matches!(self.phase, Phase::Starting { .. }) {
+            self.conduct.condemn(rank, misconduct);
+            return Ok(());
+        }
+        let failure = RankFailure::from(&Error::protocol(format!("rank {rank} {misconduct}")));
+        self.rank_died(rank, FaultCause::Misconduct { misconduct }, failure)
+    }
+
+    /// Checks what `msg` reports against what the coordinator knows: `Err` names the
+    /// misconduct of its sender (steps beyond what it was handed, a forged chunk report, a
+    /// non-finite measure, a replayed or bad snapshot, an answer to a question not asked).
+    fn scrutinize(&mut self, msg: &ToCoordinator) -> std::result::Result<(), Misconduct> {
+        let batch_size = self.cfg.spec.batch_size;
+        match msg {
+            ToCoordinator::Ready { rank, initial: Some(_), .. } if *rank != 0 => {
+                Err(Misconduct::StartState)
+            }
+            ToCoordinator::ChunkDone { chunk, work, .. } => {
+                if work.batches > chunk.batches(batch_size) || work.samples > chunk.len {
+                    let detail = format!(
+                        "{} batches and {} samples for a chunk of {} batches and {} samples",
+                        work.batches,
+                        work.samples,
+                        chunk.batches(batch_size),
+                        chunk.len
+                    );
+                    return Err(Misconduct::ForgedWork { detail });
+                }
+                Ok(())
+            }
+            ToCoordinator::Progress { rank, steps, wall_ms, .. } => {
+                finite("window's wall time", *wall_ms)?;
+                self.conduct.steps(*rank, *steps)
+            }
+            ToCoordinator::Reduced { rank, steps, sync_ms, divergence, .. } => {
+                finite("reduce's time", *sync_ms)?;
+                if let Some(d) = divergence {
+                    finite("divergence", *d)?;
+                }
+                self.conduct.steps(*rank, *steps)
+            }
+            ToCoordinator::Snapshot { rank, round, attempt, state, steps, .. } => {
+                let admits = match &self.reduce {
+                    Reduce::Host(hr) => hr.admits(*rank, *round, *attempt),
+                    _ => None,
+                };
+                if admits.is_none() {
+                    return Err(Misconduct::Replayed { round: *round, attempt: *attempt });
+                }
+                self.conduct.steps(*rank, *steps)?;
+                check_state("snapshot", state, &self.shapes)
+            }
+            ToCoordinator::Final { state, .. } => check_state("final state", state, &self.shapes),
+            ToCoordinator::Evaluated { rank, epoch, .. } => self.conduct.evaluated(*rank, *epoch),
+            ToCoordinator::GroupId { rank, generation, .. } => {
+                self.conduct.group_id(*rank, *generation)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn handle_wire(&mut self, mut msg: ToCoordinator) -> Result<()> {
+        if let Err(misconduct) = self.scrutinize(&msg) {
+            let rank = msg.rank();
+            self.evict(rank, misconduct)?;
+            match &mut msg {
+                // Its replica's shapes still count for the start; its state does not.
+                ToCoordinator::Ready { initial, .. } => *initial = None,
+                _ => return Ok(()),
+            }
+        }
         match msg {
             ToCoordinator::Alive { .. } => {}
             ToCoordinator::Ready { rank, shapes, initial } => self.ready(rank, shapes, initial)?,
@@ -261,4 +345,12 @@ impl Coordinator {
         self.clock.train_start = Some(now);
         Ok(())
     }
+}
+
+/// A measure a rank reports, refused when it is not a finite non-negative number.
+fn finite(what: &str, x: f64) -> std::result::Result<(), Misconduct> {
+    if x.is_finite() && x >= 0.0 {
+        return Ok(());
+    }
+    Err(Misconduct::NonFinite { what: what.into(), value: x.to_string() })
 }

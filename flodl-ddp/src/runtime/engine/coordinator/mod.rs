@@ -2,6 +2,7 @@
 //! averaging rounds, decides membership and aggregates metrics — one loop over the run's
 //! [`Phase`], talking to the ranks only through their link.
 
+mod conduct;
 mod inbox;
 mod membership;
 mod reduce;
@@ -40,16 +41,19 @@ use crate::runtime::engine::capture::{
     Progress, assemble, outer_state, partial_ranges, restore_outer, save, signature,
 };
 use crate::runtime::engine::comm::{CommPlan, RankComm};
-use crate::runtime::engine::fault::{FaultCause, FaultEvent, RankThread, RejoinEvent};
+use crate::runtime::engine::fault::{FaultCause, FaultEvent, Misconduct, RankThread, RejoinEvent};
 use crate::runtime::engine::formation::Formation;
 use crate::runtime::engine::host_round::{AverageJob, HostRound, average, divergence};
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::engine::rank::rank_loop::run_rank;
 use crate::runtime::engine::roster::Roster;
 use crate::runtime::engine::run_config::{Resumed, RunConfig};
+use crate::runtime::engine::scrutiny::check_state;
 use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots};
 use crate::state::HostState;
 use crate::{Error, Result};
+
+use conduct::Conduct;
 
 /// Capacity of each of the coordinator's two inbox queues (the ranks' messages, its own events).
 const INBOX: usize = 4096;
@@ -97,6 +101,7 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -
     let (link, ends) =
         CoordinatorLink::start(world, &here, admitted, TO_RANK, cfg.spec.wire, &inbox_tx)?;
     let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, local, link)?;
+    coord.conduct = Conduct::new(world, cfg.spec.batch_size, |r| !here.contains(&r));
     coord.vacate(&vacant)?;
     coord.group.engine = engine(&cfg, &comms);
     // NCCL ranks in several processes: each group's id is made by its lowest member and
@@ -328,6 +333,8 @@ struct Coordinator {
     consensus: Option<HostState>,
     /// The collective group being formed through the coordinator (ranks in several processes).
     formation: Formation,
+    /// What each rank was handed and asked, against which its reports are checked.
+    conduct: Conduct,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -351,6 +358,7 @@ impl Coordinator {
     ) -> Result<Self> {
         let world = cfg.world();
         let batches = cfg.batches_per_epoch();
+        let batch_size = cfg.spec.batch_size;
         let knobs = &cfg.spec.elche;
         let elche = match cfg.spec.policy {
             Policy::Sync => None,
@@ -413,6 +421,7 @@ impl Coordinator {
             rejoins: Vec::new(),
             consensus: None,
             formation: Formation::Idle,
+            conduct: Conduct::new(world, batch_size, |_| false),
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
@@ -539,6 +548,7 @@ impl Coordinator {
         if let Some(slot) = self.slots.get_mut(rank) {
             slot.sent = Instant::now();
         }
+        self.conduct.sent(rank, &msg);
         match self.link.send(rank, msg, self.cfg.spec.stall_timeout) {
             Ok(()) | Err(LinkError::Gone | LinkError::Full) => Ok(()),
             Err(LinkError::Timeout(after)) => {
@@ -555,6 +565,9 @@ impl Coordinator {
                 Phase::Starting { deadline, .. } => {
                     if self.roster.all_started() {
                         self.start_training()?;
+                        for (rank, misconduct) in self.conduct.take_condemned() {
+                            self.evict(rank, misconduct)?;
+                        }
                         continue;
                     }
                     if now >= *deadline {

@@ -242,6 +242,7 @@ impl Coordinator {
         self.rounds.stalled = 0;
         self.rounds.reduces += 1;
         self.rounds.last_sync_ms = sync_ms;
+        self.conduct.reduced(&steps);
         self.dispatch.add_reduce(sync_ms, &steps);
         let event = ReduceEvent {
             round,

@@ -1,6 +1,7 @@
 //! A rank: its replica, stream, prefetcher, batch buffers and communicator (`Worker`), and its
 //! loop (`rank_loop.rs`).
 
+mod attack;
 pub(crate) mod rank_loop;
 
 use std::cell::Cell;

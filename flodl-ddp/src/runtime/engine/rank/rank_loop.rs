@@ -1,7 +1,9 @@
 //! A rank's loop: it trains the chunks it is handed in windows, reports at window ends, and
 //! obeys its coordinator's orders (reduce, regroup, evaluate, capture, stop) over its link.
 
+use super::attack::Attacker;
 use super::*;
+use crate::runtime::engine::scrutiny::check_order;
 
 /// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
 /// `last_sent`.
@@ -161,6 +163,8 @@ pub(crate) struct RankLoop<'a> {
     ledger: Ledger,
     /// The latest window whose anchor is ready ([`ToWorker::Due`]).
     due: Option<u64>,
+    /// The hostile-member test's attacker mode, when armed for this rank.
+    attacker: Option<Attacker>,
 }
 
 impl std::fmt::Debug for RankLoop<'_> {
@@ -212,6 +216,7 @@ impl<'a> RankLoop<'a> {
     /// A loop for `worker` over `link`, starting in the window `first`.
     pub(crate) fn new(worker: Worker, link: &'a RankLink, first: Window) -> Self {
         let cfg = worker.cfg.clone();
+        let worker_rank = worker.rank;
         // Rank 0's replica is the initial state, unless a checkpoint is resumed.
         let stage = if worker.rank == 0 && cfg.resume.is_none() {
             Stage::Training
@@ -233,11 +238,19 @@ impl<'a> RankLoop<'a> {
             group,
             ledger: Ledger::default(),
             due: None,
+            attacker: Attacker::from_env(worker_rank),
         }
     }
 
     fn send(&self, msg: ToCoordinator) -> Result<()> {
-        send_on(self.link, &self.last_sent, msg, self.cfg.spec.stall_timeout)
+        let stall = self.cfg.spec.stall_timeout;
+        let Some(attacker) = &self.attacker else {
+            return send_on(self.link, &self.last_sent, msg, stall);
+        };
+        for msg in attacker.forge(msg) {
+            send_on(self.link, &self.last_sent, msg, stall)?;
+        }
+        Ok(())
     }
 
     /// Runs until the coordinator says finish or stop.
@@ -412,10 +425,21 @@ impl<'a> RankLoop<'a> {
         Ok(Some(Box::new(part?)))
     }
 
+    /// Checks what the controller sends as it checks what a rank sends
+    /// ([`check_order`]: the replica's shapes, finite parameters, a cohort step that only goes
+    /// forward).
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] naming what was refused.
+    fn vet(&self, what: &str, state: Option<&HostState>, global_step: u64) -> Result<()> {
+        check_order(what, state, &self.worker.shapes(), global_step, self.global_step)
+    }
+
     fn handle(&mut self, msg: ToWorker) -> Result<Flow> {
         let rank = self.worker.rank;
         match msg {
             ToWorker::Init { state, restore, window, global_step } => {
+                self.vet("starting state", Some(&state), global_step)?;
                 self.win = WindowState::new(window, (0, 0.0));
                 self.ledger.start();
                 self.worker.load(&state)?;
@@ -458,6 +482,7 @@ impl<'a> RankLoop<'a> {
                 }
             }
             ToWorker::Reduce { next, eval, global_step, capture } => {
+                self.vet("reduce order", None, global_step)?;
                 self.reduce(Interrupted { next, eval, global_step, capture })?;
             }
             ToWorker::Due { round } => self.due(round)?,
@@ -483,6 +508,7 @@ impl<'a> RankLoop<'a> {
                 })?;
             }
             ToWorker::Update { state, next, eval, global_step } => {
+                self.vet("update", Some(&state), global_step)?;
                 self.global_step = global_step;
                 if matches!(self.stage, Stage::Paused) {
                     self.stage = Stage::Training;
