@@ -513,6 +513,7 @@ pub(crate) fn flag(field: Field, ranks: &RankSpec) -> Option<&'static str> {
         Field::Watchdog => "watchdog",
         Field::KeepCheckpoints => "keep-checkpoints",
         Field::ModelSize => "hidden",
+        Field::Wire => "wire",
         _ => return None,
     })
 }

@@ -56,6 +56,8 @@ pub enum Field {
     ModelSize,
     /// [`crate::Trainer::cluster`]: where this process sits in a cluster run.
     Cluster,
+    /// [`crate::Trainer::wire`]: how model states travel between processes.
+    Wire,
 }
 
 impl Field {
@@ -84,6 +86,7 @@ impl Field {
             Field::KeepCheckpoints => "keep_checkpoints",
             Field::ModelSize => "model_size",
             Field::Cluster => "cluster",
+            Field::Wire => "wire",
         }
     }
 }

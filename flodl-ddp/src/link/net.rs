@@ -9,13 +9,14 @@
 //! does not decode is a protocol error: it is logged and ends that connection (the peer is
 //! then gone), it never panics.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
+use super::delta::{DeltaCoder, Direction};
 use super::ends::{CoordinatorLink, RankLink};
 use super::frame::{self, Framed, WireFormat};
 use super::frames::{Arrivals, Attached, Frames};
@@ -47,18 +48,27 @@ fn deliver<T>(tx: &flume::Sender<T>, mut item: T, stop: &AtomicBool) -> bool {
     }
 }
 
-/// Reads frames from `frames` until it ends or `stop` is set, decoding each and handing it
-/// to `deliver`; returns true when the connection ended (rather than a stop or a refusal to
-/// take more).
+/// This end's view of a connection under a quantized format (none under f32 and bf16).
+type Coder = Option<Arc<Mutex<DeltaCoder>>>;
+
+/// The view of a connection in `format`, as the end that sends in `direction` keeps it.
+fn coder(format: WireFormat, direction: Direction) -> Coder {
+    format.quantized().map(|q| Arc::new(Mutex::new(DeltaCoder::new(q, direction))))
+}
+
+/// Reads frames from `frames` until it ends or `stop` is set, decoding each (through `coder`)
+/// and handing it to `deliver`; returns true when the connection ended (rather than a stop or a
+/// refusal to take more).
 fn read_frames<M: Framed>(
     frames: &dyn Frames,
+    coder: &Coder,
     peer: &str,
     stop: &AtomicBool,
     mut deliver: impl FnMut(M) -> bool,
 ) -> bool {
     while !stop.load(Ordering::Acquire) {
         match frames.recv(POLL) {
-            Ok(bytes) => match frame::decode::<M>(&bytes) {
+            Ok(bytes) => match decode_frame::<M>(&bytes, coder) {
                 Ok(msg) => {
                     if !deliver(msg) {
                         return false;
@@ -77,15 +87,38 @@ fn read_frames<M: Framed>(
     false
 }
 
-/// Sends `msg` as one frame in `format`.
+/// Decodes one frame through `coder`.
+fn decode_frame<M: Framed>(
+    bytes: &[u8],
+    coder: &Coder,
+) -> std::result::Result<M, frame::FrameError> {
+    match coder {
+        Some(coder) => {
+            let mut coder = coder.lock().unwrap_or_else(|p| p.into_inner());
+            frame::decode_with(bytes, Some(&mut coder))
+        }
+        None => frame::decode(bytes),
+    }
+}
+
+/// Sends `msg` as one frame in `format`, through `coder` under a quantized format.
 fn send_frame<M: Framed>(
     frames: &dyn Frames,
     msg: M,
     format: WireFormat,
+    coder: &Coder,
     wait: Option<Duration>,
 ) -> std::result::Result<(), LinkError> {
-    let (lane, bytes) = frame::encode(msg, format).map_err(|e| {
-        // Plain data always encodes; a failure here is a bug, reported as a lost peer.
+    let encoded = match coder {
+        Some(coder) => {
+            let mut coder = coder.lock().unwrap_or_else(|p| p.into_inner());
+            frame::encode_with(msg, format, Some(&mut coder))
+        }
+        None => frame::encode(msg, format),
+    };
+    let (lane, bytes) = encoded.map_err(|e| {
+        // Plain data always encodes, and a rank checks its snapshot is finite before it sends
+        // it: a failure here is a bug, reported as a lost peer.
         tracing::error!(error = %e, "a wire message did not encode");
         LinkError::Gone
     })?;
@@ -113,6 +146,8 @@ type Readers = std::sync::Mutex<Vec<Option<JoinHandle<()>>>>;
 pub(crate) struct NetCoordinator {
     ranks: Arc<Table>,
     format: WireFormat,
+    /// Each rank's connection's view under a quantized format, by rank.
+    coders: Arc<Vec<Coder>>,
     stop: Arc<AtomicBool>,
     readers: Arc<Readers>,
     joiner: Option<JoinHandle<()>>,
@@ -131,6 +166,7 @@ impl std::fmt::Debug for NetCoordinator {
 fn spawn_reader<L: Send + 'static>(
     rank: usize,
     frames: Arc<dyn Frames>,
+    coder: Coder,
     inbox: flume::Sender<Inbound<L>>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>> {
@@ -139,7 +175,7 @@ fn spawn_reader<L: Send + 'static>(
         .spawn(move || {
             let peer = format!("rank {rank}");
             let to_inbox = |msg| deliver(&inbox, Inbound::Wire { rank, msg }, &stop);
-            if read_frames::<ToCoordinator>(frames.as_ref(), &peer, &stop, to_inbox) {
+            if read_frames::<ToCoordinator>(frames.as_ref(), &coder, &peer, &stop, to_inbox) {
                 deliver(&inbox, Inbound::Gone { rank }, &stop);
             }
         })
@@ -167,9 +203,12 @@ impl NetCoordinator {
         let stop = Arc::new(AtomicBool::new(false));
         let mut table: Vec<Option<Arc<dyn Frames>>> = vec![None; world];
         let mut readers: Vec<Option<JoinHandle<()>>> = (0..world).map(|_| None).collect();
+        let coders: Arc<Vec<Coder>> =
+            Arc::new((0..world).map(|_| coder(format, Direction::Consensus)).collect());
         let mut link = NetCoordinator {
             ranks: Arc::new(Table::default()),
             format,
+            coders: coders.clone(),
             stop: stop.clone(),
             readers: Arc::new(Readers::default()),
             joiner: None,
@@ -181,7 +220,8 @@ impl NetCoordinator {
                 )));
             };
             *slot = Some(frames.clone());
-            *reader = Some(spawn_reader(rank, frames, inbox.clone(), stop.clone())?);
+            let coder = coders.get(rank).cloned().flatten();
+            *reader = Some(spawn_reader(rank, frames, coder, inbox.clone(), stop.clone())?);
         }
         link.ranks = Arc::new(std::sync::RwLock::new(table));
         link.readers = Arc::new(std::sync::Mutex::new(readers));
@@ -189,7 +229,9 @@ impl NetCoordinator {
             let (readers, inbox) = (link.readers.clone(), inbox.clone());
             let joiner = std::thread::Builder::new()
                 .name("flodl-link-joins".into())
-                .spawn(move || take_joins(arrivals.as_ref(), world, &readers, &inbox, &stop))
+                .spawn(move || {
+                    take_joins(arrivals.as_ref(), world, &readers, &coders, &inbox, &stop)
+                })
                 .map_err(|source| Error::Spawn { what: "the link's joining thread", source })?;
             link.joiner = Some(joiner);
         }
@@ -200,6 +242,10 @@ impl NetCoordinator {
         let ranks = self.ranks.read().unwrap_or_else(|p| p.into_inner());
         ranks.get(rank).cloned().flatten().ok_or(LinkError::Gone)
     }
+
+    fn coder(&self, rank: usize) -> Coder {
+        self.coders.get(rank).cloned().flatten()
+    }
 }
 
 /// The joining thread: each rank admitted again (never rank 0, whose process hosts the
@@ -208,6 +254,7 @@ fn take_joins<L: Send + 'static>(
     arrivals: &dyn Arrivals,
     world: usize,
     readers: &Readers,
+    coders: &[Coder],
     inbox: &flume::Sender<Inbound<L>>,
     stop: &Arc<AtomicBool>,
 ) {
@@ -247,7 +294,9 @@ fn take_joins<L: Send + 'static>(
             frames.close();
             return;
         }
-        match spawn_reader(rank, frames.clone(), inbox.clone(), stop.clone()) {
+        // The new process starts from its `Init`, which sets both ends' view afresh.
+        let coder = coders.get(rank).cloned().flatten();
+        match spawn_reader(rank, frames.clone(), coder, inbox.clone(), stop.clone()) {
             Ok(reader) => {
                 if let Some(slot) = readers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
                 {
@@ -270,11 +319,11 @@ impl CoordinatorLink for NetCoordinator {
         msg: ToWorker,
         wait: Duration,
     ) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?.as_ref(), msg, self.format, Some(wait))
+        send_frame(self.frames(rank)?.as_ref(), msg, self.format, &self.coder(rank), Some(wait))
     }
 
     fn try_send(&self, rank: usize, msg: ToWorker) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?.as_ref(), msg, self.format, None)
+        send_frame(self.frames(rank)?.as_ref(), msg, self.format, &self.coder(rank), None)
     }
 
     fn attach(&self, rank: usize, frames: Arc<dyn Frames>) -> bool {
@@ -316,6 +365,8 @@ impl Drop for NetCoordinator {
 pub(crate) struct NetRank {
     frames: Arc<dyn Frames>,
     format: WireFormat,
+    /// The connection's view under a quantized format.
+    coder: Coder,
     rx: flume::Receiver<ToWorker>,
     armed: Arc<Armed>,
     stop: Arc<AtomicBool>,
@@ -337,8 +388,10 @@ impl NetRank {
         let (tx, rx) = flume::bounded(TO_RANK);
         let armed = Arc::new(Armed::default());
         let stop = Arc::new(AtomicBool::new(false));
+        let coder = coder(format, Direction::Replica);
         let reader = {
             let (frames, armed, stop) = (frames.clone(), armed.clone(), stop.clone());
+            let coder = coder.clone();
             std::thread::Builder::new()
                 .name("flodl-link".into())
                 .spawn(move || {
@@ -349,18 +402,19 @@ impl NetRank {
                         }
                         msg => deliver(&tx, msg, &stop),
                     };
-                    read_frames::<ToWorker>(frames.as_ref(), "the coordinator", &stop, to_loop);
+                    let peer = "the coordinator";
+                    read_frames::<ToWorker>(frames.as_ref(), &coder, peer, &stop, to_loop);
                     // Dropping `tx` tells the loop the coordinator is gone once it has drained.
                 })
                 .map_err(|source| Error::Spawn { what: "a link reader", source })?
         };
-        Ok(NetRank { frames, format, rx, armed, stop, reader: Some(reader) })
+        Ok(NetRank { frames, format, coder, rx, armed, stop, reader: Some(reader) })
     }
 }
 
 impl RankLink for NetRank {
     fn send(&self, msg: ToCoordinator, wait: Duration) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames.as_ref(), msg, self.format, Some(wait))
+        send_frame(self.frames.as_ref(), msg, self.format, &self.coder, Some(wait))
     }
 
     fn recv(&self, wait: Duration) -> std::result::Result<ToWorker, LinkError> {
