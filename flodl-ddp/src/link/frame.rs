@@ -406,6 +406,7 @@ mod tests {
             state: state(big),
             steps: 3,
             capture: None,
+            exchange: Default::default(),
         };
         type Case = Box<dyn Fn(WireFormat) -> Result<usize, String>>;
         let cases: Vec<Case> = vec![

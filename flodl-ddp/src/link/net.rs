@@ -9,7 +9,7 @@
 //! does not decode is a protocol error: it is logged and ends that connection (the peer is
 //! then gone), it never panics.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -24,6 +24,7 @@ use super::inbound::Inbound;
 use super::link_error::LinkError;
 use super::local::Armed;
 use super::wire::{ToCoordinator, ToWorker};
+use crate::control::metrics::Exchange;
 use crate::{Error, Result};
 
 /// How long a reader waits for a frame (or for room) before it looks at its stop flag.
@@ -58,19 +59,19 @@ fn coder(format: WireFormat, direction: Direction) -> Coder {
 
 /// Reads frames from `frames` until it ends or `stop` is set, decoding each (through `coder`)
 /// and handing it to `deliver`; returns true when the connection ended (rather than a stop or a
-/// refusal to take more).
+/// refusal to take more). `deliver` gets each message with its frame's length.
 fn read_frames<M: Framed>(
     frames: &dyn Frames,
     coder: &Coder,
     peer: &str,
     stop: &AtomicBool,
-    mut deliver: impl FnMut(M) -> bool,
+    mut deliver: impl FnMut(M, usize) -> bool,
 ) -> bool {
     while !stop.load(Ordering::Acquire) {
         match frames.recv(POLL) {
             Ok(bytes) => match decode_frame::<M>(&bytes, coder) {
                 Ok(msg) => {
-                    if !deliver(msg) {
+                    if !deliver(msg, bytes.len()) {
                         return false;
                     }
                 }
@@ -101,14 +102,15 @@ fn decode_frame<M: Framed>(
     }
 }
 
-/// Sends `msg` as one frame in `format`, through `coder` under a quantized format.
+/// Sends `msg` as one frame in `format`, through `coder` under a quantized format; returns the
+/// frame's length.
 fn send_frame<M: Framed>(
     frames: &dyn Frames,
     msg: M,
     format: WireFormat,
     coder: &Coder,
     wait: Option<Duration>,
-) -> std::result::Result<(), LinkError> {
+) -> std::result::Result<usize, LinkError> {
     let encoded = match coder {
         Some(coder) => {
             let mut coder = coder.lock().unwrap_or_else(|p| p.into_inner());
@@ -122,11 +124,17 @@ fn send_frame<M: Framed>(
         tracing::error!(error = %e, "a wire message did not encode");
         LinkError::Gone
     })?;
+    let len = bytes.len();
     match wait {
-        Some(wait) => frames.send(lane, bytes, wait),
-        None => frames.try_send(lane, bytes),
+        Some(wait) => frames.send(lane, bytes, wait)?,
+        None => frames.try_send(lane, bytes)?,
     }
+    Ok(len)
 }
+
+/// The length of the last consensus-update frame sent to each rank, by rank: what the rank's
+/// next snapshot reports as the bytes it received.
+type UpdateBytes = Vec<AtomicU64>;
 
 /// A connection per rank, by global rank (`None` for ranks that are not remote).
 type Table = std::sync::RwLock<Vec<Option<Arc<dyn Frames>>>>;
@@ -148,6 +156,7 @@ pub(crate) struct NetCoordinator {
     format: WireFormat,
     /// Each rank's connection's view under a quantized format, by rank.
     coders: Arc<Vec<Coder>>,
+    updates: Arc<UpdateBytes>,
     stop: Arc<AtomicBool>,
     readers: Arc<Readers>,
     joiner: Option<JoinHandle<()>>,
@@ -163,10 +172,11 @@ impl std::fmt::Debug for NetCoordinator {
 }
 
 /// Starts the thread that reads `frames`, rank `rank`'s connection, into `inbox`.
+/// A snapshot's `exchange` is written here from the frames its connection carried.
 fn spawn_reader<L: Send + 'static>(
     rank: usize,
     frames: Arc<dyn Frames>,
-    coder: Coder,
+    (coder, updates): (Coder, Arc<UpdateBytes>),
     inbox: flume::Sender<Inbound<L>>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>> {
@@ -174,7 +184,13 @@ fn spawn_reader<L: Send + 'static>(
         .name(format!("flodl-link-{rank}"))
         .spawn(move || {
             let peer = format!("rank {rank}");
-            let to_inbox = |msg| deliver(&inbox, Inbound::Wire { rank, msg }, &stop);
+            let to_inbox = |mut msg, len: usize| {
+                if let ToCoordinator::Snapshot { exchange, .. } = &mut msg {
+                    let received = updates.get(rank).map_or(0, |u| u.load(Ordering::Relaxed));
+                    *exchange = Exchange { sent_bytes: len as u64, received_bytes: received };
+                }
+                deliver(&inbox, Inbound::Wire { rank, msg }, &stop)
+            };
             if read_frames::<ToCoordinator>(frames.as_ref(), &coder, &peer, &stop, to_inbox) {
                 deliver(&inbox, Inbound::Gone { rank }, &stop);
             }
@@ -205,10 +221,12 @@ impl NetCoordinator {
         let mut readers: Vec<Option<JoinHandle<()>>> = (0..world).map(|_| None).collect();
         let coders: Arc<Vec<Coder>> =
             Arc::new((0..world).map(|_| coder(format, Direction::Consensus)).collect());
+        let updates: Arc<UpdateBytes> = Arc::new((0..world).map(|_| AtomicU64::new(0)).collect());
         let mut link = NetCoordinator {
             ranks: Arc::new(Table::default()),
             format,
             coders: coders.clone(),
+            updates: updates.clone(),
             stop: stop.clone(),
             readers: Arc::new(Readers::default()),
             joiner: None,
@@ -220,8 +238,8 @@ impl NetCoordinator {
                 )));
             };
             *slot = Some(frames.clone());
-            let coder = coders.get(rank).cloned().flatten();
-            *reader = Some(spawn_reader(rank, frames, coder, inbox.clone(), stop.clone())?);
+            let ends = (coders.get(rank).cloned().flatten(), updates.clone());
+            *reader = Some(spawn_reader(rank, frames, ends, inbox.clone(), stop.clone())?);
         }
         link.ranks = Arc::new(std::sync::RwLock::new(table));
         link.readers = Arc::new(std::sync::Mutex::new(readers));
@@ -230,7 +248,8 @@ impl NetCoordinator {
             let joiner = std::thread::Builder::new()
                 .name("flodl-link-joins".into())
                 .spawn(move || {
-                    take_joins(arrivals.as_ref(), world, &readers, &coders, &inbox, &stop)
+                    let ends = (coders.as_slice(), &updates);
+                    take_joins(arrivals.as_ref(), world, &readers, ends, &inbox, &stop)
                 })
                 .map_err(|source| Error::Spawn { what: "the link's joining thread", source })?;
             link.joiner = Some(joiner);
@@ -243,8 +262,21 @@ impl NetCoordinator {
         ranks.get(rank).cloned().flatten().ok_or(LinkError::Gone)
     }
 
-    fn coder(&self, rank: usize) -> Coder {
-        self.coders.get(rank).cloned().flatten()
+    /// Sends `msg` to `rank`; the length of a consensus update's frame is kept for the rank's
+    /// next snapshot.
+    fn send_state(
+        &self,
+        rank: usize,
+        msg: ToWorker,
+        wait: Option<Duration>,
+    ) -> std::result::Result<(), LinkError> {
+        let update = matches!(msg, ToWorker::Update { .. });
+        let coder = self.coders.get(rank).cloned().flatten();
+        let len = send_frame(self.frames(rank)?.as_ref(), msg, self.format, &coder, wait)?;
+        if update && let Some(u) = self.updates.get(rank) {
+            u.store(len as u64, Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 
@@ -254,7 +286,7 @@ fn take_joins<L: Send + 'static>(
     arrivals: &dyn Arrivals,
     world: usize,
     readers: &Readers,
-    coders: &[Coder],
+    (coders, updates): (&[Coder], &Arc<UpdateBytes>),
     inbox: &flume::Sender<Inbound<L>>,
     stop: &Arc<AtomicBool>,
 ) {
@@ -295,8 +327,8 @@ fn take_joins<L: Send + 'static>(
             return;
         }
         // The new process starts from its `Init`, which sets both ends' view afresh.
-        let coder = coders.get(rank).cloned().flatten();
-        match spawn_reader(rank, frames.clone(), coder, inbox.clone(), stop.clone()) {
+        let ends = (coders.get(rank).cloned().flatten(), updates.clone());
+        match spawn_reader(rank, frames.clone(), ends, inbox.clone(), stop.clone()) {
             Ok(reader) => {
                 if let Some(slot) = readers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
                 {
@@ -319,11 +351,11 @@ impl CoordinatorLink for NetCoordinator {
         msg: ToWorker,
         wait: Duration,
     ) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?.as_ref(), msg, self.format, &self.coder(rank), Some(wait))
+        self.send_state(rank, msg, Some(wait))
     }
 
     fn try_send(&self, rank: usize, msg: ToWorker) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?.as_ref(), msg, self.format, &self.coder(rank), None)
+        self.send_state(rank, msg, None)
     }
 
     fn attach(&self, rank: usize, frames: Arc<dyn Frames>) -> bool {
@@ -395,7 +427,7 @@ impl NetRank {
             std::thread::Builder::new()
                 .name("flodl-link".into())
                 .spawn(move || {
-                    let to_loop = |msg: ToWorker| match msg {
+                    let to_loop = |msg: ToWorker, _| match msg {
                         ToWorker::AbortGroup { generation } => {
                             armed.fire(generation);
                             true
@@ -414,7 +446,7 @@ impl NetRank {
 
 impl RankLink for NetRank {
     fn send(&self, msg: ToCoordinator, wait: Duration) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames.as_ref(), msg, self.format, &self.coder, Some(wait))
+        send_frame(self.frames.as_ref(), msg, self.format, &self.coder, Some(wait)).map(|_| ())
     }
 
     fn recv(&self, wait: Duration) -> std::result::Result<ToWorker, LinkError> {
