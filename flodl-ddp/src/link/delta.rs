@@ -1,5 +1,5 @@
 //! The consensus view both ends of one connection keep under a quantized wire format
-//! ([`WireFormat::Int8`], [`WireFormat::Q4`]), so that only blockwise-quantized deltas from it
+//! (`--wire int8`, `--wire q4`), so that only blockwise-quantized deltas from it
 //! travel.
 //!
 //! The controller's end of a rank's connection and the rank's end each hold a [`DeltaCoder`]
@@ -24,8 +24,6 @@
 use flodl_tensor::quant::QuantFormat;
 use flodl_tensor::{DType, Stream, Tensor, ops};
 use serde::{Deserialize, Serialize};
-
-use super::frame::WireFormat;
 
 /// What a message's model state is to the view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +79,7 @@ pub(crate) enum DeltaError {
     },
     /// A delta in a format that is not quantized.
     #[error("a delta in the {0} format")]
-    Format(WireFormat),
+    Format(&'static str),
     /// A kernel refused (a NaN or an infinity to quantize or read back, a wrong length).
     #[error("{0}")]
     Kernel(#[from] flodl_tensor::Error),
@@ -226,8 +224,8 @@ mod tests {
     /// (the rank's error feedback), in f64.
     #[test]
     fn both_ends_keep_one_view_and_feedback_bounds_the_drift() -> Result<(), String> {
-        for format in [WireFormat::Int8, WireFormat::Q4] {
-            let q = format.quantized().ok_or("not quantized")?;
+        for q in QuantFormat::ALL {
+            let format = q.name();
             for n in [1, q.block() - 1, q.block(), 3 * q.block() + 5] {
                 let mut controller = DeltaCoder::new(q, Direction::Consensus);
                 let mut rank = DeltaCoder::new(q, Direction::Replica);

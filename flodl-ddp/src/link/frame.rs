@@ -274,7 +274,7 @@ pub(crate) fn encode_with<M: Framed>(
             }
         }
         (_, Carries::Delta) => {
-            let coder = coder.ok_or(delta_error(DeltaError::Format(format)))?;
+            let coder = coder.ok_or(delta_error(DeltaError::Format(format.name())))?;
             delta = Some(coder.encode(&flat(&mut msg)).map_err(delta_error)?);
             for state in msg.states_mut() {
                 for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
