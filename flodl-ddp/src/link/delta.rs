@@ -19,7 +19,11 @@
 //!
 //! Every delta names the number of updates its sender's view holds (`base`); the receiver
 //! refuses one that does not match its own view, so a lost frame becomes a protocol error on
-//! that connection, never a silently wrong consensus.
+//! that connection, never a silently wrong consensus. One mismatch is expected: a snapshot
+//! from an older view than the controller's arrived after its round ended without it (the
+//! update that followed is on its way to the rank); it is dropped as stale, as a late snapshot
+//! is in any format, and its residual stays the rank's (at most one quantum of that snapshot
+//! is lost to the feedback).
 
 use flodl_tensor::quant::QuantFormat;
 use flodl_tensor::{DType, Stream, Tensor, ops};
@@ -111,6 +115,11 @@ impl DeltaCoder {
             pending: None,
             stream: Stream::cpu_with_threads(1),
         }
+    }
+
+    /// Whether this is the controller's end (it sends the consensus).
+    pub(crate) fn is_controller(&self) -> bool {
+        self.direction == Direction::Consensus
     }
 
     /// Takes `values` (a state whole, vectors end to end) as the view: a fresh start.

@@ -139,6 +139,25 @@ pub(crate) enum FrameError {
         /// What went wrong.
         source: DeltaError,
     },
+    /// A snapshot made from an older view than the controller's: it arrived after the round it
+    /// was meant for had ended (the update that followed is on its way to the rank). It is
+    /// stale, as it would be in any format; the connection stays.
+    #[error("a {what} frame's delta is from view {base}, the controller is at {view}")]
+    Stale {
+        /// The message's direction.
+        what: &'static str,
+        /// The sender's view.
+        base: u64,
+        /// The receiver's.
+        view: u64,
+    },
+}
+
+impl FrameError {
+    /// Whether the frame is only late (the connection is sound).
+    pub(crate) fn is_stale(&self) -> bool {
+        matches!(self, FrameError::Stale { .. })
+    }
 }
 
 /// A message as it travels: the message and, under bf16, its states' values, or under a
@@ -320,7 +339,13 @@ pub(crate) fn decode_with<M: Framed>(
             let coder = coder
                 .as_deref_mut()
                 .ok_or(packing("a delta on a connection without a view".into()))?;
-            Some(coder.decode(&delta).map_err(delta_error)?)
+            match coder.decode(&delta) {
+                Ok(values) => Some(values),
+                Err(DeltaError::Base { base, view }) if coder.is_controller() && base < view => {
+                    return Err(FrameError::Stale { what: M::WHAT, base, view });
+                }
+                Err(e) => return Err(delta_error(e)),
+            }
         }
         (Some(_), _) => return Err(packing("a delta where none can be".into())),
     };

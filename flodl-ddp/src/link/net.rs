@@ -75,6 +75,9 @@ fn read_frames<M: Framed>(
                         return false;
                     }
                 }
+                Err(error) if error.is_stale() => {
+                    tracing::debug!(peer, %error, "a late snapshot dropped");
+                }
                 Err(error) => {
                     tracing::error!(peer, %error, "a frame violates the protocol: closing the connection");
                     frames.close();
