@@ -488,6 +488,75 @@ mod tests {
         Ok(bytes.len())
     }
 
+    /// Under q4, through both ends' coders: an `Init` sets both views, a snapshot and an update
+    /// travel as deltas in about 0.14× of f32's bytes, a snapshot that arrives after the
+    /// controller's view moved on is `Stale` (the connection is sound), and an update the rank
+    /// cannot place (it missed one) is a protocol error.
+    #[test]
+    fn quantized_frames_go_through_the_views() -> Result<(), String> {
+        use crate::link::delta::{DeltaCoder, Direction};
+        let q = WireFormat::Q4.quantized().ok_or("q4 is quantized")?;
+        let (mut ctl, mut rnk) =
+            (DeltaCoder::new(q, Direction::Consensus), DeltaCoder::new(q, Direction::Replica));
+        let n = 10_000;
+        let init =
+            ToWorker::Init { state: state(n), restore: None, window: window(), global_step: 0 };
+        let (_, bytes) =
+            encode_with(init, WireFormat::Q4, Some(&mut ctl)).map_err(|e| e.to_string())?;
+        let _: ToWorker = decode_with(&bytes, Some(&mut rnk)).map_err(|e| e.to_string())?;
+        let snapshot = |s: HostState| ToCoordinator::Snapshot {
+            rank: 1,
+            round: 1,
+            attempt: 0,
+            state: s,
+            steps: 3,
+            capture: None,
+            exchange: Default::default(),
+        };
+        let mut moved = state(n);
+        moved.params[0].iter_mut().for_each(|v| *v += 0.01);
+        let (_, snap) = encode_with(snapshot(moved.clone()), WireFormat::Q4, Some(&mut rnk))
+            .map_err(|e| e.to_string())?;
+        let (_, full) =
+            encode(snapshot(moved.clone()), WireFormat::F32).map_err(|e| e.to_string())?;
+        if snap.len() as f64 > 0.14 * full.len() as f64 {
+            return Err(format!(
+                "a q4 snapshot of {} bytes against f32's {}",
+                snap.len(),
+                full.len()
+            ));
+        }
+        match decode_with::<ToCoordinator>(&snap, Some(&mut ctl)) {
+            Ok(ToCoordinator::Snapshot { state: got, .. }) => {
+                let err = got.params[0]
+                    .iter()
+                    .zip(&moved.params[0])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                if err > 0.5 {
+                    return Err(format!("the snapshot came back {err} off"));
+                }
+            }
+            other => return Err(format!("the snapshot gave {other:?}")),
+        }
+        let update = |s| ToWorker::Update { state: s, next: window(), eval: None, global_step: 4 };
+        let (_, first) = encode_with(update(moved.clone()), WireFormat::Q4, Some(&mut ctl))
+            .map_err(|e| e.to_string())?;
+        match decode_with::<ToCoordinator>(&snap, Some(&mut ctl)) {
+            Err(e @ FrameError::Stale { base: 0, view: 1, .. }) if e.is_stale() => {}
+            other => return Err(format!("a late snapshot gave {other:?}")),
+        }
+        let (_, second) = encode_with(update(state(n)), WireFormat::Q4, Some(&mut ctl))
+            .map_err(|e| e.to_string())?;
+        match decode_with::<ToWorker>(&second, Some(&mut rnk)) {
+            Err(FrameError::Delta { .. }) => {}
+            other => return Err(format!("an update past a missed one gave {other:?}")),
+        }
+        decode_with::<ToWorker>(&first, Some(&mut rnk)).map_err(|e| e.to_string())?;
+        decode_with::<ToWorker>(&second, Some(&mut rnk)).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
     /// Garbage, truncations and tampered packings are errors, never panics.
     #[test]
     fn bad_frames_are_errors() -> Result<(), String> {
