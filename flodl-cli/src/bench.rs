@@ -316,12 +316,13 @@ mod tests {
         let md = markdown(&report);
         let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(table.len(), 4);
-        assert!(table.iter().all(|l| l.matches('|').count() == 16));
+        assert!(table.iter().all(|l| l.matches('|').count() == 17));
         assert!(table[2].contains("97.50%") && table[2].contains("| – |"));
-        // compute, data, reduce, waiting: rank 0 9 of 10 ms computing, rank 1 6 of 8.
+        // compute, data, reduce, exchange, waiting: rank 0 9 of 10 ms computing, rank 1 6 of 8.
         assert!(
             table[3].contains(
-                "| 1234 | 100 | 1.50 | 90.0% / 75.0% | 0.0% / 0.0% | 0.0% / 0.0% | 10.0% / 25.0% |"
+                "| 1234 | 100 | 1.50 | 90.0% / 75.0% | 0.0% / 0.0% | 0.0% / 0.0% | 0.0% / 0.0% \
+                 | 10.0% / 25.0% |"
             ),
             "{}",
             table[3]

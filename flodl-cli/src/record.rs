@@ -137,4 +137,48 @@ pub(crate) struct RankSummary {
     /// Its staging cache's hit ratio over the run, when it staged its data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) hit_ratio: Option<f64>,
+    /// The bytes its model state moved over its connection (host backend across processes;
+    /// none for a rank exchanging in memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) wire: Option<WireTotals>,
+}
+
+/// One rank's bytes on the wire over a run, from the reduce records (`wire` of each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WireTotals {
+    /// Bytes it sent (its snapshots).
+    pub(crate) sent_bytes: u64,
+    /// Bytes it received (the consensus updates).
+    pub(crate) received_bytes: u64,
+    /// Mean bytes of one snapshot (over the reduces it sent one in).
+    pub(crate) sent_per_reduce: f64,
+    /// Mean bytes of one update (over the reduces that counted one: none for the first).
+    pub(crate) received_per_reduce: f64,
+}
+
+impl WireTotals {
+    /// Each rank's totals over the reduce records in `lines` (`None` for a rank with no bytes).
+    pub(crate) fn of(lines: &[Line], world: usize) -> Vec<Option<WireTotals>> {
+        let mut sums = vec![(0u64, 0u64, 0u64, 0u64); world];
+        for line in lines {
+            let Entry::Reduce(r) = &line.entry else { continue };
+            for (sum, x) in sums.iter_mut().zip(&r.wire) {
+                sum.0 += x.sent_bytes;
+                sum.1 += x.received_bytes;
+                sum.2 += u64::from(x.sent_bytes > 0);
+                sum.3 += u64::from(x.received_bytes > 0);
+            }
+        }
+        let mean = |b: u64, n: u64| if n > 0 { b as f64 / n as f64 } else { 0.0 };
+        sums.into_iter()
+            .map(|(sent, received, ns, nr)| {
+                (ns + nr > 0).then(|| WireTotals {
+                    sent_bytes: sent,
+                    received_bytes: received,
+                    sent_per_reduce: mean(sent, ns),
+                    received_per_reduce: mean(received, nr),
+                })
+            })
+            .collect()
+    }
 }

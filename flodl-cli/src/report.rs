@@ -230,6 +230,16 @@ pub(crate) fn figure_cards(html: &mut String, figures: &[(&str, String)]) {
     html.push_str("</div>");
 }
 
+/// A byte count in B, KB, MB or GB (powers of 1000).
+pub(crate) fn bytes(b: f64) -> String {
+    match b {
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.2} MB", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} KB", b / 1e3),
+        b => format!("{b:.0} B"),
+    }
+}
+
 fn rank_table(html: &mut String, s: &Summary) {
     html.push_str("<h2>Ranks</h2><table><tr><th>rank</th><th class=\"l\">device</th><th>slowdown</th><th>samples</th><th>samples/s</th><th>share</th>");
     for a in Activity::ALL {
@@ -239,7 +249,7 @@ fn rank_table(html: &mut String, s: &Summary) {
             colour(a)
         );
     }
-    html.push_str("</tr>");
+    html.push_str("<th>sent/reduce</th><th>received/reduce</th></tr>");
     for r in &s.ranks {
         let slowdown = s.config["slowdown"].get(r.rank).map_or("1".to_owned(), text);
         let _ = write!(
@@ -259,9 +269,18 @@ fn rank_table(html: &mut String, s: &Summary) {
                 html.push_str("<td>–</td>");
             }
         }
+        let _ = match r.wire {
+            Some(w) => write!(
+                html,
+                "<td>{}</td><td>{}</td>",
+                bytes(w.sent_per_reduce),
+                bytes(w.received_per_reduce)
+            ),
+            None => write!(html, "<td>–</td><td>–</td>"),
+        };
         html.push_str("</tr>");
     }
-    html.push_str("</table><p class=\"meta\">Per rank: the share of its training wall time spent in each activity.</p>");
+    html.push_str("</table><p class=\"meta\">Per rank: the share of its training wall time spent in each activity, and the bytes of its snapshot and of its consensus update per reduce on the wire (– in memory).</p>");
 }
 
 /// The sentence naming the rank that held the run back most, and why.
@@ -505,6 +524,7 @@ mod tests {
                     counts: vec![10, 25],
                     steps: vec![10, 26],
                     sync_ms: 1.0 + k as f64,
+                    wire: Vec::new(),
                 });
                 lines.push(Line { entry, t_s: None, restored: false });
             }
@@ -564,6 +584,7 @@ mod tests {
                     time: rank_time(r, 100.0),
                     data_starve_ms: rank_time(r, 100.0).data_ms,
                     hit_ratio: None,
+                    wire: None,
                 })
                 .collect(),
             held_back: None,

@@ -25,6 +25,7 @@ pub(crate) fn colour(activity: Activity) -> &'static str {
         Activity::Compute => "#009e73",
         Activity::Data => "#e69f00",
         Activity::Reduce => "#0072b2",
+        Activity::Exchange => "#004d7a",
         Activity::Waiting => "#bbbbbb",
         Activity::Evaluation => "#cc79a7",
         Activity::Checkpoint => "#56b4e9",

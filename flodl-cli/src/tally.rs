@@ -76,6 +76,7 @@ mod tests {
             counts: steps.clone(),
             steps,
             sync_ms: 0.0,
+            wire: Vec::new(),
         }
     }
 

@@ -490,6 +490,7 @@ pub(crate) fn summarise(
     let names: Vec<String> = outcome.spec.devices.iter().map(Device::to_string).collect();
     let train_ms = state.train_ms;
     let total = state.samples;
+    let wire = crate::record::WireTotals::of(&outcome.lines, names.len());
     let ranks = names
         .iter()
         .enumerate()
@@ -524,6 +525,7 @@ pub(crate) fn summarise(
                 time,
                 data_starve_ms: time.data_ms,
                 hit_ratio: cache.map(|c| c.hit_ratio()),
+                wire: wire.get(rank).copied().flatten(),
             }
         })
         .collect::<Vec<RankSummary>>();

@@ -189,7 +189,16 @@ fn train_writes_a_run_directory_and_report_regenerates_it() -> Result {
         assert!(r["samples"].as_u64().is_some_and(|s| s > 0));
         // The breakdown accounts for the training wall (a short run: a few ms of scheduling
         // noise are more than 1% of it).
-        let parts = ["compute", "data", "reduce", "waiting", "evaluation", "checkpoint", "other"];
+        let parts = [
+            "compute",
+            "data",
+            "reduce",
+            "exchange",
+            "waiting",
+            "evaluation",
+            "checkpoint",
+            "other",
+        ];
         let sum: f64 = parts.iter().filter_map(|p| r["time"][format!("{p}_ms")].as_f64()).sum();
         assert!((sum - wall_ms).abs() < 0.05 * wall_ms + 5.0, "{sum} ms of {wall_ms} ms: {r}");
     }

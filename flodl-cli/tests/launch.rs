@@ -157,7 +157,8 @@ fn launched_jobs_account_for_every_rank_process_time() -> Result {
     let wall_ms = s["train_wall_s"].as_f64().ok_or("train_wall_s")? * 1000.0;
     let ranks = s["ranks"].as_array().ok_or("ranks")?;
     assert_eq!(ranks.len(), 2, "{s}");
-    let parts = ["compute", "data", "reduce", "waiting", "evaluation", "checkpoint", "other"];
+    let parts =
+        ["compute", "data", "reduce", "exchange", "waiting", "evaluation", "checkpoint", "other"];
     for r in ranks {
         let ms = |p: &str| r["time"][format!("{p}_ms")].as_f64().unwrap_or(f64::NAN);
         let sum: f64 = parts.iter().map(|p| ms(p)).sum();

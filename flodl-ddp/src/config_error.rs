@@ -65,6 +65,8 @@ pub enum Field {
     /// The replica's own configuration (its factory's settings: an MLP's widths, a
     /// transformer's sizes).
     Model,
+    /// [`crate::Trainer::wire`]: how model states travel between processes.
+    Wire,
 }
 
 impl Field {
@@ -97,6 +99,7 @@ impl Field {
             Field::ModelSize => "model_size",
             Field::Cluster => "cluster",
             Field::Model => "model",
+            Field::Wire => "wire",
         }
     }
 }

@@ -115,8 +115,8 @@ pub use control::elche::{ElChe, ElCheState, Growth, clamp_total};
 pub use control::eval_rank::EvalRank;
 pub use control::logic_error::{LogicError, LogicResult};
 pub use control::metrics::{
-    CacheTally, EpochMetrics, EpochTally, EvalMetrics, GuardEvent, RankEpochMetrics, ReduceEvent,
-    Report, WorkTally, record_scalar,
+    CacheTally, EpochMetrics, EpochTally, EvalMetrics, Exchange, GuardEvent, RankEpochMetrics,
+    ReduceEvent, Report, WorkTally, record_scalar,
 };
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};

@@ -75,6 +75,18 @@ const MAX_LINES: usize = 20_000;
 struct Folded {
     reduces: u64,
     sync_ms: f64,
+    /// Bytes on each rank's connection, both ways, by rank.
+    wire_bytes: Vec<u64>,
+}
+
+/// Adds a reduce's bytes on the wire, both ways, to `totals` (by rank).
+fn add_wire(totals: &mut Vec<u64>, r: &ReduceEvent) {
+    if totals.len() < r.wire.len() {
+        totals.resize(r.wire.len(), 0);
+    }
+    for (t, x) in totals.iter_mut().zip(&r.wire) {
+        *t += x.sent_bytes + x.received_bytes;
+    }
 }
 
 /// The live record of a run: what was reported so far (older reduces thinned past
@@ -137,6 +149,8 @@ pub(crate) struct RankFigures {
     pub(crate) window_trained: Option<usize>,
     /// Its fraction of that window's batches.
     pub(crate) window_share: Option<f64>,
+    /// Bytes its connection carried per second since the start, both ways (none in memory).
+    pub(crate) link_bytes_per_s: Option<f64>,
 }
 
 impl LiveRun {
@@ -193,6 +207,7 @@ impl LiveRun {
             }
             folded.reduces += 1;
             folded.sync_ms += r.sync_ms;
+            add_wire(&mut folded.wire_bytes, r);
             false
         });
     }
@@ -229,6 +244,7 @@ impl LiveRun {
         };
         let mut last_epoch = None;
         let mut last_reduce: Option<&ReduceEvent> = None;
+        let mut wire_bytes = self.folded.wire_bytes.clone();
         for line in &self.lines {
             match &line.entry {
                 Entry::Epoch(m) => {
@@ -242,6 +258,7 @@ impl LiveRun {
                 Entry::Reduce(r) => {
                     f.reduces += 1;
                     f.sync_ms_total += r.sync_ms;
+                    add_wire(&mut wire_bytes, r);
                     last_reduce = Some(r);
                 }
                 Entry::Fault(d) => f.deaths.push(d.clone()),
@@ -275,6 +292,10 @@ impl LiveRun {
                     window_share: trained
                         .filter(|_| window_total > 0)
                         .map(|t| t as f64 / window_total as f64),
+                    link_bytes_per_s: wire_bytes
+                        .get(rank)
+                        .filter(|&&b| b > 0 && elapsed_s > 0.0)
+                        .map(|&b| b as f64 / elapsed_s),
                 }
             })
             .collect();
@@ -310,6 +331,7 @@ pub(crate) mod tests {
             counts: vec![4, 12],
             steps: steps.to_vec(),
             sync_ms: 2.0,
+            wire: Vec::new(),
         });
         Line { entry, t_s: None, restored: false }
     }

@@ -57,13 +57,14 @@ pub(crate) fn fragment(live: &LiveRun, f: &Figures) -> String {
     html.push_str(
         "<h2>Ranks</h2><table id=\"ranks\"><tr><th>rank</th><th class=\"l\">device</th>\
          <th class=\"l\">state</th><th>samples</th><th>samples/s</th><th>compute samples/s</th>\
-         <th>share</th><th>window (planned)</th><th>window (trained)</th><th>window share</th></tr>",
+         <th>share</th><th>window (planned)</th><th>window (trained)</th><th>window share</th>\
+         <th>link bytes/s</th></tr>",
     );
     for r in &f.ranks {
         let opt = |v: Option<usize>| v.map_or_else(dash, |v| v.to_string());
         let _ = write!(
             html,
-            "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l {}\">{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{:.1}%</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l {}\">{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{:.1}%</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             r.rank,
             escape(&r.device),
             if r.alive { "alive" } else { "dead" },
@@ -75,6 +76,7 @@ pub(crate) fn fragment(live: &LiveRun, f: &Figures) -> String {
             opt(r.window_planned),
             opt(r.window_trained),
             r.window_share.map_or_else(dash, |s| format!("{:.1}%", s * 100.0)),
+            r.link_bytes_per_s.map_or_else(dash, |b| format!("{}/s", report::bytes(b))),
         );
     }
     html.push_str("</table>");

@@ -16,8 +16,13 @@ pub enum Activity {
     Compute,
     /// Fetching and uploading batches, or waiting for the prefetcher.
     Data,
-    /// Averaging: the collective, or the host round trip (snapshot, average, update).
+    /// Averaging: the collective, or the host round trip (snapshot, average, update) less
+    /// what [`Activity::Exchange`] claims.
     Reduce,
+    /// The exchange the rank could not train through: encoding its snapshot for the wire
+    /// (quantizing it under `int8`/`q4`) and handing its frame to the connection (host
+    /// backend; next to nothing in-process).
+    Exchange,
     /// Waiting for the other ranks, for a window or for the coordinator.
     Waiting,
     /// Evaluating the test set.
@@ -30,10 +35,11 @@ pub enum Activity {
 
 impl Activity {
     /// Every activity, in display order.
-    pub const ALL: [Activity; 7] = [
+    pub const ALL: [Activity; 8] = [
         Activity::Compute,
         Activity::Data,
         Activity::Reduce,
+        Activity::Exchange,
         Activity::Waiting,
         Activity::Evaluation,
         Activity::Checkpoint,
@@ -46,6 +52,7 @@ impl Activity {
             Activity::Compute => "compute",
             Activity::Data => "data",
             Activity::Reduce => "reduce",
+            Activity::Exchange => "exchange",
             Activity::Waiting => "waiting",
             Activity::Evaluation => "evaluation",
             Activity::Checkpoint => "checkpoint",
@@ -69,6 +76,9 @@ pub struct TimeBreakdown {
     pub data_ms: f64,
     /// The collective or the host round trip.
     pub reduce_ms: f64,
+    /// The exchange the rank could not train through.
+    #[serde(default)]
+    pub exchange_ms: f64,
     /// Waiting for others.
     pub waiting_ms: f64,
     /// Evaluation.
@@ -86,6 +96,7 @@ impl TimeBreakdown {
             Activity::Compute => self.compute_ms,
             Activity::Data => self.data_ms,
             Activity::Reduce => self.reduce_ms,
+            Activity::Exchange => self.exchange_ms,
             Activity::Waiting => self.waiting_ms,
             Activity::Evaluation => self.evaluation_ms,
             Activity::Checkpoint => self.checkpoint_ms,
@@ -98,6 +109,7 @@ impl TimeBreakdown {
             Activity::Compute => &mut self.compute_ms,
             Activity::Data => &mut self.data_ms,
             Activity::Reduce => &mut self.reduce_ms,
+            Activity::Exchange => &mut self.exchange_ms,
             Activity::Waiting => &mut self.waiting_ms,
             Activity::Evaluation => &mut self.evaluation_ms,
             Activity::Checkpoint => &mut self.checkpoint_ms,
@@ -212,9 +224,11 @@ pub fn straggler(ranks: &[TimeBreakdown]) -> Option<Straggler> {
 mod tests {
     use super::*;
 
+    /// A breakdown of every activity but the exchange, in display order.
     fn parts(values: [f64; 7]) -> TimeBreakdown {
         let mut t = TimeBreakdown::default();
-        for (a, v) in Activity::ALL.into_iter().zip(values) {
+        let activities = Activity::ALL.into_iter().filter(|&a| a != Activity::Exchange);
+        for (a, v) in activities.zip(values) {
             t.add(a, v);
         }
         t

@@ -135,6 +135,21 @@ pub struct ReduceEvent {
     /// Duration of the reduce in milliseconds (collective: slowest rank's all-reduce; host:
     /// snapshot request to update sent).
     pub sync_ms: f64,
+    /// Host backend: each rank's bytes on the wire, by rank (zeros for a rank in the
+    /// controller's own process, which exchanges in memory, and on the collective backend).
+    #[serde(default)]
+    pub wire: Vec<Exchange>,
+}
+
+/// The bytes one rank's model state moved over its connection in one host reduce, as the
+/// controller's end of the link counted them: its snapshot frame of this reduce and the update
+/// frame it trained from (the previous reduce's), in the run's wire format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exchange {
+    /// Bytes the rank sent (its snapshot frame).
+    pub sent_bytes: u64,
+    /// Bytes the rank received (the consensus update frame before it).
+    pub received_bytes: u64,
 }
 
 /// The divergence guard's reading of one reduce (policies other than `Sync`, with a guard on).

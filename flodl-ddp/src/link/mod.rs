@@ -16,6 +16,7 @@
 //! the link's own response to [`wire::ToWorker::AbortGroup`] (the rank arms it with
 //! [`RankLink::arm_abort`]).
 
+pub(crate) mod delta;
 pub(crate) mod ends;
 pub(crate) mod failure;
 pub(crate) mod frame;

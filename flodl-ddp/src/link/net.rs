@@ -10,19 +10,21 @@
 //! does not decode is a protocol error: it is logged and ends that connection (the peer is
 //! then gone), it never panics.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
+use super::delta::{DeltaCoder, Direction};
 use super::frame::{self, Framed, WireFormat};
 use super::frames::{Arrivals, Attached, Frames};
 use super::inbound::Inbound;
 use super::link_error::LinkError;
 use super::local::Armed;
 use super::wire::{ToCoordinator, ToWorker};
+use crate::control::metrics::Exchange;
 use crate::{Error, Result};
 
 /// How long a reader waits for a frame (or for room) before it looks at its stop flag.
@@ -47,22 +49,34 @@ fn deliver<T>(tx: &flume::Sender<T>, mut item: T, stop: &AtomicBool) -> bool {
     }
 }
 
-/// Reads frames from `frames` until it ends or `stop` is set, decoding each and handing it
-/// to `deliver`; returns true when the connection ended (rather than a stop or a refusal to
-/// take more).
+/// This end's view of a connection under a quantized format (none under f32 and bf16).
+type Coder = Option<Arc<Mutex<DeltaCoder>>>;
+
+/// The view of a connection in `format`, as the end that sends in `direction` keeps it.
+fn coder(format: WireFormat, direction: Direction) -> Coder {
+    format.quantized().map(|q| Arc::new(Mutex::new(DeltaCoder::new(q, direction))))
+}
+
+/// Reads frames from `frames` until it ends or `stop` is set, decoding each (through `coder`)
+/// and handing it to `deliver`; returns true when the connection ended (rather than a stop or a
+/// refusal to take more). `deliver` gets each message with its frame's length.
 fn read_frames<M: Framed>(
     frames: &Frames,
+    coder: &Coder,
     peer: &str,
     stop: &AtomicBool,
-    mut deliver: impl FnMut(M) -> bool,
+    mut deliver: impl FnMut(M, usize) -> bool,
 ) -> bool {
     while !stop.load(Ordering::Acquire) {
         match frames.recv(POLL) {
-            Ok(bytes) => match frame::decode::<M>(&bytes) {
+            Ok(bytes) => match decode_frame::<M>(&bytes, coder) {
                 Ok(msg) => {
-                    if !deliver(msg) {
+                    if !deliver(msg, bytes.len()) {
                         return false;
                     }
+                }
+                Err(error) if error.is_stale() => {
+                    tracing::debug!(peer, %error, "a late snapshot dropped");
                 }
                 Err(error) => {
                     tracing::error!(peer, %error, "a frame violates the protocol: closing the connection");
@@ -77,23 +91,53 @@ fn read_frames<M: Framed>(
     false
 }
 
-/// Sends `msg` as one frame in `format`.
+/// Decodes one frame through `coder`.
+fn decode_frame<M: Framed>(
+    bytes: &[u8],
+    coder: &Coder,
+) -> std::result::Result<M, frame::FrameError> {
+    match coder {
+        Some(coder) => {
+            let mut coder = coder.lock().unwrap_or_else(|p| p.into_inner());
+            frame::decode_with(bytes, Some(&mut coder))
+        }
+        None => frame::decode(bytes),
+    }
+}
+
+/// Sends `msg` as one frame in `format`, through `coder` under a quantized format; returns the
+/// frame's length.
 fn send_frame<M: Framed>(
     frames: &Frames,
     msg: M,
     format: WireFormat,
+    coder: &Coder,
     wait: Option<Duration>,
-) -> std::result::Result<(), LinkError> {
-    let (lane, bytes) = frame::encode(msg, format).map_err(|e| {
-        // Plain data always encodes; a failure here is a bug, reported as a lost peer.
+) -> std::result::Result<usize, LinkError> {
+    let encoded = match coder {
+        Some(coder) => {
+            let mut coder = coder.lock().unwrap_or_else(|p| p.into_inner());
+            frame::encode_with(msg, format, Some(&mut coder))
+        }
+        None => frame::encode(msg, format),
+    };
+    let (lane, bytes) = encoded.map_err(|e| {
+        // Plain data always encodes, and a rank checks its snapshot is finite before it sends
+        // it: a failure here is a bug, reported as a lost peer.
         tracing::error!(error = %e, "a wire message did not encode");
         LinkError::Gone
     })?;
+    let len = bytes.len();
     match wait {
-        Some(wait) => frames.send(lane, bytes, wait),
-        None => frames.try_send(lane, bytes),
+        Some(wait) => frames.send(lane, bytes, wait)?,
+        None => frames.try_send(lane, bytes)?,
     }
+    Ok(len)
 }
+
+/// The length of the last consensus-update frame sent to each rank, by rank: what the rank's
+/// next snapshot reports as the bytes it received.
+type UpdateBytes = Vec<AtomicU64>;
 
 /// A connection per rank, by global rank (`None` for ranks that are not remote).
 type Table = std::sync::RwLock<Vec<Option<Arc<Frames>>>>;
@@ -113,6 +157,9 @@ type Readers = std::sync::Mutex<Vec<Option<JoinHandle<()>>>>;
 pub(crate) struct NetCoordinator {
     ranks: Arc<Table>,
     format: WireFormat,
+    /// Each rank's connection's view under a quantized format, by rank.
+    coders: Arc<Vec<Coder>>,
+    updates: Arc<UpdateBytes>,
     stop: Arc<AtomicBool>,
     readers: Arc<Readers>,
     joiner: Option<JoinHandle<()>>,
@@ -128,9 +175,11 @@ impl std::fmt::Debug for NetCoordinator {
 }
 
 /// Starts the thread that reads `frames`, rank `rank`'s connection, into `inbox`.
+/// A snapshot's `exchange` is written here from the frames its connection carried.
 fn spawn_reader(
     rank: usize,
     frames: Arc<Frames>,
+    (coder, updates): (Coder, Arc<UpdateBytes>),
     inbox: flume::Sender<Inbound>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>> {
@@ -138,8 +187,14 @@ fn spawn_reader(
         .name(format!("flodl-link-{rank}"))
         .spawn(move || {
             let peer = format!("rank {rank}");
-            let to_inbox = |msg| deliver(&inbox, Inbound::Wire { rank, msg }, &stop);
-            if read_frames::<ToCoordinator>(frames.as_ref(), &peer, &stop, to_inbox) {
+            let to_inbox = |mut msg, len: usize| {
+                if let ToCoordinator::Snapshot { exchange, .. } = &mut msg {
+                    let received = updates.get(rank).map_or(0, |u| u.load(Ordering::Relaxed));
+                    *exchange = Exchange { sent_bytes: len as u64, received_bytes: received };
+                }
+                deliver(&inbox, Inbound::Wire { rank, msg }, &stop)
+            };
+            if read_frames::<ToCoordinator>(frames.as_ref(), &coder, &peer, &stop, to_inbox) {
                 deliver(&inbox, Inbound::Gone { rank }, &stop);
             }
         })
@@ -167,9 +222,14 @@ impl NetCoordinator {
         let stop = Arc::new(AtomicBool::new(false));
         let mut table: Vec<Option<Arc<Frames>>> = vec![None; world];
         let mut readers: Vec<Option<JoinHandle<()>>> = (0..world).map(|_| None).collect();
+        let coders: Arc<Vec<Coder>> =
+            Arc::new((0..world).map(|_| coder(format, Direction::Consensus)).collect());
+        let updates: Arc<UpdateBytes> = Arc::new((0..world).map(|_| AtomicU64::new(0)).collect());
         let mut link = NetCoordinator {
             ranks: Arc::new(Table::default()),
             format,
+            coders: coders.clone(),
+            updates: updates.clone(),
             stop: stop.clone(),
             readers: Arc::new(Readers::default()),
             joiner: None,
@@ -181,7 +241,8 @@ impl NetCoordinator {
                 )));
             };
             *slot = Some(frames.clone());
-            *reader = Some(spawn_reader(rank, frames, inbox.clone(), stop.clone())?);
+            let ends = (coders.get(rank).cloned().flatten(), updates.clone());
+            *reader = Some(spawn_reader(rank, frames, ends, inbox.clone(), stop.clone())?);
         }
         link.ranks = Arc::new(std::sync::RwLock::new(table));
         link.readers = Arc::new(std::sync::Mutex::new(readers));
@@ -189,7 +250,10 @@ impl NetCoordinator {
             let (readers, inbox) = (link.readers.clone(), inbox.clone());
             let joiner = std::thread::Builder::new()
                 .name("flodl-link-joins".into())
-                .spawn(move || take_joins(&arrivals, world, &readers, &inbox, &stop))
+                .spawn(move || {
+                    let ends = (coders.as_slice(), &updates);
+                    take_joins(&arrivals, world, &readers, ends, &inbox, &stop)
+                })
                 .map_err(|source| Error::Spawn { what: "the link's joining thread", source })?;
             link.joiner = Some(joiner);
         }
@@ -200,6 +264,23 @@ impl NetCoordinator {
         let ranks = self.ranks.read().unwrap_or_else(|p| p.into_inner());
         ranks.get(rank).cloned().flatten().ok_or(LinkError::Gone)
     }
+
+    /// Sends `msg` to `rank`; the length of a consensus update's frame is kept for the rank's
+    /// next snapshot.
+    fn send_state(
+        &self,
+        rank: usize,
+        msg: ToWorker,
+        wait: Option<Duration>,
+    ) -> std::result::Result<(), LinkError> {
+        let update = matches!(msg, ToWorker::Update { .. });
+        let coder = self.coders.get(rank).cloned().flatten();
+        let len = send_frame(self.frames(rank)?.as_ref(), msg, self.format, &coder, wait)?;
+        if update && let Some(u) = self.updates.get(rank) {
+            u.store(len as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
 }
 
 /// The joining thread: each rank admitted again (never rank 0, whose process hosts the
@@ -208,6 +289,7 @@ fn take_joins(
     arrivals: &Arrivals,
     world: usize,
     readers: &Readers,
+    (coders, updates): (&[Coder], &Arc<UpdateBytes>),
     inbox: &flume::Sender<Inbound>,
     stop: &Arc<AtomicBool>,
 ) {
@@ -247,7 +329,9 @@ fn take_joins(
             frames.close();
             return;
         }
-        match spawn_reader(rank, frames.clone(), inbox.clone(), stop.clone()) {
+        // The new process starts from its `Init`, which sets both ends' view afresh.
+        let ends = (coders.get(rank).cloned().flatten(), updates.clone());
+        match spawn_reader(rank, frames.clone(), ends, inbox.clone(), stop.clone()) {
             Ok(reader) => {
                 if let Some(slot) = readers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
                 {
@@ -271,7 +355,7 @@ impl NetCoordinator {
         msg: ToWorker,
         wait: Duration,
     ) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?.as_ref(), msg, self.format, Some(wait))
+        self.send_state(rank, msg, Some(wait))
     }
 
     /// As [`CoordinatorLink::try_send`](super::CoordinatorLink::try_send).
@@ -280,7 +364,7 @@ impl NetCoordinator {
         rank: usize,
         msg: ToWorker,
     ) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames(rank)?.as_ref(), msg, self.format, None)
+        self.send_state(rank, msg, None)
     }
 
     /// As [`CoordinatorLink::attach`](super::CoordinatorLink::attach).
@@ -323,6 +407,8 @@ impl Drop for NetCoordinator {
 pub(crate) struct NetRank {
     frames: Arc<Frames>,
     format: WireFormat,
+    /// The connection's view under a quantized format.
+    coder: Coder,
     rx: flume::Receiver<ToWorker>,
     armed: Arc<Armed>,
     stop: Arc<AtomicBool>,
@@ -344,24 +430,27 @@ impl NetRank {
         let (tx, rx) = flume::bounded(TO_RANK);
         let armed = Arc::new(Armed::default());
         let stop = Arc::new(AtomicBool::new(false));
+        let coder = coder(format, Direction::Replica);
         let reader = {
             let (frames, armed, stop) = (frames.clone(), armed.clone(), stop.clone());
+            let coder = coder.clone();
             std::thread::Builder::new()
                 .name("flodl-link".into())
                 .spawn(move || {
-                    let to_loop = |msg: ToWorker| match msg {
+                    let to_loop = |msg: ToWorker, _| match msg {
                         ToWorker::AbortGroup { generation } => {
                             armed.fire(generation);
                             true
                         }
                         msg => deliver(&tx, msg, &stop),
                     };
-                    read_frames::<ToWorker>(frames.as_ref(), "the coordinator", &stop, to_loop);
+                    let peer = "the coordinator";
+                    read_frames::<ToWorker>(frames.as_ref(), &coder, peer, &stop, to_loop);
                     // Dropping `tx` tells the loop the coordinator is gone once it has drained.
                 })
                 .map_err(|source| Error::Spawn { what: "a link reader", source })?
         };
-        Ok(NetRank { frames, format, rx, armed, stop, reader: Some(reader) })
+        Ok(NetRank { frames, format, coder, rx, armed, stop, reader: Some(reader) })
     }
 }
 
@@ -372,7 +461,7 @@ impl NetRank {
         msg: ToCoordinator,
         wait: Duration,
     ) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames.as_ref(), msg, self.format, Some(wait))
+        send_frame(self.frames.as_ref(), msg, self.format, &self.coder, Some(wait)).map(|_| ())
     }
 
     /// As [`RankLink::recv`](super::RankLink::recv).

@@ -107,6 +107,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
             capture: Some(Box::new(capture())),
         },
         ToCoordinator::Snapshot {
+            exchange: Default::default(),
             rank: 1,
             round: 3,
             attempt: 1,

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::failure::RankFailure;
 use super::text::WireText;
 use crate::control::breakdown::TimeBreakdown;
-use crate::control::metrics::{CacheTally, EvalMetrics, WorkTally};
+use crate::control::metrics::{CacheTally, EvalMetrics, Exchange, WorkTally};
 pub(crate) use crate::control::{dispatch::Chunk, policy::Window};
 use crate::error::Divergence;
 use crate::state::{HostState, HostTensor};
@@ -232,6 +232,9 @@ pub(crate) enum ToCoordinator {
         capture: Option<Box<RankCapture>>,
     },
     /// Host backend: the rank's snapshot for `round` (and checkpoint part, when asked for).
+    /// `exchange` is the bytes its connection carried, written by the controller's end of the
+    /// network link as the frame arrives (what a rank puts there is overwritten; zeros
+    /// in-process).
     Snapshot {
         rank: usize,
         round: u64,
@@ -239,6 +242,7 @@ pub(crate) enum ToCoordinator {
         state: HostState,
         steps: usize,
         capture: Option<Box<RankCapture>>,
+        exchange: Exchange,
     },
     /// The rank's evaluation of `epoch`.
     Evaluated { rank: usize, epoch: usize, eval: Option<EvalMetrics> },

@@ -568,6 +568,16 @@ impl RunSpec {
         at_least_one(Field::BatchSize, self.batch_size)?;
         at_least_one(Field::Epochs, self.epochs)?;
         at_least_one(Field::EvalEvery, self.eval_every)?;
+        if self.backend == Backend::Collective && self.wire.quantized().is_some() {
+            return Err(ConfigError::unsupported(
+                Field::Wire,
+                format!(
+                    "{} travels as deltas through the controller: the host backend only (the \
+                     collective backend averages in place; use f32 or bf16 there)",
+                    self.wire
+                ),
+            ));
+        }
         let ranks = self.world();
         if ranks == 0 {
             return Err(ConfigError::unsupported(

@@ -179,7 +179,10 @@ impl Coordinator {
                 self.group.left(&mut self.slots, rank, generation, false);
                 self.check_collective_done()?;
             }
-            ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture } => {
+            ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture, exchange } => {
+                if let Some(slot) = self.rounds.wire.get_mut(rank) {
+                    *slot = exchange;
+                }
                 self.take_capture(rank, round, capture);
                 if let Reduce::Host(hr) = &mut self.reduce
                     && let Some(job) = hr.collect(rank, round, attempt, state, steps)

@@ -236,6 +236,8 @@ struct Rounds {
     /// Host rounds soft-aborted in a row.
     stalled: usize,
     last_sync_ms: f64,
+    /// The bytes of each rank's exchange in the round being collected (for its event).
+    wire: Vec<crate::control::metrics::Exchange>,
 }
 
 /// An aggregated epoch waiting for its evaluation before it is emitted.
@@ -411,7 +413,14 @@ impl Coordinator {
             group: GroupBook::default(),
             cadence,
             outer,
-            rounds: Rounds { round: 1, reduces: 0, global_step: 0, stalled: 0, last_sync_ms: 0.0 },
+            rounds: Rounds {
+                round: 1,
+                reduces: 0,
+                global_step: 0,
+                stalled: 0,
+                last_sync_ms: 0.0,
+                wire: vec![Default::default(); world],
+            },
             reduce: Reduce::Idle,
             eval: Evaluation::Idle,
             epochs: Epochs { reported: vec![None; world], ..Epochs::default() },

@@ -252,6 +252,10 @@ impl Coordinator {
             counts,
             steps,
             sync_ms,
+            wire: {
+                let fresh = vec![Default::default(); self.rounds.wire.len()];
+                std::mem::replace(&mut self.rounds.wire, fresh)
+            },
         };
         tracing::debug!(round, sync_ms, "reduce done");
         // Dropped when the handle does not drain its queue: events are for reports only.

@@ -91,14 +91,30 @@ impl Attacker {
             }
             (
                 Attack::Steps,
-                ToCoordinator::Snapshot { rank, round, attempt, state, capture, .. },
+                ToCoordinator::Snapshot { rank, round, attempt, state, capture, exchange, .. },
             ) => {
                 let steps = 1_000_000_000;
-                vec![ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture }]
+                vec![ToCoordinator::Snapshot {
+                    rank,
+                    round,
+                    attempt,
+                    state,
+                    steps,
+                    capture,
+                    exchange,
+                }]
             }
             (
                 Attack::NanSnapshot | Attack::InfSnapshot | Attack::MisshapedSnapshot,
-                ToCoordinator::Snapshot { rank, round, attempt, mut state, steps, capture },
+                ToCoordinator::Snapshot {
+                    rank,
+                    round,
+                    attempt,
+                    mut state,
+                    steps,
+                    capture,
+                    exchange,
+                },
             ) => {
                 if let Some(first) = state.params.first_mut() {
                     match self.attack {
@@ -109,7 +125,15 @@ impl Attacker {
                         }
                     }
                 }
-                vec![ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture }]
+                vec![ToCoordinator::Snapshot {
+                    rank,
+                    round,
+                    attempt,
+                    state,
+                    steps,
+                    capture,
+                    exchange,
+                }]
             }
             (Attack::UnsolicitedEval, msg @ ToCoordinator::ChunkDone { .. }) if !kept.1 => {
                 kept.1 = true;

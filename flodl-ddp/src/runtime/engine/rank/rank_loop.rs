@@ -498,6 +498,7 @@ impl<'a> RankLoop<'a> {
                 let params = (self.win.steps < self.win.window.limit).then(|| state.params.clone());
                 self.win.sent =
                     Some(Sent { steps: self.win.steps, wall_ms: self.win.wall_ms, params });
+                let t = Instant::now();
                 self.send(ToCoordinator::Snapshot {
                     rank,
                     round,
@@ -505,7 +506,9 @@ impl<'a> RankLoop<'a> {
                     state,
                     steps: self.win.steps,
                     capture,
+                    exchange: Default::default(),
                 })?;
+                self.ledger.charge(Activity::Exchange, t);
             }
             ToWorker::Update { state, next, eval, global_step } => {
                 self.vet("update", Some(&state), global_step)?;
