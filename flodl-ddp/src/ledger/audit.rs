@@ -1,0 +1,388 @@
+//! The audit of a ledger: per epoch, the samples the final model holds once, twice or not at
+//! all, and the work deaths threw away.
+
+use std::fmt;
+use std::path::Path;
+
+use super::entry::{Entry, Header, Span};
+use super::error::LedgerError;
+
+/// One epoch's accounting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EpochAudit {
+    /// The epoch.
+    pub epoch: usize,
+    /// Positions in the final model (once or more).
+    pub in_model: usize,
+    /// Extra copies: positions trained into the model more than once, counted per copy past
+    /// the first.
+    pub duplicated: usize,
+    /// Positions no consensus holds.
+    pub skipped: usize,
+    /// Positions handed to ranks that died and not in the consensus when they died (the work
+    /// their deaths threw away, at most).
+    pub lost: usize,
+    /// Positions the dispatcher handed out again after deaths.
+    pub requeued: usize,
+    /// Completed before the checkpoint this run resumed from: held by the model, audited by
+    /// the ledger of the run that saved it.
+    pub restored: bool,
+}
+
+/// A ledger audited: the run, each epoch's accounting, and whether the run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audit {
+    /// The run.
+    pub header: Header,
+    /// Every epoch of the run, in order.
+    pub epochs: Vec<EpochAudit>,
+    /// Reduces completed (a resumed run's count includes those before its checkpoint).
+    pub reduces: u64,
+    /// Ranks declared dead.
+    pub deaths: usize,
+    /// Positions this run's reduces put into a consensus (copies included).
+    pub trained: usize,
+    /// Whether the ledger records the run's end (else it stopped or crashed: what it holds is
+    /// audited, the rest is skipped).
+    pub complete: bool,
+}
+
+impl Audit {
+    /// Audits the entries read from `file` (named in errors).
+    ///
+    /// # Errors
+    /// [`LedgerError::Corrupt`] naming the line of an entry that contradicts the header (a span
+    /// past its epoch, an epoch past the run) or follows the end.
+    pub fn of(file: &Path, entries: &[Entry]) -> Result<Audit, LedgerError> {
+        let Some(Entry::Run(header)) = entries.first() else {
+            return Err(LedgerError::inconsistent(file, 1, "no run header".into()));
+        };
+        let (epochs, positions) = (header.epochs, header.positions());
+        let mut held: Vec<Vec<Span>> = vec![Vec::new(); epochs];
+        let mut out: Vec<EpochAudit> =
+            (0..epochs).map(|epoch| EpochAudit { epoch, ..EpochAudit::default() }).collect();
+        let (mut reduces, mut deaths, mut trained, mut complete) = (0, 0, 0, false);
+        if let Some(r) = &header.resumed {
+            reduces = r.reduces;
+            for e in out.iter_mut().take(r.epoch) {
+                e.restored = true;
+            }
+            for s in &r.coverage {
+                check(file, 1, s, epochs, positions)?;
+                held[s.epoch].push(*s);
+            }
+        }
+        for (i, entry) in entries.iter().enumerate().skip(1) {
+            let line = i + 1;
+            if complete {
+                return Err(LedgerError::inconsistent(file, line, "an entry after the end".into()));
+            }
+            match entry {
+                Entry::Run(_) => {
+                    return Err(LedgerError::inconsistent(file, line, "a second header".into()));
+                }
+                Entry::Reduce { n, spans } => {
+                    reduces = *n;
+                    for r in spans {
+                        check(file, line, &r.span, epochs, positions)?;
+                        held[r.span.epoch].push(r.span);
+                        trained += r.span.len;
+                    }
+                }
+                Entry::Death { kept, unreduced, requeued, .. } => {
+                    deaths += 1;
+                    for s in kept {
+                        check(file, line, s, epochs, positions)?;
+                        held[s.epoch].push(*s);
+                        trained += s.len;
+                    }
+                    for s in unreduced {
+                        check(file, line, s, epochs, positions)?;
+                        out[s.epoch].lost += s.len;
+                    }
+                    for s in requeued {
+                        check(file, line, s, epochs, positions)?;
+                        out[s.epoch].requeued += s.len;
+                    }
+                }
+                Entry::End { reduces: n } => {
+                    reduces = *n;
+                    complete = true;
+                }
+            }
+        }
+        for (e, spans) in out.iter_mut().zip(&held) {
+            if e.restored {
+                e.in_model = positions;
+                continue;
+            }
+            let (once_or_more, extra) = sweep(spans);
+            e.in_model = once_or_more;
+            e.duplicated = extra;
+            e.skipped = positions - once_or_more;
+        }
+        Ok(Audit { header: header.clone(), epochs: out, reduces, deaths, trained, complete })
+    }
+
+    /// Reads and audits the ledger at `file`.
+    ///
+    /// # Errors
+    /// As [`crate::ledger::read`] and [`Audit::of`].
+    pub fn read(file: &Path) -> Result<Audit, LedgerError> {
+        Audit::of(file, &super::file::read(file)?)
+    }
+
+    /// Whether the final model holds every position of every epoch exactly once, and the run
+    /// ended.
+    pub fn exactly_once(&self) -> bool {
+        self.complete && self.epochs.iter().all(|e| e.skipped == 0 && e.duplicated == 0)
+    }
+
+    /// Samples the final model holds over samples computed (trained into a consensus, or
+    /// handed to a rank that died and thrown away with it, an upper bound): the share of the
+    /// computed work that reached the model, at least. `None` when nothing was trained.
+    pub fn retention(&self) -> Option<f64> {
+        let lost: usize = self.epochs.iter().map(|e| e.lost).sum();
+        let duplicated: usize = self.epochs.iter().map(|e| e.duplicated).sum();
+        let computed = self.trained + lost;
+        (computed > 0)
+            .then(|| (self.trained - duplicated.min(self.trained)) as f64 / computed as f64)
+    }
+}
+
+/// Rejects a span outside the run's epochs or past its epoch's positions.
+fn check(
+    file: &Path,
+    line: usize,
+    s: &Span,
+    epochs: usize,
+    positions: usize,
+) -> Result<(), LedgerError> {
+    if s.epoch >= epochs || s.end() > positions || s.offset.checked_add(s.len).is_none() {
+        let reason =
+            format!("span {s:?} is outside the run's {epochs} epochs of {positions} positions");
+        return Err(LedgerError::inconsistent(file, line, reason));
+    }
+    Ok(())
+}
+
+/// Positions covered at least once by `spans`, and the copies past the first.
+fn sweep(spans: &[Span]) -> (usize, usize) {
+    let mut edges: Vec<(usize, i64)> = Vec::with_capacity(spans.len() * 2);
+    for s in spans.iter().filter(|s| s.len > 0) {
+        edges.push((s.offset, 1));
+        edges.push((s.end(), -1));
+    }
+    edges.sort_unstable();
+    let (mut covered, mut extra, mut depth, mut at) = (0usize, 0usize, 0i64, 0usize);
+    for (pos, d) in edges {
+        let run = pos - at;
+        if depth > 0 {
+            covered += run;
+            extra += run * (depth as usize - 1);
+        }
+        depth += d;
+        at = pos;
+    }
+    (covered, extra)
+}
+
+impl fmt::Display for Audit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = &self.header;
+        writeln!(
+            f,
+            "ledger: {} rank(s), {} epoch(s) of {} samples ({} batches of {}), {} reduces, {} death(s){}",
+            h.world,
+            h.epochs,
+            h.positions(),
+            h.batches,
+            h.batch_size,
+            self.reduces,
+            self.deaths,
+            match &h.resumed {
+                Some(r) => format!(", resumed at epoch {} after reduce {}", r.epoch, r.reduces),
+                None => String::new(),
+            }
+        )?;
+        writeln!(f, "epoch  in model  duplicated  skipped  lost to deaths  re-dispatched")?;
+        for e in &self.epochs {
+            if e.restored {
+                writeln!(f, "{:>5}  {:>8}  restored from the checkpoint", e.epoch, e.in_model)?;
+                continue;
+            }
+            writeln!(
+                f,
+                "{:>5}  {:>8}  {:>10}  {:>7}  {:>14}  {:>13}",
+                e.epoch, e.in_model, e.duplicated, e.skipped, e.lost, e.requeued
+            )?;
+        }
+        if let Some(r) = self.retention() {
+            writeln!(
+                f,
+                "work retention: {r:.4} (samples in the final model / samples trained into a \
+                 consensus or lost to a death)"
+            )?;
+        }
+        let (skipped, duplicated): (usize, usize) =
+            self.epochs.iter().fold((0, 0), |(s, d), e| (s + e.skipped, d + e.duplicated));
+        if !self.complete {
+            write!(
+                f,
+                "NOT EXACT: the ledger ends before the run did ({skipped} samples not trained)"
+            )
+        } else if self.exactly_once() {
+            write!(f, "exactly once: every sample of every epoch is in the final model once")
+        } else {
+            write!(f, "NOT EXACT: {skipped} sample(s) skipped, {duplicated} duplicated")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{RankSpan, Resume};
+
+    fn sp(epoch: usize, offset: usize, len: usize) -> Span {
+        Span { epoch, offset, len }
+    }
+
+    /// Hand-built ledgers of 2 epochs of 8 positions: clean, with a death re-dispatched, with
+    /// a gap, a double, a resume, and a run that did not end.
+    #[test]
+    fn audits_count_each_position() -> Result<(), Box<dyn std::error::Error>> {
+        let header = |resumed| Header {
+            version: 1,
+            world: 2,
+            epochs: 2,
+            batch_size: 2,
+            batches: 4,
+            resumed,
+        };
+        let reduce = |n, spans: &[(usize, Span)]| Entry::Reduce {
+            n,
+            spans: spans.iter().map(|&(rank, span)| RankSpan { rank, span }).collect(),
+        };
+        let end = Entry::End { reduces: 9 };
+        // (what, entries, want (in model, duplicated, skipped, lost, requeued) per epoch,
+        // exactly once)
+        type Case = (&'static str, Vec<Entry>, [(usize, usize, usize, usize, usize); 2], bool);
+        let cases: Vec<Case> = vec![
+            (
+                "clean",
+                vec![
+                    Entry::Run(header(None)),
+                    reduce(1, &[(0, sp(0, 0, 4)), (1, sp(0, 4, 4))]),
+                    reduce(2, &[(0, sp(1, 0, 8))]),
+                    end.clone(),
+                ],
+                [(8, 0, 0, 0, 0), (8, 0, 0, 0, 0)],
+                true,
+            ),
+            (
+                "a death, its part kept and the rest re-dispatched",
+                vec![
+                    Entry::Run(header(None)),
+                    reduce(1, &[(0, sp(0, 0, 2))]),
+                    Entry::Death {
+                        rank: 1,
+                        after: 1,
+                        kept: vec![sp(0, 4, 2)],
+                        unreduced: vec![sp(0, 6, 2), sp(1, 0, 2)],
+                        requeued: vec![sp(0, 6, 2), sp(1, 0, 2)],
+                    },
+                    reduce(2, &[(0, sp(0, 2, 2)), (0, sp(0, 6, 2)), (0, sp(1, 0, 8))]),
+                    end.clone(),
+                ],
+                [(8, 0, 0, 2, 2), (8, 0, 0, 2, 2)],
+                true,
+            ),
+            (
+                "a gap and a double",
+                vec![
+                    Entry::Run(header(None)),
+                    reduce(1, &[(0, sp(0, 0, 6)), (1, sp(0, 4, 2))]),
+                    reduce(2, &[(0, sp(1, 0, 8)), (1, sp(1, 2, 2)), (1, sp(1, 2, 2))]),
+                    end.clone(),
+                ],
+                [(6, 2, 2, 0, 0), (8, 4, 0, 0, 0)],
+                false,
+            ),
+            (
+                "resumed in epoch 1 with half of it in the checkpoint",
+                vec![
+                    Entry::Run(header(Some(Resume {
+                        epoch: 1,
+                        reduces: 5,
+                        coverage: vec![sp(1, 0, 4)],
+                    }))),
+                    reduce(6, &[(1, sp(1, 4, 4))]),
+                    end.clone(),
+                ],
+                [(8, 0, 0, 0, 0), (8, 0, 0, 0, 0)],
+                true,
+            ),
+            (
+                "stopped before the end",
+                vec![Entry::Run(header(None)), reduce(1, &[(0, sp(0, 0, 8))])],
+                [(8, 0, 0, 0, 0), (0, 0, 8, 0, 0)],
+                false,
+            ),
+        ];
+        let file = Path::new("ledger.jsonl");
+        for (what, entries, want, exact) in cases {
+            let a = Audit::of(file, &entries)?;
+            let got: Vec<_> = a
+                .epochs
+                .iter()
+                .map(|e| (e.in_model, e.duplicated, e.skipped, e.lost, e.requeued))
+                .collect();
+            if got != want || a.exactly_once() != exact {
+                return Err(
+                    format!("{what}: {got:?}, exactly once {}\n{a}", a.exactly_once()).into()
+                );
+            }
+        }
+        // A span past its epoch, and an entry after the end, are refused naming the line.
+        let past = reduce(1, &[(0, sp(0, 6, 4))]);
+        let bad = [
+            (vec![Entry::Run(header(None)), past.clone()], 2),
+            (vec![Entry::Run(header(None)), end.clone(), reduce(1, &[])], 3),
+        ];
+        for (entries, line) in bad {
+            match Audit::of(file, &entries) {
+                Err(LedgerError::Corrupt { line: l, .. }) if l == line => {}
+                other => return Err(format!("line {line}: {other:?}").into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The sweep against a position-by-position count on random spans.
+    #[test]
+    fn sweep_matches_counting_each_position() -> Result<(), String> {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(5);
+        for case in 0..500 {
+            let n = rng.random_range(1..60usize);
+            let mut count = vec![0usize; n];
+            let spans: Vec<Span> = (0..rng.random_range(0..12))
+                .map(|_| {
+                    let o = rng.random_range(0..n);
+                    let l = rng.random_range(0..=n - o);
+                    count[o..o + l].iter_mut().for_each(|c| *c += 1);
+                    sp(0, o, l)
+                })
+                .collect();
+            let want = (
+                count.iter().filter(|&&c| c > 0).count(),
+                count.iter().map(|&c| c.saturating_sub(1)).sum(),
+            );
+            if sweep(&spans) != want {
+                return Err(format!("case {case}: {spans:?}"));
+            }
+        }
+        Ok(())
+    }
+}
