@@ -31,6 +31,9 @@ pub(crate) enum Command {
     Bench(BenchArgs),
     /// Regenerate report.html of a run directory from its metrics.jsonl and summary.json.
     Report(ReportArgs),
+    /// Audit a run's exactly-once ledger: per epoch, the samples in the final model, duplicated,
+    /// skipped and lost to deaths; exits 0 only when none is skipped or duplicated.
+    Audit(AuditArgs),
     /// Run a cluster job on this host: N rank processes of `fdl train` over mutual TLS on
     /// loopback (rank 0's process hosts the controller and writes the run directory).
     Launch(LaunchArgs),
@@ -340,6 +343,14 @@ pub(crate) struct BenchArgs {
     /// No progress output, even on a terminal.
     #[arg(long)]
     pub(crate) quiet: bool,
+}
+
+/// `fdl audit`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct AuditArgs {
+    /// Run directories (each holding the ledger.jsonl its run wrote).
+    #[arg(required = true)]
+    pub(crate) run_dirs: Vec<PathBuf>,
 }
 
 /// `fdl report`.

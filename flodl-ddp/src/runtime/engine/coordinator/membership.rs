@@ -298,6 +298,9 @@ impl Coordinator {
             Reduce::Idle => 0,
         };
         let requeued = self.dispatch.retire(rank, pending, Instant::now());
+        if let Some(trail) = &mut self.trail {
+            trail.died(rank, self.rounds.reduces, pending, &requeued);
+        }
         let requeued_samples = requeued.iter().map(|c| c.len).sum();
         tracing::debug!(
             rank,
