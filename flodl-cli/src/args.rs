@@ -348,9 +348,12 @@ pub(crate) struct BenchArgs {
 /// `fdl audit`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct AuditArgs {
-    /// Run directories (each holding the ledger.jsonl its run wrote).
-    #[arg(required = true)]
-    pub(crate) run_dirs: Vec<PathBuf>,
+    /// The run directory (holding the ledger.jsonl its run wrote).
+    pub(crate) run_dir: PathBuf,
+    /// The run directory of the run whose checkpoint RUN_DIR resumed: its consensus at the
+    /// checkpoint's cut stands for the restored epochs, and must equal the checkpoint's coverage.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) resumed_from: Option<PathBuf>,
 }
 
 /// `fdl report`.

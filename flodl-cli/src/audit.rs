@@ -5,26 +5,24 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use flodl_ddp::ledger::{self, Audit};
 
-/// Prints the audit of each run directory's ledger.
+/// Prints the audit of `dir`'s ledger (through the ledger of `resumed_from`, the run whose
+/// checkpoint it resumed, when given).
 ///
 /// # Errors
 /// A ledger missing, unreadable or corrupt (naming its file); a run whose final model does not
 /// hold every sample of every epoch exactly once.
-pub(crate) fn run(dirs: &[impl AsRef<Path>]) -> Result<()> {
-    let mut failed = Vec::new();
-    for dir in dirs {
-        let file = dir.as_ref().join(ledger::FILE);
-        let audit = Audit::read(&file)?;
-        if dirs.len() > 1 {
-            println!("{}", dir.as_ref().display());
+pub(crate) fn run(dir: &Path, resumed_from: Option<&Path>) -> Result<()> {
+    let file = dir.join(ledger::FILE);
+    let audit = match resumed_from {
+        None => Audit::read(&file)?,
+        Some(earlier) => {
+            let earlier = earlier.join(ledger::FILE);
+            Audit::resumed(&earlier, &ledger::read(&earlier)?, &file, &ledger::read(&file)?)?
         }
-        println!("{audit}");
-        if !audit.exactly_once() {
-            failed.push(dir.as_ref().display().to_string());
-        }
-    }
-    if !failed.is_empty() {
-        bail!("not every sample is in the final model exactly once: {}", failed.join(", "));
+    };
+    println!("{audit}");
+    if !audit.exactly_once() {
+        bail!("not every sample of {} is in the final model exactly once", dir.display());
     }
     Ok(())
 }

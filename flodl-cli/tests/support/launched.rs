@@ -66,6 +66,19 @@ pub(crate) fn records(dir: &Path, kind: &str) -> Result<Vec<Value>> {
         .collect())
 }
 
+/// `fdl audit` of run directories (a resumed run's after the one it resumed): its report when
+/// it exits 0, every sample of every epoch in the final model exactly once; its output as the
+/// error otherwise.
+pub(crate) fn audit(dirs: &[&Path]) -> Result<String> {
+    let run = Command::new(FDL).arg("audit").args(dirs).output()?;
+    let out =
+        format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    if !run.status.success() {
+        return Err(format!("fdl audit {dirs:?} failed ({}):\n{out}", run.status).into());
+    }
+    Ok(out)
+}
+
 /// `kill -9 pid`.
 pub(crate) fn kill9(pid: i32) -> Result {
     let ok = Command::new("kill").args(["-9", &pid.to_string()]).status()?.success();

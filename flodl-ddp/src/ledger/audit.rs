@@ -45,83 +45,79 @@ pub struct Audit {
     /// Whether the ledger records the run's end (else it stopped or crashed: what it holds is
     /// audited, the rest is skipped).
     pub complete: bool,
+    /// A resumed run audited through the run that saved its checkpoint: the epochs where the
+    /// checkpoint's coverage differs from that run's consensus at the cut.
+    pub cut_mismatch: Vec<usize>,
 }
 
 impl Audit {
-    /// Audits the entries read from `file` (named in errors).
+    /// Audits the entries read from `file` (named in errors). The epochs a resumed run's
+    /// checkpoint completed are taken as restored, and what its cut holds of the others as
+    /// held: [`Audit::resumed`] checks them against the ledger of the run that saved it.
     ///
     /// # Errors
     /// [`LedgerError::Corrupt`] naming the line of an entry that contradicts the header (a span
     /// past its epoch, an epoch past the run) or follows the end.
     pub fn of(file: &Path, entries: &[Entry]) -> Result<Audit, LedgerError> {
-        let Some(Entry::Run(header)) = entries.first() else {
-            return Err(LedgerError::inconsistent(file, 1, "no run header".into()));
-        };
-        let (epochs, positions) = (header.epochs, header.positions());
-        let mut held: Vec<Vec<Span>> = vec![Vec::new(); epochs];
-        let mut out: Vec<EpochAudit> =
-            (0..epochs).map(|epoch| EpochAudit { epoch, ..EpochAudit::default() }).collect();
-        let (mut reduces, mut deaths, mut trained, mut complete) = (0, 0, 0, false);
+        let (header, mut t) = tally(file, entries, None)?;
+        let mut restored = 0;
         if let Some(r) = &header.resumed {
-            reduces = r.reduces;
-            for e in out.iter_mut().take(r.epoch) {
-                e.restored = true;
-            }
+            restored = r.epoch;
             for s in &r.coverage {
-                check(file, 1, s, epochs, positions)?;
-                held[s.epoch].push(*s);
+                check(file, 1, s, header.epochs, header.positions())?;
+                t.held[s.epoch].push(*s);
             }
         }
-        for (i, entry) in entries.iter().enumerate().skip(1) {
-            let line = i + 1;
-            if complete {
-                return Err(LedgerError::inconsistent(file, line, "an entry after the end".into()));
-            }
-            match entry {
-                Entry::Run(_) => {
-                    return Err(LedgerError::inconsistent(file, line, "a second header".into()));
-                }
-                Entry::Reduce { n, spans } => {
-                    reduces = *n;
-                    for r in spans {
-                        check(file, line, &r.span, epochs, positions)?;
-                        held[r.span.epoch].push(r.span);
-                        trained += r.span.len;
-                    }
-                }
-                Entry::Death { kept, unreduced, requeued, .. } => {
-                    deaths += 1;
-                    for s in kept {
-                        check(file, line, s, epochs, positions)?;
-                        held[s.epoch].push(*s);
-                        trained += s.len;
-                    }
-                    for s in unreduced {
-                        check(file, line, s, epochs, positions)?;
-                        out[s.epoch].lost += s.len;
-                    }
-                    for s in requeued {
-                        check(file, line, s, epochs, positions)?;
-                        out[s.epoch].requeued += s.len;
-                    }
-                }
-                Entry::End { reduces: n } => {
-                    reduces = *n;
-                    complete = true;
-                }
+        Ok(t.audit(header, restored))
+    }
+
+    /// Audits a resumed run's ledger (`file`, `entries`) through the ledger of the run whose
+    /// checkpoint it resumed (`earlier_file`, `earlier`): what that run's consensus held at the
+    /// checkpoint's cut (its reduces up to the cut's) in place of the restored epochs and the
+    /// checkpoint's coverage, which must equal it (epochs where it does not are listed in
+    /// [`Audit::cut_mismatch`]).
+    ///
+    /// # Errors
+    /// As [`Audit::of`] for either ledger; [`LedgerError::Unrelated`] when the later run did not
+    /// resume, or the two runs' epochs differ.
+    pub fn resumed(
+        earlier_file: &Path,
+        earlier: &[Entry],
+        file: &Path,
+        entries: &[Entry],
+    ) -> Result<Audit, LedgerError> {
+        let (header, mut t) = tally(file, entries, None)?;
+        let unrelated = |reason: &str| LedgerError::Unrelated {
+            earlier: earlier_file.to_owned(),
+            later: file.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let Some(r) = &header.resumed else {
+            return Err(unrelated("the later run did not resume"));
+        };
+        let (before, e) = tally(earlier_file, earlier, Some(r.reduces))?;
+        if (before.epochs, before.batches, before.batch_size)
+            != (header.epochs, header.batches, header.batch_size)
+        {
+            return Err(unrelated("their epochs differ"));
+        }
+        let mut cut_mismatch = Vec::new();
+        for epoch in r.epoch..header.epochs {
+            let said: Vec<Span> = r.coverage.iter().filter(|s| s.epoch == epoch).copied().collect();
+            if merged(&said) != merged(&e.held[epoch]) {
+                cut_mismatch.push(epoch);
             }
         }
-        for (e, spans) in out.iter_mut().zip(&held) {
-            if e.restored {
-                e.in_model = positions;
-                continue;
-            }
-            let (once_or_more, extra) = sweep(spans);
-            e.in_model = once_or_more;
-            e.duplicated = extra;
-            e.skipped = positions - once_or_more;
+        for (epoch, spans) in e.held.into_iter().enumerate() {
+            t.held[epoch].extend(spans);
+            t.lost[epoch] += e.lost[epoch];
+            t.requeued[epoch] += e.requeued[epoch];
         }
-        Ok(Audit { header: header.clone(), epochs: out, reduces, deaths, trained, complete })
+        t.deaths += e.deaths;
+        t.trained += e.trained;
+        let mut audit = t.audit(header, 0);
+        audit.cut_mismatch = cut_mismatch;
+        Ok(audit)
     }
 
     /// Reads and audits the ledger at `file`.
@@ -135,7 +131,9 @@ impl Audit {
     /// Whether the final model holds every position of every epoch exactly once, and the run
     /// ended.
     pub fn exactly_once(&self) -> bool {
-        self.complete && self.epochs.iter().all(|e| e.skipped == 0 && e.duplicated == 0)
+        self.complete
+            && self.cut_mismatch.is_empty()
+            && self.epochs.iter().all(|e| e.skipped == 0 && e.duplicated == 0)
     }
 
     /// Samples the final model holds over samples computed (trained into a consensus, or
@@ -148,6 +146,147 @@ impl Audit {
         (computed > 0)
             .then(|| (self.trained - duplicated.min(self.trained)) as f64 / computed as f64)
     }
+}
+
+/// What a ledger's entries say, up to a cut: the spans the consensus holds per epoch and the
+/// work deaths threw away.
+struct Tally {
+    held: Vec<Vec<Span>>,
+    lost: Vec<usize>,
+    requeued: Vec<usize>,
+    reduces: u64,
+    deaths: usize,
+    trained: usize,
+    complete: bool,
+}
+
+impl Tally {
+    /// The audit of the held spans, the first `restored` epochs taken as held whole.
+    fn audit(self, header: Header, restored: usize) -> Audit {
+        let positions = header.positions();
+        let epochs = self
+            .held
+            .iter()
+            .enumerate()
+            .map(|(epoch, spans)| {
+                let mut e = EpochAudit {
+                    epoch,
+                    lost: self.lost[epoch],
+                    requeued: self.requeued[epoch],
+                    ..EpochAudit::default()
+                };
+                if epoch < restored {
+                    e.restored = true;
+                    e.in_model = positions;
+                } else {
+                    let (once_or_more, extra) = sweep(spans);
+                    e.in_model = once_or_more;
+                    e.duplicated = extra;
+                    e.skipped = positions - once_or_more;
+                }
+                e
+            })
+            .collect();
+        Audit {
+            header,
+            epochs,
+            reduces: self.reduces,
+            deaths: self.deaths,
+            trained: self.trained,
+            complete: self.complete,
+            cut_mismatch: Vec::new(),
+        }
+    }
+}
+
+/// The header of `entries` (read from `file`) and what they say up to reduce `until` (all of
+/// them when `None`; a death's part of the reduce in progress counts when that reduce does).
+fn tally(
+    file: &Path,
+    entries: &[Entry],
+    until: Option<u64>,
+) -> Result<(Header, Tally), LedgerError> {
+    let Some(Entry::Run(header)) = entries.first() else {
+        return Err(LedgerError::inconsistent(file, 1, "no run header".into()));
+    };
+    let (epochs, positions) = (header.epochs, header.positions());
+    let mut t = Tally {
+        held: vec![Vec::new(); epochs],
+        lost: vec![0; epochs],
+        requeued: vec![0; epochs],
+        reduces: header.resumed.as_ref().map_or(0, |r| r.reduces),
+        deaths: 0,
+        trained: 0,
+        complete: false,
+    };
+    let within = |n: u64| until.is_none_or(|u| n <= u);
+    for (i, entry) in entries.iter().enumerate().skip(1) {
+        let line = i + 1;
+        if t.complete {
+            return Err(LedgerError::inconsistent(file, line, "an entry after the end".into()));
+        }
+        match entry {
+            Entry::Run(_) => {
+                return Err(LedgerError::inconsistent(file, line, "a second header".into()));
+            }
+            Entry::Reduce { n, spans } => {
+                for r in spans {
+                    check(file, line, &r.span, epochs, positions)?;
+                }
+                if within(*n) {
+                    t.reduces = *n;
+                    for r in spans {
+                        t.held[r.span.epoch].push(r.span);
+                        t.trained += r.span.len;
+                    }
+                }
+            }
+            Entry::Death { kept, unreduced, requeued, after, .. } => {
+                for s in kept.iter().chain(unreduced).chain(requeued) {
+                    check(file, line, s, epochs, positions)?;
+                }
+                if !within(after + 1) {
+                    continue;
+                }
+                t.deaths += 1;
+                for s in kept {
+                    t.held[s.epoch].push(*s);
+                    t.trained += s.len;
+                }
+                for s in unreduced {
+                    t.lost[s.epoch] += s.len;
+                }
+                for s in requeued {
+                    t.requeued[s.epoch] += s.len;
+                }
+            }
+            Entry::End { reduces } => {
+                if within(*reduces) {
+                    t.reduces = *reduces;
+                }
+                t.complete = until.is_none();
+                if until.is_some() {
+                    break;
+                }
+            }
+        }
+    }
+    Ok((header.clone(), t))
+}
+
+/// `spans` as sorted disjoint `(start, end)` runs, touching ones joined.
+fn merged(spans: &[Span]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> =
+        spans.iter().filter(|s| s.len > 0).map(|s| (s.offset, s.end())).collect();
+    runs.sort_unstable();
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (s, e) in runs {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
 }
 
 /// Rejects a span outside the run's epochs or past its epoch's positions.
@@ -226,7 +365,14 @@ impl fmt::Display for Audit {
         }
         let (skipped, duplicated): (usize, usize) =
             self.epochs.iter().fold((0, 0), |(s, d), e| (s + e.skipped, d + e.duplicated));
-        if !self.complete {
+        if !self.cut_mismatch.is_empty() {
+            write!(
+                f,
+                "NOT EXACT: the checkpoint's coverage of epoch(s) {:?} is not what the saving \
+                 run's consensus held at its cut",
+                self.cut_mismatch
+            )
+        } else if !self.complete {
             write!(
                 f,
                 "NOT EXACT: the ledger ends before the run did ({skipped} samples not trained)"
@@ -357,6 +503,78 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// A resumed run audited through the run that saved its checkpoint: the restored epochs
+    /// are that run's consensus at the cut, and a checkpoint claiming another coverage is caught.
+    #[test]
+    fn resumed_runs_are_audited_through_the_saving_run() -> Result<(), Box<dyn std::error::Error>> {
+        let header = |resumed| Header {
+            version: 1,
+            world: 2,
+            epochs: 2,
+            batch_size: 2,
+            batches: 4,
+            resumed,
+        };
+        let reduce = |n, spans: &[Span]| Entry::Reduce {
+            n,
+            spans: spans.iter().map(|&span| RankSpan { rank: 0, span }).collect(),
+        };
+        let saving = |first: Span| {
+            vec![
+                Entry::Run(header(None)),
+                reduce(1, &[first]),
+                reduce(2, &[sp(1, 0, 4)]),
+                // Past the cut: not in the resumed run's model.
+                reduce(3, &[sp(1, 4, 4)]),
+                Entry::End { reduces: 3 },
+            ]
+        };
+        let resumed = |coverage: Vec<Span>, rest: Span| {
+            vec![
+                Entry::Run(header(Some(Resume { epoch: 1, reduces: 2, coverage }))),
+                reduce(3, &[rest]),
+                Entry::End { reduces: 3 },
+            ]
+        };
+        // (what, saving run's first reduce, checkpoint coverage, the resumed run's reduce,
+        // want (in model, skipped) per epoch, cut mismatch, exactly once)
+        type Case = (&'static str, Span, Vec<Span>, Span, [(usize, usize); 2], Vec<usize>, bool);
+        let cases: Vec<Case> = vec![
+            ("exact", sp(0, 0, 8), vec![sp(1, 0, 4)], sp(1, 4, 4), [(8, 0), (8, 0)], vec![], true),
+            (
+                "the saving run skipped part of epoch 0",
+                sp(0, 0, 6),
+                vec![sp(1, 0, 4)],
+                sp(1, 4, 4),
+                [(6, 2), (8, 0)],
+                vec![],
+                false,
+            ),
+            (
+                "the checkpoint claims less than its cut held",
+                sp(0, 0, 8),
+                vec![sp(1, 0, 2)],
+                sp(1, 2, 6),
+                [(8, 0), (8, 0)],
+                vec![1],
+                false,
+            ),
+        ];
+        let (a, b) = (Path::new("saved/ledger.jsonl"), Path::new("resumed/ledger.jsonl"));
+        for (what, first, coverage, rest, want, mismatch, exact) in cases {
+            let audit = Audit::resumed(a, &saving(first), b, &resumed(coverage, rest))?;
+            let got: Vec<_> = audit.epochs.iter().map(|e| (e.in_model, e.skipped)).collect();
+            if got != want || audit.cut_mismatch != mismatch || audit.exactly_once() != exact {
+                return Err(format!("{what}: {got:?} {:?}\n{audit}", audit.cut_mismatch).into());
+            }
+        }
+        // A run that did not resume is no resumption.
+        match Audit::resumed(a, &saving(sp(0, 0, 8)), b, &saving(sp(0, 0, 8))) {
+            Err(LedgerError::Unrelated { .. }) => Ok(()),
+            other => Err(format!("not a resumption: {other:?}").into()),
+        }
     }
 
     /// The sweep against a position-by-position count on random spans.

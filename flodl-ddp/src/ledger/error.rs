@@ -31,6 +31,16 @@ pub enum LedgerError {
         /// 1-based number of the partial line.
         line: usize,
     },
+    /// A resumed run's ledger audited with one that is not of the run it resumed.
+    #[error("ledgers {} and {} are not a run and its resumption: {reason}", earlier.display(), later.display())]
+    Unrelated {
+        /// The earlier run's ledger.
+        earlier: PathBuf,
+        /// The resumed run's ledger.
+        later: PathBuf,
+        /// Why not.
+        reason: String,
+    },
     /// The file holds no header line.
     #[error("ledger {} is empty (no run header)", file.display())]
     Empty {

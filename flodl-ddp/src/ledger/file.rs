@@ -148,7 +148,7 @@ mod tests {
                 LedgerError::Truncated { line, .. } => ("truncated", Some(*line)),
                 LedgerError::Corrupt { line, .. } => ("corrupt", Some(*line)),
                 LedgerError::Empty { .. } => ("empty", None),
-                LedgerError::Io { .. } => ("io", None),
+                LedgerError::Io { .. } | LedgerError::Unrelated { .. } => ("other", None),
             };
             let text = e.to_string();
             if (got_kind, got_line) != (kind, line) || !text.contains(&path.display().to_string()) {
