@@ -66,15 +66,19 @@ pub(crate) fn records(dir: &Path, kind: &str) -> Result<Vec<Value>> {
         .collect())
 }
 
-/// `fdl audit` of run directories (a resumed run's after the one it resumed): its report when
-/// it exits 0, every sample of every epoch in the final model exactly once; its output as the
-/// error otherwise.
-pub(crate) fn audit(dirs: &[&Path]) -> Result<String> {
-    let run = Command::new(FDL).arg("audit").args(dirs).output()?;
+/// `fdl audit dir` (through the run it resumed, when given): its report when it exits 0, every
+/// sample of every epoch in the final model exactly once; its output as the error otherwise.
+pub(crate) fn audit(dir: &Path, resumed_from: Option<&Path>) -> Result<String> {
+    let mut command = Command::new(FDL);
+    command.arg("audit").arg(dir);
+    if let Some(earlier) = resumed_from {
+        command.arg("--resumed-from").arg(earlier);
+    }
+    let run = command.output()?;
     let out =
         format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
     if !run.status.success() {
-        return Err(format!("fdl audit {dirs:?} failed ({}):\n{out}", run.status).into());
+        return Err(format!("fdl audit {} failed ({}):\n{out}", dir.display(), run.status).into());
     }
     Ok(out)
 }
