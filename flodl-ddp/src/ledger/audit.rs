@@ -19,6 +19,10 @@ pub struct EpochAudit {
     pub duplicated: usize,
     /// Positions no consensus holds.
     pub skipped: usize,
+    /// Of the skipped, those a dead rank was handed, no consensus held when it died, and the
+    /// dispatcher did not hand out again (a chunk it reported trained before a reduce took it
+    /// in: the dispatcher counts such a chunk done).
+    pub dropped: usize,
     /// Positions handed to ranks that died and not in the consensus when they died (the work
     /// their deaths threw away, at most).
     pub lost: usize,
@@ -110,6 +114,8 @@ impl Audit {
         }
         for (epoch, spans) in e.held.into_iter().enumerate() {
             t.held[epoch].extend(spans);
+            t.unreduced[epoch].extend(e.unreduced[epoch].iter().copied());
+            t.requeued_spans[epoch].extend(e.requeued_spans[epoch].iter().copied());
             t.lost[epoch] += e.lost[epoch];
             t.requeued[epoch] += e.requeued[epoch];
         }
@@ -152,6 +158,9 @@ impl Audit {
 /// work deaths threw away.
 struct Tally {
     held: Vec<Vec<Span>>,
+    /// Per epoch: what deaths left unreduced and what was handed out again.
+    unreduced: Vec<Vec<Span>>,
+    requeued_spans: Vec<Vec<Span>>,
     lost: Vec<usize>,
     requeued: Vec<usize>,
     reduces: u64,
@@ -183,6 +192,11 @@ impl Tally {
                     e.in_model = once_or_more;
                     e.duplicated = extra;
                     e.skipped = positions - once_or_more;
+                    let left = minus(
+                        &merged(&self.unreduced[epoch]),
+                        &merged(&self.requeued_spans[epoch]),
+                    );
+                    e.dropped = length(&left) - length(&overlap(&left, &merged(spans)));
                 }
                 e
             })
@@ -212,6 +226,8 @@ fn tally(
     let (epochs, positions) = (header.epochs, header.positions());
     let mut t = Tally {
         held: vec![Vec::new(); epochs],
+        unreduced: vec![Vec::new(); epochs],
+        requeued_spans: vec![Vec::new(); epochs],
         lost: vec![0; epochs],
         requeued: vec![0; epochs],
         reduces: header.resumed.as_ref().map_or(0, |r| r.reduces),
@@ -255,9 +271,11 @@ fn tally(
                 }
                 for s in unreduced {
                     t.lost[s.epoch] += s.len;
+                    t.unreduced[s.epoch].push(*s);
                 }
                 for s in requeued {
                     t.requeued[s.epoch] += s.len;
+                    t.requeued_spans[s.epoch].push(*s);
                 }
             }
             Entry::End { reduces } => {
@@ -272,6 +290,44 @@ fn tally(
         }
     }
     Ok((header.clone(), t))
+}
+
+/// Positions in sorted disjoint `runs`.
+fn length(runs: &[(usize, usize)]) -> usize {
+    runs.iter().map(|(s, e)| e - s).sum()
+}
+
+/// The positions in both sorted disjoint run lists.
+fn overlap(a: &[(usize, usize)], b: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if s < e {
+            out.push((s, e));
+        }
+        if a[i].1 < b[j].1 { i += 1 } else { j += 1 }
+    }
+    out
+}
+
+/// The positions of sorted disjoint `a` not in sorted disjoint `b`.
+fn minus(a: &[(usize, usize)], b: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for &(mut s, e) in a {
+        for &(bs, be) in b {
+            if be <= s || bs >= e {
+                continue;
+            }
+            if bs > s {
+                out.push((s, bs));
+            }
+            s = s.max(be);
+        }
+        if s < e {
+            out.push((s, e));
+        }
+    }
+    out
 }
 
 /// `spans` as sorted disjoint `(start, end)` runs, touching ones joined.
@@ -344,7 +400,10 @@ impl fmt::Display for Audit {
                 None => String::new(),
             }
         )?;
-        writeln!(f, "epoch  in model  duplicated  skipped  lost to deaths  re-dispatched")?;
+        writeln!(
+            f,
+            "epoch  in model  duplicated  skipped  lost to deaths  re-dispatched  dropped"
+        )?;
         for e in &self.epochs {
             if e.restored {
                 writeln!(f, "{:>5}  {:>8}  restored from the checkpoint", e.epoch, e.in_model)?;
@@ -352,8 +411,8 @@ impl fmt::Display for Audit {
             }
             writeln!(
                 f,
-                "{:>5}  {:>8}  {:>10}  {:>7}  {:>14}  {:>13}",
-                e.epoch, e.in_model, e.duplicated, e.skipped, e.lost, e.requeued
+                "{:>5}  {:>8}  {:>10}  {:>7}  {:>14}  {:>13}  {:>7}",
+                e.epoch, e.in_model, e.duplicated, e.skipped, e.lost, e.requeued, e.dropped
             )?;
         }
         if let Some(r) = self.retention() {
@@ -380,7 +439,13 @@ impl fmt::Display for Audit {
         } else if self.exactly_once() {
             write!(f, "exactly once: every sample of every epoch is in the final model once")
         } else {
-            write!(f, "NOT EXACT: {skipped} sample(s) skipped, {duplicated} duplicated")
+            let dropped: usize = self.epochs.iter().map(|e| e.dropped).sum();
+            write!(
+                f,
+                "NOT EXACT: {skipped} sample(s) skipped ({dropped} of them dropped: a dead rank's \
+                 chunks reported trained before a reduce took them in, not re-dispatched), \
+                 {duplicated} duplicated"
+            )
         }
     }
 }
@@ -411,9 +476,10 @@ mod tests {
             spans: spans.iter().map(|&(rank, span)| RankSpan { rank, span }).collect(),
         };
         let end = Entry::End { reduces: 9 };
-        // (what, entries, want (in model, duplicated, skipped, lost, requeued) per epoch,
+        // (what, entries, want (in model, duplicated, skipped, lost, requeued, dropped) per epoch,
         // exactly once)
-        type Case = (&'static str, Vec<Entry>, [(usize, usize, usize, usize, usize); 2], bool);
+        type Case =
+            (&'static str, Vec<Entry>, [(usize, usize, usize, usize, usize, usize); 2], bool);
         let cases: Vec<Case> = vec![
             (
                 "clean",
@@ -423,7 +489,7 @@ mod tests {
                     reduce(2, &[(0, sp(1, 0, 8))]),
                     end.clone(),
                 ],
-                [(8, 0, 0, 0, 0), (8, 0, 0, 0, 0)],
+                [(8, 0, 0, 0, 0, 0), (8, 0, 0, 0, 0, 0)],
                 true,
             ),
             (
@@ -441,8 +507,26 @@ mod tests {
                     reduce(2, &[(0, sp(0, 2, 2)), (0, sp(0, 6, 2)), (0, sp(1, 0, 8))]),
                     end.clone(),
                 ],
-                [(8, 0, 0, 2, 2), (8, 0, 0, 2, 2)],
+                [(8, 0, 0, 2, 2, 0), (8, 0, 0, 2, 2, 0)],
                 true,
+            ),
+            (
+                "a death drops a chunk it reported trained: skipped, and named dropped",
+                vec![
+                    Entry::Run(header(None)),
+                    reduce(1, &[(0, sp(0, 0, 4)), (0, sp(1, 0, 8))]),
+                    Entry::Death {
+                        rank: 1,
+                        after: 1,
+                        kept: vec![],
+                        unreduced: vec![sp(0, 4, 4)],
+                        requeued: vec![sp(0, 6, 2)],
+                    },
+                    reduce(2, &[(0, sp(0, 6, 2))]),
+                    end.clone(),
+                ],
+                [(6, 0, 2, 4, 2, 2), (8, 0, 0, 0, 0, 0)],
+                false,
             ),
             (
                 "a gap and a double",
@@ -452,7 +536,7 @@ mod tests {
                     reduce(2, &[(0, sp(1, 0, 8)), (1, sp(1, 2, 2)), (1, sp(1, 2, 2))]),
                     end.clone(),
                 ],
-                [(6, 2, 2, 0, 0), (8, 4, 0, 0, 0)],
+                [(6, 2, 2, 0, 0, 0), (8, 4, 0, 0, 0, 0)],
                 false,
             ),
             (
@@ -466,13 +550,13 @@ mod tests {
                     reduce(6, &[(1, sp(1, 4, 4))]),
                     end.clone(),
                 ],
-                [(8, 0, 0, 0, 0), (8, 0, 0, 0, 0)],
+                [(8, 0, 0, 0, 0, 0), (8, 0, 0, 0, 0, 0)],
                 true,
             ),
             (
                 "stopped before the end",
                 vec![Entry::Run(header(None)), reduce(1, &[(0, sp(0, 0, 8))])],
-                [(8, 0, 0, 0, 0), (0, 0, 8, 0, 0)],
+                [(8, 0, 0, 0, 0, 0), (0, 0, 8, 0, 0, 0)],
                 false,
             ),
         ];
@@ -482,7 +566,7 @@ mod tests {
             let got: Vec<_> = a
                 .epochs
                 .iter()
-                .map(|e| (e.in_model, e.duplicated, e.skipped, e.lost, e.requeued))
+                .map(|e| (e.in_model, e.duplicated, e.skipped, e.lost, e.requeued, e.dropped))
                 .collect();
             if got != want || a.exactly_once() != exact {
                 return Err(
