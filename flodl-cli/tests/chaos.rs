@@ -188,11 +188,7 @@ fn ranks_killed_at_random_moments_at_a_rate() -> Result {
         started.elapsed().as_secs_f64(),
         faults.len(),
         rejoins.len(),
-        audited
-            .as_deref()
-            .ok()
-            .and_then(|r| retention(r))
-            .map_or("-".into(), |r| format!("{r:.4}")),
+        audited.as_deref().ok().and_then(retention).map_or("-".into(), |r| format!("{r:.4}")),
         fmt(&recoveries),
         median(recoveries.clone()).map_or("-".into(), |m| format!("{m:.0}")),
         fmt(&back_in),
