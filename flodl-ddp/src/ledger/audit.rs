@@ -453,7 +453,7 @@ impl fmt::Display for Audit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{RankSpan, Resume};
+    use crate::ledger::entry::{RankSpan, Resume};
 
     fn sp(epoch: usize, offset: usize, len: usize) -> Span {
         Span { epoch, offset, len }

@@ -95,7 +95,7 @@ pub fn read(path: &Path) -> Result<Vec<Entry>, LedgerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Header, RankSpan, Span};
+    use crate::ledger::entry::{Header, RankSpan, Span};
 
     fn entries() -> Vec<Entry> {
         let header =
