@@ -5,6 +5,7 @@
 //! The runtime calls these modules; each is tested on its own.
 
 pub mod breakdown;
+pub mod deadline;
 pub mod dispatch;
 pub mod elche;
 pub(crate) mod eval_rank;
