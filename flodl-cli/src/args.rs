@@ -29,6 +29,9 @@ pub(crate) enum Command {
     Bench(BenchArgs),
     /// Regenerate report.html of a run directory from its metrics.jsonl and summary.json.
     Report(ReportArgs),
+    /// Audit a run's exactly-once ledger: per epoch, the samples in the final model, duplicated,
+    /// skipped and lost to deaths; exits 0 only when none is skipped or duplicated.
+    Audit(AuditArgs),
     /// Run a cluster job on this host: N rank processes of `fdl train` over mutual TLS on
     /// loopback (rank 0's process hosts the controller and writes the run directory).
     Launch(LaunchArgs),
@@ -290,6 +293,17 @@ pub(crate) struct BenchArgs {
     /// No progress output, even on a terminal.
     #[arg(long)]
     pub(crate) quiet: bool,
+}
+
+/// `fdl audit`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct AuditArgs {
+    /// The run directory (holding the ledger.jsonl its run wrote).
+    pub(crate) run_dir: PathBuf,
+    /// The run directory of the run whose checkpoint RUN_DIR resumed: its consensus at the
+    /// checkpoint's cut stands for the restored epochs, and must equal the checkpoint's coverage.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) resumed_from: Option<PathBuf>,
 }
 
 /// `fdl report`.

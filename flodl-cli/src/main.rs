@@ -1,6 +1,7 @@
-//! `fdl`: the flodl command line — devices, train, bench, report, launch, cluster, data.
+//! `fdl`: the flodl command line — devices, train, bench, report, audit, launch, cluster, data.
 
 mod args;
+mod audit;
 mod bench;
 mod chart;
 mod config;
@@ -108,6 +109,7 @@ fn run(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Report(args) => regenerate_report(&args.run_dir),
+        Command::Audit(args) => audit::run(&args.run_dir, args.resumed_from.as_deref()),
         Command::Train(args) => {
             interrupt::install();
             train::run(&args)

@@ -46,12 +46,13 @@ impl RunDir {
     }
 
     /// Removes what `create` made when nothing was recorded (a run refused before training):
-    /// the empty `metrics.jsonl`, and the directory when `create` made it. Best effort.
+    /// the empty `metrics.jsonl` (and the ledger's header), and the directory when `create` made it. Best effort.
     pub(crate) fn discard_if_empty(self) {
         if self.appended > 0 {
             return;
         }
         let _ = fs::remove_file(self.path.join(METRICS));
+        let _ = fs::remove_file(self.path.join(flodl_ddp::ledger::FILE));
         if self.created {
             // Fails, harmlessly, when something else was put there meanwhile.
             let _ = fs::remove_dir(&self.path);

@@ -128,6 +128,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         // Printed even with --quiet: the URL may carry the run's token.
         println!("dashboard: {}", d.url());
     }
+    let trainer = trainer.ledger(dir.path().join(flodl_ddp::ledger::FILE));
     let feed = dashboard.as_ref().map(Dashboard::feed);
     let sink = |l: &Line| {
         dir.append(l)?;

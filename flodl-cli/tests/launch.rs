@@ -12,8 +12,8 @@ use serde_json::Value;
 mod support;
 
 use support::launched::{
-    FDL, Launched, Result, accuracy, by_hand, free_port, in_process, keys, kill9, own_key, summary,
-    trains_as_well,
+    FDL, Launched, Result, accuracy, audit, audit_but_drops, by_hand, free_port, in_process, keys,
+    kill9, own_key, summary, trains_as_well,
 };
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
@@ -127,6 +127,8 @@ fn launched_jobs_resume_onto_another_world() -> Result {
             |e: u64| epochs.iter().find(|l| l["epoch"] == e).and_then(|l| l["samples"].as_u64());
         assert_eq!(samples(0), Some(left(0) as u64), "{from} → {to}: the rest of epoch 0");
         assert_eq!(samples(1), Some(left(1) as u64), "{from} → {to}: the rest of epoch 1");
+        // Every sample once in the resumed model, through the saving job's ledger.
+        println!("{}", audit(&resumed, Some(&saved))?);
         let (a, b) = (accuracy(&saved)?, accuracy(&resumed)?);
         trains_as_well(&format!("{from} → {to}: saved against resumed"), a, b, 0.75)?;
     }
@@ -227,16 +229,13 @@ fn a_killed_rank_process_leaves_the_run_to_the_survivors() -> Result {
     assert_eq!(faults.len(), 1, "{s}");
     assert_eq!(faults[0]["rank"], 2);
     let metrics = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
-    let per_epoch = (8192 / 64) * 64;
     let epochs: Vec<Value> = metrics
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["kind"] == "epoch")
         .collect();
     assert_eq!(epochs.len(), 6, "{metrics}");
-    for e in &epochs {
-        assert_eq!(e["samples"].as_u64(), Some(per_epoch as u64), "an epoch's coverage: {e}");
-    }
+    println!("{}", audit_but_drops(&dir)?);
     let last = epochs.last().ok_or("no epoch")?;
     let ranks = last["ranks"].as_array().ok_or("no ranks")?;
     assert_eq!(

@@ -97,6 +97,7 @@ pub mod contract;
 pub mod control;
 pub mod cooperative;
 mod error;
+pub mod ledger;
 mod link;
 mod mlp;
 mod runtime;

@@ -25,6 +25,8 @@ pub(crate) const FLOORS: &[(&str, &[&str])] = &[
     ("contract", &["contract"]),
     ("link", &["link"]),
     ("control", &["control"]),
+    // The exactly-once ledger: its entries, book and audit (plain data and file I/O).
+    ("ledger", &["ledger"]),
     ("checkpoint", &["checkpoint"]),
     ("error", &["error", "config_error"]),
     // The words the crate's error and its wire share: bounded text, a rank's failure and the

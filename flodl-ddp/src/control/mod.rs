@@ -6,6 +6,7 @@
 
 pub mod breakdown;
 pub(crate) mod change;
+pub mod deadline;
 pub mod dispatch;
 pub mod elche;
 pub(crate) mod eval_rank;

@@ -135,6 +135,8 @@ pub struct Trainer {
     test: Option<Arc<dyn Dataset>>,
     on_epoch: Option<EpochCallback>,
     audit: Option<SampleAudit>,
+    /// Where the coordinator writes the run's exactly-once ledger.
+    ledger: Option<std::path::PathBuf>,
     resume: Option<ResumeFrom>,
     cluster: Option<Cluster>,
     /// The one copy of the run's options: every setter writes here, and [`spec`](Self::spec)
@@ -194,6 +196,7 @@ impl Trainer {
             test: None,
             on_epoch: None,
             audit: None,
+            ledger: None,
             resume: None,
             cluster: None,
             draft: RunSpec::default(),
@@ -531,6 +534,14 @@ impl Trainer {
         self
     }
 
+    /// Writes the run's exactly-once ledger to `path` (where the coordinator runs): which
+    /// sample positions each consensus holds and what deaths threw away, one JSON line per
+    /// reduce and death, read back by [`crate::ledger::Audit::read`] (`fdl audit`).
+    pub fn ledger(mut self, path: impl Into<std::path::PathBuf>) -> Trainer {
+        self.ledger = Some(path.into());
+        self
+    }
+
     /// Calls `audit(rank, epoch, indices)` for every training batch.
     pub fn sample_audit(mut self, audit: SampleAudit) -> Trainer {
         self.audit = Some(audit);
@@ -777,6 +788,7 @@ impl Trainer {
             test: self.test,
             on_epoch: self.on_epoch,
             audit: self.audit,
+            ledger: self.ledger,
             checkpoints,
             resume: None,
             own: None,

@@ -22,5 +22,6 @@ pub(crate) mod slot;
 pub(crate) mod solo;
 pub(crate) mod staging;
 mod start;
+pub(crate) mod trail;
 
 pub(crate) use start::{start, start_rank};

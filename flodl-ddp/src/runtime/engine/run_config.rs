@@ -40,6 +40,8 @@ pub(crate) struct RunConfig {
     pub(crate) test: Option<Arc<dyn Dataset>>,
     pub(crate) on_epoch: Option<EpochCallback>,
     pub(crate) audit: Option<SampleAudit>,
+    /// Where the coordinator writes the exactly-once ledger.
+    pub(crate) ledger: Option<std::path::PathBuf>,
     /// The opened checkpoint store and its interval (from `spec.checkpoint`), when saving.
     pub(crate) checkpoints: Option<CheckpointPlan>,
     /// The checkpoint this run resumes from.

@@ -300,6 +300,9 @@ impl Coordinator {
         let Applied { requeued, average } = self.apply(&change)?;
         let survivors = self.roster.live();
         tracing::warn!(rank, %cause, ?survivors, "rank declared dead");
+        if let Some(trail) = &mut self.trail {
+            trail.died(rank, self.rounds.reduces, held, &requeued);
+        }
         let requeued_samples = requeued.iter().map(|c| c.len).sum();
         tracing::debug!(
             rank,

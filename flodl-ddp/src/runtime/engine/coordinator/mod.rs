@@ -50,6 +50,7 @@ use crate::runtime::engine::roster::Roster;
 use crate::runtime::engine::run_config::{Resumed, RunConfig};
 use crate::runtime::engine::scrutiny::check_state;
 use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots};
+use crate::runtime::engine::trail::{self, Trail};
 use crate::state::HostState;
 use crate::{Error, Result};
 
@@ -337,6 +338,8 @@ struct Coordinator {
     formation: Formation,
     /// What each rank was handed and asked, against which its reports are checked.
     conduct: Conduct,
+    /// The exactly-once ledger being written, when the run writes one.
+    trail: Option<Trail>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -431,16 +434,37 @@ impl Coordinator {
             consensus: None,
             formation: Formation::Idle,
             conduct: Conduct::new(world, batch_size, |_| false),
+            trail: None,
         };
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
             coord.saves.resumed = Some(resumed);
         }
+        coord.trail = coord.open_trail();
         let windows = coord.make_windows(coord.rounds.round);
         for (slot, w) in coord.slots.iter_mut().zip(windows) {
             slot.window = w;
         }
         Ok(coord)
+    }
+
+    /// Opens the exactly-once ledger when the run writes one (a resumed run's header holds the
+    /// checkpoint's cut).
+    fn open_trail(&self) -> Option<Trail> {
+        let path = self.cfg.ledger.as_ref()?;
+        let resumed = self.saves.resumed.as_ref().map(|r| {
+            let epoch = usize::try_from(r.bundle.epoch).unwrap_or(usize::MAX);
+            trail::resume_of(epoch, r.bundle.reduce_version, &r.coverage)
+        });
+        let (world, spec) = (self.cfg.world(), &self.cfg.spec);
+        let header = trail::header(
+            world,
+            spec.epochs,
+            spec.batch_size,
+            self.cfg.batches_per_epoch(),
+            resumed,
+        );
+        Trail::open(path, header)
     }
 
     /// Seeds the book, ElChe, the guard, the outer optimizer and the counters from a checkpoint.
@@ -667,6 +691,9 @@ impl Coordinator {
                 else {
                     break;
                 };
+                if let Some(trail) = &mut self.trail {
+                    trail.handed(rank, &chunk);
+                }
                 self.send(rank, ToWorker::Work(chunk))?;
                 if handed.last() != Some(&rank) {
                     handed.push(rank);
@@ -790,6 +817,9 @@ impl Coordinator {
             };
             let ckpt = assemble(&self.cfg, &self.shapes, &parts, Some(&state), outer, progress)?;
             save(plan, &ckpt, None)?;
+        }
+        if let Some(trail) = &mut self.trail {
+            trail.ended(self.rounds.reduces);
         }
         let wall_ms = self.clock.at_ms();
         let train_ms = match (self.clock.train_start, self.clock.train_end) {

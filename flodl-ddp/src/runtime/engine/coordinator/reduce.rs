@@ -244,6 +244,9 @@ impl Coordinator {
         self.rounds.last_sync_ms = sync_ms;
         self.conduct.reduced(&steps);
         self.dispatch.add_reduce(sync_ms, &steps);
+        if let Some(trail) = &mut self.trail {
+            trail.reduced(self.rounds.reduces, &steps);
+        }
         let event = ReduceEvent {
             round,
             epoch: self.dispatch.oldest().min(self.cfg.spec.epochs.saturating_sub(1)),
