@@ -533,29 +533,7 @@ mod tests {
     /// fails this test.
     #[test]
     fn every_run_setting_is_a_flag_and_a_file_key() -> Result<()> {
-        let all = RunSettings {
-            ranks: Some(2),
-            devices: Some(vec![Device::Cpu]),
-            policy: Some(Policy::Sync),
-            backend: Some(Backend::Host),
-            epochs: Some(3),
-            batch_size: Some(16),
-            lr: Some(0.5),
-            schedule: Some(ScheduleKind::Step),
-            warmup_epochs: Some(0.5),
-            seed: Some(9),
-            slowdown: Some(vec![1.0, 1.5]),
-            prefetch: Some(Prefetch::Depth(3)),
-            staging: Some(Staging::Off),
-            watchdog: Some(4.5),
-            max_failures: Some(1),
-            wire: Some(flodl_ddp::WireFormat::Bf16),
-            eval_every: Some(2),
-            checkpoint_dir: Some("ck".into()),
-            checkpoint_every: Some(2),
-            checkpoint_every_reduces: Some(5),
-            keep_checkpoints: Some(2),
-        };
+        let all = RunSettings::every_field_set();
         let text = toml::to_string(&all)?;
         let table: toml::Table = toml::from_str(&text)?;
         let keys: Vec<&String> = table.keys().collect();

@@ -15,8 +15,8 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit_but_drops, in_process, kill9, records, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit_but_drops, env_secs, in_process, kill9, median, records,
+    summary, trains_as_well,
 };
 
 const TRAIN: usize = 16384;
@@ -41,19 +41,6 @@ impl Moment {
             Moment::Save => Some("checkpoint at this reduce"),
         }
     }
-}
-
-fn env_secs(name: &str, default: u64) -> Result<u64> {
-    match std::env::var(name) {
-        Ok(v) => Ok(v.parse().map_err(|e| format!("{name}={v}: {e}"))?),
-        Err(_) => Ok(default),
-    }
-}
-
-fn median(mut xs: Vec<f64>) -> Option<f64> {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    (n > 0).then(|| if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 })
 }
 
 #[test]

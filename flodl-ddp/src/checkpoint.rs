@@ -49,7 +49,7 @@
 //! ```
 //! use flodl_ddp::checkpoint::{
 //!     Checkpoint, CheckpointStore, ConfigHash, EpochCoverage, Expectation, ModelSignature,
-//!     OpaqueState, SampleRange, TensorSet, load_latest,
+//!     OpaqueState, SampleRange, TensorSet,
 //! };
 //! use flodl_tensor::{DType, Stream, Tensor};
 //!
@@ -66,7 +66,8 @@
 //! epoch.mark_done(SampleRange::new(0, 480))?;
 //! ckpt.coverage.push(epoch);
 //! let dir = tempfile::tempdir()?;
-//! CheckpointStore::open(dir.path(), 3)?.save(&ckpt)?;
+//! let store = CheckpointStore::open(dir.path(), 3)?;
+//! store.save(&ckpt)?;
 //!
 //! // On resume: load only a bundle of this model, world and configuration, then restore.
 //! let expect = Expectation {
@@ -74,7 +75,7 @@
 //!     world_size: 2,
 //!     config_hash: config,
 //! };
-//! let back = load_latest(dir.path(), &expect)?;
+//! let back = store.load_latest(&expect)?;
 //! let mut fresh = vec![Tensor::zeros(&[4, 3], DType::F32, &s)?];
 //! back.params.restore_into("params", &mut fresh, &s)?;
 //! assert_eq!(fresh[0].to_vec::<f32>(&s)?, params[0].to_vec::<f32>(&s)?);
@@ -84,7 +85,9 @@
 //! ```
 
 mod bundle;
+mod config_hash;
 mod coverage;
+mod dtype;
 mod error;
 mod format;
 mod interval;
@@ -95,13 +98,15 @@ mod signature;
 mod store;
 mod transfer;
 
-pub use bundle::{Checkpoint, MAX_WORLD_SIZE, OpaqueState, RngStream, SaveReason};
-pub use coverage::{EpochCoverage, SampleRange, normalise, uncovered};
+pub use bundle::{Checkpoint, MAX_META_BYTES, OpaqueState, RngStream, SaveReason};
+pub use config_hash::ConfigHash;
+pub use coverage::{EpochCoverage, SampleRange};
+pub use dtype::StoredDType;
 pub use error::{CheckpointError, Result};
-pub use format::{FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_META_BYTES, ReadLimits};
+pub use format::{FORMAT_VERSION, HEADER_LEN, MAGIC, ReadLimits};
 pub use interval::SaveInterval;
 pub use location::{Located, locate, step_bundles};
 pub use rank_map::RankMap;
-pub use record::{StoredDType, TensorRecord, TensorSet};
-pub use signature::{ConfigHash, Expectation, ModelSignature, SignatureEntry};
-pub use store::{CheckpointStore, SaveHook, SaveStage, load_latest};
+pub use record::{TensorRecord, TensorSet};
+pub use signature::{Expectation, ModelSignature, SignatureEntry};
+pub use store::CheckpointStore;

@@ -78,6 +78,18 @@ pub enum Error {
         /// Where it arrived: the phase it arrived in, or the order it answered.
         during: &'static str,
     },
+    /// A cooperative rank asked for its worker's ends a second time: a cooperative rank is
+    /// built once ([`crate::Trainer::run_cooperative`] hands out one [`Worker`](crate::Worker)
+    /// per rank).
+    #[error("rank {rank}'s cooperative worker was already handed out")]
+    WorkerTaken {
+        /// The rank built again.
+        rank: usize,
+    },
+    /// A rule the runtime keeps for itself was broken: a defect of flodl-ddp, not of a rank,
+    /// the wire or the user's input.
+    #[error("internal error: {0}")]
+    Internal(#[from] Internal),
     /// The collective backend was asked to reduce on a rank that has no communicator.
     #[error("the collective backend has no communicator on this rank")]
     NoCommunicator,
@@ -216,6 +228,22 @@ pub enum Error {
         #[source]
         last: Option<Box<Error>>,
     },
+}
+
+/// Which of the runtime's own rules was broken ([`Error::Internal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Internal {
+    /// The coordinator concluded a run that was not finishing.
+    #[error("the run concluded before it finished")]
+    ConcludedEarly,
+    /// A checkpoint was to be built while neither the coordinator nor any rank held the
+    /// consensus model.
+    #[error("no rank captured the consensus model")]
+    NothingCaptured,
+    /// A communicator other than a host group was asked to shrink to its survivors.
+    #[error("only a host group shrinks to its survivors")]
+    ShrinkNotHost,
 }
 
 /// The other end of a link.

@@ -124,7 +124,7 @@ pub use control::policy::{Backend, Policy, Window};
 pub use control::schedule_kind::ScheduleKind;
 pub use control::verdict::Verdict;
 pub use cooperative::{Parameters, Step, Worker};
-pub use error::{Divergence, Error, Peer, Result};
+pub use error::{Divergence, Error, Internal, Peer, Result};
 pub use link::failure::{FailureKind, RankFailure};
 pub use link::frame::WireFormat;
 #[doc(hidden)]

@@ -13,6 +13,22 @@ pub(crate) type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Erro
 
 pub(crate) const FDL: &str = env!("CARGO_BIN_EXE_fdl");
 
+/// A duration in seconds from the environment variable `name` (a soak's or a chaos run's
+/// length), or `default` when it is unset.
+pub(crate) fn env_secs(name: &str, default: u64) -> Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => Ok(v.parse().map_err(|e| format!("{name}={v}: {e}"))?),
+        Err(_) => Ok(default),
+    }
+}
+
+/// The median of `xs` (the mean of the middle two for an even count); `None` when empty.
+pub(crate) fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    (n > 0).then(|| if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 })
+}
+
 /// The in-process run of `flags` on 3 CPU ranks (`fdl train --ranks 3`) into `out`; its test
 /// accuracy.
 pub(crate) fn in_process(flags: &[&str], out: &Path) -> Result<f64> {

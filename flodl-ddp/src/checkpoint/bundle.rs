@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::config_hash::ConfigHash;
 use super::coverage::EpochCoverage;
 use super::error::{CheckpointError, Result};
 use super::record::TensorSet;
-use super::signature::{ConfigHash, Expectation, ModelSignature};
+use super::signature::{Expectation, ModelSignature};
 
 /// Why a bundle was written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,7 +72,7 @@ impl OpaqueState {
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
         let (value, used) = bincode::serde::decode_from_slice(
             &self.0,
-            bincode::config::standard().with_limit::<{ super::format::MAX_META_BYTES as usize }>(),
+            bincode::config::standard().with_limit::<{ MAX_META_BYTES as usize }>(),
         )
         .map_err(|source| CheckpointError::Decode { what: "opaque state", source })?;
         if used != self.0.len() {
@@ -96,7 +97,10 @@ impl OpaqueState {
 
 /// The largest world size a bundle may name (far above any real run; a resume's work grows with
 /// it, so a larger value in a file is malformed).
-pub const MAX_WORLD_SIZE: usize = 1 << 16;
+pub(crate) const MAX_WORLD_SIZE: usize = 1 << 16;
+
+/// Ceiling on a bundle's metadata section (and on any opaque state decoded from it).
+pub const MAX_META_BYTES: u64 = 64 << 20;
 
 /// A training checkpoint: the consensus model, optimizer states, cadence state, progress and
 /// the run's identity. Written at a reduce; see the [module docs](super) for the file format.
@@ -212,6 +216,26 @@ impl Checkpoint {
                 )));
             }
         }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::config_hash::ConfigHash;
+    use super::super::error::CheckpointError;
+    use super::super::record::{TensorRecord, TensorSet};
+    use super::{Checkpoint, MAX_WORLD_SIZE};
+
+    #[test]
+    fn a_bundle_naming_a_huge_world_is_malformed() -> Result<(), Box<dyn std::error::Error>> {
+        let params =
+            TensorSet::from_records(vec![TensorRecord::from_f32("w", vec![2], &[1.0, 2.0])?])?;
+        let mut ckpt = Checkpoint::new(params, MAX_WORLD_SIZE, ConfigHash::of("huge"));
+        ckpt.validate()?;
+        ckpt.world_size = MAX_WORLD_SIZE + 1;
+        let r = ckpt.validate();
+        assert!(matches!(r, Err(CheckpointError::Malformed { .. })), "{r:?}");
         Ok(())
     }
 }

@@ -41,7 +41,7 @@ impl SampleRange {
 ///
 /// # Errors
 /// [`CheckpointError::RangeOutOfBounds`] when a range ends past `total` (or its end overflows).
-pub fn normalise(ranges: &[SampleRange], total: usize) -> Result<Vec<SampleRange>> {
+pub(crate) fn normalise(ranges: &[SampleRange], total: usize) -> Result<Vec<SampleRange>> {
     let mut spans = Vec::with_capacity(ranges.len());
     for r in ranges {
         let end = r.end_within(total)?;
@@ -58,14 +58,6 @@ pub fn normalise(ranges: &[SampleRange], total: usize) -> Result<Vec<SampleRange
         }
     }
     Ok(merged.into_iter().map(|(start, end)| SampleRange::new(start, end - start)).collect())
-}
-
-/// The ranges of `0..total` that `completed` does not cover, sorted and disjoint.
-///
-/// # Errors
-/// [`CheckpointError::RangeOutOfBounds`] when a completed range ends past `total`.
-pub fn uncovered(completed: &[SampleRange], total: usize) -> Result<Vec<SampleRange>> {
-    Ok(gaps(&normalise(completed, total)?, total))
 }
 
 /// The gaps of `0..total` between normalised ranges.

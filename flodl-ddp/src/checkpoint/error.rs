@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use super::record::StoredDType;
-use super::signature::ConfigHash;
+use super::config_hash::ConfigHash;
+use super::dtype::StoredDType;
 
 /// Everything that can go wrong while building, writing, reading or applying a checkpoint.
 ///

@@ -7,11 +7,12 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::bundle::{Checkpoint, OpaqueState, RngStream, SaveReason};
+use super::bundle::{Checkpoint, MAX_META_BYTES, OpaqueState, RngStream, SaveReason};
+use super::config_hash::ConfigHash;
 use super::coverage::EpochCoverage;
+use super::dtype::StoredDType;
 use super::error::{CheckpointError, Result};
-use super::record::{StoredDType, TensorRecord, TensorSet, byte_len};
-use super::signature::ConfigHash;
+use super::record::{TensorRecord, TensorSet, byte_len};
 
 /// The eight bytes every bundle starts with.
 pub const MAGIC: [u8; 8] = [0x89, b'F', b'D', b'L', b'C', b'K', b'\r', b'\n'];
@@ -19,8 +20,6 @@ pub const MAGIC: [u8; 8] = [0x89, b'F', b'D', b'L', b'C', b'K', b'\r', b'\n'];
 pub const FORMAT_VERSION: u32 = 1;
 /// Size of the fixed header in bytes.
 pub const HEADER_LEN: usize = 64;
-/// Ceiling on the metadata section (and on any opaque state decoded from it).
-pub const MAX_META_BYTES: u64 = 64 << 20;
 
 /// Bytes of the header covered by the checksum (everything before the checksum field).
 const HASHED_HEADER_LEN: usize = 32;

@@ -9,7 +9,13 @@ use std::path::{Path, PathBuf};
 
 use super::bundle::Checkpoint;
 use super::error::{CheckpointError, Result};
-use super::store::{EXTENSION, LATEST, STEP_PREFIX};
+
+/// File extension of bundles.
+pub(crate) const EXTENSION: &str = "fdlck";
+/// Name (without extension) of the bundle that always holds the newest save.
+pub(crate) const LATEST: &str = "latest";
+/// Prefix of the step-numbered bundles (`step-<global_step>.fdlck`).
+pub(crate) const STEP_PREFIX: &str = "step-";
 
 /// The bundle [`locate`] chose, read and checked for integrity (not for compatibility).
 #[derive(Debug)]

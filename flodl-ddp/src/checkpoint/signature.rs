@@ -1,12 +1,10 @@
-//! Run identity: the [`ModelSignature`], the [`ConfigHash`] and the [`Expectation`] a load checks.
-
-use std::fmt;
+//! Run identity: the [`ModelSignature`] and the [`Expectation`] a load checks.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
+use super::config_hash::ConfigHash;
+use super::dtype::StoredDType;
 use super::error::{CheckpointError, Result};
-use super::record::StoredDType;
 
 /// One parameter's identity: name, shape and dtype.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -58,31 +56,6 @@ impl ModelSignature {
             }
         }
         Ok(())
-    }
-}
-
-/// The sha256 of a run's canonical configuration (a run's bundles record
-/// [`RunSpec::compat_hash`](crate::RunSpec::compat_hash)).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ConfigHash(pub [u8; 32]);
-
-impl ConfigHash {
-    /// Hashes a canonical configuration string (the caller decides the canonical form; the
-    /// runtime hashes a canonical binary encoding instead, see `RunSpec`).
-    pub fn of(canonical_config: &str) -> Self {
-        ConfigHash(Sha256::digest(canonical_config.as_bytes()).into())
-    }
-}
-
-impl fmt::Display for ConfigHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
-}
-
-impl fmt::Debug for ConfigHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ConfigHash({self})")
     }
 }
 

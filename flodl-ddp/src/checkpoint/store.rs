@@ -8,21 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::bundle::Checkpoint;
 use super::error::{CheckpointError, Result};
 use super::format::{Encoded, ReadLimits};
-use super::location::{locate, parse_step, step_bundles};
+use super::location::{EXTENSION, LATEST, STEP_PREFIX, locate, parse_step, step_bundles};
 use super::signature::Expectation;
 
-/// File extension of bundles.
-pub(crate) const EXTENSION: &str = "fdlck";
-/// Name (without extension) of the bundle that always holds the newest save.
-pub(crate) const LATEST: &str = "latest";
-/// Prefix of the step-numbered bundles (`step-<global_step>.fdlck`).
-pub(crate) const STEP_PREFIX: &str = "step-";
 /// Marker in the names of temporary files of saves in progress.
 const TMP_MARKER: &str = ".tmp-";
 
-/// A point in an atomic save, reported to a fault-injection hook.
+/// A point in an atomic save, reported to a fault-injection hook (the crate's crash tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SaveStage {
+pub(crate) enum SaveStage {
     /// The temporary file exists and is empty.
     TempCreated,
     /// Header and metadata are written, tensor data is not.
@@ -37,7 +31,7 @@ pub enum SaveStage {
 
 /// A hook called at each [`SaveStage`] with the final target path; an `Err` stops the save right
 /// there, leaving the files as a crash at that point would (no clean-up).
-pub type SaveHook<'a> = &'a mut dyn FnMut(SaveStage, &Path) -> io::Result<()>;
+pub(crate) type SaveHook<'a> = &'a mut dyn FnMut(SaveStage, &Path) -> io::Result<()>;
 
 fn no_hook(_: SaveStage, _: &Path) -> io::Result<()> {
     Ok(())
@@ -142,7 +136,7 @@ impl Checkpoint {
     ///
     /// # Errors
     /// As [`Checkpoint::save`]; a hook error is returned as [`CheckpointError::Io`].
-    pub fn save_with_hook(&self, path: &Path, hook: SaveHook<'_>) -> Result<()> {
+    pub(crate) fn save_with_hook(&self, path: &Path, hook: SaveHook<'_>) -> Result<()> {
         write_bundle(path, &Encoded::new(self)?, hook)
     }
 
@@ -237,7 +231,7 @@ impl CheckpointStore {
     ///
     /// # Errors
     /// As [`CheckpointStore::save`].
-    pub fn save_with_hook(&self, ckpt: &Checkpoint, hook: SaveHook<'_>) -> Result<PathBuf> {
+    pub(crate) fn save_with_hook(&self, ckpt: &Checkpoint, hook: SaveHook<'_>) -> Result<PathBuf> {
         let encoded = Encoded::new(ckpt)?;
         let step = self.step_path(ckpt.global_step);
         write_bundle(&step, &encoded, &mut *hook)?;
@@ -309,9 +303,15 @@ impl CheckpointStore {
     /// when `latest` is missing or corrupt) and checks it belongs to the run of `expect`.
     ///
     /// # Errors
-    /// As [`locate`], plus [`Checkpoint::check_compatible`]'s mismatches.
+    /// As [`locate`] ([`CheckpointError::NotFound`] when the directory is gone or holds no
+    /// bundle), plus [`Checkpoint::check_compatible`]'s mismatches.
     pub fn load_latest(&self, expect: &Expectation) -> Result<Checkpoint> {
-        load_latest(&self.dir, expect)
+        if !self.dir.is_dir() {
+            return Err(CheckpointError::NotFound { dir: self.dir.clone() });
+        }
+        let found = locate(&self.dir)?;
+        found.checkpoint.check_compatible(expect)?;
+        Ok(found.checkpoint)
     }
 
     /// Deletes step bundles older than the newest `keep`.
@@ -337,17 +337,129 @@ impl CheckpointStore {
     }
 }
 
-/// Loads the newest bundle in `dir` as [`locate`] finds it and checks it belongs to the run of
-/// `expect`.
-///
-/// # Errors
-/// As [`locate`] ([`CheckpointError::NotFound`] when `dir` is missing or holds no bundle),
-/// plus [`Checkpoint::check_compatible`]'s mismatches.
-pub fn load_latest(dir: &Path, expect: &Expectation) -> Result<Checkpoint> {
-    if !dir.is_dir() {
-        return Err(CheckpointError::NotFound { dir: dir.to_path_buf() });
+#[cfg(test)]
+mod tests {
+    //! A crash at every point of a save leaves the previous bundle loadable (the hook is the
+    //! crash: it stops the save and leaves the files as they are).
+
+    use std::io;
+    use std::path::Path;
+
+    use super::super::bundle::Checkpoint;
+    use super::super::config_hash::ConfigHash;
+    use super::super::error::CheckpointError;
+    use super::super::record::{TensorRecord, TensorSet};
+    use super::super::signature::Expectation;
+    use super::{CheckpointStore, SaveStage};
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    /// A bundle of one tensor (what is saved does not matter here, only that it changes).
+    fn small_checkpoint() -> std::result::Result<Checkpoint, Box<dyn std::error::Error>> {
+        let w = TensorRecord::from_f32("w", vec![2, 3], &[0.5, -1.0, 2.0, 3.5, 0.0, -0.0])?;
+        let mut ckpt =
+            Checkpoint::new(TensorSet::from_records(vec![w])?, 2, ConfigHash::of("crash"));
+        ckpt.global_step = 17;
+        Ok(ckpt)
     }
-    let found = locate(dir)?;
-    found.checkpoint.check_compatible(expect)?;
-    Ok(found.checkpoint)
+
+    fn expectation_of(ckpt: &Checkpoint) -> Expectation {
+        Expectation {
+            signature: ckpt.signature(),
+            world_size: ckpt.world_size,
+            config_hash: ckpt.config_hash,
+        }
+    }
+
+    /// Saves `next` over a store holding `prev`, failing at the `fail_at`-th hook call; then
+    /// checks that the newest loadable bundle is `prev` or, only once `latest` was renamed,
+    /// `next`.
+    fn crash_case(fail_at: usize, prev: &Checkpoint, next: &Checkpoint) -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = CheckpointStore::open(dir.path(), 3)?;
+        store.save(prev)?;
+        let mut calls = 0usize;
+        let mut latest_renamed = false;
+        let mut hook = |stage: SaveStage, target: &Path| -> io::Result<()> {
+            calls += 1;
+            // `Renamed` is reported after the rename: even a crash right then has the new file.
+            if stage == SaveStage::Renamed && target.ends_with("latest.fdlck") {
+                latest_renamed = true;
+            }
+            if calls == fail_at {
+                return Err(io::Error::other(format!("injected crash at {stage:?}")));
+            }
+            Ok(())
+        };
+        let finished = store.save_with_hook(next, &mut hook).is_ok();
+        let expect = expectation_of(prev);
+        let want = if latest_renamed { next } else { prev };
+        assert!(
+            store.load_latest(&expect)? == *want,
+            "crash at hook call {fail_at} (finished {finished}): latest is neither intact old nor new"
+        );
+        // Reopening clears the temporaries of the crash (and nothing else); saving again works.
+        std::fs::write(dir.path().join(".notes.tmp-1"), b"not ours")?;
+        let store = CheckpointStore::open(dir.path(), 3)?;
+        let dotfiles: Vec<String> = std::fs::read_dir(dir.path())?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert_eq!(dotfiles, [".notes.tmp-1"], "dotfiles after reopening");
+        store.save(next)?;
+        assert!(
+            store.load_latest(&expect)? == *next,
+            "crash at {fail_at}: a later save does not load"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_crash_during_a_save_leaves_the_previous_bundle_intact() -> TestResult {
+        let prev = small_checkpoint()?;
+        let mut next = prev.clone();
+        next.global_step = prev.global_step + 5;
+        next.params = TensorSet::from_records(
+            prev.params
+                .records()
+                .iter()
+                .map(|r| {
+                    let flipped: Vec<u8> = r.data().iter().map(|b| !b).collect();
+                    TensorRecord::from_le_bytes(r.name(), r.dtype(), r.shape().to_vec(), flipped)
+                })
+                .collect::<std::result::Result<_, _>>()?,
+        )?;
+        // Count the hook calls of an uninterrupted save, then crash at each one in turn.
+        let dir = tempfile::tempdir()?;
+        let mut total = 0usize;
+        CheckpointStore::open(dir.path(), 3)?.save_with_hook(&next, &mut |_, _| {
+            total += 1;
+            Ok(())
+        })?;
+        assert!(total >= 5, "only {total} save stages reported");
+        for fail_at in 1..=total {
+            crash_case(fail_at, &prev, &next)?;
+        }
+        // A single-file save that dies mid-way leaves the old file as it was.
+        let path = dir.path().join("single.fdlck");
+        prev.save(&path)?;
+        let before = std::fs::read(&path)?;
+        for stop in [
+            SaveStage::TempCreated,
+            SaveStage::PartlyWritten,
+            SaveStage::Written,
+            SaveStage::Synced,
+        ] {
+            let r = next.save_with_hook(&path, &mut |stage, _| {
+                if stage == stop { Err(io::Error::other("writer died")) } else { Ok(()) }
+            });
+            assert!(matches!(r, Err(CheckpointError::Io { .. })), "failure at {stop:?}: {r:?}");
+            assert!(
+                std::fs::read(&path)? == before && Checkpoint::read(&path)? == prev,
+                "failure at {stop:?} altered the previous bundle"
+            );
+        }
+        Ok(())
+    }
 }

@@ -6,8 +6,9 @@ use std::borrow::{Borrow, BorrowMut};
 use flodl_tensor::{DType, Stream, Tensor, bf16};
 
 use super::bundle::Checkpoint;
+use super::dtype::StoredDType;
 use super::error::{CheckpointError, Result};
-use super::record::{StoredDType, TensorRecord, TensorSet};
+use super::record::{TensorRecord, TensorSet};
 use super::signature::{ModelSignature, SignatureEntry};
 
 impl From<DType> for StoredDType {

@@ -48,18 +48,6 @@ pub(crate) fn divergence(diff_norm: f64, post_norm: f64) -> f64 {
     }
 }
 
-// No caller outside this crate's tests: kept for them only.
-#[cfg(test)]
-/// The cosine between `W_pre` and `W_post` from their norms and the divergence
-/// (`(pre² + post² − (D·post)²) / (2·pre·post)`, law of cosines), or `None` when a norm is 0.
-pub(crate) fn cosine(pre_norm: f64, post_norm: f64, divergence: f64) -> Option<f64> {
-    if pre_norm <= 0.0 || post_norm <= 0.0 {
-        return None;
-    }
-    let d = divergence * post_norm;
-    Some((pre_norm * pre_norm + post_norm * post_norm - d * d) / (2.0 * pre_norm * post_norm))
-}
-
 /// What the guard sees of one reduce.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReduceReport {
@@ -225,7 +213,7 @@ mod tests {
     //! The divergence guard against hand-computed sequences, and ElChe obeying it.
 
     use crate::control::guard::{
-        GrowthGuard, Guard, ReduceReport, TrendGuard, cosine, divergence, more_severe,
+        GrowthGuard, Guard, ReduceReport, TrendGuard, divergence, more_severe,
     };
     use crate::{ElChe, Verdict};
 
@@ -236,21 +224,10 @@ mod tests {
     const NUDGE: Verdict = Verdict::NudgeDown { factor: 0.5 };
 
     #[test]
-    fn divergence_and_cosine_by_hand() {
+    fn divergence_by_hand() {
         assert_eq!(divergence(3.0, 4.0), 0.75);
         assert_eq!(divergence(3.0, 1e-11), 0.0);
         assert_eq!(divergence(f64::NAN, 4.0), 0.0);
-        let cases =
-            [(1.0, 1.0, 0.0, Some(1.0)), (1.0, 1.0, 2f64.sqrt(), Some(0.0)), (0.0, 1.0, 0.5, None)];
-        for (pre, post, d, want) in cases {
-            let got = cosine(pre, post, d);
-            match (got, want) {
-                (Some(g), Some(w)) => assert!((g - w).abs() < 1e-12, "{pre} {post} {d}: {g}"),
-                _ => assert_eq!(got, want),
-            }
-        }
-        // pre = 2, post = 1, diff = 1 (D = 1): cos = (4 + 1 - 1) / 4 = 1.
-        assert_eq!(cosine(2.0, 1.0, 1.0), Some(1.0));
     }
 
     #[test]

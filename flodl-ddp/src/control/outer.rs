@@ -235,12 +235,49 @@ mod tests {
 
     use crate::LogicError;
     use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha, easgd_blend};
-    use crate::control::weighting::{average_weights, weighted_average, work_masses};
+    use crate::control::weighting::{average_weights, work_masses};
     use flodl_tensor::{Device, Stream, Tensor, gpu_skip_reason, skip_or_fail};
+    use flodl_tensor::{Error as TensorError, Result as TensorResult, ops};
     use rand::{RngExt, SeedableRng};
     use rand_xoshiro::Xoshiro256PlusPlus;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    /// Writes into each `out[i]` the weighted sum over ranks of `replicas[r][i]`, skipping ranks of
+    /// weight 0 (they take no part, whatever their values).
+    ///
+    /// # Errors
+    /// [`TensorError::LengthMismatch`] when the weights do not match the ranks or a rank's tensor
+    /// list does not match `out`; the kernels' shape, dtype and device errors.
+    fn weighted_average(
+        replicas: &[&[Tensor]],
+        weights: &[f32],
+        out: &mut [Tensor],
+        stream: &Stream,
+    ) -> TensorResult<()> {
+        const OP: &str = "weighted_average";
+        if weights.len() != replicas.len() {
+            return Err(TensorError::LengthMismatch {
+                op: OP,
+                expected: replicas.len(),
+                got: weights.len(),
+            });
+        }
+        if let Some(bad) = replicas.iter().find(|r| r.len() != out.len()) {
+            return Err(TensorError::LengthMismatch {
+                op: OP,
+                expected: out.len(),
+                got: bad.len(),
+            });
+        }
+        let movers: Vec<usize> = (0..replicas.len()).filter(|&r| weights[r] != 0.0).collect();
+        let w: Vec<f32> = movers.iter().map(|&r| weights[r]).collect();
+        for (i, o) in out.iter_mut().enumerate() {
+            let inputs: Vec<&Tensor> = movers.iter().map(|&r| &replicas[r][i]).collect();
+            ops::weighted_sum(&inputs, &w, o, stream)?;
+        }
+        Ok(())
+    }
 
     fn tensors(values: &[Vec<f32>], s: &Stream) -> Result<Vec<Tensor>, Box<dyn std::error::Error>> {
         Ok(values.iter().map(|v| Tensor::from_slice(v, &[v.len()], s)).collect::<Result<_, _>>()?)

@@ -195,21 +195,6 @@ impl Schedule {
     }
 }
 
-// No caller outside this crate's tests: kept for them only.
-#[cfg(test)]
-/// The cohort step a rank trains at: the global step of the last reduce plus its local steps
-/// since.
-pub(crate) fn cohort_step(global_step: u64, steps_since_reduce: u64) -> u64 {
-    global_step + steps_since_reduce
-}
-
-// No caller outside this crate's tests: kept for them only.
-#[cfg(test)]
-/// The global step after a reduce: the previous one plus every rank's steps in the window.
-pub(crate) fn advance_global_step(global_step: u64, window_steps: &[u64]) -> u64 {
-    global_step + window_steps.iter().sum::<u64>()
-}
-
 /// The linear scaling rule: `1 + (world − 1)·ratio` when `world > 1` and `ratio > 0`, else 1.
 pub(crate) fn lr_scale(world: usize, ratio: f64) -> f64 {
     if world > 1 && ratio > 0.0 && ratio.is_finite() {
@@ -224,7 +209,7 @@ mod tests {
     //! LR schedules, cohort steps and the linear scaling rule against hand-computed values.
 
     use crate::LogicError;
-    use crate::control::schedule::{Schedule, advance_global_step, cohort_step, lr_scale};
+    use crate::control::schedule::{Schedule, lr_scale};
     use rand::{RngExt, SeedableRng};
     use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -328,9 +313,7 @@ mod tests {
     }
 
     #[test]
-    fn cohort_steps_and_scaling() {
-        assert_eq!(cohort_step(100, 7), 107);
-        assert_eq!(advance_global_step(100, &[25, 10, 0]), 135);
+    fn linear_scaling_by_hand() {
         let cases = [(4, 1.0, 4.0), (4, 0.5, 2.5), (1, 1.0, 1.0), (4, 0.0, 1.0), (3, -1.0, 1.0)];
         for (w, ratio, want) in cases {
             assert_eq!(lr_scale(w, ratio), want, "world {w} ratio {ratio}");

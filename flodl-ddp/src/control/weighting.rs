@@ -6,9 +6,6 @@
 //! with no steps takes no part; a round where nobody stepped has no average at all (every rank
 //! keeps its local state).
 
-#[cfg(test)]
-use flodl_tensor::{Error as TensorError, Result as TensorResult, Stream, Tensor, ops};
-
 use crate::control::logic_error::{LogicError, LogicResult};
 
 /// Default work-weighting exponent.
@@ -56,38 +53,4 @@ pub fn average_weights(steps: &[u64], gamma: f64) -> LogicResult<Option<AverageW
         params: masses.iter().map(|m| (m / total) as f32).collect(),
         buffers: steps.iter().map(|&n| if n > 0 { 1.0 / movers as f32 } else { 0.0 }).collect(),
     }))
-}
-
-// No caller outside this crate's tests: kept for them only.
-#[cfg(test)]
-/// Writes into each `out[i]` the weighted sum over ranks of `replicas[r][i]`, skipping ranks of
-/// weight 0 (they take no part, whatever their values).
-///
-/// # Errors
-/// [`TensorError::LengthMismatch`] when the weights do not match the ranks or a rank's tensor
-/// list does not match `out`; the kernels' shape, dtype and device errors.
-pub(crate) fn weighted_average(
-    replicas: &[&[Tensor]],
-    weights: &[f32],
-    out: &mut [Tensor],
-    stream: &Stream,
-) -> TensorResult<()> {
-    const OP: &str = "weighted_average";
-    if weights.len() != replicas.len() {
-        return Err(TensorError::LengthMismatch {
-            op: OP,
-            expected: replicas.len(),
-            got: weights.len(),
-        });
-    }
-    if let Some(bad) = replicas.iter().find(|r| r.len() != out.len()) {
-        return Err(TensorError::LengthMismatch { op: OP, expected: out.len(), got: bad.len() });
-    }
-    let movers: Vec<usize> = (0..replicas.len()).filter(|&r| weights[r] != 0.0).collect();
-    let w: Vec<f32> = movers.iter().map(|&r| weights[r]).collect();
-    for (i, o) in out.iter_mut().enumerate() {
-        let inputs: Vec<&Tensor> = movers.iter().map(|&r| &replicas[r][i]).collect();
-        ops::weighted_sum(&inputs, &w, o, stream)?;
-    }
-    Ok(())
 }

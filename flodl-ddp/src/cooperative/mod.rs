@@ -19,9 +19,7 @@
 pub(crate) mod bridge;
 pub(crate) mod order;
 pub(crate) mod parameters;
-pub(crate) mod step;
 pub(crate) mod worker;
 
 pub use parameters::Parameters;
-pub use step::Step;
-pub use worker::Worker;
+pub use worker::{Step, Worker};

@@ -349,10 +349,12 @@ pub(crate) fn decode_with<M: Framed>(
         }
         (Some(_), _) => return Err(packing("a delta where none can be".into())),
     };
-    let mut values: Box<dyn Iterator<Item = f32>> = match delta {
-        Some(values) => Box::new(values.into_iter()),
-        None => Box::new(bf16.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())),
-    };
+    // The decoded delta's values, else the bf16 section's: one of the two is empty (a chain
+    // of both, not a boxed iterator: the link chooses no flavor at run time through `dyn`).
+    let from_bf16 = delta
+        .is_none()
+        .then(|| bf16.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()));
+    let mut values = delta.into_iter().flatten().chain(from_bf16.into_iter().flatten());
     let mut lens = lens.into_iter();
     if lens.len() != 0 {
         for state in msg.states_mut() {

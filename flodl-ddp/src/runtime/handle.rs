@@ -217,7 +217,8 @@ impl Drop for DdpHandle {
     }
 }
 
-/// A cooperative run: the handle of the run and one [`Worker`] per rank, in rank order.
+/// A cooperative run: the handle of the run and one [`Worker`](crate::Worker) per rank, in rank
+/// order.
 #[derive(Debug)]
 pub struct Cooperative {
     /// The run's handle: metrics, reduce, guard and fault events, checkpoints, `join`.

@@ -204,6 +204,37 @@ impl RunSettings {
             _ => return None,
         })
     }
+
+    /// Settings with every field set (to values that pass the checks): the one fixture of the
+    /// tests that every field is a key and a flag (this crate's, and a front end's such as
+    /// `fdl`'s), so a new field that one of them misses fails both by name.
+    #[cfg(any(test, feature = "clap"))]
+    #[doc(hidden)]
+    pub fn every_field_set() -> RunSettings {
+        RunSettings {
+            ranks: Some(2),
+            devices: Some(vec![Device::Cpu]),
+            policy: Some(Policy::Sync),
+            backend: Some(Backend::Host),
+            epochs: Some(3),
+            batch_size: Some(16),
+            lr: Some(0.5),
+            schedule: Some(ScheduleKind::Step),
+            warmup_epochs: Some(0.5),
+            seed: Some(9),
+            slowdown: Some(vec![1.0, 1.5]),
+            prefetch: Some(Prefetch::Depth(3)),
+            staging: Some(Staging::Off),
+            watchdog: Some(4.5),
+            max_failures: Some(1),
+            wire: Some(WireFormat::Bf16),
+            eval_every: Some(2),
+            checkpoint_dir: Some("ck".into()),
+            checkpoint_every: Some(2),
+            checkpoint_every_reduces: Some(5),
+            keep_checkpoints: Some(2),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -278,36 +309,9 @@ mod tests {
         all
     }
 
-    /// Settings with every field set.
-    fn all_set() -> RunSettings {
-        RunSettings {
-            ranks: Some(2),
-            devices: Some(vec![Device::Cpu]),
-            policy: Some(Policy::Sync),
-            backend: Some(Backend::Host),
-            epochs: Some(3),
-            batch_size: Some(16),
-            lr: Some(0.5),
-            schedule: Some(ScheduleKind::Step),
-            warmup_epochs: Some(0.5),
-            seed: Some(9),
-            slowdown: Some(vec![1.0, 1.5]),
-            prefetch: Some(Prefetch::Depth(3)),
-            staging: Some(Staging::Off),
-            watchdog: Some(4.5),
-            max_failures: Some(1),
-            wire: Some(WireFormat::Bf16),
-            eval_every: Some(2),
-            checkpoint_dir: Some("ck".into()),
-            checkpoint_every: Some(2),
-            checkpoint_every_reduces: Some(5),
-            keep_checkpoints: Some(2),
-        }
-    }
-
     #[test]
     fn every_field_a_setting_reaches_maps_to_its_key() -> Result<()> {
-        let all = all_set();
+        let all = RunSettings::every_field_set();
         let table: toml::Table = toml::from_str(&toml::to_string(&all)?)?;
         // Every field set is a key, and reads back the same.
         assert_eq!(table.len(), format!("{all:?}").matches(": Some(").count());
@@ -330,9 +334,15 @@ mod tests {
     fn or_takes_each_setting_from_the_higher_source() {
         let flags = RunSettings { epochs: Some(5), ..RunSettings::default() };
         let file = RunSettings { epochs: Some(3), seed: Some(7), ..RunSettings::default() };
-        let merged = flags.or(file).or(all_set());
+        let merged = flags.or(file).or(RunSettings::every_field_set());
         assert_eq!((merged.epochs, merged.seed, merged.lr), (Some(5), Some(7), Some(0.5)));
-        assert_eq!(RunSettings::default().or(all_set()), all_set());
-        assert_eq!(all_set().or(RunSettings::default()), all_set());
+        assert_eq!(
+            RunSettings::default().or(RunSettings::every_field_set()),
+            RunSettings::every_field_set()
+        );
+        assert_eq!(
+            RunSettings::every_field_set().or(RunSettings::default()),
+            RunSettings::every_field_set()
+        );
     }
 }

@@ -361,13 +361,12 @@ impl Trainer {
         let initial: Arc<[HostTensor]> = initial.into();
         self.factory = Arc::new(move |ctx: &ReplicaContext| {
             let end = ends
+                // A panic of another rank's factory leaves the ends as they were.
                 .lock()
-                .map_err(|_| Error::protocol("the cooperative ranks' ends are poisoned"))?
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .get_mut(ctx.rank)
                 .and_then(Option::take);
-            let (orders, answers) = end.ok_or_else(|| {
-                Error::protocol(format!("rank {}'s cooperative worker was taken twice", ctx.rank))
-            })?;
+            let (orders, answers) = end.ok_or(Error::WorkerTaken { rank: ctx.rank })?;
             let bridge = Bridge::new(ctx, &initial, orders, answers, rank_wait)?;
             Ok(Box::new(bridge) as Box<dyn Replica>)
         });

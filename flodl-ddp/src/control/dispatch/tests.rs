@@ -6,6 +6,73 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// The shape of a random book: world, batch size, batches an epoch, epochs and cutting.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    world: usize,
+    bs: usize,
+    batches: usize,
+    epochs: usize,
+    cutting: Cutting,
+}
+
+impl Shape {
+    /// A random shape of `worlds` ranks, a batch size below `bs_below`, from `world` to below
+    /// `batches_below` batches an epoch, 1 to 3 epochs; the static cut on even cases, else
+    /// progressive with a smallest chunk below `chunk_below`.
+    fn random(
+        rng: &mut Xoshiro256PlusPlus,
+        case: usize,
+        worlds: std::ops::Range<usize>,
+        bs_below: usize,
+        batches_below: usize,
+        chunk_below: usize,
+    ) -> Shape {
+        let world = rng.random_range(worlds);
+        let bs = rng.random_range(1..bs_below);
+        let batches = rng.random_range(world..batches_below);
+        let epochs = rng.random_range(1..4);
+        let cutting = if case.is_multiple_of(2) {
+            Cutting::Static
+        } else {
+            Cutting::Progressive { min_chunk: rng.random_range(1..chunk_below) }
+        };
+        Shape { world, bs, batches, epochs, cutting }
+    }
+
+    /// A fresh book of this shape.
+    fn book(&self) -> Dispatcher {
+        Dispatcher::new(self.world, self.bs, self.batches, self.epochs, self.cutting)
+    }
+}
+
+/// Moves `d` at random for `moves` moves or until it is done: a random rank is handed its
+/// next chunk (half the time) or gives the last chunk it holds to `complete`.
+fn shuffle(
+    d: &mut Dispatcher,
+    rng: &mut Xoshiro256PlusPlus,
+    counts: &[usize],
+    held: &mut [Vec<Chunk>],
+    moves: usize,
+    mut complete: impl FnMut(&mut Dispatcher, usize, Chunk) -> TestResult,
+) -> TestResult {
+    for _ in 0..moves {
+        if d.all_done() {
+            break;
+        }
+        let r = rng.random_range(0..held.len());
+        if rng.random_bool(0.5) {
+            if let Some(c) = d.next_chunk(r, counts, false, Instant::now()) {
+                held[r].push(c);
+            }
+        } else if let Some(c) = held[r].pop() {
+            complete(d, r, c)?;
+        }
+        while d.pop_complete().is_some() {}
+    }
+    Ok(())
+}
+
 /// The book reads no clock: an epoch's wall time is the span between the times it was
 /// given for the first hand-out and the last completion, exactly.
 #[test]
@@ -33,17 +100,10 @@ fn epoch_wall_time_comes_from_the_times_given() -> TestResult {
 fn every_position_once_per_epoch() -> TestResult {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
     for case in 0..200 {
-        let world = rng.random_range(1..6);
-        let bs = rng.random_range(1..5);
-        let batches = rng.random_range(world..60);
-        let epochs = rng.random_range(1..4);
-        let cutting = if case % 2 == 0 {
-            Cutting::Static
-        } else {
-            Cutting::Progressive { min_chunk: rng.random_range(1..5) }
-        };
+        let shape = Shape::random(&mut rng, case, 1..6, 5, 60, 5);
+        let Shape { world, bs, batches, epochs, .. } = shape;
         let counts: Vec<usize> = (0..world).map(|_| rng.random_range(1..8)).collect();
-        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        let mut d = shape.book();
         let mut seen = vec![vec![0u32; batches * bs]; epochs];
         let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
         let mut done = Vec::new();
@@ -90,17 +150,10 @@ fn every_position_once_per_epoch() -> TestResult {
 fn retired_work_is_completed_once_by_the_living() -> TestResult {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
     for case in 0..300 {
-        let world = rng.random_range(2..6);
-        let bs = rng.random_range(1..4);
-        let batches = rng.random_range(world..50);
-        let epochs = rng.random_range(1..4);
-        let cutting = if case % 2 == 0 {
-            Cutting::Static
-        } else {
-            Cutting::Progressive { min_chunk: rng.random_range(1..4) }
-        };
+        let shape = Shape::random(&mut rng, case, 2..6, 4, 50, 4);
+        let Shape { world, bs, batches, epochs, .. } = shape;
         let counts = vec![3; world];
-        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        let mut d = shape.book();
         let mut completed = vec![vec![0u32; batches * bs]; epochs];
         let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
         let mut dead = vec![false; world];
@@ -169,40 +222,23 @@ fn retired_work_is_completed_once_by_the_living() -> TestResult {
 fn resume_hands_out_only_the_uncovered_rest() -> TestResult {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(13);
     for case in 0..300 {
-        let world = rng.random_range(1..5);
-        let bs = rng.random_range(1..4);
-        let batches = rng.random_range(world..40);
-        let epochs = rng.random_range(1..4);
-        let cutting = if case % 2 == 0 {
-            Cutting::Static
-        } else {
-            Cutting::Progressive { min_chunk: rng.random_range(1..4) }
-        };
+        let shape = Shape::random(&mut rng, case, 1..5, 4, 40, 4);
+        let Shape { world, bs, batches, epochs, cutting } = shape;
         let counts = vec![2; world];
         // Reference: which rank trains each position, uninterrupted (static only).
         let mut owner = vec![vec![usize::MAX; batches * bs]; epochs];
         let mut completed = vec![vec![0u32; batches * bs]; epochs];
-        let mut d = Dispatcher::new(world, bs, batches, epochs, cutting);
+        let mut d = shape.book();
         let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
         let stop_after = rng.random_range(0..200);
-        for _ in 0..stop_after {
-            if d.all_done() {
-                break;
+        shuffle(&mut d, &mut rng, &counts, &mut held, stop_after, |d, r, c| {
+            d.complete(r, &c, &WorkTally::default(), Instant::now());
+            for p in c.offset..c.offset + c.len {
+                completed[c.epoch][p] += 1;
+                owner[c.epoch][p] = r;
             }
-            let r = rng.random_range(0..world);
-            if rng.random_bool(0.5) {
-                if let Some(c) = d.next_chunk(r, &counts, false, Instant::now()) {
-                    held[r].push(c);
-                }
-            } else if let Some(c) = held[r].pop() {
-                d.complete(r, &c, &WorkTally::default(), Instant::now());
-                for p in c.offset..c.offset + c.len {
-                    completed[c.epoch][p] += 1;
-                    owner[c.epoch][p] = r;
-                }
-            }
-            while d.pop_complete().is_some() {}
-        }
+            Ok(())
+        })?;
         // Each held chunk was partly trained: a random number of leading batches.
         let mut partial = Vec::new();
         for (r, hs) in held.iter().enumerate() {
@@ -219,31 +255,20 @@ fn resume_hands_out_only_the_uncovered_rest() -> TestResult {
         }
         let coverage = d.coverage(&partial, 42)?;
         let oldest = d.oldest();
-        let mut e = Dispatcher::new(world, bs, batches, epochs, cutting)
-            .resume(oldest, &coverage)
-            .map_err(|e| format!("case {case}: {e}"))?;
+        let mut e =
+            shape.book().resume(oldest, &coverage).map_err(|e| format!("case {case}: {e}"))?;
         let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); world];
-        for _ in 0..100_000 {
-            if e.all_done() {
-                break;
-            }
-            let r = rng.random_range(0..world);
-            if rng.random_bool(0.5) {
-                if let Some(c) = e.next_chunk(r, &counts, false, Instant::now()) {
-                    held[r].push(c);
+        shuffle(&mut e, &mut rng, &counts, &mut held, 100_000, |e, r, c| {
+            e.complete(r, &c, &WorkTally::default(), Instant::now());
+            for p in c.offset..c.offset + c.len {
+                completed[c.epoch][p] += 1;
+                if cutting == Cutting::Static && owner[c.epoch][p] != usize::MAX {
+                    return Err(format!("case {case}: position {p} trained twice").into());
                 }
-            } else if let Some(c) = held[r].pop() {
-                e.complete(r, &c, &WorkTally::default(), Instant::now());
-                for p in c.offset..c.offset + c.len {
-                    completed[c.epoch][p] += 1;
-                    if cutting == Cutting::Static && owner[c.epoch][p] != usize::MAX {
-                        return Err(format!("case {case}: position {p} trained twice").into());
-                    }
-                    owner[c.epoch][p] = r;
-                }
+                owner[c.epoch][p] = r;
             }
-            while e.pop_complete().is_some() {}
-        }
+            Ok(())
+        })?;
         if !e.all_done() {
             return Err(format!("case {case}: the resumed run did not finish").into());
         }
@@ -251,7 +276,7 @@ fn resume_hands_out_only_the_uncovered_rest() -> TestResult {
             return Err(format!("case {case}: a position was not completed exactly once").into());
         }
         if cutting == Cutting::Static {
-            let reference = Dispatcher::new(world, bs, batches, epochs, cutting);
+            let reference = shape.book();
             for (epoch, owners) in owner.iter().enumerate() {
                 for (index, (s, e)) in reference.shares(world).into_iter().enumerate() {
                     if owners[s..e].iter().any(|&o| o != index) {
@@ -343,23 +368,14 @@ fn reshard_onto_another_world_trains_the_rest_once() -> TestResult {
         let mut completed = vec![vec![0u32; batches * bs]; epochs];
         let mut d = Dispatcher::new(from, bs, batches, epochs, cutting);
         let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); from];
-        for _ in 0..rng.random_range(0..200) {
-            if d.all_done() {
-                break;
+        let moves = rng.random_range(0..200);
+        shuffle(&mut d, &mut rng, &vec![2; from], &mut held, moves, |d, r, c| {
+            d.complete(r, &c, &WorkTally::default(), Instant::now());
+            for n in &mut completed[c.epoch][c.offset..c.end()] {
+                *n += 1;
             }
-            let r = rng.random_range(0..from);
-            if rng.random_bool(0.5) {
-                if let Some(c) = d.next_chunk(r, &vec![2; from], false, Instant::now()) {
-                    held[r].push(c);
-                }
-            } else if let Some(c) = held[r].pop() {
-                d.complete(r, &c, &WorkTally::default(), Instant::now());
-                for n in &mut completed[c.epoch][c.offset..c.end()] {
-                    *n += 1;
-                }
-            }
-            while d.pop_complete().is_some() {}
-        }
+            Ok(())
+        })?;
         let coverage = d.coverage(&[], 42)?;
         let oldest = d.oldest();
         let mut e = Dispatcher::new(to, bs, batches, epochs, cutting)
@@ -392,20 +408,9 @@ fn reshard_onto_another_world_trains_the_rest_once() -> TestResult {
             while e.pop_complete().is_some() {}
         }
         let mut held: Vec<Vec<Chunk>> = vec![Vec::new(); to];
-        for _ in 0..100_000 {
-            if e.all_done() {
-                break;
-            }
-            let r = rng.random_range(0..to);
-            if rng.random_bool(0.5) {
-                if let Some(c) = e.next_chunk(r, &vec![2; to], false, Instant::now()) {
-                    held[r].push(c);
-                }
-            } else if let Some(c) = held[r].pop() {
-                held_push(&mut e, &mut completed, r, c)?;
-            }
-            while e.pop_complete().is_some() {}
-        }
+        shuffle(&mut e, &mut rng, &vec![2; to], &mut held, 100_000, |e, r, c| {
+            held_push(e, &mut completed, r, c)
+        })?;
         if !e.all_done() {
             return Err(format!("case {case}: the resumed run did not finish").into());
         }

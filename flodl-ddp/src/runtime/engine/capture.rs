@@ -31,7 +31,7 @@ use crate::link::wire::{RankCapture, RankRestore};
 use crate::runtime::engine::run_config::{CheckpointPlan, Resumed, RunConfig};
 use crate::runtime::spec::ResumeTerms;
 use crate::state::{HostState, HostTensor};
-use crate::{Error, Result};
+use crate::{Error, Internal, Result};
 
 /// Names of the tensor sets in a bundle written by the runtime.
 const PARAM: &str = "param";
@@ -197,7 +197,7 @@ pub(crate) fn assemble(
     let from_rank = captures.iter().flatten().find(|c| c.model.is_some());
     let model = consensus
         .or_else(|| from_rank.and_then(|c| c.model.as_ref()))
-        .ok_or_else(|| Error::protocol("no rank captured the consensus model"))?;
+        .ok_or(Internal::NothingCaptured)?;
     let outer = outer.or_else(|| from_rank.and_then(|c| c.outer.clone()));
     let n = model.params.len();
     if shapes.len() != n + model.buffers.len() {

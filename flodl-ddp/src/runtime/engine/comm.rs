@@ -6,7 +6,7 @@ use flodl_tensor::{Device, Stream, Tensor};
 use crate::config_error::{ConfigError, Field};
 use crate::control::weighting::average_weights;
 use crate::link::wire::{GroupKey, Regroup};
-use crate::{Error, Result};
+use crate::{Internal, Result};
 
 /// How a rank joins the collective backend, decided before the ranks start.
 #[derive(Debug)]
@@ -301,7 +301,7 @@ impl RankComm {
     /// ([`CommPlan::relayed`]).
     ///
     /// # Errors
-    /// [`Error::Protocol`] when this is no host communicator; collective errors (a bad list).
+    /// [`Internal::ShrinkNotHost`] when this is no host communicator; collective errors (a bad list).
     pub(crate) fn shrink(
         &self,
         survivors: &[usize],
@@ -313,7 +313,7 @@ impl RankComm {
                 comm.set_timeout(timeout);
                 Ok(RankComm::Host { comm, mirrors: Vec::new() })
             }
-            _ => Err(Error::protocol("only a host group shrinks to its survivors")),
+            _ => Err(Internal::ShrinkNotHost.into()),
         }
     }
 

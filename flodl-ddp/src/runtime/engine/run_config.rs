@@ -27,7 +27,8 @@ pub(crate) type Factory = Arc<dyn Fn(&ReplicaContext) -> Result<Box<dyn Replica>
 pub type SampleAudit = Arc<dyn Fn(usize, usize, &[usize]) + Send + Sync>;
 
 /// Called with every epoch's metrics (its evaluation included), in order, on the thread that
-/// aggregates them, before [`DdpHandle`] sees them. A panic in it ends the run.
+/// aggregates them, before [`DdpHandle`](crate::DdpHandle) sees them. A panic in it ends the
+/// run.
 pub type EpochCallback = Arc<dyn Fn(&crate::EpochMetrics) + Send + Sync>;
 
 /// A run as [`crate::Trainer::run`] starts it: the spec every process agrees on, plus what only this

@@ -28,7 +28,7 @@ use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::control::overshoot::Overshoot;
 use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
 use crate::control::verdict::Verdict;
-use crate::error::Peer;
+use crate::error::{Internal, Peer};
 use crate::link::failure::RankFailure;
 use crate::link::frames::Admitted;
 use crate::link::inbound::{Inbox, inbox};
@@ -796,7 +796,7 @@ impl Coordinator {
         let Phase::Finishing { mut finals, parts, .. } =
             std::mem::replace(&mut self.phase, Phase::Training)
         else {
-            return Err(Error::protocol("the run concluded before it finished"));
+            return Err(Internal::ConcludedEarly.into());
         };
         let lowest = self.roster.lowest().ok_or(Error::PeerGone(Peer::EveryRank))?;
         let state = finals.swap_remove(lowest).ok_or(Error::PeerGone(Peer::Rank(lowest)))?;
