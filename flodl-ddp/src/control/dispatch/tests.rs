@@ -658,7 +658,7 @@ fn the_consensus_holds_every_position_once() -> TestResult {
                 if trained[r] == c.batches(bs) {
                     queue[r].pop_front();
                     trained[r] = 0;
-                    let loss_sum = (0..c.batches(bs)).map(|b| loss_at(c.offset + b * bs, bs)).sum();
+                    let loss_sum: f64 = (0..c.batches(bs)).map(|b| loss_at(c.offset + b * bs, bs)).sum();
                     let work = WorkTally { loss_sum, ..work_of(&c, bs) };
                     if !d.complete(r, &c, &work, Instant::now()) {
                         return Err(format!("case {case}: {c:?} refused").into());
