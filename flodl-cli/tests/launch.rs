@@ -12,8 +12,8 @@ use serde_json::Value;
 mod support;
 
 use support::launched::{
-    FDL, Launched, Result, accuracy, audit, by_hand, free_port, in_process, keys,
-    kill9, own_key, summary, trains_as_well,
+    FDL, Launched, Result, accuracy, audit, by_hand, free_port, in_process, keys, kill9, own_key,
+    summary, trains_as_well,
 };
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.

@@ -9,8 +9,7 @@ use serde_json::Value;
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, in_process, kill9, records, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, in_process, kill9, records, summary, trains_as_well,
 };
 
 /// Epochs of the job.

@@ -15,8 +15,7 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, in_process, kill9, records, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, in_process, kill9, records, summary, trains_as_well,
 };
 
 const TRAIN: usize = 16384;

@@ -653,12 +653,17 @@ fn the_consensus_holds_every_position_once() -> TestResult {
                 }
             } else if roll < 900 {
                 let Some(&(c, id)) = queue[r].front() else { continue };
-                since[r].push(Trained { epoch: c.epoch, offset: c.offset + trained[r] * bs, chunk: id });
+                since[r].push(Trained {
+                    epoch: c.epoch,
+                    offset: c.offset + trained[r] * bs,
+                    chunk: id,
+                });
                 trained[r] += 1;
                 if trained[r] == c.batches(bs) {
                     queue[r].pop_front();
                     trained[r] = 0;
-                    let loss_sum: f64 = (0..c.batches(bs)).map(|b| loss_at(c.offset + b * bs, bs)).sum();
+                    let loss_sum: f64 =
+                        (0..c.batches(bs)).map(|b| loss_at(c.offset + b * bs, bs)).sum();
                     let work = WorkTally { loss_sum, ..work_of(&c, bs) };
                     if !d.complete(r, &c, &work, Instant::now()) {
                         return Err(format!("case {case}: {c:?} refused").into());
@@ -705,7 +710,9 @@ fn the_consensus_holds_every_position_once() -> TestResult {
             }
         }
         if !d.all_done() || since.iter().any(|s| !s.is_empty()) {
-            return Err(format!("case {case}: the run did not finish, or left work unreduced").into());
+            return Err(
+                format!("case {case}: the run did not finish, or left work unreduced").into()
+            );
         }
         for (e, positions) in held_by.iter().enumerate() {
             if let Some(p) = positions.iter().position(|by| by.len() != 1) {
