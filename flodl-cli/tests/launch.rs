@@ -12,8 +12,8 @@ use serde_json::Value;
 mod support;
 
 use support::launched::{
-    FDL, Launched, Result, accuracy, audit, audit_but_drops, by_hand, free_port, in_process, keys,
-    kill9, own_key, summary, trains_as_well,
+    FDL, Launched, Result, accuracy, audit, by_hand, free_port, in_process, keys, kill9, own_key,
+    summary, trains_as_well,
 };
 
 /// A small job: 3 ranks' worth of 4,096 training and 1,000 test images, 2 epochs.
@@ -235,7 +235,7 @@ fn a_killed_rank_process_leaves_the_run_to_the_survivors() -> Result {
         .filter(|v| v["kind"] == "epoch")
         .collect();
     assert_eq!(epochs.len(), 6, "{metrics}");
-    println!("{}", audit_but_drops(&dir)?);
+    println!("{}", audit(&dir, None)?);
     let last = epochs.last().ok_or("no epoch")?;
     let ranks = last["ranks"].as_array().ok_or("no ranks")?;
     assert_eq!(

@@ -9,8 +9,7 @@ use serde_json::Value;
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit_but_drops, in_process, kill9, records, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, in_process, kill9, records, summary, trains_as_well,
 };
 
 /// Epochs of the job.
@@ -42,7 +41,7 @@ fn check_coverage(dir: &std::path::Path) -> Result<Vec<Value>> {
     if epochs.len() != EPOCHS {
         return Err(format!("{} epochs recorded, {EPOCHS} expected", epochs.len()).into());
     }
-    let report = audit_but_drops(dir)?;
+    let report = audit(dir, None)?;
     println!("{report}");
     Ok(epochs)
 }

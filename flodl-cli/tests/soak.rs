@@ -15,8 +15,8 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit_but_drops, env_secs, in_process, kill9, median, records,
-    summary, trains_as_well,
+    Launched, Result, accuracy, audit, env_secs, in_process, kill9, median, records, summary,
+    trains_as_well,
 };
 
 const TRAIN: usize = 16384;
@@ -172,9 +172,8 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
         .collect();
     let requeued: u64 = faults.iter().filter_map(|f| f["requeued_samples"].as_u64()).sum();
     let epochs_rec = records(&dir, "epoch")?;
-    // Every sample once in the final model: `fdl audit` of the run's ledger (but for the known
-    // gap it names "dropped", printed when it occurs).
-    let audited = audit_but_drops(&dir);
+    // Every sample once in the final model: `fdl audit` of the run's ledger.
+    let audited = audit(&dir, None);
     let (a, c) = (accuracy(&clean)?, accuracy(&dir)?);
     let by_moment = |m: Moment| kills.iter().filter(|k| k.1 == m).count();
     println!(

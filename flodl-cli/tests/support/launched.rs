@@ -99,29 +99,6 @@ pub(crate) fn audit(dir: &Path, resumed_from: Option<&Path>) -> Result<String> {
     Ok(out)
 }
 
-/// [`audit`] of a run with deaths, but for one known gap: when `fdl audit` fails, its report
-/// is still accepted if nothing is duplicated and every skipped sample is one the audit names
-/// dropped (a dead rank's chunk it reported trained before a reduce took it in: the dispatcher
-/// counts it done and does not hand it out again). Those are printed as a known gap, never
-/// hidden; any other skip, any duplicate, or an unreadable ledger fails.
-pub(crate) fn audit_but_drops(dir: &Path) -> Result<String> {
-    match audit(dir, None) {
-        Ok(report) => Ok(report),
-        Err(failed) => {
-            let a = flodl_ddp::ledger::Audit::read(&dir.join(flodl_ddp::ledger::FILE))?;
-            let dropped: usize = a.epochs.iter().map(|e| e.dropped).sum();
-            let only_drops = a.complete
-                && a.cut_mismatch.is_empty()
-                && a.epochs.iter().all(|e| e.duplicated == 0 && e.skipped == e.dropped);
-            if !only_drops {
-                return Err(failed);
-            }
-            println!("KNOWN GAP: {dropped} sample(s) dropped with a death (see the audit below)");
-            Ok(a.to_string())
-        }
-    }
-}
-
 /// `kill -9 pid`.
 pub(crate) fn kill9(pid: i32) -> Result {
     let ok = Command::new("kill").args(["-9", &pid.to_string()]).status()?.success();

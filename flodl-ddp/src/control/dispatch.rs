@@ -21,18 +21,21 @@ use crate::control::metrics::{EpochTally, WorkTally};
 use crate::control::partition;
 
 pub use chunk::{Chunk, Cutting};
-use pool::{Held, Pool, Span, split, subtract};
+use pool::{Held, Pool, Span, Stage, split, subtract};
 
 /// Every epoch not yet complete, oldest first; pools open on demand, at most one epoch ahead of
 /// the oldest incomplete one (under every policy: a rank done with its part of an epoch starts
 /// on the next one instead of idling at the epoch's end).
 ///
-/// A retired (dead) rank is handed nothing more. What it held and the consensus does not hold
-/// (the batches past those it trained into completed reduces, see [`Dispatcher::add_reduce`]),
-/// and under the static cut what it was still to be handed, is split over the live ranks
-/// (static) or put back in the free spans (progressive); what the consensus holds counts as
-/// completed, by the dead rank. So every position of an epoch is trained into the consensus
-/// once, except a batch a rank trained and died before reducing.
+/// A chunk is completed when its rank reported it trained *and* reduces hold all of it (the
+/// rank's batches in completed reduces reach its end, see [`Dispatcher::add_reduce`]); until
+/// then it stays held by its rank, and its epoch is not complete. A retired (dead) rank is
+/// handed nothing more. What it held and the consensus does not hold (the batches past those
+/// it trained into completed reduces, whether it reported their chunk trained or not), and
+/// under the static cut what it was still to be handed, is split over the live ranks (static)
+/// or put back in the free spans (progressive); what the consensus holds counts as completed,
+/// by the dead rank. So every position of an epoch is trained into the consensus exactly once,
+/// and counted once in the epoch's metrics.
 #[derive(Debug)]
 pub struct Dispatcher {
     world: usize,
@@ -266,7 +269,7 @@ impl Dispatcher {
             let Some((start, end)) = span else { continue };
             let chunk = Chunk { epoch, offset: start, len: end - start };
             pool.started.get_or_insert(now);
-            pool.held[rank].push(Held { chunk, first });
+            pool.held[rank].push(Held { chunk, first, stage: Stage::Handed });
             self.handed[rank] += chunk.batches(bs) as u64;
             return Some(chunk);
         }
@@ -305,7 +308,7 @@ impl Dispatcher {
             *budget > 0
         };
         for pool in &self.pools {
-            for h in &pool.held[rank] {
+            for h in pool.held[rank].iter().filter(|h| matches!(h.stage, Stage::Handed)) {
                 if !take(&mut out, &mut budget, h.chunk) {
                     return out;
                 }
@@ -361,6 +364,7 @@ impl Dispatcher {
                             .pools
                             .iter()
                             .flat_map(|p| &p.held[r])
+                            .filter(|h| matches!(h.stage, Stage::Handed))
                             .map(|h| h.chunk.batches(bs))
                             .sum();
                         held as f64 / speed(r)
@@ -408,26 +412,34 @@ impl Dispatcher {
         out
     }
 
-    /// Credits a completed chunk and its work; `false` (and nothing credited) when `rank` does
-    /// not hold it (a retired rank's late report). `now` is when it was reported: the last
-    /// completion of an epoch stops its clock.
+    /// Takes `rank`'s report that it trained `chunk`, with its work: the chunk is completed
+    /// (and the work credited) once reduces hold all of it, at once if they do already; until
+    /// then the report is kept with the chunk. `false` (and nothing taken) when `rank` does
+    /// not hold the chunk untrained (a retired rank's late report, a report repeated). `now`
+    /// is when it was reported: the last report of an epoch stops its clock.
     pub fn complete(&mut self, rank: usize, chunk: &Chunk, work: &WorkTally, now: Instant) -> bool {
+        let (bs, reduced) = (self.batch_size, self.reduced.get(rank).copied().unwrap_or(0));
         let Some(pool) = self.pools.iter_mut().find(|p| p.epoch == chunk.epoch) else {
             return false;
         };
         let Some(held) = pool.held.get_mut(rank) else { return false };
-        let Some(i) = held.iter().position(|h| h.chunk == *chunk) else { return false };
-        held.remove(i);
-        pool.done.push((chunk.offset, chunk.end()));
-        pool.tally.add(rank, work);
+        let Some(h) =
+            held.iter_mut().find(|h| h.chunk == *chunk && matches!(h.stage, Stage::Handed))
+        else {
+            return false;
+        };
+        h.stage = Stage::Trained(Box::new(work.clone()));
         pool.finished = Some(now);
+        pool.settle(rank, reduced, bs);
         true
     }
 
-    /// Retires `rank`: it is handed nothing more. Of each chunk it held, the leading batches
-    /// the consensus holds count as completed (by it, in the epoch's metrics) and the rest goes
-    /// back to the live ranks with what it was still to be handed (split evenly in batches
-    /// under the static cut, to the free spans otherwise). The consensus holds the rank's steps
+    /// Retires `rank`: it is handed nothing more. Of each chunk it held (trained or not), the
+    /// leading batches the consensus holds count as completed (by it, in the epoch's metrics:
+    /// with its report when they are the whole chunk, as unreported batches otherwise) and the
+    /// rest goes back to the live ranks with what it was still to be handed (split evenly in
+    /// batches under the static cut, to the free spans otherwise); the report of a chunk not
+    /// wholly held is dropped, so its re-trained part counts once. The consensus holds the rank's steps
     /// in the reduces recorded by [`add_reduce`](Self::add_reduce) plus `pending`: its steps in
     /// a reduce still in progress that already holds them (its collective returned, or its
     /// snapshot is being averaged). Returns the re-queued parts of its chunks. Retiring twice
@@ -443,10 +455,18 @@ impl Dispatcher {
         let mut requeued = Vec::new();
         for pool in &mut self.pools {
             let mut orphans: Vec<Span> = Vec::new();
-            for Held { chunk, first } in std::mem::take(&mut pool.held[rank]) {
+            for Held { chunk, first, stage } in std::mem::take(&mut pool.held[rank]) {
                 let batches = chunk.batches(bs);
                 let held = usize::try_from(reduced.saturating_sub(first)).unwrap_or(usize::MAX);
                 let kept = held.min(batches);
+                if let Stage::Trained(work) = stage
+                    && kept == batches
+                {
+                    pool.done.push((chunk.offset, chunk.end()));
+                    pool.tally.add(rank, &work);
+                    pool.finished = Some(now);
+                    continue;
+                }
                 if kept > 0 {
                     let end = chunk.offset + kept * bs;
                     pool.done.push((chunk.offset, end));
@@ -506,12 +526,17 @@ impl Dispatcher {
     }
 
     /// Records a completed reduce: `steps[r]` batches of rank `r` (trained since its previous
-    /// reduce) are now in the consensus, and the reduce took `sync_ms` (counted toward the
-    /// oldest incomplete epoch).
+    /// reduce) are now in the consensus, which completes the trained chunks they cover; the
+    /// reduce took `sync_ms` (counted toward the oldest incomplete epoch).
     pub fn add_reduce(&mut self, sync_ms: f64, steps: &[usize]) {
+        let bs = self.batch_size;
         for (rank, &s) in steps.iter().enumerate() {
-            if self.is_live(rank) {
+            if s > 0 && self.is_live(rank) {
                 self.reduced[rank] += s as u64;
+                let reduced = self.reduced[rank];
+                for pool in &mut self.pools {
+                    pool.settle(rank, reduced, bs);
+                }
             }
         }
         let oldest = self.oldest;
@@ -520,7 +545,8 @@ impl Dispatcher {
         }
     }
 
-    /// Removes the oldest epoch if it is complete: its number, tally and wall time in ms.
+    /// Removes the oldest epoch if it is complete (every position handed out, trained and held
+    /// by the consensus): its number, tally and wall time in ms.
     pub fn pop_complete(&mut self) -> Option<(usize, EpochTally, f64)> {
         let oldest = self.oldest;
         let pool = self.pool_mut(oldest)?;
@@ -536,15 +562,16 @@ impl Dispatcher {
         Some((pool.epoch, pool.tally, ms))
     }
 
-    /// Whether any chunk is handed out and not yet completed.
+    /// Whether any chunk is handed out and not yet completed (trained into the consensus).
     pub fn any_outstanding(&self) -> bool {
         self.pools.iter().any(Pool::outstanding)
     }
 
     /// The coverage of every epoch not yet complete (those opened and those resumed but not
     /// yet opened), as a checkpoint stores it with the permutations' `seed`: the completed
-    /// ranges plus `partial`, `(epoch, range)` leading parts of held chunks that their ranks
-    /// report trained. Epochs with nothing done are left out.
+    /// ranges, the chunks reported trained, and `partial`, `(epoch, range)` leading parts of
+    /// held chunks that their ranks report trained (a checkpoint is cut with every rank paused
+    /// at a reduce that takes in all they trained). Epochs with nothing done are left out.
     ///
     /// # Errors
     /// [`crate::checkpoint::CheckpointError::RangeOutOfBounds`] for a partial range past the
@@ -564,8 +591,12 @@ impl Dispatcher {
             let mut ranges: Vec<SampleRange> =
                 done.iter().map(|&(s, e)| SampleRange::new(s, e - s)).collect();
             if let Some(pool) = self.pools.iter().find(|p| p.epoch == epoch) {
-                for Held { chunk, .. } in pool.held.iter().flatten() {
+                for Held { chunk, stage, .. } in pool.held.iter().flatten() {
                     let (s, e) = (chunk.offset, chunk.end());
+                    if matches!(stage, Stage::Trained(_)) {
+                        ranges.push(SampleRange::new(s, e - s));
+                        continue;
+                    }
                     let inside = |r: &SampleRange| r.offset == s && r.offset + r.size <= e;
                     ranges.extend(
                         partial.iter().filter(|(pe, r)| *pe == epoch && inside(r)).map(|(_, r)| *r),

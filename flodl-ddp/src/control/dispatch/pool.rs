@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::control::metrics::EpochTally;
+use crate::control::metrics::{EpochTally, WorkTally};
 use crate::control::partition;
 
 use super::chunk::Chunk;
@@ -12,12 +12,30 @@ use super::chunk::Chunk;
 /// A half-open span of permutation positions, `start..end`.
 pub(super) type Span = (usize, usize);
 
-/// A chunk handed out and not yet completed, with where it starts in its rank's stream of
-/// batches (the batches handed to the rank before it).
-#[derive(Debug, Clone, Copy)]
+/// A chunk handed out whose training the consensus does not hold all of yet, with where it
+/// starts in its rank's stream of batches (the batches handed to the rank before it).
+#[derive(Debug, Clone)]
 pub(super) struct Held {
     pub(super) chunk: Chunk,
     pub(super) first: u64,
+    pub(super) stage: Stage,
+}
+
+/// How far a held chunk is: handed out, or reported trained and waiting for reduces to take
+/// all of it into the consensus (its rank's report kept until then: a rank that dies first
+/// loses the part no reduce took, which is handed out again and must not count twice).
+#[derive(Debug, Clone)]
+pub(super) enum Stage {
+    Handed,
+    Trained(Box<WorkTally>),
+}
+
+impl Held {
+    /// One past its last batch in its rank's stream: the consensus holds all of it once the
+    /// rank's reduced batches reach this.
+    pub(super) fn end(&self, batch_size: usize) -> u64 {
+        self.first + self.chunk.batches(batch_size) as u64
+    }
 }
 
 /// One epoch's pool of positions.
@@ -29,9 +47,10 @@ pub(super) struct Pool {
     /// Spans anyone may be handed (progressive: the whole epoch at first; both cuts: a dead
     /// rank's work), in position order.
     pub(super) free: VecDeque<Span>,
-    /// Chunks handed out and not yet completed, per rank, in the order they were handed.
+    /// Chunks handed out whose training the consensus does not hold all of yet, per rank, in
+    /// the order they were handed.
     pub(super) held: Vec<Vec<Held>>,
-    /// Completed spans.
+    /// Completed spans: trained, and held by the consensus (or by a checkpoint resumed).
     pub(super) done: Vec<Span>,
     pub(super) started: Option<Instant>,
     pub(super) finished: Option<Instant>,
@@ -45,6 +64,24 @@ impl Pool {
 
     pub(super) fn outstanding(&self) -> bool {
         self.held.iter().any(|h| !h.is_empty())
+    }
+
+    /// Completes `rank`'s trained chunks that its first `reduced` batches cover: they are in
+    /// the consensus, and their reports count in the epoch's tally (in the order trained).
+    pub(super) fn settle(&mut self, rank: usize, reduced: u64, batch_size: usize) {
+        let Some(held) = self.held.get_mut(rank) else { return };
+        let mut kept = Vec::with_capacity(held.len());
+        for h in held.drain(..) {
+            let covered = h.end(batch_size) <= reduced;
+            match h.stage {
+                Stage::Trained(work) if covered => {
+                    self.done.push((h.chunk.offset, h.chunk.end()));
+                    self.tally.add(rank, &work);
+                }
+                stage => kept.push(Held { stage, ..h }),
+            }
+        }
+        *held = kept;
     }
 }
 
