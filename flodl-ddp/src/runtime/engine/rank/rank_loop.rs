@@ -536,7 +536,13 @@ impl<'a> RankLoop<'a> {
                 self.send(ToCoordinator::Final { rank, state, capture })?;
                 return Ok(Flow::Exit);
             }
-            ToWorker::Stop => return Ok(Flow::Exit),
+            ToWorker::Stop => {
+                if let Some(attacker) = &self.attacker {
+                    let stall = self.cfg.spec.stall_timeout;
+                    attacker.on_stop(rank, |m| send_on(self.link, &self.last_sent, m, stall))?;
+                }
+                return Ok(Flow::Exit);
+            }
             // The link acts on abort orders itself; one that reaches the loop is stale.
             ToWorker::Ping | ToWorker::AbortGroup { .. } => {}
             ToWorker::Regroup { generation, members, how } => {
