@@ -712,7 +712,6 @@ mod tests {
     fn small_run() -> std::result::Result<Arc<RunConfig>, String> {
         use flodl_data::{Field, InMemory, SampleLayout, Values};
         use flodl_tensor::DType;
-        let e = |e: Error| e.to_string();
         let layout = SampleLayout::new(vec![
             Field::new("x", &[4], DType::F32),
             Field::new("label", &[], DType::I32),
@@ -722,19 +721,12 @@ mod tests {
         let labels = Values::I32((0..64).map(|i| i % 2).collect());
         let data: Arc<dyn flodl_data::Dataset> =
             Arc::new(InMemory::new(layout, vec![x, labels]).map_err(|e| e.to_string())?);
-        let mlp = crate::MlpConfig::new(&[4, 3, 2], crate::Optimizer::sgd(0.9));
-        let spec = crate::Trainer::new(crate::Mlp::factory(mlp.clone()))
-            .dataset(data.clone())
-            .devices(crate::Devices::Cpu(2))
-            .backend(crate::Backend::Host)
-            .batch_size(8)
-            .spec()
-            .map_err(e)?;
+        let mlp = crate::mlp::MlpConfig::new(&[4, 3, 2], crate::mlp::Optimizer::sgd(0.9));
         let factory: crate::runtime::engine::run_config::Factory = Arc::new(move |ctx| {
-            Ok(Box::new(crate::Mlp::factory(mlp.clone())(ctx)?) as Box<dyn crate::Replica>)
+            Ok(Box::new(crate::mlp::Mlp::factory(mlp.clone())(ctx)?) as Box<dyn Replica>)
         });
-        Ok(Arc::new(RunConfig {
-            spec,
+        let mut config = RunConfig {
+            spec: Default::default(),
             factory,
             dataset: data,
             test: None,
@@ -744,7 +736,11 @@ mod tests {
             checkpoints: None,
             resume: None,
             own: None,
-        }))
+        };
+        config.spec.devices = vec![Device::Cpu; 2];
+        config.spec.backend = crate::control::policy::Backend::Host;
+        config.spec.batch_size = 8;
+        Ok(Arc::new(config))
     }
 
     /// A rank takes the controller's orders only after checking them: each case is an order,
