@@ -14,9 +14,10 @@ use flodl_tensor::Device;
 
 mod support;
 
+use support::impostor::{FakeController, claim, run_hash};
 use support::launched::{
-    Launched, Result, accuracy, by_hand, free_port, in_process, keys, own_key, records, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, audit_but_drops, by_hand, free_port, in_process, keys,
+    own_key, records, summary, trains_as_well,
 };
 
 /// Training samples and epochs of each job.
@@ -39,27 +40,51 @@ const JOB: [&str; 14] = [
     "--watchdog",
     "10",
 ];
+/// Epochs of the `persist` attack's job (its flag below): long enough for a restarted
+/// process to come back while it trains.
+const PERSIST_EPOCHS: &str = "150";
 /// Jobs run at once.
 const AT_ONCE: usize = 3;
 
-/// Each attack of rank 2, and the misconduct the controller's fault must name.
-const ATTACKS: [(&str, &str); 9] = [
-    ("start-state", "StartState"),
-    ("steps", "StepsBeyondDispatch"),
-    ("nan-snapshot", "NonFinite"),
-    ("inf-snapshot", "NonFinite"),
-    ("misshaped-snapshot", "Misshaped"),
-    ("unsolicited-eval", "Unsolicited"),
-    ("unsolicited-group-id", "Unsolicited"),
-    ("replay", "Replayed"),
-    ("flood", "Flooded"),
+/// Each attack of rank 2, and the misconduct the controller's fault must name (`None`: an
+/// attack the controller cannot see, which must change nothing).
+const ATTACKS: [(&str, Option<&str>); 11] = [
+    ("start-state", Some("StartState")),
+    ("steps", Some("StepsBeyondDispatch")),
+    ("nan-snapshot", Some("NonFinite")),
+    ("inf-snapshot", Some("NonFinite")),
+    ("misshaped-snapshot", Some("Misshaped")),
+    ("unsolicited-eval", Some("Unsolicited")),
+    ("unsolicited-group-id", Some("Unsolicited")),
+    ("replay", Some("Replayed")),
+    ("flood", Some("Flooded")),
+    // A pace a hundred times its own (to be elected the evaluating rank) and the accuracy of
+    // shifted test labels (0.3%) in its evaluations: the job reports its own process's.
+    ("forged-eval", None),
+    // Its Stop ignored, its frames sent on: the controller ends its connection; restarted by
+    // the launcher, its seat is closed to it.
+    ("persist", Some("NonFinite")),
 ];
 
-/// One attack's job: rank 2 evicted for `misconduct` and nobody else, every epoch's samples
-/// trained once; the job's accuracy.
-fn attacked(attack: &str, misconduct: &str, dir: &Path) -> Result<f64> {
+/// The controller's line when an evicted rank's process connects again.
+const BARRED: &str = "the rank was evicted for misconduct, and its seat stays closed";
+
+/// One attack's job: rank 2 evicted for `misconduct` and nobody else (or nobody), every
+/// epoch's samples trained once (the ledger's audit); the job's accuracy.
+fn attacked(attack: &str, misconduct: Option<&str>, dir: &Path) -> Result<f64> {
     let hostile = format!("2:{attack}");
-    let job = Launched::start_with(3, &[], &JOB, dir, &[("FLODL_HOSTILE", &hostile)])?;
+    let persist = attack == "persist";
+    let launcher: &[&str] = if persist { &["--max-restarts", "1"] } else { &[] };
+    let mut flags = JOB.to_vec();
+    let mut epochs = EPOCHS;
+    if persist {
+        // A few seconds of training, so that the restarted process connects while the run
+        // still trains.
+        epochs = PERSIST_EPOCHS.parse()?;
+        let at = flags.iter().position(|f| *f == "--epochs").ok_or("no --epochs")? + 1;
+        flags[at] = PERSIST_EPOCHS;
+    }
+    let job = Launched::start_with(3, launcher, &flags, dir, &[("FLODL_HOSTILE", &hostile)])?;
     let (code, out) = job.finish(Duration::from_secs(240))?;
     let tail: String = out.lines().rev().take(40).collect::<Vec<_>>().join("\n");
     if code != Some(0) {
@@ -69,21 +94,46 @@ fn attacked(attack: &str, misconduct: &str, dir: &Path) -> Result<f64> {
     let faults = s["faults"].as_array().ok_or("no faults")?;
     let evicted: Vec<(Option<u64>, String)> =
         faults.iter().map(|f| (f["rank"].as_u64(), f["cause"].to_string())).collect();
-    let named = evicted.len() == 1
-        && evicted[0].0 == Some(2)
-        && evicted[0].1.contains("Misconduct")
-        && evicted[0].1.contains(misconduct);
+    let named = match misconduct {
+        Some(misconduct) => {
+            evicted.len() == 1
+                && evicted[0].0 == Some(2)
+                && evicted[0].1.contains("Misconduct")
+                && evicted[0].1.contains(misconduct)
+        }
+        None => evicted.is_empty(),
+    };
     if !named {
         return Err(
-            format!("{attack}: faults {evicted:?}, expected rank 2 for {misconduct}").into()
+            format!("{attack}: faults {evicted:?}, expected rank 2 for {misconduct:?}").into()
         );
     }
-    let epochs = records(dir, "epoch")?;
-    if epochs.len() != EPOCHS {
-        return Err(format!("{attack}: {} epochs recorded", epochs.len()).into());
+    if persist {
+        let rejoins = s["rejoins"].as_array().map_or(0, Vec::len);
+        let still_heard = out.contains("still heard");
+        if !out.contains("restarting rank 2")
+            || !out.contains(BARRED)
+            || rejoins != 0
+            || still_heard
+        {
+            return Err(format!(
+                "{attack}: restarted and turned away expected, {rejoins} rejoin(s), heard on \
+                 after its Stop: {still_heard}:\n{tail}"
+            )
+            .into());
+        }
+    }
+    if misconduct.is_some() {
+        audit_but_drops(dir)?;
+    } else {
+        audit(dir, None)?;
+    }
+    let recorded = records(dir, "epoch")?;
+    if recorded.len() != epochs {
+        return Err(format!("{attack}: {} epochs recorded", recorded.len()).into());
     }
     let per_epoch = (TRAIN / 64) * 64;
-    for e in &epochs {
+    for e in &recorded {
         if e["samples"].as_u64() != Some(per_epoch as u64) {
             return Err(format!("{attack}: an epoch's coverage is not exactly once: {e}").into());
         }
@@ -120,9 +170,7 @@ fn a_hostile_member_is_evicted_and_the_job_trains_on() -> Result {
                 trains_as_well(attack, clean, acc, 0.5).map(|()| acc).map_err(|e| e.to_string())
             });
             match r {
-                Ok(acc) => {
-                    eprintln!("{attack}: evicted rank 2; accuracy {acc:.3} (clean {clean:.3})")
-                }
+                Ok(acc) => eprintln!("{attack}: as expected; accuracy {acc:.3} (clean {clean:.3})"),
                 Err(e) => failures.push(format!("{attack}: {e}")),
             }
         }
@@ -219,5 +267,96 @@ fn a_members_key_serves_no_controller_takes_no_other_seat_and_brings_no_other_da
     let (ok, said) = outcome(controller)?;
     assert!(ok, "the controller: {said}");
     assert!(accuracy(&out)? > 0.5);
+    Ok(())
+}
+
+/// A member's key used by hand, past the checks `fdl` makes of its own key, against the real
+/// processes of a job. Served as the controller (rank 2's key) on the controller's port before
+/// it, and on another port a rank was pointed at: the honest rank refuses it at TLS, completes
+/// no handshake and sends it nothing. Then, the controller up, the same key says the hello of
+/// rank 1 (with the run's real specification hash) before the honest rank 1 joins and while it
+/// trains: each claim is refused by the controller, naming both ranks; the honest job completes
+/// with every sample trained once.
+#[test]
+fn a_members_key_used_by_hand_poses_as_no_controller_and_takes_no_seat() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let keydir = tmp.path().join("keys");
+    keys(&keydir)?;
+    let port = free_port()?;
+    let out = tmp.path().join("run");
+    for (what, at) in [("the controller's port", port), ("another port", free_port()?)] {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", at))?;
+        let fake = FakeController::serve(listener, &keydir, "rank-2")?;
+        let (ok, said) = outcome(by_hand(&keydir, at, 1, &own_key(1), &JOB, &[], &out)?)?;
+        let came = fake.wait_for(1, Duration::from_secs(5));
+        let (completed, read) = (
+            fake.completed.load(std::sync::atomic::Ordering::Acquire),
+            fake.read.load(std::sync::atomic::Ordering::Acquire),
+        );
+        drop(fake);
+        if ok || !said.contains("TLS") || !came || completed != 0 || read != 0 {
+            return Err(format!(
+                "rank 2's key as a controller on {what}: the rank exited ok={ok}, \
+                 connected={came}, handshakes completed {completed}, bytes sent {read}:\n{said}"
+            )
+            .into());
+        }
+    }
+    let run = run_hash(&keydir, port, 2, &JOB)?;
+    let hello = flodl_cluster::Hello::new(run, 1, 3);
+    let want = "claims rank 1 but its certificate is rank 2's";
+    let mut controller = by_hand(&keydir, port, 0, &own_key(0), &JOB, &[], &out)?;
+    // Before the honest rank 1: once the controller listens.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let before = loop {
+        match claim(&keydir, port, "rank-2", hello) {
+            Ok(answer) => break answer,
+            Err(_) if Instant::now() < deadline && controller.try_wait()?.is_none() => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("the controller never listened: {e}").into()),
+        }
+    };
+    if !before.contains(want) {
+        return Err(format!("rank 2's key claiming rank 1's free seat: {before:?}").into());
+    }
+    let mut honest = vec![
+        by_hand(&keydir, port, 1, &own_key(1), &JOB, &[], &out)?,
+        by_hand(&keydir, port, 2, &own_key(2), &JOB, &[], &out)?,
+    ];
+    // While the honest rank 1 runs: every claim answered is refused the same way.
+    let mut refused_while_running = 0;
+    while honest[0].try_wait()?.is_none() {
+        // A claim that meets the job's end (the controller going away) gets no word; one the
+        // controller read must get the seat's refusal, never another answer nor a held lane.
+        match claim(&keydir, port, "rank-2", hello) {
+            Ok(answer) if answer.contains(want) => refused_while_running += 1,
+            Ok(answer) if answer.starts_with("TLS failed") || answer.is_empty() => {}
+            Ok(answer) => {
+                return Err(format!("a claim of rank 1's seat while it runs: {answer:?}").into());
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for r in honest.drain(..) {
+        let (ok, said) = outcome(r)?;
+        if !ok {
+            return Err(format!("an honest rank failed: {said}").into());
+        }
+    }
+    let (ok, said) = outcome(controller)?;
+    if !ok {
+        return Err(format!("the controller failed: {said}").into());
+    }
+    if refused_while_running == 0 {
+        return Err("no claim was answered while rank 1 ran".into());
+    }
+    let acc = accuracy(&out)?;
+    if acc < 0.5 {
+        return Err(format!("the job's accuracy {acc}").into());
+    }
+    audit(&out, None)?;
+    eprintln!("{refused_while_running} claims refused while rank 1 ran; accuracy {acc:.3}");
     Ok(())
 }

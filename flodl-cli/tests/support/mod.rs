@@ -4,6 +4,7 @@
 
 pub(crate) mod devtools;
 pub(crate) mod http;
+pub(crate) mod impostor;
 pub(crate) mod launched;
 pub(crate) mod prometheus;
 pub(crate) mod serving;

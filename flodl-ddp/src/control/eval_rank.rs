@@ -5,6 +5,11 @@
 /// Evaluating costs the elected rank its training time for as long as the test set takes; the
 /// fastest rank finishes soonest, and under `Cadence`/`Async` ElChe gives it back a shorter
 /// window at the next reduce, so the others do not wait for it.
+///
+/// In a cluster run the rule elects among the ranks of the controller's own process while one
+/// lives (with the host backend, rank 0): the run reports the evaluation, and a rank in another
+/// process could answer anything (its test set's checksum, its pace and its accuracy are its
+/// word). Among the ranks of other processes only when none of those lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EvalRank {

@@ -97,6 +97,15 @@ impl CoordinatorLink {
         }
     }
 
+    /// Ends `rank`'s connection, when it has one: nothing more it sends is read, and its
+    /// process finds the controller gone. A rank in this process is left as it is.
+    pub(crate) fn sever(&self, rank: usize) {
+        match &self.flavor {
+            CoordinatorFlavor::Local(_) => {}
+            CoordinatorFlavor::Routed(r) => r.sever(rank),
+        }
+    }
+
     /// Reaches `rank` through `frames` from now on (a rank that joined again), closing its
     /// old connection; false when `rank` is not reached over connections.
     pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {

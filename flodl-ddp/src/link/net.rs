@@ -367,6 +367,13 @@ impl NetCoordinator {
         self.send_state(rank, msg, None)
     }
 
+    /// As [`CoordinatorLink::sever`](super::CoordinatorLink::sever).
+    pub(crate) fn sever(&self, rank: usize) {
+        if let Ok(frames) = self.frames(rank) {
+            frames.close();
+        }
+    }
+
     /// As [`CoordinatorLink::attach`](super::CoordinatorLink::attach).
     pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
         let mut ranks = self.ranks.write().unwrap_or_else(|p| p.into_inner());

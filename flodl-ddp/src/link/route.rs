@@ -49,6 +49,13 @@ impl Routed {
         }
     }
 
+    /// As [`CoordinatorLink::sever`](super::CoordinatorLink::sever).
+    pub(crate) fn sever(&self, rank: usize) {
+        if let Some(Route::Remote) = self.routes.get(rank) {
+            self.remote.sever(rank);
+        }
+    }
+
     /// As [`CoordinatorLink::attach`](super::CoordinatorLink::attach).
     pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
         match self.routes.get(rank) {

@@ -16,13 +16,15 @@ const PER_SECOND: u32 = 20_000;
 /// Questions (evaluations, group ids) a rank may have outstanding; older ones are forgotten.
 const OUTSTANDING: usize = 8;
 
-/// The book of every rank, and the ranks found out before training started (evicted once it
-/// has).
+/// The book of every rank, the ranks found out before training started (evicted once it has),
+/// and the ranks evicted (their seats closed for the run).
 #[derive(Debug)]
 pub(super) struct Conduct {
     ranks: Vec<Book>,
     batch_size: usize,
     condemned: Vec<(usize, Misconduct)>,
+    /// The ranks evicted: their seats stay closed for the run.
+    barred: Vec<usize>,
 }
 
 /// One rank's book.
@@ -58,7 +60,13 @@ impl Conduct {
     /// The books of `world` ranks; those in `remote` are in other processes and rate-limited.
     pub(super) fn new(world: usize, batch_size: usize, remote: impl Fn(usize) -> bool) -> Self {
         let ranks = (0..world).map(|r| Book::new(remote(r))).collect();
-        Conduct { ranks, batch_size, condemned: Vec::new() }
+        Conduct { ranks, batch_size, condemned: Vec::new(), barred: Vec::new() }
+    }
+
+    /// Whether `rank` runs in another process: what it reports is its word alone (its data's
+    /// checksum included), where a rank of this process loaded its data here.
+    pub(super) fn is_remote(&self, rank: usize) -> bool {
+        self.ranks.get(rank).is_some_and(|b| b.budget.is_some())
     }
 
     /// A new process took `rank`'s seat (in another process): its book starts afresh.
@@ -149,6 +157,18 @@ impl Conduct {
         if self.condemned.iter().all(|(r, _)| *r != rank) {
             self.condemned.push((rank, misconduct));
         }
+    }
+
+    /// `rank` is evicted: no process takes its seat again in this run.
+    pub(super) fn bar(&mut self, rank: usize) {
+        if !self.barred.contains(&rank) {
+            self.barred.push(rank);
+        }
+    }
+
+    /// Whether `rank` was evicted.
+    pub(super) fn is_barred(&self, rank: usize) -> bool {
+        self.barred.contains(&rank)
     }
 
     /// The ranks condemned before training started.

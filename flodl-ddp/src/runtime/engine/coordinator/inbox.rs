@@ -10,6 +10,15 @@ impl Coordinator {
             }
             Inbound::Gone { rank } => self.gone(rank),
             Inbound::Joined { rank, frames } => {
+                if self.conduct.is_barred(rank) {
+                    tracing::warn!(
+                        rank,
+                        "a process joining again as rank {rank} was turned away: the rank was \
+                         evicted for misconduct, and its seat stays closed for the run"
+                    );
+                    frames.0.close();
+                    return Ok(());
+                }
                 self.conduct.reset(rank);
                 self.joined(rank, frames.0)
             }
@@ -54,15 +63,20 @@ impl Coordinator {
     }
 
     /// `rank` sent what no honest rank sends: it is evicted through the death path (before
-    /// training starts, once it has), and the run goes on with the others.
+    /// training starts, once it has), and the run goes on with the others. Its connection is
+    /// ended after its `Stop` (a process that ignores the order is heard no more), and its seat
+    /// stays closed for the run: it cannot come back by connecting again.
     pub(super) fn evict(&mut self, rank: usize, misconduct: Misconduct) -> Result<()> {
         tracing::warn!(rank, %misconduct, "rank {rank} misbehaved: evicting it");
         if matches!(self.phase, Phase::Starting { .. }) {
             self.conduct.condemn(rank, misconduct);
             return Ok(());
         }
+        self.conduct.bar(rank);
         let failure = RankFailure::from(&Error::protocol(format!("rank {rank} {misconduct}")));
-        self.rank_died(rank, FaultCause::Misconduct { misconduct }, failure)
+        let died = self.rank_died(rank, FaultCause::Misconduct { misconduct }, failure);
+        self.link.sever(rank);
+        died
     }
 
     /// Checks what `msg` reports against what the coordinator knows: `Err` names the

@@ -764,9 +764,22 @@ impl Coordinator {
     /// rank's pace over its recent batches. (Not ElChe's estimate, a mean of per-window
     /// readings: a `Cadence` follower's window may be a few batches, which one preempted batch
     /// slows as much as the anchor's, and the fastest rank then read as slow as the others.)
+    /// The run reports the evaluation, so it is one the coordinator can trust: elected among
+    /// the ranks of this process while one lives (their test set loaded here), among ranks in
+    /// other processes only when none does (their pace and their answer are their word).
     fn elect_evaluator(&self) -> Option<usize> {
         let ms: Vec<f64> = self.slots.iter().map(|s| s.pace.ms_per_batch()).collect();
-        self.cfg.spec.eval_rank.elect(&self.roster.live(), &ms)
+        let live = self.roster.live();
+        let here: Vec<usize> =
+            live.iter().copied().filter(|&r| !self.conduct.is_remote(r)).collect();
+        if here.is_empty() {
+            tracing::debug!(
+                "no rank of the controller's process lives: the evaluation is asked of a rank \
+                 in another process, whose answer is its word"
+            );
+            return self.cfg.spec.eval_rank.elect(&live, &ms);
+        }
+        self.cfg.spec.eval_rank.elect(&here, &ms)
     }
 
     /// Tells every live rank to finish.

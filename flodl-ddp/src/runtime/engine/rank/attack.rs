@@ -6,6 +6,10 @@
 
 use std::cell::RefCell;
 
+use std::time::{Duration, Instant};
+
+use crate::Result;
+use crate::control::metrics::EvalMetrics;
 use crate::link::wire::{Regroup, ToCoordinator};
 use crate::state::HostState;
 
@@ -14,6 +18,8 @@ pub(crate) const HOSTILE: &str = "FLODL_HOSTILE";
 
 /// Control frames a flooding rank sends after each chunk report: past the controller's burst.
 const FLOOD: usize = 100_000;
+/// How long a rank that ignores its `Stop` sends on, at most, when its connection stays open.
+const PERSIST: Duration = Duration::from_secs(60);
 
 /// One attack, one per run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +42,13 @@ enum Attack {
     Replay,
     /// A flood of frames after each chunk report.
     Flood,
+    /// A pace a hundred times its own in every progress report (to be elected the evaluating
+    /// rank, the fastest), and in every evaluation the accuracy of a rank whose test labels
+    /// are shifted (0.3%).
+    ForgedEval,
+    /// A NaN snapshot, then its `Stop` ignored: the same frames sent on until the connection
+    /// ends.
+    Persist,
 }
 
 impl Attack {
@@ -50,6 +63,8 @@ impl Attack {
             "unsolicited-group-id" => Attack::UnsolicitedGroupId,
             "replay" => Attack::Replay,
             "flood" => Attack::Flood,
+            "forged-eval" => Attack::ForgedEval,
+            "persist" => Attack::Persist,
             _ => return None,
         })
     }
@@ -105,7 +120,10 @@ impl Attacker {
                 }]
             }
             (
-                Attack::NanSnapshot | Attack::InfSnapshot | Attack::MisshapedSnapshot,
+                Attack::NanSnapshot
+                | Attack::InfSnapshot
+                | Attack::MisshapedSnapshot
+                | Attack::Persist,
                 ToCoordinator::Snapshot {
                     rank,
                     round,
@@ -118,14 +136,16 @@ impl Attacker {
             ) => {
                 if let Some(first) = state.params.first_mut() {
                     match self.attack {
-                        Attack::NanSnapshot => first.iter_mut().for_each(|x| *x = f32::NAN),
+                        Attack::NanSnapshot | Attack::Persist => {
+                            first.iter_mut().for_each(|x| *x = f32::NAN);
+                        }
                         Attack::InfSnapshot => first.iter_mut().for_each(|x| *x = f32::INFINITY),
                         _ => {
                             first.pop();
                         }
                     }
                 }
-                vec![ToCoordinator::Snapshot {
+                let forged = ToCoordinator::Snapshot {
                     rank,
                     round,
                     attempt,
@@ -133,7 +153,11 @@ impl Attacker {
                     steps,
                     capture,
                     exchange,
-                }]
+                };
+                if self.attack == Attack::Persist {
+                    kept.0 = Some(forged.clone());
+                }
+                vec![forged]
             }
             (Attack::UnsolicitedEval, msg @ ToCoordinator::ChunkDone { .. }) if !kept.1 => {
                 kept.1 = true;
@@ -158,7 +182,55 @@ impl Attacker {
                     .chain(std::iter::repeat_n(ToCoordinator::Alive { rank }, FLOOD))
                     .collect()
             }
+            (
+                Attack::ForgedEval,
+                ToCoordinator::Progress { rank, round, steps, wall_ms, why, works },
+            ) => {
+                let wall_ms = wall_ms / 100.0;
+                vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works }]
+            }
+            (Attack::ForgedEval, ToCoordinator::Evaluated { rank, epoch, eval }) => {
+                let eval = eval.map(|e| EvalMetrics { accuracy: 0.003, loss: 9.0, ..e });
+                vec![ToCoordinator::Evaluated { rank, epoch, eval }]
+            }
             (_, msg) => vec![msg],
         }
+    }
+
+    /// What the attacker does on the controller's `Stop`: a persisting one sends on through
+    /// `send` (its snapshot and a heartbeat, in turn) until a send fails (the controller ended
+    /// its connection: that error is returned) or [`PERSIST`] passes; any other obeys.
+    ///
+    /// # Errors
+    /// The send's, once the connection is gone.
+    pub(crate) fn on_stop(
+        &self,
+        rank: usize,
+        mut send: impl FnMut(ToCoordinator) -> Result<()>,
+    ) -> Result<()> {
+        if self.attack != Attack::Persist {
+            return Ok(());
+        }
+        let snapshot = self.kept.borrow().0.clone();
+        let started = Instant::now();
+        let mut sent = 0u64;
+        while started.elapsed() < PERSIST {
+            let frames = snapshot.iter().cloned().chain([ToCoordinator::Alive { rank }]);
+            for msg in frames {
+                if let Err(e) = send(msg) {
+                    tracing::warn!(
+                        rank,
+                        sent,
+                        "the evicted rank's connection ended {:?} after its Stop",
+                        started.elapsed()
+                    );
+                    return Err(e);
+                }
+                sent += 1;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tracing::warn!(rank, sent, "the evicted rank was still heard {PERSIST:?} after its Stop");
+        Ok(())
     }
 }

@@ -536,7 +536,13 @@ impl<'a> RankLoop<'a> {
                 self.send(ToCoordinator::Final { rank, state, capture })?;
                 return Ok(Flow::Exit);
             }
-            ToWorker::Stop => return Ok(Flow::Exit),
+            ToWorker::Stop => {
+                if let Some(attacker) = &self.attacker {
+                    let stall = self.cfg.spec.stall_timeout;
+                    attacker.on_stop(rank, |m| send_on(self.link, &self.last_sent, m, stall))?;
+                }
+                return Ok(Flow::Exit);
+            }
             // The link acts on abort orders itself; one that reaches the loop is stale.
             ToWorker::Ping | ToWorker::AbortGroup { .. } => {}
             ToWorker::Regroup { generation, members, how } => {
@@ -697,6 +703,105 @@ mod tests {
             }
             if alive && last_sent.get() <= since {
                 return Err(format!("quiet {quiet:?}: the heartbeat was not noted"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A two-rank run's configuration on a small MLP over 64 random samples.
+    fn small_run() -> std::result::Result<Arc<RunConfig>, String> {
+        use flodl_data::{Field, InMemory, SampleLayout, Values};
+        use flodl_tensor::DType;
+        let layout = SampleLayout::new(vec![
+            Field::new("x", &[4], DType::F32),
+            Field::new("label", &[], DType::I32),
+        ])
+        .map_err(|e| e.to_string())?;
+        let x = Values::F32((0..256).map(|i| ((i * 37) % 11) as f32 / 11.0).collect());
+        let labels = Values::I32((0..64).map(|i| i % 2).collect());
+        let data: Arc<dyn flodl_data::Dataset> =
+            Arc::new(InMemory::new(layout, vec![x, labels]).map_err(|e| e.to_string())?);
+        let mlp = crate::mlp::MlpConfig::new(&[4, 3, 2], crate::mlp::Optimizer::sgd(0.9));
+        let factory: crate::runtime::engine::run_config::Factory = Arc::new(move |ctx| {
+            Ok(Box::new(crate::mlp::Mlp::factory(mlp.clone())(ctx)?) as Box<dyn Replica>)
+        });
+        let mut config = RunConfig {
+            spec: Default::default(),
+            factory,
+            dataset: data,
+            test: None,
+            on_epoch: None,
+            audit: None,
+            ledger: None,
+            checkpoints: None,
+            resume: None,
+            own: None,
+        };
+        config.spec.devices = vec![Device::Cpu; 2];
+        config.spec.backend = crate::control::policy::Backend::Host;
+        config.spec.batch_size = 8;
+        Ok(Arc::new(config))
+    }
+
+    /// A rank takes the controller's orders only after checking them: each case is an order,
+    /// in sequence on one rank, and the refusal it must get (`None`: taken). A starting state or
+    /// update with a NaN, an infinity or a tensor short is refused, as are an update and a
+    /// reduce order behind the cohort step the rank is at (a replay); good ones are taken.
+    #[test]
+    fn a_rank_refuses_the_controllers_bad_orders() -> std::result::Result<(), String> {
+        let cfg = small_run()?;
+        let mut worker = Worker::build(1, cfg, None).map_err(|e| e.to_string())?;
+        let good = worker.snapshot().map_err(|e| e.to_string())?;
+        let spoilt = |f: fn(&mut Vec<f32>)| {
+            let mut s = good.clone();
+            if let Some(first) = s.params.first_mut() {
+                f(first);
+            }
+            s
+        };
+        let nan = spoilt(|p| p[0] = f32::NAN);
+        let inf = spoilt(|p| p[1] = f32::INFINITY);
+        let short = spoilt(|p| {
+            p.pop();
+        });
+        let (inbox_tx, _inbox) = flume::bounded::<Inbound>(64);
+        let (_coord, mut ends) =
+            CoordinatorLink::start(2, &[1], (Vec::new(), None), 16, WireFormat::F32, &inbox_tx)
+                .map_err(|e| e.to_string())?;
+        let end = ends.pop().ok_or("no rank end")?;
+        let window = Window { round: 1, target: 4, limit: 4, wall: None };
+        let mut lp = RankLoop::new(worker, &end, window);
+        let init = |state: &HostState, global_step| ToWorker::Init {
+            state: state.clone(),
+            restore: None,
+            window,
+            global_step,
+        };
+        let update = |state: &HostState, global_step| ToWorker::Update {
+            state: state.clone(),
+            next: window,
+            eval: None,
+            global_step,
+        };
+        let reduce =
+            |global_step| ToWorker::Reduce { next: window, eval: None, global_step, capture: None };
+        let cases: Vec<(&str, ToWorker, Option<&str>)> = vec![
+            ("a NaN start", init(&nan, 0), Some("NaN in its starting state")),
+            ("an infinite start", init(&inf, 0), Some("inf in its starting state")),
+            ("a short start", init(&short, 0), Some("starting state")),
+            ("a good start", init(&good, 10), None),
+            ("an update back", update(&good, 9), Some("at cohort step 9, behind step 10")),
+            ("a NaN update", update(&nan, 12), Some("NaN in its update")),
+            ("a short update", update(&short, 12), Some("values where its shape")),
+            ("a good update", update(&good, 12), None),
+            ("a reduce order back", reduce(11), Some("behind step 12 (a replay)")),
+        ];
+        for (name, order, refusal) in cases {
+            let got = lp.handle(order).err().map(|e| e.to_string());
+            match (refusal, &got) {
+                (None, None) => {}
+                (Some(r), Some(g)) if g.contains(r) => {}
+                _ => return Err(format!("{name}: expected {refusal:?}, got {got:?}")),
             }
         }
         Ok(())
