@@ -16,8 +16,8 @@ mod support;
 
 use support::impostor::{FakeController, claim, run_hash};
 use support::launched::{
-    Launched, Result, accuracy, audit, audit_but_drops, by_hand, free_port, in_process, keys,
-    own_key, records, summary, trains_as_well,
+    Launched, Result, accuracy, audit, by_hand, free_port, in_process, keys, own_key, records,
+    summary, trains_as_well,
 };
 
 /// Training samples and epochs of each job.
@@ -123,11 +123,8 @@ fn attacked(attack: &str, misconduct: Option<&str>, dir: &Path) -> Result<f64> {
             .into());
         }
     }
-    if misconduct.is_some() {
-        audit_but_drops(dir)?;
-    } else {
-        audit(dir, None)?;
-    }
+    // An evicted rank's unreduced work goes back like a dead rank's: exactly once still.
+    audit(dir, None)?;
     let recorded = records(dir, "epoch")?;
     if recorded.len() != epochs {
         return Err(format!("{attack}: {} epochs recorded", recorded.len()).into());
