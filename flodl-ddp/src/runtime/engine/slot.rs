@@ -362,7 +362,9 @@ mod tests {
             let bound = Duration::from_secs_f64(3.0 * ms / 1000.0).max(Duration::from_secs(2));
             let bound = bound.max(Duration::from_millis(2500)).min(cap) + tick * 2;
             if dead > bound || pinged > dead || (pinged == dead && dead <= cap) {
-                return Err(format!("{ms} ms: pinged at {pinged:?}, dead at {dead:?}, bound {bound:?}"));
+                return Err(format!(
+                    "{ms} ms: pinged at {pinged:?}, dead at {dead:?}, bound {bound:?}"
+                ));
             }
             // Heard after its ping: on time again, and a later silence is pinged afresh.
             slot.heard = now + pinged.min(cap) + tick;
