@@ -3,7 +3,7 @@
 //! saving a checkpoint (or aborts it when it saves none), a second one aborts it at once.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// A signal that asks the run to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,10 +61,26 @@ static RECEIVED: AtomicUsize = AtomicUsize::new(0);
 /// The first stop signal received ([`Signal::code`]; 0 before any): it decides the exit status.
 static FIRST: AtomicU8 = AtomicU8::new(0);
 
-/// Records one stop signal: the one path both signals take.
+/// Whether a second stop signal ends the process at once ([`exit_on_second`]).
+static EXIT_ON_SECOND: AtomicBool = AtomicBool::new(false);
+
+/// Records one stop signal: the one path both signals take. A second one ends a process that
+/// asked for it ([`exit_on_second`]) with the first one's status.
 fn record(signal: Signal) {
     let _ = FIRST.compare_exchange(0, signal.code(), Ordering::AcqRel, Ordering::Acquire);
-    RECEIVED.fetch_add(1, Ordering::AcqRel);
+    let received = RECEIVED.fetch_add(1, Ordering::AcqRel) + 1;
+    if received >= 2 && EXIT_ON_SECOND.load(Ordering::Acquire) {
+        let first = first().unwrap_or(signal);
+        eprintln!("{}", aborting_line(first));
+        std::process::exit(i32::from(first.exit_code()));
+    }
+}
+
+/// Makes a second stop signal end this process at once: a rank process, which has no run
+/// loop of its own to abort (the controller's process stops the run at the first signal), and
+/// may be stuck inside a step.
+pub(crate) fn exit_on_second() {
+    EXIT_ON_SECOND.store(true, Ordering::Release);
 }
 
 /// Counts SIGINT and SIGTERM from now on instead of letting them kill the process. Without a

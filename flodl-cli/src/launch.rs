@@ -560,6 +560,9 @@ pub(crate) fn cluster_trainer(
 /// The rank was refused, its replica failed, or the controller is gone.
 pub(crate) fn run_rank(trainer: flodl_ddp::Trainer, cluster: &flodl_ddp::Cluster) -> Result<()> {
     let Some(rank) = cluster.rank() else { bail!("the controller's process has no rank to run") };
+    // The controller's process stops the run at the first Ctrl-C; a second one ends this
+    // process even when its rank is stuck inside a step.
+    crate::interrupt::exit_on_second();
     match trainer.start()? {
         flodl_ddp::Started::Rank(handle) => {
             let pid = std::process::id();

@@ -2,8 +2,9 @@
 //! window times plus `k` median absolute deviations, never below a floor, never past the
 //! watchdog (the upper bound and manual override); the watchdog alone until calibrated.
 //!
-//! Pure: it is fed window times in ms and answers durations; it reads no clock. (Not wired into
-//! the coordinator's liveness check yet.)
+//! Pure: it is fed window times in ms and answers durations; it reads no clock. Each rank's
+//! `RankSlot` holds its [`Deadline`] and judges its silence with it (the coordinator's
+//! liveness check).
 
 use std::collections::VecDeque;
 use std::time::Duration;

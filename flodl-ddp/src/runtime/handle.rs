@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::control::deadline::DeadlineRule;
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent};
 use crate::link::frames::Admitted;
 use crate::runtime::engine::capture::SaveRequest;
@@ -164,7 +165,8 @@ impl DdpHandle {
     /// it has already ended, and detached otherwise: a rank stuck forever inside its replica
     /// cannot be joined, and it exits on its own once its replica returns (its channels are
     /// closed by then). When the run failed, a live rank's thread (told to stop) is waited for
-    /// at most the stall timeout, then detached the same way.
+    /// at most the stall timeout — after [`abort`](Self::abort), at most the least silence
+    /// deadline (2 s) — then detached the same way.
     ///
     /// # Errors
     /// [`Error::Unrecoverable`] when the ranks' failures leave nothing to go on with; the error
@@ -183,10 +185,17 @@ impl DdpHandle {
             },
             None => Err(Error::Aborted),
         };
+        // Aborted by its user: a live rank stuck inside a step is waited for no longer than a
+        // rank's least silence deadline, then detached (it ends when its step returns).
+        let grace = if self.cancel.load(Ordering::Acquire) {
+            self.grace.min(DeadlineRule::default().floor)
+        } else {
+            self.grace
+        };
         if result.is_err() {
             self.abort();
         }
-        let deadline = Instant::now() + self.grace;
+        let deadline = Instant::now() + grace;
         for w in self.workers.drain(..) {
             let rank = w.rank;
             let dead = self.dead.is_dead(rank);

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::control::change::Change;
+use crate::control::deadline::{Deadline, DeadlineRule};
 use crate::link::wire::{Readiness, Window};
 
 /// Batches a rank's measured pace spans (without ElChe) before older ones weigh half.
@@ -71,6 +72,23 @@ pub(crate) struct RankSlot {
     pub(crate) heard: Instant,
     pub(crate) sent: Instant,
     pub(crate) collective: InCollective,
+    /// Its recent window times: how long it may stay silent ([`RankSlot::watch`]).
+    pub(crate) windows: Deadline,
+    /// When it was pinged for being late and not heard from since.
+    probed: Option<Instant>,
+}
+
+/// What the coordinator's watch makes of a rank's silence at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// Heard from within its deadline.
+    OnTime,
+    /// Past its deadline for the first time since it was last heard: ping it.
+    Late,
+    /// Late and pinged; waiting for an answer a quarter of its deadline.
+    Pinged,
+    /// Late and its ping unanswered (a confirmed miss), or silent past the watchdog: dead.
+    Dead(Duration),
 }
 
 impl RankSlot {
@@ -85,7 +103,46 @@ impl RankSlot {
             heard: now,
             sent: now,
             collective: InCollective::Outside,
+            windows: Deadline::default(),
+            probed: None,
         }
+    }
+
+    /// Judges the rank's silence at `now`: late past the deadline its own windows give
+    /// (`cap`, the watchdog, until they are calibrated, or when `calibrated` is false because it
+    /// does something other than train, such as evaluating), dead once a ping sent when it
+    /// went late stays unanswered for a quarter of that deadline, or at once past `cap`.
+    pub(crate) fn watch(
+        &mut self,
+        rule: &DeadlineRule,
+        cap: Duration,
+        calibrated: bool,
+        now: Instant,
+    ) -> Watch {
+        let silent = now.saturating_duration_since(self.heard);
+        let limit = if calibrated { self.windows.silence(rule, cap) } else { cap };
+        if self.probed.is_some_and(|p| p < self.heard) {
+            self.probed = None;
+        }
+        if silent <= limit {
+            return Watch::OnTime;
+        }
+        if silent > cap {
+            return Watch::Dead(silent);
+        }
+        match self.probed {
+            None => {
+                self.probed = Some(now);
+                Watch::Late
+            }
+            Some(p) if now.saturating_duration_since(p) > limit / 4 => Watch::Dead(silent),
+            Some(_) => Watch::Pinged,
+        }
+    }
+
+    /// The deadline of its silence now (the watchdog `cap` until calibrated).
+    pub(crate) fn deadline(&self, rule: &DeadlineRule, cap: Duration) -> Duration {
+        self.windows.silence(rule, cap)
     }
 }
 
@@ -244,6 +301,89 @@ mod tests {
 
     fn window() -> Window {
         Window { round: 1, target: 1, limit: 1, wall: None }
+    }
+
+    /// The watch on a fake clock, per rank speed (a window of `ms`, ±30% jitter, with a
+    /// message at most every step of a tenth of it): a rank that keeps talking is never
+    /// judged late; a silent one is pinged once past its deadline and declared dead a quarter
+    /// of it later — within 3 of its windows or 2 s, whichever is longer — and a rank heard
+    /// after its ping is on time again; the watchdog caps it all, and it is the deadline
+    /// until 3 windows are seen, or while the rank does something other than train.
+    #[test]
+    fn the_watch_finds_silence_within_three_windows_and_never_a_talking_rank() -> Result<(), String>
+    {
+        let rule = DeadlineRule::default();
+        let cap = Duration::from_secs(30);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(30);
+        let t0 = Instant::now();
+        for ms in [50.0_f64, 200.0, 500.0, 1000.0, 2500.0, 5000.0, 20_000.0] {
+            let mut slot = RankSlot::new(window());
+            slot.heard = t0;
+            let mut now = t0;
+            // Before calibration: the watchdog.
+            let want = Watch::OnTime;
+            let got = slot.watch(&rule, cap, true, t0 + cap);
+            if got != want {
+                return Err(format!("{ms} ms: uncalibrated at the watchdog gave {got:?}"));
+            }
+            for _ in 0..200 {
+                let w = ms * rng.random_range(0.7..1.3);
+                let mut left = w;
+                while left > 0.0 {
+                    let step = (ms / 10.0 * rng.random_range(0.7..1.3)).min(left);
+                    now += Duration::from_secs_f64(step / 1000.0);
+                    left -= step;
+                    let got = slot.watch(&rule, cap, true, now);
+                    if got != Watch::OnTime {
+                        return Err(format!("{ms} ms: a talking rank judged {got:?}"));
+                    }
+                    slot.heard = now;
+                }
+                slot.windows.record(&rule, w);
+            }
+            // Silent from `now`: find when it is pinged, then when it is dead.
+            let (mut pinged, mut dead) = (None, None);
+            let tick = Duration::from_millis(10);
+            let mut t = now;
+            while dead.is_none() && t < now + cap + cap {
+                t += tick;
+                match slot.watch(&rule, cap, true, t) {
+                    Watch::Late if pinged.is_none() => pinged = Some(t - now),
+                    Watch::Late => return Err(format!("{ms} ms: pinged twice")),
+                    Watch::Dead(_) => dead = Some(t - now),
+                    Watch::OnTime | Watch::Pinged => {}
+                }
+            }
+            // Past the watchdog it is dead at once, pinged or not.
+            let Some(dead) = dead else {
+                return Err(format!("{ms} ms: never declared dead"));
+            };
+            let pinged = pinged.unwrap_or(dead);
+            let bound = Duration::from_secs_f64(3.0 * ms / 1000.0).max(Duration::from_secs(2));
+            let bound = bound.max(Duration::from_millis(2500)).min(cap) + tick * 2;
+            if dead > bound || pinged > dead || (pinged == dead && dead <= cap) {
+                return Err(format!(
+                    "{ms} ms: pinged at {pinged:?}, dead at {dead:?}, bound {bound:?}"
+                ));
+            }
+            // Heard after its ping: on time again, and a later silence is pinged afresh.
+            slot.heard = now + pinged.min(cap) + tick;
+            let got = slot.watch(&rule, cap, true, slot.heard);
+            if got != Watch::OnTime {
+                return Err(format!("{ms} ms: heard after its ping, judged {got:?}"));
+            }
+            let later = slot.heard + cap - tick;
+            if ms <= 10_000.0 && slot.watch(&rule, cap, true, later) != Watch::Late {
+                return Err(format!("{ms} ms: a second silence was not pinged"));
+            }
+            // Doing something else (evaluating): the watchdog alone.
+            if slot.watch(&rule, cap, false, slot.heard + cap - tick) != Watch::OnTime
+                || !matches!(slot.watch(&rule, cap, false, slot.heard + cap + tick), Watch::Dead(_))
+            {
+                return Err(format!("{ms} ms: not judged by the watchdog while not training"));
+            }
+        }
+        Ok(())
     }
 
     /// Random deaths, through the roster: a dead rank's slot starts afresh in its window; a

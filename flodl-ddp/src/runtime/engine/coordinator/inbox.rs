@@ -172,6 +172,8 @@ impl Coordinator {
                     let current = why == Readiness::Reached || works == slot.works_sent;
                     if steps > 0 {
                         slot.pace.add(wall_ms, steps);
+                        // Its window's time: what its silence deadline is derived from.
+                        slot.windows.record(&DeadlineRule::default(), wall_ms);
                     }
                     if round == current_round && current {
                         slot.ready = Some(Ready { steps, wall_ms, why });

@@ -196,17 +196,21 @@ impl Coordinator {
         Ok(orders)
     }
 
-    /// The watchdog: declares dead a rank silent past the deadline while not inside a
-    /// collective; one that has not entered a reduce pending past the deadline; one still
-    /// inside a reduce a quarter of the deadline after its peers' collectives failed (they
-    /// waited the deadline for it); and, as a backstop, one inside its collective for twice the
-    /// deadline and a half. Pings quiet ranks.
+    /// The watch: declares dead a rank silent past the deadline its own windows give
+    /// (median + k·MAD, [`DeadlineRule`]) once a ping sent when it went late stays unanswered,
+    /// or past the watchdog (the upper bound, and the deadline until its windows calibrate it
+    /// or while it evaluates or a checkpoint is captured) — while not inside a collective; one
+    /// that has not entered a reduce pending past its deadline; one still inside a reduce a
+    /// quarter of the watchdog after its peers' collectives failed (they waited the watchdog
+    /// for it); and, as a backstop, one inside its collective for twice the watchdog and a
+    /// half. Pings quiet ranks.
     ///
     /// # Errors
     /// As [`rank_died`](Self::rank_died); [`Error::Unrecoverable`] when a reduce stays pending
-    /// for [`STALLED_REDUCE`] deadlines with every rank alive.
+    /// for [`STALLED_REDUCE`] watchdogs with every rank alive.
     pub(super) fn check_liveness(&mut self) -> Result<()> {
         let after = self.cfg.spec.watchdog;
+        let rule = DeadlineRule::default();
         let pending = match &self.reduce {
             Reduce::Collective { round, acks, .. } => {
                 self.group.pending_for().map(|d| (d, acks, *round))
@@ -214,10 +218,15 @@ impl Coordinator {
             _ => None,
         };
         let peers_gave_up = self.group.failing_for().is_some_and(|d| d > after / 4);
+        let capturing = self.saves.capturing.is_some();
+        let evaluating = self.eval.rank();
+        let now = Instant::now();
         let mut deaths = Vec::new();
+        let mut late = Vec::new();
         for rank in self.roster.live() {
-            let Some(slot) = self.slots.get(rank) else { continue };
-            let silent = slot.heard.elapsed();
+            let Some(slot) = self.slots.get_mut(rank) else { continue };
+            let silent = now.saturating_duration_since(slot.heard);
+            let calibrated = !capturing && evaluating != Some(rank);
             let cause = match slot.collective {
                 InCollective::Inside(since)
                     if peers_gave_up || since.elapsed() > after.saturating_mul(2) + after / 2 =>
@@ -228,18 +237,33 @@ impl Coordinator {
                 InCollective::Inside(_) => None,
                 collective => match pending {
                     Some((waited, acks, round))
-                        if waited > after
+                        if waited > slot.deadline(&rule, after)
                             && acks.get(rank).is_some_and(Option::is_none)
                             && collective != InCollective::Failed =>
                     {
                         Some(FaultCause::MissedReduce { round, after: waited })
                     }
-                    _ => (silent > after).then_some(FaultCause::Silent { after: silent }),
+                    _ => match slot.watch(&rule, after, calibrated, now) {
+                        Watch::Dead(silent) => Some(FaultCause::Silent { after: silent }),
+                        Watch::Late => {
+                            late.push(rank);
+                            None
+                        }
+                        Watch::OnTime | Watch::Pinged => None,
+                    },
                 },
             };
             if let Some(cause) = cause {
                 deaths.push((rank, cause, silent));
             }
+        }
+        for rank in late {
+            tracing::info!(rank, "rank {rank} is late past its deadline: pinging it");
+            if let Some(slot) = self.slots.get_mut(rank) {
+                slot.sent = now;
+            }
+            // A full queue holds messages already: the rank hears from us anyway.
+            let _ = self.link.try_send(rank, ToWorker::Ping);
         }
         for (rank, cause, silent) in deaths {
             let failure =
