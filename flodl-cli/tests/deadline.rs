@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::launched::{Launched, Result, audit_but_drops, records, summary};
+use support::launched::{Launched, Result, audit, median, records, summary};
 
 /// The job: three rank processes, every one slowed so a window lasts a fraction of a second
 /// and an epoch a second or two; no `--watchdog` (the default cap, 30 s).
@@ -39,16 +39,10 @@ fn signal(name: &str, pid: i32) -> Result {
     if ok { Ok(()) } else { Err(format!("kill -{name} {pid} failed").into()) }
 }
 
-fn median(mut xs: Vec<f64>) -> Option<f64> {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    (n > 0).then(|| if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 })
-}
-
 /// SIGSTOP of rank 1's process after two epochs: it is declared dead, cause silent, within
 /// [`BOUND`] (the time and the run's median round before it printed); SIGCONT after the
 /// death; the run finishes with exit 0, one fault, and every sample of every epoch once in
-/// the final model (but for the audit's named known gap).
+/// the final model (`fdl audit`).
 #[test]
 fn a_stopped_rank_process_is_declared_silent_within_its_windows() -> Result {
     let tmp = tempfile::tempdir()?;
@@ -85,7 +79,7 @@ fn a_stopped_rank_process_is_declared_silent_within_its_windows() -> Result {
     assert_eq!(faults[0]["rank"].as_u64(), Some(1), "{s}");
     let epochs = records(&dir, "epoch")?;
     assert_eq!(epochs.len(), 8, "every epoch recorded");
-    println!("{}", audit_but_drops(&dir)?);
+    println!("{}", audit(&dir, None)?);
     Ok(())
 }
 
