@@ -21,7 +21,10 @@ fn wire(c: &mut Criterion) {
     for format in WireFormat::ALL {
         let mut rig = Rig::new(format, &SIZES).expect("rig");
         let id = |op: &str| {
-            BenchmarkId::new(bench_name("cpu", &format!("{op}_{}", format.name()), Unit::Bytes), "80MB")
+            BenchmarkId::new(
+                bench_name("cpu", &format!("{op}_{}", format.name()), Unit::Bytes),
+                "80MB",
+            )
         };
         let snapshot = rig.snapshot();
         group.bench_function(id("snapshot_encode"), |b| {

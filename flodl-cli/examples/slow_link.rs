@@ -364,7 +364,8 @@ fn main() -> Result {
     }
     let tmp = tempfile::tempdir()?;
     let keys = tmp.path().join("keys");
-    let out = Command::new(&fdl).args(["cluster", "keys"]).arg(&keys).args(["--world", "3"]).output()?;
+    let out =
+        Command::new(&fdl).args(["cluster", "keys"]).arg(&keys).args(["--world", "3"]).output()?;
     if !out.status.success() {
         return Err(format!("fdl cluster keys: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
@@ -392,9 +393,23 @@ fn main() -> Result {
             };
             for wire in wires.split(',') {
                 let job: Vec<String> = [
-                    "--backend", "host", "--policy", "cadence", "--hidden", "4096,4096",
-                    "--train-subset", &samples, "--test-subset", "500", "--epochs", "1",
-                    "--batch-size", "64", "--quiet", "--wire", wire,
+                    "--backend",
+                    "host",
+                    "--policy",
+                    "cadence",
+                    "--hidden",
+                    "4096,4096",
+                    "--train-subset",
+                    &samples,
+                    "--test-subset",
+                    "500",
+                    "--epochs",
+                    "1",
+                    "--batch-size",
+                    "64",
+                    "--quiet",
+                    "--wire",
+                    wire,
                 ]
                 .iter()
                 .map(|s| s.to_string())
@@ -430,7 +445,9 @@ fn main() -> Result {
         for wire in wires.split(',') {
             let rate = mean(link, wire, &|o| o.rate);
             let share = |i: usize, j: bool| {
-                mean(link, wire, &|o| o.shares.get(i).map_or(f64::NAN, |s| if j { s.1 } else { s.0 }))
+                mean(link, wire, &|o| {
+                    o.shares.get(i).map_or(f64::NAN, |s| if j { s.1 } else { s.0 })
+                })
             };
             let loss = mean(link, wire, &|o| o.loss);
             println!(

@@ -153,7 +153,10 @@ impl DeltaCoder {
     }
 
     /// Takes `values` (a state whole, vectors end to end) as the view: a fresh start.
-    #[allow(dead_code, reason = "the one-vector form of the coder's interface; frames use the parts")]
+    #[allow(
+        dead_code,
+        reason = "the one-vector form of the coder's interface; frames use the parts"
+    )]
     pub(crate) fn set_base(&mut self, values: &[f32]) {
         self.set_base_parts(&[values]);
     }
@@ -164,8 +167,14 @@ impl DeltaCoder {
         for p in parts {
             values.extend_from_slice(p);
         }
-        self.view =
-            Some(View { values, seq: 0, scratch: None, residual: None, pending: None, sent: false });
+        self.view = Some(View {
+            values,
+            seq: 0,
+            scratch: None,
+            residual: None,
+            pending: None,
+            sent: false,
+        });
     }
 
     /// Encodes `values` as a delta from the view, as this end sends it.
@@ -173,7 +182,10 @@ impl DeltaCoder {
     /// # Errors
     /// [`DeltaError::NoView`], [`DeltaError::Length`], or the kernel's refusal of a value that
     /// is not finite (the view and the residual are then unchanged).
-    #[allow(dead_code, reason = "the one-vector form of the coder's interface; frames use the parts")]
+    #[allow(
+        dead_code,
+        reason = "the one-vector form of the coder's interface; frames use the parts"
+    )]
     pub(crate) fn encode(&mut self, values: &[f32]) -> Result<Delta, DeltaError> {
         self.encode_parts(&[values])
     }
@@ -264,7 +276,10 @@ impl DeltaCoder {
     /// # Errors
     /// [`DeltaError::NoView`], [`DeltaError::Base`] when it was made from another view, or the
     /// kernel's refusal of a wrong length or a scale that is not finite.
-    #[allow(dead_code, reason = "the one-vector form of the coder's interface; frames use the parts")]
+    #[allow(
+        dead_code,
+        reason = "the one-vector form of the coder's interface; frames use the parts"
+    )]
     pub(crate) fn decode(&mut self, delta: &Delta) -> Result<Vec<f32>, DeltaError> {
         let n = self.view.as_ref().ok_or(DeltaError::NoView)?.values.len();
         let mut values = vec![0.0; n];
@@ -344,7 +359,12 @@ impl View {
 
 /// `f(part value, view value, &mut out value)` over the parts (end to end) against `view`
 /// and `out`, in parallel.
-fn zip_parts(parts: &[&[f32]], view: &[f32], out: &mut [f32], f: impl Fn(f32, f32, &mut f32) + Sync) {
+fn zip_parts(
+    parts: &[&[f32]],
+    view: &[f32],
+    out: &mut [f32],
+    f: impl Fn(f32, f32, &mut f32) + Sync,
+) {
     let mut at = 0;
     for part in parts {
         let len = part.len();
@@ -492,7 +512,8 @@ mod tests {
             let init = noise(n, 11, 1.0);
             let params: Vec<f32> =
                 init.iter().zip(noise(n, 12, 0.05)).map(|(v, d)| v + d).collect();
-            let mut cuts: Vec<usize> = (1..=5).flat_map(|k| [k * b - 1, k * b, k * b + 1]).collect();
+            let mut cuts: Vec<usize> =
+                (1..=5).flat_map(|k| [k * b - 1, k * b, k * b + 1]).collect();
             cuts.extend(noise(7, 13, 1.0).iter().map(|x| ((x.abs() * n as f32) as usize).min(n)));
             cuts.sort_unstable();
             cuts.dedup();
@@ -501,8 +522,10 @@ mod tests {
             bounds.push(n);
             let parts: Vec<&[f32]> = bounds.windows(2).map(|w| &params[w[0]..w[1]]).collect();
             let coders = || {
-                let (mut c, mut r) =
-                    (DeltaCoder::new(q, Direction::Consensus), DeltaCoder::new(q, Direction::Replica));
+                let (mut c, mut r) = (
+                    DeltaCoder::new(q, Direction::Consensus),
+                    DeltaCoder::new(q, Direction::Replica),
+                );
                 c.set_base_parts(&[&init[..7], &init[7..]]);
                 r.set_base(&init);
                 (c, r)
@@ -515,13 +538,15 @@ mod tests {
                 return Err(format!("{q}: the parts encode to other bytes than the whole"));
             }
             let back = whole_ctl.decode(&whole).map_err(|e| e.to_string())?;
-            let mut out: Vec<Vec<f32>> = bounds.windows(2).map(|w| vec![0.0; w[1] - w[0]]).collect();
+            let mut out: Vec<Vec<f32>> =
+                bounds.windows(2).map(|w| vec![0.0; w[1] - w[0]]).collect();
             let mut slots: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
             ctl.decode_parts(&cut, &mut slots).map_err(|e| e.to_string())?;
             if out.concat() != back {
                 return Err(format!("{q}: the parts read back other values than the whole"));
             }
-            let residual = rank.view.as_ref().and_then(|v| v.pending.as_ref()).ok_or("no pending")?;
+            let residual =
+                rank.view.as_ref().and_then(|v| v.pending.as_ref()).ok_or("no pending")?;
             let residual = residual.as_slice::<f32>().map_err(|e| e.to_string())?;
             for (k, block) in (0..n).collect::<Vec<_>>().chunks(b).enumerate() {
                 let delta = |i: usize| f64::from(params[i]) - f64::from(init[i]);

@@ -54,8 +54,8 @@ impl Rig {
             state: state.clone(),
         };
         let init = ToWorker::Init { state, restore: None, window: window(), global_step: 0 };
-        let (_, bytes) = frame::encode_with(init, format, rig.controller.as_mut())
-            .map_err(|e| e.to_string())?;
+        let (_, bytes) =
+            frame::encode_with(init, format, rig.controller.as_mut()).map_err(|e| e.to_string())?;
         frame::decode_with::<ToWorker>(&bytes, rig.rank.as_mut()).map_err(|e| e.to_string())?;
         Ok(rig)
     }
