@@ -129,6 +129,8 @@ pub use link::failure::{FailureKind, RankFailure};
 pub use link::frame::WireFormat;
 #[doc(hidden)]
 pub use link::fuzz as fuzz_targets;
+#[doc(hidden)]
+pub use link::rig as wire_rig;
 pub use link::text::WireText;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::as_text;

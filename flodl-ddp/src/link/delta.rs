@@ -24,9 +24,19 @@
 //! update that followed is on its way to the rank); it is dropped as stale, as a late snapshot
 //! is in any format, and its residual stays the rank's (at most one quantum of that snapshot
 //! is lost to the feedback).
+//!
+//! The coder works on a state as its vectors (the message's tensors, end to end) and in one
+//! pass each way: encoding reads the vectors, the view and the residual into a scratch delta
+//! that the quantization kernel reads; decoding dequantizes into the scratch and writes
+//! `view + codes` straight into the message's vectors. Its buffers (the scratch, the residual
+//! and the pending one) are kept between frames, and every pass runs on all the machine's
+//! threads (the kernels on one shared CPU stream, the element-wise passes on rayon's pool).
+
+use std::sync::OnceLock;
 
 use flodl_tensor::quant::QuantFormat;
 use flodl_tensor::{DType, Stream, Tensor, ops};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// What a message's model state is to the view.
@@ -89,32 +99,52 @@ pub(crate) enum DeltaError {
     Kernel(#[from] flodl_tensor::Error),
 }
 
+/// The CPU stream every coder's kernels run on: all the machine's threads, one pool shared by
+/// every connection.
+fn stream() -> &'static Stream {
+    static STREAM: OnceLock<Stream> = OnceLock::new();
+    STREAM.get_or_init(Stream::cpu)
+}
+
+/// Values per task of an element-wise pass (a quarter of a MiB of f32).
+const PASS: usize = 1 << 16;
+
+/// One end's view, with the buffers its frames reuse.
+#[derive(Debug)]
+struct View {
+    /// The consensus as the rank has it.
+    values: Vec<f32>,
+    /// Updates it holds.
+    seq: u64,
+    /// Scratch of the view's length, made at the first delta: the delta to quantize, or the
+    /// codes read back.
+    scratch: Option<Tensor>,
+    /// The rank's error feedback: what its past snapshots did not carry (`None`: zero).
+    residual: Option<Tensor>,
+    /// The residual after the snapshot last sent, kept until that round's update arrives.
+    pending: Option<Tensor>,
+    /// Whether `pending` belongs to a snapshot sent since the last update.
+    sent: bool,
+}
+
 /// One end's view of a connection under a quantized format: see the module docs.
 #[derive(Debug)]
 pub(crate) struct DeltaCoder {
     format: QuantFormat,
     direction: Direction,
-    /// The consensus as the rank has it, and how many updates it holds.
-    view: Option<(Vec<f32>, u64)>,
-    /// The rank's error feedback: what its past snapshots did not carry.
-    residual: Option<Tensor>,
-    /// The residual after the snapshot last sent, kept until that round's update arrives.
-    pending: Option<Tensor>,
-    stream: Stream,
+    view: Option<View>,
+}
+
+/// The total length of `parts`.
+fn total<T: AsRef<[f32]>>(parts: &[T]) -> usize {
+    parts.iter().map(|p| p.as_ref().len()).sum()
 }
 
 impl DeltaCoder {
     /// The coder of one end: `direction` is the way this end's connection's deltas go when it
     /// sends (the controller: consensus; a rank: replica).
     pub(crate) fn new(format: QuantFormat, direction: Direction) -> DeltaCoder {
-        DeltaCoder {
-            format,
-            direction,
-            view: None,
-            residual: None,
-            pending: None,
-            stream: Stream::cpu_with_threads(1),
-        }
+        DeltaCoder { format, direction, view: None }
     }
 
     /// Whether this is the controller's end (it sends the consensus).
@@ -123,10 +153,28 @@ impl DeltaCoder {
     }
 
     /// Takes `values` (a state whole, vectors end to end) as the view: a fresh start.
+    #[allow(
+        dead_code,
+        reason = "the one-vector form of the coder's interface; frames use the parts"
+    )]
     pub(crate) fn set_base(&mut self, values: &[f32]) {
-        self.view = Some((values.to_vec(), 0));
-        self.residual = None;
-        self.pending = None;
+        self.set_base_parts(&[values]);
+    }
+
+    /// Takes the state of vectors `parts` (end to end) as the view: a fresh start.
+    pub(crate) fn set_base_parts(&mut self, parts: &[&[f32]]) {
+        let mut values = Vec::with_capacity(total(parts));
+        for p in parts {
+            values.extend_from_slice(p);
+        }
+        self.view = Some(View {
+            values,
+            seq: 0,
+            scratch: None,
+            residual: None,
+            pending: None,
+            sent: false,
+        });
     }
 
     /// Encodes `values` as a delta from the view, as this end sends it.
@@ -134,37 +182,93 @@ impl DeltaCoder {
     /// # Errors
     /// [`DeltaError::NoView`], [`DeltaError::Length`], or the kernel's refusal of a value that
     /// is not finite (the view and the residual are then unchanged).
+    #[allow(
+        dead_code,
+        reason = "the one-vector form of the coder's interface; frames use the parts"
+    )]
     pub(crate) fn encode(&mut self, values: &[f32]) -> Result<Delta, DeltaError> {
-        let (view, base) = self.view.as_ref().ok_or(DeltaError::NoView)?;
-        if values.len() != view.len() {
-            return Err(DeltaError::Length { got: values.len(), view: view.len() });
+        self.encode_parts(&[values])
+    }
+
+    /// Encodes the state of vectors `parts` (end to end) as a delta from the view, as this end
+    /// sends it: see [`DeltaCoder::encode`].
+    ///
+    /// # Errors
+    /// As [`DeltaCoder::encode`].
+    pub(crate) fn encode_parts(&mut self, parts: &[&[f32]]) -> Result<Delta, DeltaError> {
+        let format = self.format;
+        let direction = self.direction;
+        let view = self.view.as_mut().ok_or(DeltaError::NoView)?;
+        let n = view.values.len();
+        let got = total(parts);
+        if got != n {
+            return Err(DeltaError::Length { got, view: n });
         }
-        let n = values.len();
-        let delta: Vec<f32> = values.iter().zip(view).map(|(v, w)| v - w).collect();
-        let delta = Tensor::from_slice(&delta, &[n], &self.stream)?;
-        let mut bytes = vec![0u8; self.format.encoded_len(n)];
-        let base = *base;
-        match self.direction {
+        let s = stream();
+        let scratch = View::scratch(&mut view.scratch, n)?;
+        let mut bytes = vec![0u8; format.encoded_len(n)];
+        match direction {
             Direction::Consensus => {
-                ops::quantize(self.format, &delta, &mut bytes, &self.stream)?;
-                self.advance(&bytes)?;
+                // scratch = parts − view
+                zip_parts(parts, &view.values, scratch.as_mut_slice::<f32>()?, |p, w, d| {
+                    *d = p - w
+                });
+                ops::quantize(format, scratch, &mut bytes, s)?;
+                // The view advances by the codes sent.
+                ops::dequantize(format, &bytes, scratch, s)?;
+                let codes = scratch.as_slice::<f32>()?;
+                view.values
+                    .par_chunks_mut(PASS)
+                    .zip(codes.par_chunks(PASS))
+                    .for_each(|(w, d)| w.iter_mut().zip(d).for_each(|(w, d)| *w += d));
+                let base = view.seq;
+                view.seq += 1;
+                Ok(Delta { base, bytes })
             }
             Direction::Replica => {
-                let mut residual = match &self.residual {
-                    Some(r) => Tensor::from_slice(r.as_slice::<f32>()?, &[n], &self.stream)?,
-                    None => Tensor::zeros(&[n], DType::F32, &self.stream)?,
+                // scratch = parts − view, and the pending residual starts as the residual.
+                let mut pending = match view.pending.take() {
+                    Some(p) if p.numel() == n => p,
+                    _ => Tensor::zeros(&[n], DType::F32, s)?,
                 };
-                ops::quantize_with_feedback(
-                    self.format,
-                    &delta,
-                    &mut residual,
-                    &mut bytes,
-                    &self.stream,
-                )?;
-                self.pending = Some(residual);
+                {
+                    zip_parts(parts, &view.values, scratch.as_mut_slice::<f32>()?, |p, w, d| {
+                        *d = p - w
+                    });
+                    let into = pending.as_mut_slice::<f32>()?;
+                    match &view.residual {
+                        Some(r) => {
+                            let r = r.as_slice::<f32>()?;
+                            into.par_chunks_mut(PASS)
+                                .zip(r.par_chunks(PASS))
+                                .for_each(|(p, r)| p.copy_from_slice(r));
+                        }
+                        None => into.par_chunks_mut(PASS).for_each(|p| p.fill(0.0)),
+                    }
+                }
+                let result =
+                    ops::quantize_with_feedback(format, scratch, &mut pending, &mut bytes, s);
+                // Kept whatever the outcome: its contents only count once `sent`.
+                view.pending = Some(pending);
+                view.sent = false;
+                result?;
+                view.sent = true;
+                Ok(Delta { base: view.seq, bytes })
             }
         }
-        Ok(Delta { base, bytes })
+    }
+
+    /// The values a delta must be read into: the view's length, once `delta` is known to be
+    /// from this end's view.
+    ///
+    /// # Errors
+    /// [`DeltaError::NoView`], or [`DeltaError::Base`] when it was made from another view.
+    pub(crate) fn expects(&self, delta: &Delta) -> Result<usize, DeltaError> {
+        let view = self.view.as_ref().ok_or(DeltaError::NoView)?;
+        if delta.base != view.seq {
+            return Err(DeltaError::Base { base: delta.base, view: view.seq });
+        }
+        Ok(view.values.len())
     }
 
     /// Reads a delta this end receives: the values it stands for (the view plus the codes).
@@ -172,40 +276,117 @@ impl DeltaCoder {
     /// # Errors
     /// [`DeltaError::NoView`], [`DeltaError::Base`] when it was made from another view, or the
     /// kernel's refusal of a wrong length or a scale that is not finite.
+    #[allow(
+        dead_code,
+        reason = "the one-vector form of the coder's interface; frames use the parts"
+    )]
     pub(crate) fn decode(&mut self, delta: &Delta) -> Result<Vec<f32>, DeltaError> {
-        let (view, seq) = self.view.as_ref().ok_or(DeltaError::NoView)?;
-        if delta.base != *seq {
-            return Err(DeltaError::Base { base: delta.base, view: *seq });
+        let n = self.view.as_ref().ok_or(DeltaError::NoView)?.values.len();
+        let mut values = vec![0.0; n];
+        self.decode_parts(delta, &mut [values.as_mut_slice()])?;
+        Ok(values)
+    }
+
+    /// Reads a delta this end receives into the vectors `parts` (end to end; their lengths
+    /// must add up to the view's): see [`DeltaCoder::decode`].
+    ///
+    /// # Errors
+    /// As [`DeltaCoder::decode`], and [`DeltaError::Length`] when the parts are not the view's
+    /// length (checked after the base: a stale delta is named as such).
+    pub(crate) fn decode_parts(
+        &mut self,
+        delta: &Delta,
+        parts: &mut [&mut [f32]],
+    ) -> Result<(), DeltaError> {
+        let format = self.format;
+        let view = self.view.as_mut().ok_or(DeltaError::NoView)?;
+        if delta.base != view.seq {
+            return Err(DeltaError::Base { base: delta.base, view: view.seq });
         }
-        let values = self.read(view, &delta.bytes)?;
+        let n = view.values.len();
+        let got = total(parts);
+        if got != n {
+            return Err(DeltaError::Length { got, view: n });
+        }
+        let scratch = View::scratch(&mut view.scratch, n)?;
+        ops::dequantize(format, &delta.bytes, scratch, stream())?;
+        let codes = scratch.as_slice::<f32>()?;
         match self.direction {
             // A rank's end receives the consensus: the view advances, and the residual of
             // the snapshot this update answers becomes the rank's.
             Direction::Replica => {
-                self.view = Some((values.clone(), seq + 1));
-                if let Some(pending) = self.pending.take() {
-                    self.residual = Some(pending);
+                view.values
+                    .par_chunks_mut(PASS)
+                    .zip(codes.par_chunks(PASS))
+                    .for_each(|(w, d)| w.iter_mut().zip(d).for_each(|(w, d)| *w += d));
+                zip_parts_out(parts, &view.values, |w, out| *out = w);
+                view.seq += 1;
+                if view.sent {
+                    // The old residual's buffer is the next snapshot's pending one.
+                    std::mem::swap(&mut view.residual, &mut view.pending);
+                    view.sent = false;
                 }
             }
-            Direction::Consensus => {}
+            Direction::Consensus => {
+                let values = &view.values;
+                let mut at = 0;
+                for part in parts.iter_mut() {
+                    let len = part.len();
+                    part.par_chunks_mut(PASS)
+                        .zip(values[at..at + len].par_chunks(PASS))
+                        .zip(codes[at..at + len].par_chunks(PASS))
+                        .for_each(|((o, w), d)| {
+                            o.iter_mut().zip(w).zip(d).for_each(|((o, w), d)| *o = w + d)
+                        });
+                    at += len;
+                }
+            }
         }
-        Ok(values)
-    }
-
-    /// The view plus what `bytes` encodes.
-    fn read(&self, view: &[f32], bytes: &[u8]) -> Result<Vec<f32>, DeltaError> {
-        let mut codes = Tensor::zeros(&[view.len()], DType::F32, &self.stream)?;
-        ops::dequantize(self.format, bytes, &mut codes, &self.stream)?;
-        Ok(view.iter().zip(codes.as_slice::<f32>()?).map(|(w, d)| w + d).collect())
-    }
-
-    /// The controller's view advances by the codes it sent.
-    fn advance(&mut self, bytes: &[u8]) -> Result<(), DeltaError> {
-        let (view, seq) = self.view.as_ref().ok_or(DeltaError::NoView)?;
-        let values = self.read(view, bytes)?;
-        let seq = seq + 1;
-        self.view = Some((values, seq));
         Ok(())
+    }
+}
+
+impl View {
+    /// The scratch, of the view's length (made at the first call).
+    fn scratch(scratch: &mut Option<Tensor>, n: usize) -> Result<&mut Tensor, DeltaError> {
+        match scratch {
+            Some(t) if t.numel() == n => {}
+            _ => *scratch = Some(Tensor::zeros(&[n], DType::F32, stream())?),
+        }
+        scratch.as_mut().ok_or(DeltaError::NoView)
+    }
+}
+
+/// `f(part value, view value, &mut out value)` over the parts (end to end) against `view`
+/// and `out`, in parallel.
+fn zip_parts(
+    parts: &[&[f32]],
+    view: &[f32],
+    out: &mut [f32],
+    f: impl Fn(f32, f32, &mut f32) + Sync,
+) {
+    let mut at = 0;
+    for part in parts {
+        let len = part.len();
+        part.par_chunks(PASS)
+            .zip(view[at..at + len].par_chunks(PASS))
+            .zip(out[at..at + len].par_chunks_mut(PASS))
+            .for_each(|((p, w), o)| {
+                p.iter().zip(w).zip(o.iter_mut()).for_each(|((p, w), o)| f(*p, *w, o))
+            });
+        at += len;
+    }
+}
+
+/// `f(view value, &mut part value)` over the parts (end to end) against `view`, in parallel.
+fn zip_parts_out(parts: &mut [&mut [f32]], view: &[f32], f: impl Fn(f32, &mut f32) + Sync) {
+    let mut at = 0;
+    for part in parts.iter_mut() {
+        let len = part.len();
+        part.par_chunks_mut(PASS)
+            .zip(view[at..at + len].par_chunks(PASS))
+            .for_each(|(o, w)| o.iter_mut().zip(w).for_each(|(o, w)| f(*w, o)));
+        at += len;
     }
 }
 
@@ -245,7 +426,7 @@ mod tests {
                 let (mut sent, mut carried) = (vec![0f64; n], vec![0f64; n]);
                 for round in 0..200u64 {
                     // The rank trains from its view; its snapshot travels as a delta.
-                    let view = rank.view.as_ref().ok_or("no view")?.0.clone();
+                    let view = rank.view.as_ref().ok_or("no view")?.values.clone();
                     let step = noise(n, round + 7, 0.05);
                     let params: Vec<f32> = view.iter().zip(&step).map(|(v, s)| v + s).collect();
                     let snap = rank.encode(&params).map_err(|e| e.to_string())?;
@@ -264,7 +445,7 @@ mod tests {
                     consensus = consensus.iter().zip(&got).map(|(c, g)| 0.5 * (c + g)).collect();
                     let update = controller.encode(&consensus).map_err(|e| e.to_string())?;
                     let new_view = rank.decode(&update).map_err(|e| e.to_string())?;
-                    let ctl_view = &controller.view.as_ref().ok_or("no view")?.0;
+                    let ctl_view = &controller.view.as_ref().ok_or("no view")?.values;
                     if ctl_view != &new_view {
                         return Err(format!("{format} n {n} round {round}: views differ"));
                     }
@@ -316,5 +497,74 @@ mod tests {
             Err(DeltaError::Kernel(flodl_tensor::Error::NonFinite { .. })) => Ok(()),
             other => Err(format!("an infinite scale gave {other:?}")),
         }
+    }
+
+    /// Cut into parts anywhere (on every block edge, one value either side of it, and at
+    /// random): a state encodes to the same bytes as whole and reads back into its parts as
+    /// whole; each value read back is within half its block's step of the f64 truth
+    /// (`view + (params − view)`, the step `max |delta| / levels` computed in f64); and the
+    /// rank's residual is what the codes left out, in f64.
+    #[test]
+    fn parts_match_the_whole_and_the_f64_reference() -> Result<(), String> {
+        for q in QuantFormat::ALL {
+            let b = q.block();
+            let n = 5 * b + 3;
+            let init = noise(n, 11, 1.0);
+            let params: Vec<f32> =
+                init.iter().zip(noise(n, 12, 0.05)).map(|(v, d)| v + d).collect();
+            let mut cuts: Vec<usize> =
+                (1..=5).flat_map(|k| [k * b - 1, k * b, k * b + 1]).collect();
+            cuts.extend(noise(7, 13, 1.0).iter().map(|x| ((x.abs() * n as f32) as usize).min(n)));
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut bounds = vec![0];
+            bounds.extend(cuts.iter().copied().filter(|&c| c > 0 && c < n));
+            bounds.push(n);
+            let parts: Vec<&[f32]> = bounds.windows(2).map(|w| &params[w[0]..w[1]]).collect();
+            let coders = || {
+                let (mut c, mut r) = (
+                    DeltaCoder::new(q, Direction::Consensus),
+                    DeltaCoder::new(q, Direction::Replica),
+                );
+                c.set_base_parts(&[&init[..7], &init[7..]]);
+                r.set_base(&init);
+                (c, r)
+            };
+            let (mut whole_ctl, mut whole_rank) = coders();
+            let (mut ctl, mut rank) = coders();
+            let whole = whole_rank.encode(&params).map_err(|e| e.to_string())?;
+            let cut = rank.encode_parts(&parts).map_err(|e| e.to_string())?;
+            if whole != cut {
+                return Err(format!("{q}: the parts encode to other bytes than the whole"));
+            }
+            let back = whole_ctl.decode(&whole).map_err(|e| e.to_string())?;
+            let mut out: Vec<Vec<f32>> =
+                bounds.windows(2).map(|w| vec![0.0; w[1] - w[0]]).collect();
+            let mut slots: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+            ctl.decode_parts(&cut, &mut slots).map_err(|e| e.to_string())?;
+            if out.concat() != back {
+                return Err(format!("{q}: the parts read back other values than the whole"));
+            }
+            let residual =
+                rank.view.as_ref().and_then(|v| v.pending.as_ref()).ok_or("no pending")?;
+            let residual = residual.as_slice::<f32>().map_err(|e| e.to_string())?;
+            for (k, block) in (0..n).collect::<Vec<_>>().chunks(b).enumerate() {
+                let delta = |i: usize| f64::from(params[i]) - f64::from(init[i]);
+                let step = block.iter().map(|&i| delta(i).abs()).fold(0.0, f64::max)
+                    / f64::from(q.levels());
+                for &i in block {
+                    let truth = f64::from(init[i]) + delta(i);
+                    let err = (f64::from(back[i]) - truth).abs();
+                    if err > 0.5 * step * (1.0 + 1e-4) + 1e-6 {
+                        return Err(format!("{q} block {k} value {i}: {err} off, step {step}"));
+                    }
+                    let left = delta(i) - (f64::from(back[i]) - f64::from(init[i]));
+                    if (f64::from(residual[i]) - left).abs() > 1e-6 {
+                        return Err(format!("{q} value {i}: residual {} for {left}", residual[i]));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }

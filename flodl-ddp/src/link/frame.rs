@@ -253,15 +253,25 @@ pub(crate) fn encode<M: Framed>(msg: M, format: WireFormat) -> Result<(Lane, Vec
     encode_with(msg, format, None)
 }
 
-/// Every value of `msg`'s states, vectors end to end.
-fn flat<M: Framed>(msg: &mut M) -> Vec<f32> {
-    let mut values = Vec::new();
-    for state in msg.states_mut() {
-        for v in state.params.iter().chain(state.buffers.iter()) {
-            values.extend_from_slice(v);
-        }
-    }
-    values
+/// The vectors of `msg`'s states, in order (end to end they are the state a coder sees).
+fn parts<M: Framed>(msg: &mut M) -> Vec<&[f32]> {
+    msg.states_mut()
+        .into_iter()
+        .flat_map(|state| {
+            let state: &HostState = state;
+            state.params.iter().chain(state.buffers.iter()).map(Vec::as_slice)
+        })
+        .collect()
+}
+
+/// The vectors of `msg`'s states, in order, to be written.
+fn parts_mut<M: Framed>(msg: &mut M) -> Vec<&mut [f32]> {
+    msg.states_mut()
+        .into_iter()
+        .flat_map(|state| {
+            state.params.iter_mut().chain(state.buffers.iter_mut()).map(Vec::as_mut_slice)
+        })
+        .collect()
 }
 
 /// Encodes `msg` as one frame in `format`, through `coder` (this end's view) under a quantized
@@ -289,12 +299,12 @@ pub(crate) fn encode_with<M: Framed>(
         (WireFormat::F32, _) | (_, Carries::Whole) => {}
         (_, Carries::Base) => {
             if let Some(coder) = coder {
-                coder.set_base(&flat(&mut msg));
+                coder.set_base_parts(&parts(&mut msg));
             }
         }
         (_, Carries::Delta) => {
             let coder = coder.ok_or(delta_error(DeltaError::Format(format.name())))?;
-            delta = Some(coder.encode(&flat(&mut msg)).map_err(delta_error)?);
+            delta = Some(coder.encode_parts(&parts(&mut msg)).map_err(delta_error)?);
             for state in msg.states_mut() {
                 for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
                     lens.push(values.len() as u64);
@@ -333,14 +343,15 @@ pub(crate) fn decode_with<M: Framed>(
         return Err(packing(format!("{} bytes of bf16", bf16.len())));
     }
     let carries = msg.carries();
+    // A delta is checked against the view before anything is made of it.
     let delta = match (delta, carries) {
         (None, _) => None,
         (Some(delta), Carries::Delta) if bf16.is_empty() => {
             let coder = coder
                 .as_deref_mut()
                 .ok_or(packing("a delta on a connection without a view".into()))?;
-            match coder.decode(&delta) {
-                Ok(values) => Some(values),
+            match coder.expects(&delta) {
+                Ok(n) => Some((delta, n)),
                 Err(DeltaError::Base { base, view }) if coder.is_controller() && base < view => {
                     return Err(FrameError::Stale { what: M::WHAT, base, view });
                 }
@@ -349,13 +360,10 @@ pub(crate) fn decode_with<M: Framed>(
         }
         (Some(_), _) => return Err(packing("a delta where none can be".into())),
     };
-    // The decoded delta's values, else the bf16 section's: one of the two is empty (a chain
-    // of both, not a boxed iterator: the link chooses no flavor at run time through `dyn`).
-    let from_bf16 = delta
-        .is_none()
-        .then(|| bf16.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()));
-    let mut values = delta.into_iter().flatten().chain(from_bf16.into_iter().flatten());
+    // The values packed: the view's length under a delta, else the bf16 values.
+    let packed = delta.as_ref().map_or(bf16.len() / 2, |(_, n)| *n);
     let mut lens = lens.into_iter();
+    let mut at = 0;
     if lens.len() != 0 {
         for state in msg.states_mut() {
             for slot in state.params.iter_mut().chain(state.buffers.iter_mut()) {
@@ -364,20 +372,34 @@ pub(crate) fn decode_with<M: Framed>(
                     return Err(packing("a packed state vector also holds f32 values".into()));
                 }
                 let len = usize::try_from(len).map_err(|_| packing(format!("length {len}")))?;
-                slot.extend(values.by_ref().take(len));
-                if slot.len() != len {
+                if len > packed - at {
                     return Err(packing(format!("{len} values announced, fewer packed")));
                 }
+                match delta {
+                    // Filled from the delta below, once every length is known to fit.
+                    Some(_) => *slot = vec![0.0; len],
+                    None => slot.extend(
+                        bf16[2 * at..2 * (at + len)]
+                            .chunks_exact(2)
+                            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+                    ),
+                }
+                at += len;
             }
         }
     }
-    if lens.next().is_some() || values.next().is_some() {
+    if lens.next().is_some() || at != packed {
         return Err(packing("more values packed than the states hold".into()));
+    }
+    if let Some((delta, _)) = delta
+        && let Some(coder) = coder.as_deref_mut()
+    {
+        coder.decode_parts(&delta, &mut parts_mut(&mut msg)).map_err(delta_error)?;
     }
     if carries == Carries::Base
         && let Some(coder) = coder
     {
-        coder.set_base(&flat(&mut msg));
+        coder.set_base_parts(&parts(&mut msg));
     }
     Ok(msg)
 }

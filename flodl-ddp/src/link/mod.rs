@@ -29,6 +29,8 @@ pub(crate) mod local;
 pub(crate) mod memory;
 pub(crate) mod net;
 pub(crate) mod rendezvous;
+#[doc(hidden)]
+pub mod rig;
 pub(crate) mod roll_call;
 pub(crate) mod route;
 pub(crate) mod samples;
