@@ -496,6 +496,7 @@ mod tests {
             watchdog: Some(3.0),
             max_failures: Some(2),
             wire: Some(flodl_ddp::WireFormat::Bf16),
+            overlap: None,
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(3),
@@ -550,6 +551,7 @@ mod tests {
             watchdog: Some(4.5),
             max_failures: Some(1),
             wire: Some(flodl_ddp::WireFormat::Bf16),
+            overlap: Some(0.5),
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(2),
@@ -600,7 +602,7 @@ mod tests {
         assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
 
         // Each field of the run specification, and the keys that set it (or why none does).
-        let reached: [(&str, &[&str]); 32] = [
+        let reached: [(&str, &[&str]); 33] = [
             ("batch_size", &["batch-size"]),
             ("epochs", &["epochs"]),
             ("devices", &["ranks", "devices"]),
@@ -622,6 +624,7 @@ mod tests {
             ("guard", &["(library only: Trainer::guard)"]),
             ("outer", &["(library only: Trainer::outer)"]),
             ("easgd", &["(library only: Trainer::easgd)"]),
+            ("overlap", &["overlap"]),
             ("max_grad_norm", &["(library only: Trainer::max_grad_norm)"]),
             ("prefetch", &["prefetch"]),
             ("staging", &["staging"]),
