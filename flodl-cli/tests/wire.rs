@@ -155,7 +155,11 @@ fn a_q4_job_resumes_with(extra: &[&str]) -> Result {
     let (bundle, ckpt) = chosen.ok_or("no mid-epoch bundle")?;
     let left = |e: u64| ckpt.coverage_of(e).map_or(4096, |c| c.total - c.done_count()) as u64;
     launch("q4", &[extra, &["--resume", bundle.to_str().ok_or("path")?]].concat(), &resumed)?;
-    assert_eq!(epoch_samples(&resumed)?, vec![left(0), left(1)], "{extra:?}: the rest of each epoch");
+    assert_eq!(
+        epoch_samples(&resumed)?,
+        vec![left(0), left(1)],
+        "{extra:?}: the rest of each epoch"
+    );
     let (a, b) = (accuracy(&saved)?, accuracy(&resumed)?);
     assert!((a - b).abs() <= 0.02, "{extra:?}: saved {a} against resumed {b}");
     Ok(())

@@ -498,7 +498,8 @@ mod tests {
                 let merged = overlap_merge(&now, &consensus, &sent[r], mix);
                 assert_eq!(merged.len(), n);
                 for i in 0..n {
-                    let (x, c, s) = (f64::from(now[i]), f64::from(consensus[i]), f64::from(sent[r][i]));
+                    let (x, c, s) =
+                        (f64::from(now[i]), f64::from(consensus[i]), f64::from(sent[r][i]));
                     let reference = x + f64::from(mix) * (c - s);
                     let bound = 4.0 * f64::from(f32::EPSILON) * (x.abs() + c.abs() + s.abs());
                     let err = (f64::from(merged[i]) - reference).abs();

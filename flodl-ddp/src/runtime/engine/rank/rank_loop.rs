@@ -534,7 +534,8 @@ impl<'a> RankLoop<'a> {
                 // Steps trained since the snapshot stay: now + μ·(average − snapshot), μ the
                 // overlap's mixing factor (times EASGD's α), 1 without overlap.
                 let spec = &self.cfg.spec;
-                let params = sent.and_then(|s| s.params).filter(|_| carried.0 > 0 || spec.overlap.is_some());
+                let params =
+                    sent.and_then(|s| s.params).filter(|_| carried.0 > 0 || spec.overlap.is_some());
                 let blend = match (spec.overlap, spec.easgd) {
                     (Some(mix), alpha) => Some(mix * alpha.unwrap_or(1.0)),
                     (None, alpha) => alpha,
