@@ -466,7 +466,8 @@ mod tests {
             warmup-epochs = 1\nseed = 7\nslowdown = [1, 2]\nhidden = [5]\ndata = \"d\"\n\
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
             staging = \"64M:lru\"\nrecords = \"r.fdr\"\ndirect = true\n\
-            max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\neval-every = 2\n\
+            max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\noverlap = 0.5\n\
+            eval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
             dashboard = 8080\ndashboard-token = \"t\"\n";
@@ -496,6 +497,7 @@ mod tests {
             watchdog: Some(3.0),
             max_failures: Some(2),
             wire: Some(flodl_ddp::WireFormat::Bf16),
+            overlap: Some(0.5),
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(3),
@@ -578,7 +580,7 @@ mod tests {
         assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
 
         // Each field of the run specification, and the keys that set it (or why none does).
-        let reached: [(&str, &[&str]); 32] = [
+        let reached: [(&str, &[&str]); 33] = [
             ("batch_size", &["batch-size"]),
             ("epochs", &["epochs"]),
             ("devices", &["ranks", "devices"]),
@@ -600,6 +602,7 @@ mod tests {
             ("guard", &["(library only: Trainer::guard)"]),
             ("outer", &["(library only: Trainer::outer)"]),
             ("easgd", &["(library only: Trainer::easgd)"]),
+            ("overlap", &["overlap"]),
             ("max_grad_norm", &["(library only: Trainer::max_grad_norm)"]),
             ("prefetch", &["prefetch"]),
             ("staging", &["staging"]),

@@ -67,6 +67,8 @@ pub enum Field {
     Model,
     /// [`crate::Trainer::wire`]: how model states travel between processes.
     Wire,
+    /// [`crate::Trainer::overlap`]: ranks train on while their snapshots travel.
+    Overlap,
 }
 
 impl Field {
@@ -100,6 +102,7 @@ impl Field {
             Field::Cluster => "cluster",
             Field::Model => "model",
             Field::Wire => "wire",
+            Field::Overlap => "overlap",
         }
     }
 }

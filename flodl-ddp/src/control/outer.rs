@@ -228,13 +228,27 @@ pub(crate) fn easgd_blend(
     Ok(())
 }
 
+/// The overlapped merge on a rank (`--overlap`): the consensus `consensus` of a round arrives
+/// after the rank trained on from the parameters `sent` it snapshotted to `now`, and
+/// `now ← now + μ·(consensus − sent)`, value by value. The rank keeps every step it trained
+/// since its snapshot (those count in the next round's average) and moves by μ of the way its
+/// own snapshot was from the consensus: μ = 1 is the delayed update (the consensus shifted by
+/// the rank's progress since), μ < 1 keeps `1 − μ` of that distance (Streaming DiLoCo's mixing
+/// factor, as a fraction of the consensus's correction). The lengths are the caller's to
+/// match: the shortest of the three bounds the result.
+pub(crate) fn overlap_merge(now: &[f32], consensus: &[f32], sent: &[f32], mix: f32) -> Vec<f32> {
+    now.iter().zip(consensus).zip(sent).map(|((x, c), s)| x + mix * (c - s)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     //! Outer optimizers, EASGD and work weighting against closed forms on small tensors (CPU, and
     //! CUDA when present).
 
     use crate::LogicError;
-    use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha, easgd_blend};
+    use crate::control::outer::{
+        OuterKind, OuterOptimizer, check_easgd_alpha, easgd_blend, overlap_merge,
+    };
     use crate::control::weighting::{average_weights, work_masses};
     use flodl_tensor::{Device, Stream, Tensor, gpu_skip_reason, skip_or_fail};
     use flodl_tensor::{Error as TensorError, Result as TensorResult, ops};
@@ -487,6 +501,55 @@ mod tests {
             Err(LogicError::InvalidValue { .. })
         ));
         assert!(matches!(check_easgd_alpha(0.0), Err(LogicError::InvalidValue { .. })));
+        Ok(())
+    }
+
+    /// The overlapped merge against an f64 reference on random states, mixing factors and
+    /// worlds: each value is `now + μ·(consensus − sent)` within a few f32 roundings of its
+    /// terms; and where the consensus is the work-weighted average of the snapshots, the
+    /// weighted average of the merged states is that of the states now, for every μ (the merge
+    /// moves no rank's weight, it only contracts the spread of the snapshots by μ).
+    #[test]
+    fn overlap_merge_matches_an_f64_reference() -> TestResult {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(27);
+        for case in 0..200 {
+            let ranks = rng.random_range(1..5usize);
+            let n = rng.random_range(1..300usize);
+            let mix = if case % 4 == 0 { 1.0 } else { rng.random_range(0.05f32..1.0) };
+            let mut state = |scale: f32| -> Vec<f32> {
+                (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+            };
+            let sent: Vec<Vec<f32>> = (0..ranks).map(|_| state(2.0)).collect();
+            let drift: Vec<Vec<f32>> = (0..ranks).map(|_| state(0.1)).collect();
+            let steps: Vec<u64> = (0..ranks).map(|r| 1 + r as u64 * 3).collect();
+            let w = work_masses(&steps, 1.0)?;
+            let total: f64 = w.iter().sum();
+            let w: Vec<f64> = w.iter().map(|m| m / total).collect();
+            let consensus: Vec<f32> = (0..n)
+                .map(|i| (0..ranks).map(|r| w[r] * f64::from(sent[r][i])).sum::<f64>() as f32)
+                .collect();
+            let mut merged_mean = vec![0f64; n];
+            let mut now_mean = vec![0f64; n];
+            for r in 0..ranks {
+                let now: Vec<f32> = sent[r].iter().zip(&drift[r]).map(|(s, d)| s + d).collect();
+                let merged = overlap_merge(&now, &consensus, &sent[r], mix);
+                assert_eq!(merged.len(), n);
+                for i in 0..n {
+                    let (x, c, s) =
+                        (f64::from(now[i]), f64::from(consensus[i]), f64::from(sent[r][i]));
+                    let reference = x + f64::from(mix) * (c - s);
+                    let bound = 4.0 * f64::from(f32::EPSILON) * (x.abs() + c.abs() + s.abs());
+                    let err = (f64::from(merged[i]) - reference).abs();
+                    assert!(err <= bound, "case {case} rank {r} [{i}]: {err} > {bound}");
+                    merged_mean[i] += w[r] * f64::from(merged[i]);
+                    now_mean[i] += w[r] * x;
+                }
+            }
+            for i in 0..n {
+                let err = (merged_mean[i] - now_mean[i]).abs();
+                assert!(err <= 1e-5, "case {case} [{i}]: the weighted average moved by {err}");
+            }
+        }
         Ok(())
     }
 }

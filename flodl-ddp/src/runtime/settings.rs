@@ -147,6 +147,15 @@ partial! {
         #[cfg_attr(feature = "clap", arg(long, value_name = "FORMAT"))]
         #[serde(default, skip_serializing_if = "Option::is_none", with = "as_text::optional")]
         pub wire: Option<WireFormat>,
+        /// Host backend: a rank trains on while its snapshot travels and merges the consensus
+        /// when it arrives (`now + μ·(consensus − snapshot)`); the value is the mixing factor μ
+        /// in (0, 1], 1 when the flag is given alone.
+        #[cfg_attr(
+            feature = "clap",
+            arg(long, value_name = "MIX", num_args = 0..=1, default_missing_value = "1")
+        )]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub overlap: Option<f32>,
         /// Evaluate on the test set every N epochs (the last epoch is always evaluated).
         #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -201,6 +210,7 @@ impl RunSettings {
             Field::CheckpointEvery => "checkpoint-every",
             Field::KeepCheckpoints => "keep-checkpoints",
             Field::Wire => "wire",
+            Field::Overlap => "overlap",
             _ => return None,
         })
     }
@@ -228,6 +238,7 @@ impl RunSettings {
             watchdog: Some(4.5),
             max_failures: Some(1),
             wire: Some(WireFormat::Bf16),
+            overlap: Some(0.5),
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(2),
@@ -273,6 +284,7 @@ mod tests {
             (Field::ModelSize, None),
             (Field::Model, None),
             (Field::Wire, Some("wire")),
+            (Field::Overlap, Some("overlap")),
             (Field::Cluster, None),
         ];
         for (field, _) in &all {
@@ -303,6 +315,7 @@ mod tests {
                 | Field::ModelSize
                 | Field::Model
                 | Field::Wire
+                | Field::Overlap
                 | Field::Cluster => {}
             }
         }

@@ -260,6 +260,11 @@ pub struct RunSpec {
     pub outer: OuterKind,
     /// Host backend: the EASGD blend factor α, when set.
     pub easgd: Option<f32>,
+    /// Host backend: a rank trains on while its snapshot travels and merges the consensus
+    /// when it arrives, with this mixing factor μ (see [`crate::Trainer::overlap`]); `None`:
+    /// it waits for the consensus at its window's end.
+    #[serde(default)]
+    pub overlap: Option<f32>,
     /// Per-rank gradient clipping by global norm, when set.
     pub max_grad_norm: Option<f32>,
     /// Whether ranks prepare batches ahead.
@@ -536,6 +541,7 @@ impl Default for RunSpec {
             guard: Guard::Trend(TrendGuard::new(TREND_THRESHOLD)),
             outer: OuterKind::Average,
             easgd: None,
+            overlap: None,
             max_grad_norm: None,
             prefetch: Prefetch::Auto,
             staging: Staging::Auto,
@@ -657,6 +663,15 @@ impl RunSpec {
         at_least_one(Field::SnapshotTimeout, self.max_stalled_rounds)?;
         if let Err(e) = OuterOptimizer::new(self.outer) {
             return Err(ConfigError::unsupported(Field::Outer, e.to_string()));
+        }
+        if let Some(mix) = self.overlap {
+            if !(mix.is_finite() && mix > 0.0 && mix <= 1.0) {
+                return Err(ConfigError::out_of_range(Field::Overlap, mix, "in (0, 1]"));
+            }
+            if self.backend != Backend::Host {
+                let problem = Problem::Needs { other: Field::Backend, to_be: "host" };
+                return Err(ConfigError { field: Field::Overlap, problem });
+            }
         }
         if let Some(bad) = self.max_grad_norm.filter(|m| !(m.is_finite() && *m > 0.0)) {
             return Err(ConfigError::out_of_range(Field::MaxGradNorm, bad, "a positive number"));

@@ -243,6 +243,7 @@ impl Trainer {
         d.staging = s.staging.unwrap_or(d.staging);
         d.max_failures = s.max_failures.unwrap_or(d.max_failures);
         d.wire = s.wire.unwrap_or(d.wire);
+        d.overlap = s.overlap.or(d.overlap);
         d.eval_every = s.eval_every.unwrap_or(d.eval_every);
         if let Some(lr) = s.lr {
             self = self.learning_rate(lr as f32);
@@ -582,6 +583,17 @@ impl Trainer {
     /// plain update. The default guard's trend threshold becomes 0.3.
     pub fn easgd(mut self, alpha: f32) -> Trainer {
         self.draft.easgd = Some(alpha);
+        self
+    }
+
+    /// Host backend: a rank does not stop at its window's end while its snapshot travels: it
+    /// trains on into its next window, and when the round's consensus `c` arrives it merges
+    /// it into the parameters it has then, `W ← W + μ·(c − W_snapshot)` with the mixing
+    /// factor μ in (0, 1] (times EASGD's α when both are set). The steps trained meanwhile are
+    /// kept and weigh in the next round's average. Off by default; a `Sync` run with it is no
+    /// longer bitwise reproducible (how far a rank trains meanwhile depends on timing).
+    pub fn overlap(mut self, mix: f32) -> Trainer {
+        self.draft.overlap = Some(mix);
         self
     }
 

@@ -20,7 +20,7 @@ use crate::contract::requirement::require;
 use crate::contract::staging::{device_batch, upload};
 use crate::control::breakdown::Activity;
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
-use crate::control::outer::{OuterKind, OuterOptimizer, easgd_blend};
+use crate::control::outer::{OuterKind, OuterOptimizer, easgd_blend, overlap_merge};
 use crate::error::Peer;
 use crate::link::failure::RankFailure;
 use crate::link::wire::{
@@ -393,10 +393,12 @@ impl Worker {
         self.replica.import_parameters()
     }
 
-    /// Host backend: takes the round's average. Each parameter becomes the average shifted by
-    /// what the rank trained since its snapshot (`average + (now − sent)` when `sent` is
-    /// given), or, under EASGD (`blend` = α), is pulled towards that target by α; buffers
-    /// become the average's. An outer optimizer that resets inner state resets it.
+    /// Host backend: takes the round's average. When `sent` (the parameters of the rank's
+    /// snapshot) is given, each parameter is merged by [`overlap_merge`]:
+    /// `now + μ·(average − sent)`, μ = `blend` or 1 (the rank keeps what it trained since its
+    /// snapshot). Otherwise it becomes the average or, under EASGD (`blend` = α), is pulled
+    /// towards it by α. Buffers become the average's. An outer optimizer that resets inner
+    /// state resets it.
     pub(crate) fn take_average(
         &mut self,
         avg: &HostState,
@@ -419,30 +421,22 @@ impl Worker {
             if a.len() != t.numel() {
                 return Err(Error::mismatch("an averaged tensor's size", t.numel(), a.len()));
             }
-            let shifted = match sent {
-                Some(sent) => {
-                    let now = t.to_vec::<f32>(&stream)?;
-                    if now.len() != sent[i].len() {
-                        return Err(Error::mismatch(
-                            "a tensor's size since its snapshot",
-                            sent[i].len(),
-                            now.len(),
-                        ));
-                    }
-                    Some(
-                        now.iter()
-                            .zip(a)
-                            .zip(&sent[i])
-                            .map(|((x, a), s)| a + (x - s))
-                            .collect::<Vec<f32>>(),
-                    )
+            if let Some(sent) = sent {
+                let now = t.to_vec::<f32>(&stream)?;
+                if now.len() != sent[i].len() {
+                    return Err(Error::mismatch(
+                        "a tensor's size since its snapshot",
+                        sent[i].len(),
+                        now.len(),
+                    ));
                 }
-                None => None,
-            };
-            let target: &[f32] = shifted.as_deref().unwrap_or(a);
+                let merged = overlap_merge(&now, a, &sent[i], blend.unwrap_or(1.0));
+                t.copy_from_host(&merged, &stream)?;
+                continue;
+            }
             match blend {
                 Some(alpha) => {
-                    let target = Tensor::from_slice(target, t.shape(), &stream)?;
+                    let target = Tensor::from_slice(a, t.shape(), &stream)?;
                     easgd_blend(
                         std::slice::from_mut(t),
                         std::slice::from_ref(&target),
@@ -450,7 +444,7 @@ impl Worker {
                         &stream,
                     )?;
                 }
-                None => t.copy_from_host(target, &stream)?,
+                None => t.copy_from_host(a, &stream)?,
             }
         }
         let buffers = self.replica.buffers_mut();

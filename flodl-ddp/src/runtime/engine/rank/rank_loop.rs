@@ -83,7 +83,8 @@ struct Sent {
     /// Steps and ms of the window at the snapshot.
     steps: usize,
     wall_ms: f64,
-    /// The parameters it sent, kept when the rank may train on before the update (`Async`).
+    /// The parameters it sent, kept when the rank may train on before the update (`Async`,
+    /// or any policy with `--overlap`): the update is merged with them.
     params: Option<Vec<Vec<f32>>>,
 }
 
@@ -494,8 +495,17 @@ impl<'a> RankLoop<'a> {
                 self.ledger.charge(Activity::Reduce, t);
                 let capture = self.capture(capture)?;
                 // The parameters are kept to carry over what the rank trains while the round
-                // runs (`Async` only: under `Sync` and `Cadence` it waits at its window's end).
-                let params = (self.win.steps < self.win.window.limit).then(|| state.params.clone());
+                // runs (`Async`, and every policy under overlap: without it, under `Sync` and
+                // `Cadence` it waits at its window's end). Under overlap the rank may train
+                // a window's count more before the update: the steps it trains meanwhile
+                // open its next window.
+                let overlap = self.cfg.spec.overlap.is_some();
+                let params = (overlap || self.win.steps < self.win.window.limit)
+                    .then(|| state.params.clone());
+                if overlap {
+                    let more = self.win.steps + self.win.window.target.max(1);
+                    self.win.window.limit = self.win.window.limit.max(more);
+                }
                 self.win.sent =
                     Some(Sent { steps: self.win.steps, wall_ms: self.win.wall_ms, params });
                 let t = Instant::now();
@@ -521,10 +531,17 @@ impl<'a> RankLoop<'a> {
                     .as_ref()
                     .map_or((self.win.steps, self.win.wall_ms), |s| (s.steps, s.wall_ms));
                 let carried = (self.win.steps.saturating_sub(s), (self.win.wall_ms - w).max(0.0));
-                // Steps trained since the snapshot stay: average + (now − snapshot).
-                let params = sent.and_then(|s| s.params).filter(|_| carried.0 > 0);
+                // Steps trained since the snapshot stay: now + μ·(average − snapshot), μ the
+                // overlap's mixing factor (times EASGD's α), 1 without overlap.
+                let spec = &self.cfg.spec;
+                let params =
+                    sent.and_then(|s| s.params).filter(|_| carried.0 > 0 || spec.overlap.is_some());
+                let blend = match (spec.overlap, spec.easgd) {
+                    (Some(mix), alpha) => Some(mix * alpha.unwrap_or(1.0)),
+                    (None, alpha) => alpha,
+                };
                 let t = Instant::now();
-                self.worker.take_average(&state, params.as_deref(), self.cfg.spec.easgd)?;
+                self.worker.take_average(&state, params.as_deref(), blend)?;
                 self.ledger.charge(Activity::Reduce, t);
                 self.start_window(next, carried)?;
                 self.evaluate_for(eval)?;

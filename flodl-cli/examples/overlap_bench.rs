@@ -1,0 +1,92 @@
+//! The exchange overlapped with compute, side by side in one invocation: the same job of 3
+//! rank processes (`fdl launch --nproc 3`, host backend, `Cadence`, MLP 784-4096-4096-10: 20M
+//! parameters) in f32 and q4, each without and with `--overlap`, one markdown row each: the
+//! aggregate rate (samples per second of training wall), the remote ranks' exposed exchange
+//! (their time encoding and handing off snapshots) and their time in reduces (waiting for the
+//! consensus and merging it), the final training loss and test accuracy at equal samples, and
+//! the reduces.
+//!
+//! ```text
+//! cargo build --release -p flodl-cli --bin fdl --example overlap_bench
+//! target/release/examples/overlap_bench [EXTRA FDL FLAGS...]
+//! ```
+//! A harness run, not a timed test: the figures are those of the machine at the time.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The `fdl` binary built beside the example (`target/<profile>/fdl`).
+fn fdl() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
+    let fdl = dir.join("fdl");
+    if fdl.is_file() {
+        Ok(fdl)
+    } else {
+        Err(format!("{} is missing: build the fdl binary", fdl.display()).into())
+    }
+}
+
+/// Training samples of the job (one epoch).
+const SAMPLES: f64 = 6144.0;
+
+fn main() -> Result {
+    let fdl = fdl()?;
+    let extra: Vec<String> = std::env::args().skip(1).collect();
+    let tmp = tempfile::tempdir()?;
+    let common = [
+        "--backend",
+        "host",
+        "--policy",
+        "cadence",
+        "--hidden",
+        "4096,4096",
+        "--train-subset",
+        "6144",
+        "--test-subset",
+        "1000",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "64",
+    ];
+    println!(
+        "| wire | overlap | samples/s | exposed exchange (ms, ranks 1+2) | in reduces (ms, ranks \
+         1+2) | final train loss | test accuracy | reduces | wall (s) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for wire in ["f32", "q4"] {
+        for overlap in [false, true] {
+            let out = tmp.path().join(format!("{wire}-{overlap}"));
+            let mut cmd = Command::new(&fdl);
+            cmd.args(["launch", "--nproc", "3", "--quiet", "--wire", wire]).args(common);
+            if overlap {
+                cmd.arg("--overlap");
+            }
+            let run = cmd.args(&extra).arg("--out").arg(&out).output()?;
+            if !run.status.success() {
+                return Err(format!("{wire}: {}", String::from_utf8_lossy(&run.stderr)).into());
+            }
+            let s: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+            let ranks = s["ranks"].as_array().ok_or("no ranks")?;
+            let remote = |key: &str| -> f64 {
+                ranks.iter().skip(1).filter_map(|r| r["time"][key].as_f64()).sum()
+            };
+            let wall = s["train_wall_s"].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "| {wire} | {} | {:.0} | {:.0} | {:.0} | {:.4} | {:.3} | {} | {wall:.1} |",
+                if overlap { "on" } else { "off" },
+                SAMPLES / wall,
+                remote("exchange_ms"),
+                remote("reduce_ms"),
+                s["final_train_loss"].as_f64().unwrap_or(f64::NAN),
+                s["test"]["accuracy"].as_f64().unwrap_or(f64::NAN),
+                s["syncs"],
+            );
+        }
+    }
+    Ok(())
+}
