@@ -210,8 +210,11 @@ fn main() -> Result {
                     let mut a = strings(&["train", "--ranks", "1", "--policy", "sync"]);
                     a.extend(common.clone());
                     a.extend(strings(&["--slowdown", &format!("{f:.3}")]));
-                    // The later --train-subset wins over one among the extra flags.
+                    // Its share of the samples in place of the extra flags' subset.
                     let mut extra = args.extra.clone();
+                    if let Some(i) = extra.iter().position(|a| a == "--train-subset") {
+                        extra.drain(i..(i + 2).min(extra.len()));
+                    }
                     extra.extend(strings(&["--train-subset", &part.to_string()]));
                     children.push((start(&fdl, &a, &extra, &out)?, out));
                 }
