@@ -161,9 +161,12 @@ fn train_samples(extra: &[String]) -> usize {
         .unwrap_or(60_000)
 }
 
-/// A measured row: (ranks, skew, policy, placement) and its figures per repeat:
-/// aggregate / co-run, aggregate / solo sum, co-run / solo sum, fast and slowest rank shares.
-type Row = ((usize, f64, String, &'static str), Vec<(f64, f64, f64, [f64; 4], [f64; 4])>);
+/// One repeat's figures of a row: aggregate / co-run, aggregate / solo sum, co-run / solo sum,
+/// the fast and the slowest rank's shares.
+type Cell = (f64, f64, f64, [f64; 4], [f64; 4]);
+
+/// A measured row: (ranks, skew, policy, placement) and its figures per repeat.
+type Row = ((usize, f64, String, &'static str), Vec<Cell>);
 
 fn main() -> Result {
     let args = parse()?;
@@ -268,9 +271,7 @@ fn main() -> Result {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for ((n, skew, policy, placement), v) in &rows {
-        let med = |f: &dyn Fn(&(f64, f64, f64, [f64; 4], [f64; 4])) -> f64| {
-            median(v.iter().map(f).collect())
-        };
+        let med = |f: &dyn Fn(&Cell) -> f64| median(v.iter().map(f).collect());
         println!(
             "| {n} | {skew}x | {policy} | {placement} | {:.3} | {:.3} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |",
             med(&|x| x.0),

@@ -546,7 +546,12 @@ mod tests {
             warmup_epochs: Some(0.5),
             seed: Some(9),
             slowdown: Some(vec![1.0, 1.5]),
-            speed_change: Some(vec!["1:3@0.25-0.5".parse()?]),
+            speed_change: Some(vec![flodl_ddp::SpeedChange {
+                rank: 1,
+                factor: 3.0,
+                from: 0.25,
+                until: 0.5,
+            }]),
             prefetch: Some(Prefetch::Depth(3)),
             staging: Some(Staging::Off),
             watchdog: Some(4.5),

@@ -38,7 +38,7 @@ impl SpeedChange {
             Some("a rank of the run")
         } else if !(self.factor.is_finite() && self.factor >= 1.0) {
             Some("a factor >= 1 (1 = unchanged)")
-        } else if !(0.0 <= self.from && self.from < self.until && self.until <= 1.0) {
+        } else if !((0.0..self.until).contains(&self.from) && self.until <= 1.0) {
             Some("0 <= from < until <= 1 (fractions of the run)")
         } else {
             None
