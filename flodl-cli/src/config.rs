@@ -470,7 +470,7 @@ mod tests {
             eval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
-            dashboard = 8080\ndashboard-token = \"t\"\n";
+            dashboard = 8080\ndashboard-token = \"t\"\nspeed-change = \"1:3@0.25-0.5\"\n";
         // The text sets every key but `devices` (which excludes `ranks`; see the list test).
         let mut keys = file_keys();
         keys.sort();
@@ -492,6 +492,12 @@ mod tests {
             warmup_epochs: Some(1.0),
             seed: Some(7),
             slowdown: Some(vec![1.0, 2.0]),
+            speed_change: Some(vec![flodl_ddp::SpeedChange {
+                rank: 1,
+                factor: 3.0,
+                from: 0.25,
+                until: 0.5,
+            }]),
             prefetch: Some(Prefetch::Off),
             staging: Some(Staging::Budget { bytes: 64 << 20, eviction: flodl_data::Eviction::Lru }),
             watchdog: Some(3.0),

@@ -38,6 +38,8 @@ pub enum Field {
     Elche,
     /// [`crate::Trainer::slowdown`].
     Slowdown,
+    /// [`crate::Trainer::speed_changes`].
+    SpeedChange,
     /// [`crate::Trainer::stall_timeout`].
     StallTimeout,
     /// [`crate::Trainer::snapshot_timeout`] (its deadline and its retries).
@@ -88,6 +90,7 @@ impl Field {
             Field::LrScaleRatio => "lr_scale_ratio",
             Field::Elche => "elche",
             Field::Slowdown => "slowdown",
+            Field::SpeedChange => "speed_changes",
             Field::StallTimeout => "stall_timeout",
             Field::SnapshotTimeout => "snapshot_timeout",
             Field::Watchdog => "watchdog",

@@ -122,6 +122,7 @@ pub use control::metrics::{
 pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::schedule_kind::ScheduleKind;
+pub use control::speed_change::SpeedChange;
 pub use control::verdict::Verdict;
 pub use cooperative::{Parameters, Step, Worker};
 pub use error::{Divergence, Error, Internal, Peer, Result};

@@ -19,5 +19,6 @@ pub(crate) mod partition;
 pub mod policy;
 pub mod schedule;
 pub mod schedule_kind;
+pub mod speed_change;
 pub mod verdict;
 pub mod weighting;

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::config_error::Field;
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule_kind::ScheduleKind;
+use crate::control::speed_change::SpeedChange;
 use crate::link::frame::WireFormat;
 use crate::runtime::as_text;
 use crate::runtime::engine::prefetch::Prefetch;
@@ -118,6 +119,15 @@ partial! {
             deserialize_with = "as_text::list::deserialize"
         )]
         pub slowdown: Option<Vec<f64>>,
+        /// Benches: a rank slower for part of the run, RANK:FACTOR@FROM-UNTIL (fractions of the
+        /// run), e.g. `1:3@0.3-0.6`; several comma separated.
+        #[cfg_attr(feature = "clap", arg(long, value_name = "LIST", value_delimiter = ','))]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "as_text::list::deserialize"
+        )]
+        pub speed_change: Option<Vec<SpeedChange>>,
         /// Prepare batches ahead on a background thread per rank: auto (GPU ranks only), off, or
         /// a depth N (every rank, CPU ranks too).
         #[cfg_attr(feature = "clap", arg(long, value_name = "MODE"))]
@@ -197,6 +207,7 @@ impl RunSettings {
             Field::Schedule => "schedule",
             Field::WarmupEpochs => "warmup-epochs",
             Field::Slowdown => "slowdown",
+            Field::SpeedChange => "speed-change",
             Field::Watchdog => "watchdog",
             Field::EvalEvery => "eval-every",
             Field::Checkpoint => "checkpoint-dir",
@@ -233,6 +244,7 @@ impl RunSettings {
             warmup_epochs: Some(0.5),
             seed: Some(9),
             slowdown: Some(vec![1.0, 1.5]),
+            speed_change: Some(vec![SpeedChange { rank: 1, factor: 3.0, from: 0.25, until: 0.5 }]),
             prefetch: Some(Prefetch::Depth(3)),
             staging: Some(Staging::Off),
             watchdog: Some(4.5),
@@ -271,6 +283,7 @@ mod tests {
             (Field::LrScaleRatio, None),
             (Field::Elche, None),
             (Field::Slowdown, Some("slowdown")),
+            (Field::SpeedChange, Some("speed-change")),
             (Field::StallTimeout, None),
             (Field::SnapshotTimeout, None),
             (Field::Watchdog, Some("watchdog")),
@@ -302,6 +315,7 @@ mod tests {
                 | Field::LrScaleRatio
                 | Field::Elche
                 | Field::Slowdown
+                | Field::SpeedChange
                 | Field::StallTimeout
                 | Field::SnapshotTimeout
                 | Field::Watchdog

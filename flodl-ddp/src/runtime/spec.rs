@@ -27,6 +27,7 @@ use crate::control::guard::{Guard, TREND_THRESHOLD, TrendGuard};
 use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
+use crate::control::speed_change::SpeedChange;
 use crate::runtime::engine::prefetch::Prefetch;
 use crate::runtime::engine::staging::Staging;
 
@@ -244,6 +245,10 @@ pub struct RunSpec {
     pub elche: ElCheKnobs,
     /// Per-rank slowdown factors (missing ranks run at 1).
     pub slowdown: Vec<f64>,
+    /// Ranks whose speed changes for part of the run, on top of their slowdown (benches and
+    /// tests: a device throttled for a while).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub speed_changes: Vec<SpeedChange>,
     /// How long a wait for a peer lasts before the run fails.
     pub stall_timeout: Duration,
     /// Host backend: how long a round waits for snapshots before it is retried.
@@ -533,6 +538,7 @@ impl Default for RunSpec {
             lr_scale_ratio: 0.0,
             elche: ElCheKnobs::default(),
             slowdown: Vec::new(),
+            speed_changes: Vec::new(),
             stall_timeout: Duration::from_secs(120),
             snapshot_timeout: Duration::from_secs(5),
             max_stalled_rounds: 3,
@@ -623,6 +629,11 @@ impl RunSpec {
         if !self.slowdown.is_empty() && self.slowdown.len() != ranks {
             let problem = Problem::PerRank { given: self.slowdown.len(), ranks };
             return Err(ConfigError { field: Field::Slowdown, problem });
+        }
+        if let Some((change, expected)) =
+            self.speed_changes.iter().find_map(|c| Some((c, c.problem(ranks)?)))
+        {
+            return Err(ConfigError::out_of_range(Field::SpeedChange, change, expected));
         }
         let lr = base_rate(&self.schedule);
         if !(lr.is_finite() && lr > 0.0) {

@@ -16,6 +16,7 @@ use crate::control::outer::OuterKind;
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
 use crate::control::schedule_kind::ScheduleKind;
+use crate::control::speed_change::SpeedChange;
 use crate::cooperative::bridge::Bridge;
 use crate::cooperative::worker::Worker;
 use crate::link::frame::WireFormat;
@@ -239,6 +240,7 @@ impl Trainer {
         d.batch_size = s.batch_size.unwrap_or(d.batch_size);
         d.seed = s.seed.unwrap_or(d.seed);
         d.slowdown = s.slowdown.unwrap_or(std::mem::take(&mut d.slowdown));
+        d.speed_changes = s.speed_change.unwrap_or(std::mem::take(&mut d.speed_changes));
         d.prefetch = s.prefetch.unwrap_or(d.prefetch);
         d.staging = s.staging.unwrap_or(d.staging);
         d.max_failures = s.max_failures.unwrap_or(d.max_failures);
@@ -491,6 +493,16 @@ impl Trainer {
     /// at full speed); `spec` refuses any other count ([`Problem::PerRank`]).
     pub fn slowdown(mut self, factors: Vec<f64>) -> Trainer {
         self.draft.slowdown = factors;
+        self
+    }
+
+    /// Ranks whose speed changes for part of the run, on top of their
+    /// [`slowdown`](Self::slowdown) (a bench's emulation of a device throttled for a while):
+    /// each [`SpeedChange`] slows its rank's steps by its factor over its span of the run's
+    /// cohort steps. `spec` refuses a change of no rank of the run, a factor below 1 or a span
+    /// outside the run ([`Field::SpeedChange`]).
+    pub fn speed_changes(mut self, changes: Vec<SpeedChange>) -> Trainer {
+        self.draft.speed_changes = changes;
         self
     }
 

@@ -15,6 +15,7 @@ use crate::control::elche::ElCheState;
 use crate::control::guard::Guard;
 use crate::control::metrics::EpochMetrics;
 use crate::control::policy::Policy;
+use crate::control::speed_change::SpeedChange;
 use crate::link::wire::RankRestore;
 use crate::runtime::spec::RunSpec;
 use crate::state::HostState;
@@ -95,9 +96,16 @@ impl RunConfig {
         (self.spec.schedule.lr(step) * self.spec.lr_scale) as f32
     }
 
-    /// The slowdown factor of `rank` (1 when none is configured).
-    pub(crate) fn slowdown(&self, rank: usize) -> f64 {
-        self.spec.slowdown.get(rank).copied().unwrap_or(1.0)
+    /// The slowdown factor of `rank` at cohort step `step` (1 when none is configured): its
+    /// slowdown times the speed changes in force at that point of the run.
+    pub(crate) fn slowdown(&self, rank: usize, step: u64) -> f64 {
+        let base = self.spec.slowdown.get(rank).copied().unwrap_or(1.0);
+        if self.spec.speed_changes.is_empty() {
+            return base;
+        }
+        let total = (self.spec.epochs * self.batches_per_epoch()).max(1);
+        let progress = step as f64 / total as f64;
+        base * SpeedChange::factor_at(&self.spec.speed_changes, rank, progress)
     }
 
     /// Whether the end of `epoch` is evaluated.

@@ -339,7 +339,7 @@ impl Worker {
         }
         self.replica.step(self.cfg.lr(step))?;
         self.stream.synchronize()?;
-        let factor = self.cfg.slowdown(self.rank) * jitter(self.rank, step);
+        let factor = self.cfg.slowdown(self.rank, step) * jitter(self.rank, step);
         if factor > 1.0 {
             emulate_slower_device(t0.elapsed().mul_f64(factor - 1.0));
         }
