@@ -29,7 +29,7 @@ use crate::control::metrics::EpochMetrics;
 use crate::control::outer::OuterOptimizer;
 use crate::link::wire::{RankCapture, RankRestore};
 use crate::runtime::engine::run_config::{CheckpointPlan, Resumed, RunConfig};
-use crate::runtime::spec::ResumeTerms;
+use crate::runtime::spec::{ResumeTerms, RunSpec};
 use crate::state::{HostState, HostTensor};
 use crate::{Error, Result};
 
@@ -194,6 +194,19 @@ pub(crate) fn assemble(
     outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
     progress: Progress<'_>,
 ) -> Result<Checkpoint> {
+    assemble_for(&cfg.spec, shapes, captures, consensus, outer, progress)
+}
+
+/// [`assemble`] for a run of `spec` (what a standby taking over knows of the run: every
+/// process agrees on the spec).
+pub(crate) fn assemble_for(
+    spec: &RunSpec,
+    shapes: &[Vec<usize>],
+    captures: &[Option<RankCapture>],
+    consensus: Option<&HostState>,
+    outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
+    progress: Progress<'_>,
+) -> Result<Checkpoint> {
     let from_rank = captures.iter().flatten().find(|c| c.model.is_some());
     let model = consensus
         .or_else(|| from_rank.and_then(|c| c.model.as_ref()))
@@ -216,8 +229,8 @@ pub(crate) fn assemble(
     };
     let mut ckpt = Checkpoint::new(
         set_of(PARAM, &pair(&shapes[..n], &model.params))?,
-        cfg.world(),
-        cfg.spec.compat_hash()?,
+        spec.world(),
+        spec.compat_hash()?,
     );
     ckpt.buffers = set_of(BUFFER, &pair(&shapes[n..], &model.buffers))?;
     ckpt.optimizer = captures
@@ -245,8 +258,8 @@ pub(crate) fn assemble(
     let steps: Vec<u64> =
         captures.iter().map(|c| c.as_ref().map_or(0, |c| c.optimizer_steps)).collect();
     extras.insert(EXTRA_OPTIMIZER_STEPS.to_owned(), OpaqueState::encode(&steps)?);
-    extras.insert(EXTRA_RESUME_TERMS.to_owned(), OpaqueState::encode(&cfg.spec.resume_terms())?);
-    let devices: Vec<String> = cfg.spec.devices.iter().map(ToString::to_string).collect();
+    extras.insert(EXTRA_RESUME_TERMS.to_owned(), OpaqueState::encode(&spec.resume_terms())?);
+    let devices: Vec<String> = spec.devices.iter().map(ToString::to_string).collect();
     extras.insert(EXTRA_DEVICES.to_owned(), OpaqueState::encode(&devices)?);
     ckpt.extras = extras;
     ckpt.validate()?;
