@@ -29,6 +29,7 @@ use crate::control::metrics::EpochMetrics;
 use crate::control::outer::OuterOptimizer;
 use crate::link::wire::{RankCapture, RankRestore};
 use crate::runtime::engine::run_config::{CheckpointPlan, Resumed, RunConfig};
+use crate::runtime::engine::standby::Cut;
 use crate::runtime::spec::{ResumeTerms, RunSpec};
 use crate::state::{HostState, HostTensor};
 use crate::{Error, Result};
@@ -264,6 +265,38 @@ pub(crate) fn assemble_for(
     ckpt.extras = extras;
     ckpt.validate()?;
     Ok(ckpt)
+}
+
+/// What a standby taking over starts from: its mirror's last cut as a bundle, assembled as a
+/// save is, so the new controller starts through the one resume path (the consensus, the outer
+/// optimizer, ElChe, the guard, the schedule's position and the open epochs' coverage). The
+/// ranks' inner optimizer states are on the ranks, not in the mirror: the bundle holds none, so
+/// a rank resumed from it starts its optimizer afresh.
+///
+/// The bundle a controller of `spec`'s run taking over from `cut` resumes from.
+///
+/// # Errors
+/// [`Error::Protocol`] when the cut holds no consensus (the collective backend's is on the
+/// ranks only); a checkpoint error when the cut's shapes do not fit its consensus.
+pub(crate) fn takeover_bundle(spec: &RunSpec, cut: &Cut) -> Result<Checkpoint> {
+    let consensus = cut
+        .consensus
+        .as_ref()
+        .ok_or_else(|| Error::protocol("the mirrored cut holds no consensus"))?;
+    let progress = Progress {
+        reason: SaveReason::Fault {
+            detail: format!("a standby took over at reduce {}", cut.reduces),
+        },
+        global_step: cut.global_step,
+        epoch: cut.epoch,
+        reduces: cut.reduces,
+        elche: cut.elche.clone(),
+        guard: &cut.guard,
+        epochs: &cut.epochs,
+        coverage: cut.coverage.clone(),
+    };
+    let parts = vec![None; spec.world()];
+    assemble_for(spec, &cut.shapes, &parts, Some(consensus), cut.outer.clone(), progress)
 }
 
 /// Decodes a bundle for a resumed run of `cfg` (its terms already checked): the consensus and
