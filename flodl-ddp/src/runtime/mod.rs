@@ -12,4 +12,6 @@ pub(crate) mod settings;
 #[cfg(test)]
 mod settings_tests;
 pub(crate) mod spec;
+#[cfg(test)]
+mod standby_tests;
 pub(crate) mod trainer;

@@ -138,6 +138,8 @@ pub struct Trainer {
     audit: Option<SampleAudit>,
     /// Where the coordinator writes the run's exactly-once ledger.
     ledger: Option<std::path::PathBuf>,
+    /// Where the coordinator streams its state's changes for a standby controller.
+    standby: Option<flume::Sender<Vec<u8>>>,
     resume: Option<ResumeFrom>,
     cluster: Option<Cluster>,
     /// The one copy of the run's options: every setter writes here, and [`spec`](Self::spec)
@@ -198,6 +200,7 @@ impl Trainer {
             on_epoch: None,
             audit: None,
             ledger: None,
+            standby: None,
             resume: None,
             cluster: None,
             draft: RunSpec::default(),
@@ -546,6 +549,14 @@ impl Trainer {
         self
     }
 
+    /// Streams the controller's state's changes into `lane` (the standby's end: see
+    /// `engine/standby/`). In-process only until the lane crosses processes.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn standby(mut self, lane: flume::Sender<Vec<u8>>) -> Trainer {
+        self.standby = Some(lane);
+        self
+    }
+
     /// Writes the run's exactly-once ledger to `path` (where the coordinator runs): which
     /// sample positions each consensus holds and what deaths threw away, one JSON line per
     /// reduce and death, read back by [`crate::ledger::Audit::read`] (`fdl audit`).
@@ -815,6 +826,7 @@ impl Trainer {
             checkpoints,
             resume: None,
             own: None,
+            standby: self.standby,
         };
         if let Some(cluster) = &self.cluster {
             let run = config.spec.hash()?.0;

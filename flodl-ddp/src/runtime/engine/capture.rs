@@ -29,7 +29,8 @@ use crate::control::metrics::EpochMetrics;
 use crate::control::outer::OuterOptimizer;
 use crate::link::wire::{RankCapture, RankRestore};
 use crate::runtime::engine::run_config::{CheckpointPlan, Resumed, RunConfig};
-use crate::runtime::spec::ResumeTerms;
+use crate::runtime::engine::standby::Cut;
+use crate::runtime::spec::{ResumeTerms, RunSpec};
 use crate::state::{HostState, HostTensor};
 use crate::{Error, Internal, Result};
 
@@ -194,6 +195,19 @@ pub(crate) fn assemble(
     outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
     progress: Progress<'_>,
 ) -> Result<Checkpoint> {
+    assemble_for(&cfg.spec, shapes, captures, consensus, outer, progress)
+}
+
+/// [`assemble`] for a run of `spec` (what a standby taking over knows of the run: every
+/// process agrees on the spec).
+pub(crate) fn assemble_for(
+    spec: &RunSpec,
+    shapes: &[Vec<usize>],
+    captures: &[Option<RankCapture>],
+    consensus: Option<&HostState>,
+    outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
+    progress: Progress<'_>,
+) -> Result<Checkpoint> {
     let from_rank = captures.iter().flatten().find(|c| c.model.is_some());
     let model = consensus
         .or_else(|| from_rank.and_then(|c| c.model.as_ref()))
@@ -216,8 +230,8 @@ pub(crate) fn assemble(
     };
     let mut ckpt = Checkpoint::new(
         set_of(PARAM, &pair(&shapes[..n], &model.params))?,
-        cfg.world(),
-        cfg.spec.compat_hash()?,
+        spec.world(),
+        spec.compat_hash()?,
     );
     ckpt.buffers = set_of(BUFFER, &pair(&shapes[n..], &model.buffers))?;
     ckpt.optimizer = captures
@@ -245,12 +259,46 @@ pub(crate) fn assemble(
     let steps: Vec<u64> =
         captures.iter().map(|c| c.as_ref().map_or(0, |c| c.optimizer_steps)).collect();
     extras.insert(EXTRA_OPTIMIZER_STEPS.to_owned(), OpaqueState::encode(&steps)?);
-    extras.insert(EXTRA_RESUME_TERMS.to_owned(), OpaqueState::encode(&cfg.spec.resume_terms())?);
-    let devices: Vec<String> = cfg.spec.devices.iter().map(ToString::to_string).collect();
+    extras.insert(EXTRA_RESUME_TERMS.to_owned(), OpaqueState::encode(&spec.resume_terms())?);
+    let devices: Vec<String> = spec.devices.iter().map(ToString::to_string).collect();
     extras.insert(EXTRA_DEVICES.to_owned(), OpaqueState::encode(&devices)?);
     ckpt.extras = extras;
     ckpt.validate()?;
     Ok(ckpt)
+}
+
+/// What a standby taking over starts from: its mirror's last cut as a bundle, assembled as a
+/// save is, so the new controller starts through the one resume path (the consensus, the outer
+/// optimizer, ElChe, the guard, the schedule's position and the open epochs' coverage). The
+/// ranks' inner optimizer states are on the ranks, not in the mirror: the bundle holds none, so
+/// a rank resumed from it starts its optimizer afresh.
+///
+/// The bundle a controller of `spec`'s run taking over from `cut` resumes from.
+///
+/// # Errors
+/// [`Error::Protocol`] when the cut holds no consensus (the collective backend's is on the
+/// ranks only); a checkpoint error when the cut's shapes do not fit its consensus.
+// Used by the tests only until a standby process takes over (issue 31's second half).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn takeover_bundle(spec: &RunSpec, cut: &Cut) -> Result<Checkpoint> {
+    let consensus = cut
+        .consensus
+        .as_ref()
+        .ok_or_else(|| Error::protocol("the mirrored cut holds no consensus"))?;
+    let progress = Progress {
+        reason: SaveReason::Fault {
+            detail: format!("a standby took over at reduce {}", cut.reduces),
+        },
+        global_step: cut.global_step,
+        epoch: cut.epoch,
+        reduces: cut.reduces,
+        elche: cut.elche.clone(),
+        guard: &cut.guard,
+        epochs: &cut.epochs,
+        coverage: cut.coverage.clone(),
+    };
+    let parts = vec![None; spec.world()];
+    assemble_for(spec, &cut.shapes, &parts, Some(consensus), cut.outer.clone(), progress)
 }
 
 /// Decodes a bundle for a resumed run of `cfg` (its terms already checked): the consensus and

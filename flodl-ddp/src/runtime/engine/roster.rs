@@ -10,7 +10,7 @@ use crate::runtime::engine::fault::DeadFlags;
 /// Where a seat stands: `Starting → Alive → Dead`, and from `Dead` (or `Vacant`, a seat no
 /// process took at the start) through `Rejoining → Waiting → Alive` when a new process claims
 /// it; a `Rejoining` or `Waiting` seat whose process goes away is `Dead` again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Standing {
     /// Building its replica, not yet reported ready.
     Starting,
@@ -55,6 +55,11 @@ impl Roster {
     /// `rank`'s standing (`None` for no seat).
     pub(crate) fn standing(&self, rank: usize) -> Option<Standing> {
         self.seats.get(rank).copied()
+    }
+
+    /// Every seat's standing, by rank (what the standby mirrors).
+    pub(crate) fn standings(&self) -> Vec<Standing> {
+        self.seats.clone()
     }
 
     /// Whether `rank` takes part (starting or alive).

@@ -51,6 +51,9 @@ pub(crate) struct RunConfig {
     /// In a cluster run, this process's rank and the device it trains on (the spec names the
     /// kind only).
     pub(crate) own: Option<(usize, Device)>,
+    /// The lane's sending end to a standby controller, when the run has one: the coordinator
+    /// streams its state's changes into it (`engine/standby/`).
+    pub(crate) standby: Option<flume::Sender<Vec<u8>>>,
 }
 
 impl RunConfig {

@@ -16,7 +16,9 @@ impl Coordinator {
             },
             reported: &mut self.epochs.reported,
         };
-        books.apply(change)
+        let applied = books.apply(change)?;
+        self.mirror_seats();
+        Ok(applied)
     }
 
     /// Leaves `ranks` out of the start: no process joined their seats (a cluster run started

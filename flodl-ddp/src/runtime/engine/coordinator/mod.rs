@@ -5,6 +5,7 @@
 mod conduct;
 mod inbox;
 mod membership;
+mod mirroring;
 mod reduce;
 mod saving;
 
@@ -341,6 +342,8 @@ struct Coordinator {
     conduct: Conduct,
     /// The exactly-once ledger being written, when the run writes one.
     trail: Option<Trail>,
+    /// The lane to the standby controller, when the run has one (`mirroring.rs`).
+    standby: Option<crate::runtime::engine::standby::StandbyLane>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -436,7 +439,9 @@ impl Coordinator {
             formation: Formation::Idle,
             conduct: Conduct::new(world, batch_size, |_| false),
             trail: None,
+            standby: None,
         };
+        coord.open_standby();
         if let Some(resumed) = coord.cfg.resume.clone() {
             coord.resume(&resumed)?;
             coord.saves.resumed = Some(resumed);
@@ -638,6 +643,9 @@ impl Coordinator {
             }
             if self.outlets.cancel.load(Ordering::Acquire) {
                 return Err(Error::Aborted);
+            }
+            if let Some(lane) = &mut self.standby {
+                lane.flush();
             }
             if matches!(self.phase, Phase::Training) {
                 self.check_host_deadline()?;

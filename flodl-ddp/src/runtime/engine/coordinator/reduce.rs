@@ -150,7 +150,7 @@ impl Coordinator {
         self.complete_reduce(done.round, done.counts, done.steps, sync_ms, divergence);
         self.admit_waiting(&state)?;
         self.consensus = Some(state);
-        Ok(())
+        self.mirror_cut()
     }
 
     /// Host backend: replaces the average's parameters by the outer optimizer's step on them

@@ -1,0 +1,100 @@
+//! The controller's state as one serializable value: who is in the run now, and the books at
+//! the cut of the last completed reduce (what the consensus holds). The parameters themselves
+//! live on every rank; the host backend's controller also keeps the consensus it averaged.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+use crate::checkpoint::EpochCoverage;
+use crate::control::dispatch::Dispatcher;
+use crate::control::elche::{ElChe, ElCheState};
+use crate::control::guard::Guard;
+use crate::control::metrics::EpochMetrics;
+use crate::runtime::engine::roster::Standing;
+use crate::runtime::engine::standby::term::Term;
+use crate::state::{HostState, HostTensor};
+
+/// The books as of a completed reduce: what a controller taking over resumes from. Work done
+/// after it is in no consensus yet, so it is left out (a takeover trains it again).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Cut {
+    /// Reduces completed: the consensus version.
+    pub(crate) reduces: u64,
+    /// Batches of all ranks up to the reduce.
+    pub(crate) global_step: u64,
+    /// The oldest epoch not complete: the schedule's position.
+    pub(crate) epoch: usize,
+    /// The completed ranges of every open epoch (the dispatcher's book, as a checkpoint holds
+    /// it): the partial chunks ranks hold are not in it, so a takeover never loses a sample
+    /// and trains at most the held part of one chunk per rank twice.
+    pub(crate) coverage: Vec<EpochCoverage>,
+    /// ElChe's estimates (`Cadence` and `Async` runs).
+    pub(crate) elche: Option<ElCheState>,
+    /// The divergence guard's state.
+    pub(crate) guard: Guard,
+    /// Host backend: the outer optimizer's previous consensus and velocity, once it has run.
+    pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
+    /// Host backend: the consensus the reduce produced (the collective backend's lives on the
+    /// ranks only).
+    pub(crate) consensus: Option<HostState>,
+    /// The epochs completed, with their metrics.
+    pub(crate) epochs: Vec<EpochMetrics>,
+    /// The shapes of the replica's parameters then buffers (the consensus is flat).
+    pub(crate) shapes: Vec<Vec<usize>>,
+}
+
+/// What the books a cut is read from hold beyond the dispatcher and ElChe.
+#[derive(Debug)]
+pub(crate) struct CutParts<'a> {
+    pub(crate) reduces: u64,
+    pub(crate) global_step: u64,
+    /// The run's seed (the epochs' permutations).
+    pub(crate) seed: u64,
+    pub(crate) guard: &'a Guard,
+    pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
+    pub(crate) consensus: Option<&'a HostState>,
+    pub(crate) epochs: Vec<EpochMetrics>,
+    pub(crate) shapes: &'a [Vec<usize>],
+}
+
+impl Cut {
+    /// The cut of `dispatch` and `elche` at a completed reduce (the one rule both the controller
+    /// and the tests read a cut by).
+    ///
+    /// # Errors
+    /// [`crate::Error::Checkpoint`] when the dispatcher's book makes no coverage.
+    pub(crate) fn of(
+        dispatch: &Dispatcher,
+        elche: Option<&ElChe>,
+        parts: CutParts<'_>,
+    ) -> Result<Cut> {
+        Ok(Cut {
+            reduces: parts.reduces,
+            global_step: parts.global_step,
+            epoch: dispatch.oldest(),
+            coverage: dispatch.coverage(&[], parts.seed)?,
+            elche: elche.map(ElChe::state),
+            guard: parts.guard.clone(),
+            outer: parts.outer,
+            consensus: parts.consensus.cloned(),
+            epochs: parts.epochs,
+            shapes: parts.shapes.to_vec(),
+        })
+    }
+}
+
+/// The controller's state: its term, every seat's standing now, and the books at the last
+/// reduce's cut (`None` before the first one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ControllerState {
+    pub(crate) term: Term,
+    pub(crate) seats: Vec<Standing>,
+    pub(crate) cut: Option<Box<Cut>>,
+}
+
+impl ControllerState {
+    /// The state of a controller of `term` that has completed no reduce yet.
+    pub(crate) fn new(term: Term, seats: Vec<Standing>) -> ControllerState {
+        ControllerState { term, seats, cut: None }
+    }
+}

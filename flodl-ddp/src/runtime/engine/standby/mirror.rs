@@ -1,0 +1,371 @@
+//! The standby's mirror: the controller's state as the lane's frames rebuild it, checked
+//! frame by frame (term, order, size), so a forged or stale frame changes nothing.
+
+use crate::runtime::engine::standby::controller_state::ControllerState;
+use crate::runtime::engine::standby::lane::{MirrorBody, MirrorFrame, config, fold};
+use crate::runtime::engine::standby::term::{StaleTerm, Term, TermGate};
+
+/// Why the mirror refused a frame (the mirror is unchanged).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MirrorError {
+    /// The bytes are not a frame.
+    #[error("a mirror frame does not decode: {0}")]
+    Decode(#[from] bincode::error::DecodeError),
+    /// The frame decoded with bytes left over.
+    #[error("a mirror frame has {0} bytes past its change")]
+    Trailing(usize),
+    /// A frame of an older controller.
+    #[error(transparent)]
+    Stale(#[from] StaleTerm),
+    /// A frame not after the last one of its term (a replay or a reordering).
+    #[error("mirror frame {seq} of term {term} after frame {last}")]
+    OutOfOrder { term: Term, seq: u64, last: u64 },
+    /// A change before the whole state of its term: nothing to fold it into.
+    #[error("mirror frame {seq} of term {term} is a change, and the whole state has not come")]
+    NoBase { term: Term, seq: u64 },
+    /// The frame names another number of seats than the run has.
+    #[error("a mirror frame names {got} seats, the run has {world}")]
+    Seats { got: usize, world: usize },
+}
+
+/// The standby's copy of the controller's state.
+#[derive(Debug)]
+pub(crate) struct Mirror {
+    world: usize,
+    gate: TermGate,
+    /// The last frame folded in, of the gate's term.
+    last: Option<u64>,
+    state: Option<ControllerState>,
+}
+
+impl Mirror {
+    /// An empty mirror of a run of `world` seats, obeying controllers of `term` and later.
+    pub(crate) fn new(world: usize, term: Term) -> Mirror {
+        Mirror { world, gate: TermGate::new(term), last: None, state: None }
+    }
+
+    /// The state mirrored so far (`None` before the first whole state).
+    pub(crate) fn state(&self) -> Option<&ControllerState> {
+        self.state.as_ref()
+    }
+
+    /// Decodes and folds in one frame.
+    ///
+    /// # Errors
+    /// [`MirrorError`] for bytes that are not a frame, a frame of an older term, a frame not
+    /// after the last of its term, a change before any whole state, or a wrong number of
+    /// seats; the mirror is then unchanged.
+    pub(crate) fn accept(&mut self, bytes: &[u8]) -> Result<(), MirrorError> {
+        let (frame, read): (MirrorFrame, usize) =
+            bincode::serde::decode_from_slice(bytes, config())?;
+        if read != bytes.len() {
+            return Err(MirrorError::Trailing(bytes.len() - read));
+        }
+        let MirrorFrame { term, seq, body } = frame;
+        let mut gate = self.gate;
+        gate.admit(term)?;
+        let newer = term > self.gate.current();
+        let last = if newer { None } else { self.last };
+        if last.is_some_and(|last| seq <= last) {
+            return Err(MirrorError::OutOfOrder { term, seq, last: last.unwrap_or(0) });
+        }
+        let seats = match &body {
+            MirrorBody::Seats(seats) => Some(seats.len()),
+            MirrorBody::Whole(whole) => Some(whole.seats.len()),
+            MirrorBody::Cut(_) => None,
+        };
+        if let Some(got) = seats.filter(|&n| n != self.world) {
+            return Err(MirrorError::Seats { got, world: self.world });
+        }
+        let mut state = match (body, self.state.take()) {
+            (MirrorBody::Whole(whole), _) => whole,
+            (body, Some(mut state)) if !newer => {
+                fold(&mut state, body);
+                state
+            }
+            (_, state) => {
+                self.state = state;
+                return Err(MirrorError::NoBase { term, seq });
+            }
+        };
+        state.term = term;
+        self.state = Some(state);
+        self.gate = gate;
+        self.last = Some(seq);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use rand::{RngExt, SeedableRng};
+    use rand_xoshiro::Xoshiro256PlusPlus;
+
+    use super::*;
+    use crate::control::dispatch::{Chunk, Cutting, Dispatcher};
+    use crate::control::elche::ElChe;
+    use crate::control::guard::Guard;
+    use crate::control::metrics::WorkTally;
+    use crate::control::policy::Policy;
+    use crate::link::wire::Window;
+    use crate::runtime::engine::books::Books;
+    use crate::runtime::engine::fault::DeadFlags;
+    use crate::runtime::engine::roster::Roster;
+    use crate::runtime::engine::slot::Slots;
+    use crate::runtime::engine::standby::controller_state::{Cut, CutParts};
+    use crate::runtime::engine::standby::lane::StandbyLane;
+    use crate::state::{HostState, HostTensor};
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    const BATCH: usize = 4;
+    const BATCHES: usize = 48;
+    const EPOCHS: usize = 3;
+    const SEED: u64 = 7;
+
+    /// A controller's books, moved at random: the roster, the dispatcher, ElChe, the chunks
+    /// each rank holds, the reduces completed.
+    struct Controller {
+        roster: Roster,
+        slots: Slots,
+        dispatch: Dispatcher,
+        elche: ElChe,
+        reported: Vec<Option<Instant>>,
+        held: Vec<Vec<Chunk>>,
+        reduces: u64,
+        global_step: u64,
+    }
+
+    impl Controller {
+        fn new(world: usize, policy: Policy) -> crate::Result<Controller> {
+            let window = Window { round: 1, target: 1, limit: 1, wall: None };
+            let cutting = Cutting::for_policy(policy, 1);
+            Ok(Controller {
+                roster: Roster::new(world, DeadFlags::new(world)),
+                slots: Slots::new(vec![window; world]),
+                dispatch: Dispatcher::new(world, BATCH, BATCHES, EPOCHS, cutting),
+                elche: ElChe::new(world, 4)?,
+                reported: vec![None; world],
+                held: vec![Vec::new(); world],
+                reduces: 0,
+                global_step: 0,
+            })
+        }
+
+        /// Hands a change to every book, as the coordinator does, then publishes the seats.
+        fn apply(&mut self, change: &Change, lane: &mut StandbyLane) -> crate::Result<()> {
+            let books = Books {
+                slots: &mut self.slots,
+                dispatch: &mut self.dispatch,
+                elche: Some(&mut self.elche),
+                host_round: None,
+                reported: &mut self.reported,
+            };
+            books.apply(change)?;
+            if let Change::Died { rank, .. } = change {
+                self.held[*rank].clear();
+            }
+            lane.publish(MirrorBody::Seats(self.roster.standings()));
+            Ok(())
+        }
+
+        /// A reduce completes: the books' cut, with a consensus and outer state of random
+        /// values (bit patterns the encoding must keep).
+        fn reduce(&mut self, rng: &mut Xoshiro256PlusPlus) -> crate::Result<Cut> {
+            self.reduces += 1;
+            self.global_step += rng.random_range(1..20u64);
+            let tensor = |rng: &mut Xoshiro256PlusPlus| HostTensor {
+                shape: vec![3],
+                data: (0..3).map(|_| f32::from_bits(rng.random::<u32>() & 0x7f7f_ffff)).collect(),
+            };
+            let consensus =
+                HostState { params: vec![vec![rng.random::<f32>(); 5]], buffers: vec![] };
+            let parts = CutParts {
+                reduces: self.reduces,
+                global_step: self.global_step,
+                seed: SEED,
+                guard: &Guard::Off,
+                outer: Some((vec![tensor(rng)], vec![tensor(rng)])),
+                consensus: Some(&consensus),
+                epochs: Vec::new(),
+                shapes: &[vec![5]],
+            };
+            Cut::of(&self.dispatch, Some(&self.elche), parts)
+        }
+    }
+
+    use crate::control::change::Change;
+
+    /// What the test does to the lane besides publishing.
+    #[derive(Debug, Clone, Copy)]
+    enum Hostile {
+        Garbage,
+        Replay,
+        OldTerm,
+    }
+
+    /// Random runs of a controller (deaths, joins, work handed out and completed, reduces)
+    /// publishing every change into a lane whose standby drains it at random moments (so the
+    /// lane fills and the controller falls back to the whole state) and between drains is fed
+    /// garbage, replayed frames and frames of an older term, which it refuses unchanged. After
+    /// every drain the mirror equals the controller's state, and every cut it holds reseeds a
+    /// fresh dispatcher and ElChe to the same book (what a standby taking over would do).
+    #[test]
+    fn the_mirror_equals_the_controller_after_random_runs() -> TestResult {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(31);
+        let (mut drained, mut refused, mut caught_up) = (0usize, 0usize, 0usize);
+        for case in 0..120 {
+            let world = rng.random_range(1..6);
+            let policy = if case % 2 == 0 { Policy::Sync } else { Policy::Cadence };
+            let mut ctl = Controller::new(world, policy)?;
+            for rank in 0..world {
+                ctl.roster.started(rank);
+            }
+            let term = Term(rng.random_range(1..4u64));
+            // A slow standby reads its lane seldom, and a short one: the lane fills, and the
+            // controller falls back to the whole state.
+            let slow = rng.random_bool(0.5);
+            let (tx, rx) = if slow { flume::bounded(4) } else { StandbyLane::channel() };
+            let start = ControllerState::new(term, ctl.roster.standings());
+            let mut lane = StandbyLane::new(start, tx);
+            let mut mirror = Mirror::new(world, Term(0));
+            let mut frames: Vec<Vec<u8>> = Vec::new();
+            lane.publish(MirrorBody::Seats(ctl.roster.standings()));
+            for i in 0..301 {
+                let last = i == 300;
+                let rank = rng.random_range(0..world);
+                let step = if last { 9 } else { rng.random_range(0..10) };
+                match step {
+                    0 => {
+                        if let Some(change) = ctl.roster.die(rank, 0) {
+                            ctl.apply(&change, &mut lane)?;
+                        }
+                    }
+                    1 => {
+                        ctl.roster.claim(rank);
+                        ctl.roster.built(rank);
+                        if let Some(change) = ctl.roster.admit(rank) {
+                            ctl.apply(&change, &mut lane)?;
+                        }
+                    }
+                    2..=4 => {
+                        let counts = ctl.elche.counts().to_vec();
+                        let now = Instant::now();
+                        if let Some(chunk) = ctl.dispatch.next_chunk(rank, &counts, false, now) {
+                            ctl.held[rank].push(chunk);
+                        }
+                    }
+                    5..=6 => {
+                        if let Some(chunk) = ctl.held[rank].pop() {
+                            let work =
+                                WorkTally { batches: chunk.len / BATCH, ..WorkTally::default() };
+                            ctl.dispatch.complete(rank, &chunk, &work, Instant::now());
+                        }
+                    }
+                    7 => {
+                        let cut = ctl.reduce(&mut rng)?;
+                        lane.publish(MirrorBody::Cut(Box::new(cut)));
+                    }
+                    _ if slow && !last && rng.random_bool(0.95) => {}
+                    _ => {
+                        // The standby reads what is queued, after hostile frames at times.
+                        let hostile = match rng.random_range(0..4) {
+                            0 => Some(Hostile::Garbage),
+                            1 => Some(Hostile::Replay),
+                            2 => Some(Hostile::OldTerm),
+                            _ => None,
+                        };
+                        let before = mirror.state().cloned();
+                        let forged = match hostile {
+                            Some(Hostile::Garbage) => {
+                                Some((0..rng.random_range(0..64)).map(|_| rng.random()).collect())
+                            }
+                            Some(Hostile::Replay) => frames.last().cloned(),
+                            Some(Hostile::OldTerm) if term.0 > 0 => {
+                                let frame = MirrorFrame {
+                                    term: Term(term.0 - 1),
+                                    seq: u64::MAX,
+                                    body: MirrorBody::Seats(vec![Standing::Dead; world]),
+                                };
+                                Some(bincode::serde::encode_to_vec(&frame, config())?)
+                            }
+                            _ => None,
+                        };
+                        if let Some(bytes) = forged {
+                            if mirror.accept(&bytes).is_ok() || mirror.state() != before.as_ref() {
+                                return Err(
+                                    format!("case {case}, move {i}: {hostile:?} heard").into()
+                                );
+                            }
+                            refused += 1;
+                        }
+                        // The standby drains, the controller's tick flushes, the standby drains.
+                        for flush in [false, true] {
+                            if flush {
+                                lane.flush();
+                            }
+                            for bytes in rx.try_iter() {
+                                if matches!(decode(&bytes)?.body, MirrorBody::Whole(_)) {
+                                    caught_up += 1;
+                                }
+                                mirror
+                                    .accept(&bytes)
+                                    .map_err(|e| format!("case {case}, move {i}: {e}"))?;
+                                frames.push(bytes);
+                                drained += 1;
+                            }
+                        }
+                        check(&mirror, &lane, world, policy)
+                            .map_err(|e| format!("case {case}, move {i}: {e}"))?;
+                    }
+                }
+            }
+        }
+        // The runs reach each path many times: frames heard, hostile frames, catch-ups.
+        // (Each case's first frame is a whole state: catch-ups are the ones beyond them.)
+        if drained < 1000 || refused < 200 || caught_up < 120 + 60 {
+            return Err(
+                format!("drained {drained}, refused {refused}, caught up {caught_up}").into()
+            );
+        }
+        Ok(())
+    }
+
+    use crate::runtime::engine::roster::Standing;
+    use crate::runtime::engine::standby::lane::config;
+
+    fn decode(bytes: &[u8]) -> std::result::Result<MirrorFrame, bincode::error::DecodeError> {
+        Ok(bincode::serde::decode_from_slice(bytes, config())?.0)
+    }
+
+    /// The mirror against the controller: equal states; the cut reseeds a fresh book to the
+    /// same coverage and ElChe to the same estimates.
+    fn check(
+        mirror: &Mirror,
+        lane: &StandbyLane,
+        world: usize,
+        policy: Policy,
+    ) -> std::result::Result<(), String> {
+        let Some(state) = mirror.state() else { return Err("no state mirrored".into()) };
+        if state != lane.state() {
+            return Err(format!("mirror {state:?}\ncontroller {:?}", lane.state()));
+        }
+        let Some(cut) = &state.cut else { return Ok(()) };
+        let fresh = Dispatcher::new(world, BATCH, BATCHES, EPOCHS, Cutting::for_policy(policy, 1));
+        let resumed = fresh.resume(cut.epoch, &cut.coverage).map_err(|e| e.to_string())?;
+        let coverage = resumed.coverage(&[], SEED).map_err(|e| e.to_string())?;
+        if coverage != cut.coverage {
+            return Err(format!("reseeded coverage {coverage:?}, cut {:?}", cut.coverage));
+        }
+        if let Some(saved) = &cut.elche {
+            let mut elche = ElChe::new(world, 4).map_err(|e| e.to_string())?;
+            elche.restore(saved).map_err(|e| e.to_string())?;
+            if &elche.state() != saved {
+                return Err(format!("reseeded ElChe {:?}, cut {saved:?}", elche.state()));
+            }
+        }
+        Ok(())
+    }
+}
