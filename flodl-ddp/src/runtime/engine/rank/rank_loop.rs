@@ -753,6 +753,7 @@ mod tests {
             checkpoints: None,
             resume: None,
             own: None,
+            standby: None,
         };
         config.spec.devices = vec![Device::Cpu; 2];
         config.spec.backend = crate::control::policy::Backend::Host;
