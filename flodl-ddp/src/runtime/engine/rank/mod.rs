@@ -2,6 +2,7 @@
 //! loop (`rank_loop.rs`).
 
 mod attack;
+mod emulation;
 pub(crate) mod rank_loop;
 
 use std::cell::Cell;
@@ -42,49 +43,10 @@ use crate::runtime::engine::staging::{self, Stager};
 use crate::state::HostState;
 use crate::{Error, Result};
 
+use emulation::{SlowerDevice, jitter};
+
 /// How long a rank waits for a prefetched batch before it services its link.
 const PREFETCH_POLL: Duration = Duration::from_millis(50);
-
-/// Below this, a slowdown wait spins: a sleep overshoots by tens of microseconds.
-const SPIN_BELOW: Duration = Duration::from_micros(300);
-
-/// Holds the rank for `d`, the extra time an emulated slower device would have spent: sleeps
-/// (freeing the core, as a busy accelerator would) and spins only the last stretch, so short
-/// steps are slowed by the right factor.
-fn emulate_slower_device(d: Duration) {
-    let end = Instant::now() + d;
-    if d > SPIN_BELOW {
-        std::thread::sleep(d - SPIN_BELOW / 2);
-    }
-    while Instant::now() < end {
-        std::hint::spin_loop();
-    }
-}
-
-/// Test-facing: `FLODL_JITTER=F` (0 ≤ F < 1) stretches every step of every rank by a factor
-/// drawn uniformly in [1 − F, 1 + F] on top of its slowdown (a step cannot be shortened below
-/// its own compute), to emulate devices whose speed wobbles.
-const JITTER: &str = "FLODL_JITTER";
-
-/// The factor a rank's step `step` is stretched by, by [`JITTER`] (1 when unset): a hash of
-/// `(rank, step)`, the same in every run.
-fn jitter(rank: usize, step: u64) -> f64 {
-    static SPREAD: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let spread = *SPREAD.get_or_init(|| {
-        let f = std::env::var(JITTER).ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        if (0.0..1.0).contains(&f) { f } else { 0.0 }
-    });
-    if spread == 0.0 {
-        return 1.0;
-    }
-    // splitmix64 of the pair: a uniform draw in [0, 1).
-    let mut z = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    let u = (z >> 11) as f64 / (1u64 << 53) as f64;
-    1.0 + spread * (2.0 * u - 1.0)
-}
 
 /// The epoch permutations a rank is currently reading or staging (at most three at a time).
 #[derive(Debug)]
@@ -138,6 +100,8 @@ pub(crate) struct Worker {
     outer: OuterOptimizer,
     /// Collective backend on NCCL: the buffers before the reduce, restored when it fails.
     pre_buffers: Vec<Tensor>,
+    /// The emulated slower device this rank is made into by its slowdown.
+    slower: SlowerDevice,
 }
 
 impl std::fmt::Debug for Worker {
@@ -225,6 +189,7 @@ impl Worker {
             pre_reduce: Vec::new(),
             outer,
             pre_buffers: Vec::new(),
+            slower: SlowerDevice::default(),
         })
     }
 
@@ -340,9 +305,7 @@ impl Worker {
         self.replica.step(self.cfg.lr(step))?;
         self.stream.synchronize()?;
         let factor = self.cfg.slowdown(self.rank, step) * jitter(self.rank, step);
-        if factor > 1.0 {
-            emulate_slower_device(t0.elapsed().mul_f64(factor - 1.0));
-        }
+        self.slower.hold(t0.elapsed(), factor);
         Ok((loss, t0.elapsed().as_secs_f64() * 1000.0))
     }
 
