@@ -586,7 +586,7 @@ mod tests {
         assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
 
         // Each field of the run specification, and the keys that set it (or why none does).
-        let reached: [(&str, &[&str]); 33] = [
+        let reached: [(&str, &[&str]); 34] = [
             ("batch_size", &["batch-size"]),
             ("epochs", &["epochs"]),
             ("devices", &["ranks", "devices"]),
@@ -600,6 +600,7 @@ mod tests {
             ("lr_scale_ratio", &["(library only: Trainer::lr_scale_ratio)"]),
             ("elche", &["(library only: Trainer::elche)"]),
             ("slowdown", &["slowdown"]),
+            ("speed_changes", &["speed-change"]),
             ("stall_timeout", &["(library only; fdl's GPT sets its own)"]),
             ("snapshot_timeout", &["(library only: Trainer::snapshot_timeout)"]),
             ("max_stalled_rounds", &["(library only: Trainer::snapshot_timeout)"]),

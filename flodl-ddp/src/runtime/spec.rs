@@ -247,7 +247,7 @@ pub struct RunSpec {
     pub slowdown: Vec<f64>,
     /// Ranks whose speed changes for part of the run, on top of their slowdown (benches and
     /// tests: a device throttled for a while).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub speed_changes: Vec<SpeedChange>,
     /// How long a wait for a peer lasts before the run fails.
     pub stall_timeout: Duration,

@@ -27,14 +27,19 @@ fn epochs_complete_in_order_and_ranks_stream_one_epoch_ahead() -> TestResult {
     let b = d.next_chunk(1, &[1, 1], false, Instant::now()).ok_or("no chunk")?;
     assert_eq!(b, Chunk { epoch: 1, offset: 0, len: 8 });
     assert_eq!(d.next_chunk(1, &[1, 1], false, Instant::now()), None);
-    // Epoch 1 completes first but is only popped after epoch 0.
+    // Epoch 1 is trained and reduced first but is only popped after epoch 0; a chunk completes
+    // only when a reduce holds all of it.
     assert!(d.complete(1, &b, &work(&b, 2), Instant::now()));
+    assert!(d.pop_complete().is_none());
+    d.add_reduce(0.0, &[0, 4]);
     assert!(d.pop_complete().is_none());
     assert!(
         !d.complete(1, &a, &work(&a, 2), Instant::now()),
         "a chunk another rank holds was credited"
     );
     assert!(d.complete(0, &a, &work(&a, 2), Instant::now()));
+    assert!(d.pop_complete().is_none(), "an epoch completed before a reduce held it");
+    d.add_reduce(0.0, &[4, 0]);
     let popped: Vec<usize> = std::iter::from_fn(|| d.pop_complete().map(|p| p.0)).collect();
     assert_eq!(popped, [0, 1]);
     assert_eq!(d.oldest(), 2);
@@ -104,16 +109,62 @@ struct Run {
     checkpoint: bool,
 }
 
-/// A rank of the simulation: its chunks in the order handed with their finish times, the
-/// batches of its first chunk the consensus holds, and the batches of its completed chunks it
-/// has not reduced yet.
+/// A rank of the simulation: the chunks handed to it that the consensus does not hold all of,
+/// in order, with their finish times; how many of them it has trained (and reported); and how
+/// many batches from the front of them the consensus holds.
 #[derive(Default)]
 struct SimRank {
-    queue: VecDeque<(Chunk, f64)>,
+    handed: VecDeque<(Chunk, f64)>,
+    trained: usize,
+    reduced: usize,
     free_at: f64,
-    front_reduced: usize,
-    done_unreduced: usize,
     alive: bool,
+}
+
+impl SimRank {
+    /// Batches of its reported chunks.
+    fn trained_batches(&self, bs: usize) -> usize {
+        self.handed.iter().take(self.trained).map(|(c, _)| c.batches(bs)).sum()
+    }
+
+    /// The consensus now holds `to` batches from the front of its handed chunks (from
+    /// `self.reduced`): marks those positions seen and drops the chunks held whole.
+    fn reduce_to(&mut self, to: usize, bs: usize, seen: &mut [Vec<u32>]) {
+        let mut skip = self.reduced;
+        let mut left = to - self.reduced;
+        for (c, _) in &self.handed {
+            let n = c.batches(bs);
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            let take = left.min(n - skip);
+            see(seen, c.epoch, c.offset + skip * bs, (c.offset + (skip + take) * bs).min(c.end()));
+            left -= take;
+            skip = 0;
+            if left == 0 {
+                break;
+            }
+        }
+        self.reduced = to;
+        while let Some((c, _)) = self.handed.front() {
+            let n = c.batches(bs);
+            if self.reduced < n || self.trained == 0 {
+                break;
+            }
+            self.reduced -= n;
+            self.trained -= 1;
+            self.handed.pop_front();
+        }
+    }
+}
+
+/// Counts `seen[epoch][from..to]` once more; a position seen twice fails the test.
+fn see(seen: &mut [Vec<u32>], epoch: usize, from: usize, to: usize) {
+    for (p, n) in seen[epoch].iter_mut().enumerate().take(to).skip(from) {
+        *n += 1;
+        assert_eq!(*n, 1, "epoch {epoch} position {p} trained twice");
+    }
 }
 
 /// A checkpoint of the dispatcher's coverage through the bundle format, and a book resumed
@@ -151,19 +202,13 @@ fn simulate(
     let (mut wall, mut steps) = (vec![0.0; w], vec![0u64; w]);
     let mut next_epoch = 0;
     let mut checkpointed = false;
-    let see = |seen: &mut Vec<Vec<u32>>, epoch: usize, from: usize, to: usize| {
-        for (p, n) in seen[epoch].iter_mut().enumerate().take(to).skip(from) {
-            *n += 1;
-            assert_eq!(*n, 1, "epoch {epoch} position {p} trained twice");
-        }
-    };
     for _ in 0..200_000 {
         if d.all_done() {
             return Ok(seen);
         }
-        // Keep every live rank fed with up to two chunks.
+        // Keep every live rank fed with up to two untrained chunks.
         for (r, rank) in ranks.iter_mut().enumerate().filter(|(_, k)| k.alive) {
-            while rank.queue.len() < 2 {
+            while rank.handed.len() - rank.trained < 2 {
                 let oldest = d.oldest();
                 let informed = elche.is_calibrated();
                 let Some(c) = d.next_chunk(r, elche.counts(), informed, Instant::now()) else {
@@ -173,45 +218,43 @@ fn simulate(
                 let cost: f64 = (0..c.batches(bs))
                     .map(|_| run.speeds[r] * (1.0 + rng.random_range(-0.2..0.2)))
                     .sum();
-                let start = rank.queue.back().map_or(rank.free_at, |&(_, t)| t);
-                rank.queue.push_back((c, start + cost));
+                let start = rank.handed.back().map_or(rank.free_at, |&(_, t)| t);
+                rank.handed.push_back((c, start + cost));
             }
         }
-        // Complete the earliest chunk (random order among near-ties).
+        // Complete the earliest untrained chunk (random order among near-ties); with none in
+        // flight, only a reduce can move the run on.
         let next = (0..w)
             .filter_map(|r| {
-                ranks[r].queue.front().map(|&(_, t)| (r, t + rng.random_range(0.0..0.5)))
+                let k = &ranks[r];
+                k.handed.get(k.trained).map(|&(_, t)| (r, t + rng.random_range(0.0..0.5)))
             })
             .min_by(|a, b| a.1.total_cmp(&b.1));
-        let Some((r, _)) = next else {
+        let unreduced = ranks.iter().any(|k| k.alive && k.trained_batches(bs) > k.reduced);
+        if let Some((r, _)) = next {
+            let rank = &mut ranks[r];
+            let (c, t) = rank.handed[rank.trained];
+            if !d.complete(r, &c, &work(&c, bs), Instant::now()) {
+                return Err(format!("{c:?} of rank {r} refused").into());
+            }
+            rank.trained += 1;
+            rank.free_at = t;
+            wall[r] += run.speeds[r] * c.batches(bs) as f64;
+            steps[r] += c.batches(bs) as u64;
+        } else if !unreduced {
             return Err("no work in flight but the run is unfinished".into());
-        };
-        let (c, t) = ranks[r].queue.pop_front().ok_or("empty queue")?;
-        if !d.complete(r, &c, &work(&c, bs), Instant::now()) {
-            return Err(format!("{c:?} of rank {r} refused").into());
         }
-        let rank = &mut ranks[r];
-        rank.free_at = t;
-        rank.done_unreduced += c.batches(bs) - rank.front_reduced;
-        rank.front_reduced = 0;
-        wall[r] += run.speeds[r] * c.batches(bs) as f64;
-        steps[r] += c.batches(bs) as u64;
-        see(&mut seen, c.epoch, c.offset, c.end());
-        while let Some((epoch, _, _)) = d.pop_complete() {
-            assert_eq!(epoch, next_epoch, "epochs complete in order");
-            next_epoch += 1;
-        }
-        // A reduce now and then: every live rank's batches since its last one, part of its
-        // first chunk included; it feeds ElChe.
-        if rng.random_bool(0.3) {
+        // A reduce now and then (always when nothing is in flight): every live rank's batches
+        // since its last one, part of the chunk it is training included; it feeds ElChe.
+        if next.is_none() || rng.random_bool(0.3) {
             let mut reduced = vec![0; w];
             for (r, rank) in ranks.iter_mut().enumerate().filter(|(_, k)| k.alive) {
-                let front = rank.queue.front().map_or(0, |(c, _)| c.batches(bs));
-                let trained =
-                    rng.random_range(rank.front_reduced..front.max(rank.front_reduced + 1));
-                reduced[r] = rank.done_unreduced + trained - rank.front_reduced;
-                rank.front_reduced = trained;
-                rank.done_unreduced = 0;
+                let done = rank.trained_batches(bs);
+                let front = rank.handed.get(rank.trained).map_or(0, |(c, _)| c.batches(bs));
+                let low = rank.reduced.max(done);
+                let to = rng.random_range(low..=(done + front).max(low));
+                reduced[r] = to - rank.reduced;
+                rank.reduce_to(to, bs, &mut seen);
             }
             d.add_reduce(1.0, &reduced);
             if steps.iter().zip(&ranks).all(|(&s, k)| !k.alive || s > 0) {
@@ -221,7 +264,12 @@ fn simulate(
                 steps.iter_mut().for_each(|x| *x = 0);
             }
         }
-        // A death: what the consensus holds of its first chunk stays, the rest goes back.
+        while let Some((epoch, _, _)) = d.pop_complete() {
+            assert_eq!(epoch, next_epoch, "epochs complete in order");
+            next_epoch += 1;
+        }
+        // A death: what the consensus holds stays; everything else handed to it, trained or
+        // not, goes back.
         let live = ranks.iter().filter(|k| k.alive).count();
         if run.deaths && live > 1 && rng.random_bool(0.01) {
             let victim = (0..w)
@@ -229,27 +277,31 @@ fn simulate(
                 .nth(rng.random_range(0..live))
                 .ok_or("no rank")?;
             let rank = &mut ranks[victim];
-            let kept = rank.front_reduced;
             let requeued = d.retire(victim, 0, Instant::now());
-            let held: Vec<Chunk> = rank.queue.drain(..).map(|(c, _)| c).collect();
-            if let Some(front) = held.first() {
-                see(&mut seen, front.epoch, front.offset, front.offset + kept * bs);
-            }
+            let handed: Vec<Chunk> = rank.handed.drain(..).map(|(c, _)| c).collect();
             let back: usize = requeued.iter().map(|c| c.len).sum();
-            let owed: usize = held.iter().map(|c| c.len).sum::<usize>() - kept * bs;
-            assert_eq!(back, owed, "re-queued {requeued:?} of {held:?}, {kept} batches kept");
+            let held_len: usize = handed.iter().map(|c| c.len).sum();
+            // The consensus holds whole batches from the front; the last chunk may end short.
+            let mut kept = 0;
+            let mut left = rank.reduced;
+            for c in &handed {
+                let n = c.batches(bs).min(left);
+                kept += (n * bs).min(c.len);
+                left -= n;
+            }
+            assert_eq!(back, held_len - kept, "re-queued {requeued:?} of {handed:?}");
             rank.alive = false;
+            rank.trained = 0;
+            rank.reduced = 0;
             elche.retire(victim)?;
         }
         // A checkpoint at a quiet moment: through a bundle, resume, carry on.
-        if run.checkpoint && !checkpointed && ranks.iter().all(|k| k.queue.is_empty()) {
+        if run.checkpoint && !checkpointed && ranks.iter().all(|k| k.handed.is_empty()) {
             d = through_a_bundle(&d, run, rng.random())?;
-            for (r, rank) in ranks.iter_mut().enumerate() {
+            for (r, rank) in ranks.iter().enumerate() {
                 if !rank.alive {
                     d.retire(r, 0, Instant::now());
                 }
-                rank.front_reduced = 0;
-                rank.done_unreduced = 0;
             }
             checkpointed = true;
         }
