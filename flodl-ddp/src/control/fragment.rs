@@ -78,8 +78,17 @@ impl Fragments {
     }
 
     /// The values of fragment `k`.
+    #[cfg(test)]
     pub(crate) fn values(&self, k: usize) -> usize {
         self.tensors(k).iter().map(|&t| self.sizes[t]).sum()
+    }
+
+    /// The shapes of fragment `k`'s part, from a whole state's `shapes` (its parameters', then
+    /// its buffers'): the fragment's parameters' in ascending order, then every buffer's.
+    pub(crate) fn shapes(&self, k: usize, shapes: &[Vec<usize>]) -> Vec<Vec<usize>> {
+        let n = self.sizes.len().min(shapes.len());
+        let params = self.tensors(k).iter().filter_map(|&t| shapes.get(t).cloned());
+        params.chain(shapes[n..].iter().cloned()).collect()
     }
 
     /// Fragment `k`'s part of a whole `state`, taken out of it: its tensors' parameters in
@@ -205,6 +214,34 @@ impl Unsynced {
                 *s = 0;
             }
         }
+    }
+}
+
+/// A run's staggered syncs (`--fragments F`): the cut of its model and the steps each rank
+/// trained since each fragment was last synced.
+#[derive(Debug, Clone)]
+pub(crate) struct Staggered {
+    /// The cut of the model's parameters.
+    pub(crate) cut: Fragments,
+    /// Each rank's steps since each fragment was last synced.
+    pub(crate) unsynced: Unsynced,
+}
+
+impl Staggered {
+    /// The staggered syncs of `state`'s model cut into `count` fragments, for `world` seats.
+    ///
+    /// # Errors
+    /// As [`Fragments::cut`].
+    pub(crate) fn new(state: &HostState, count: usize, world: usize) -> LogicResult<Staggered> {
+        let cut = Fragments::of_state(state, count)?;
+        Ok(Staggered { unsynced: Unsynced::new(cut.len(), world), cut })
+    }
+
+    /// The fragment the reduce ending window `round` syncs: the scheduled one, or every one
+    /// (`None`) when `whole` (a reduce that saves a checkpoint: the bundle is then one cut of
+    /// the run).
+    pub(crate) fn fragment(&self, round: u64, whole: bool) -> Option<usize> {
+        (!whole).then(|| self.cut.scheduled(round))
     }
 }
 

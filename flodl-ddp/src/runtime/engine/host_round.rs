@@ -39,12 +39,13 @@ pub(crate) enum Slot {
 }
 
 /// What follows a round: the next windows, the evaluation request and the ending window's
-/// planned counts.
+/// planned counts; and the fragment it syncs (`None`: the whole model).
 #[derive(Debug, Clone)]
 pub(crate) struct RoundPlan {
     next: Vec<Window>,
     eval: Option<usize>,
     counts: Vec<usize>,
+    fragment: Option<usize>,
 }
 
 /// Snapshots ready to be averaged.
@@ -53,6 +54,10 @@ pub(crate) struct AverageJob {
     pub(crate) round: u64,
     pub(crate) states: Vec<HostState>,
     pub(crate) steps: Vec<usize>,
+    /// The rank of each state.
+    pub(crate) ranks: Vec<usize>,
+    /// The fragment the states are the parts of (`None`: whole states).
+    pub(crate) fragment: Option<usize>,
 }
 
 /// A finished round, as the coordinator completes it.
@@ -64,11 +69,13 @@ pub(crate) struct RoundDone {
     pub(crate) eval: Option<usize>,
     pub(crate) counts: Vec<usize>,
     pub(crate) steps: Vec<usize>,
+    pub(crate) fragment: Option<usize>,
 }
 
 impl HostRound {
-    /// A round of `world` seats that collects the snapshots of the `live` ones until
-    /// `deadline`.
+    /// A round of `world` seats that collects the snapshots (of `fragment`, `None`: whole) of
+    /// the `live` ones until `deadline`.
+    #[allow(clippy::too_many_arguments, reason = "the round's plan, given once")]
     pub(crate) fn new(
         round: u64,
         world: usize,
@@ -77,6 +84,7 @@ impl HostRound {
         next: Vec<Window>,
         eval: Option<usize>,
         counts: Vec<usize>,
+        fragment: Option<usize>,
     ) -> HostRound {
         HostRound::Collecting {
             round,
@@ -86,7 +94,15 @@ impl HostRound {
             snaps: (0..world)
                 .map(|r| if live.contains(&r) { Slot::Waiting } else { Slot::Gone })
                 .collect(),
-            plan: RoundPlan { next, eval, counts },
+            plan: RoundPlan { next, eval, counts, fragment },
+        }
+    }
+
+    /// The fragment the round syncs (`None`: the whole model, or no round).
+    pub(crate) fn fragment(&self) -> Option<usize> {
+        match self {
+            HostRound::Collecting { plan, .. } | HostRound::Computing { plan, .. } => plan.fragment,
+            HostRound::Moving => None,
         }
     }
 
@@ -200,12 +216,17 @@ impl HostRound {
         };
         let all_steps: Vec<usize> =
             snaps.iter().map(|s| if let Slot::Got(_, n) = s { *n } else { 0 }).collect();
-        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps
-            .into_iter()
-            .filter_map(|s| if let Slot::Got(state, n) = s { Some((state, n)) } else { None })
-            .unzip();
+        let (mut states, mut steps, mut ranks) = (Vec::new(), Vec::new(), Vec::new());
+        for (rank, slot) in snaps.into_iter().enumerate() {
+            if let Slot::Got(state, n) = slot {
+                states.push(state);
+                steps.push(n);
+                ranks.push(rank);
+            }
+        }
+        let fragment = plan.fragment;
         *self = HostRound::Computing { round, started, steps: all_steps, plan };
-        Some(AverageJob { round, states, steps })
+        Some(AverageJob { round, states, steps, ranks, fragment })
     }
 
     /// The helper thread finished `round`: the round is done.
@@ -225,6 +246,7 @@ impl HostRound {
             eval: plan.eval,
             counts: plan.counts,
             steps,
+            fragment: plan.fragment,
         })
     }
 
@@ -390,7 +412,7 @@ mod tests {
 
     #[test]
     fn late_round_retries_with_a_new_attempt() {
-        let mut r = HostRound::new(3, 2, &[0, 1], Instant::now(), vec![], None, vec![]);
+        let mut r = HostRound::new(3, 2, &[0, 1], Instant::now(), vec![], None, vec![], None);
         assert!(r.collect(0, 3, 0, HostState::default(), 1).is_none());
         assert_eq!(r.retry_if_late(Duration::from_secs(60)), Some((3, 1)));
         // a snapshot of the aborted attempt no longer counts
@@ -409,7 +431,7 @@ mod tests {
         for case in 0..500 {
             let world = rng.random_range(1..7);
             let live: Vec<usize> = (0..world).collect();
-            let mut r = HostRound::new(9, world, &live, Instant::now(), vec![], None, vec![]);
+            let mut r = HostRound::new(9, world, &live, Instant::now(), vec![], None, vec![], None);
             let mut events: Vec<(usize, bool)> = (0..world).map(|rank| (rank, false)).collect();
             events.extend((0..world).filter(|_| rng.random_bool(0.3)).map(|rank| (rank, true)));
             for i in (1..events.len()).rev() {

@@ -104,14 +104,26 @@ impl Coordinator {
                 self.group.reduce_called();
             }
             Backend::Host => {
+                let fragment =
+                    self.staggered.as_ref().and_then(|s| s.fragment(ending, capture.is_some()));
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
                 for rank in self.roster.live() {
-                    self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0, capture })?;
+                    let snapshot =
+                        ToWorker::Snapshot { round: ending, attempt: 0, capture, fragment };
+                    self.send(rank, snapshot)?;
                 }
                 let deadline = started + self.cfg.spec.snapshot_timeout;
                 let (world, live) = (self.cfg.world(), self.roster.live());
-                let round =
-                    HostRound::new(ending, world, &live, deadline, next.clone(), eval, counts);
+                let round = HostRound::new(
+                    ending,
+                    world,
+                    &live,
+                    deadline,
+                    next.clone(),
+                    eval,
+                    counts,
+                    fragment,
+                );
                 self.reduce = Reduce::Host(round);
             }
         }
@@ -133,10 +145,20 @@ impl Coordinator {
         let Some(done) = hr.averaged(round) else { return Ok(()) };
         let mut state = state?;
         self.outer_step(&mut state)?;
+        // Under `--fragments` the average is one fragment's part: the consensus takes it.
+        let fragment = done.fragment;
+        let whole = match (fragment, &self.staggered, self.consensus.take()) {
+            (Some(k), Some(staggered), Some(mut consensus)) => {
+                staggered.cut.put(k, state.clone(), &mut consensus)?;
+                consensus
+            }
+            _ => state.clone(),
+        };
         // The ranks are paused since their snapshots: the book is at the cut.
         if self.saves.capturing.as_ref().is_some_and(|c| c.round == done.round) {
-            // The reduce is completed below: it counts in the bundle.
-            self.finish_capture(Some(&state), self.rounds.reduces + 1)?;
+            // The reduce is completed below: it counts in the bundle (a whole sync: see
+            // `Staggered::fragment`).
+            self.finish_capture(Some(&whole), self.rounds.reduces + 1)?;
         }
         let evaluator = self.eval.rank();
         let global_step = self.rounds.global_step;
@@ -144,13 +166,75 @@ impl Coordinator {
             let eval = if Some(rank) == evaluator { done.eval } else { None };
             let next = done.next[rank];
             let state = state.clone();
-            self.send(rank, ToWorker::Update { state, next, eval, global_step })?;
+            self.send(rank, ToWorker::Update { state, next, eval, global_step, fragment })?;
         }
         let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
+        if let Some(staggered) = &mut self.staggered {
+            staggered.unsynced.synced(fragment, &done.steps);
+            for rank in self.roster.waiting() {
+                staggered.unsynced.restart(rank);
+            }
+        }
         self.complete_reduce(done.round, done.counts, done.steps, sync_ms, divergence);
-        self.admit_waiting(&state)?;
-        self.consensus = Some(state);
+        self.admit_waiting(&whole)?;
+        self.consensus = Some(whole);
+        // A standby resumes from the consensus alone: it is a cut of the run only when every
+        // fragment was synced.
+        if fragment.is_some() {
+            return Ok(());
+        }
         self.mirror_cut()
+    }
+
+    /// Host backend under `--fragments`: cuts the starting (or resumed) `state` into the
+    /// fragments; nothing trained yet.
+    ///
+    /// # Errors
+    /// [`crate::LogicError::TooManyFragments`] for more fragments than parameter tensors.
+    pub(super) fn stagger(&mut self, state: &HostState) -> Result<()> {
+        if self.cfg.spec.fragments > 1 {
+            let world = self.cfg.world();
+            self.staggered = Some(Staggered::new(state, self.cfg.spec.fragments, world)?);
+        }
+        Ok(())
+    }
+
+    /// Under `--fragments`, the final state: each fragment the average of the live ranks' final
+    /// states weighted by the steps since it was last synced (equal when none, as after its
+    /// sync), so every rank's work since then is in it; buffers are the lowest live rank's.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] without the lowest rank's state; a layout that does not fit.
+    pub(super) fn final_average(
+        &self,
+        staggered: &Staggered,
+        finals: &[Option<HostState>],
+        lowest: usize,
+    ) -> Result<HostState> {
+        let mut state =
+            finals.get(lowest).cloned().flatten().ok_or(Error::PeerGone(Peer::Rank(lowest)))?;
+        let buffers = state.buffers.clone();
+        let live = self.roster.live();
+        let ranks: Vec<(usize, &HostState)> = live
+            .iter()
+            .filter_map(|&r| finals.get(r).and_then(Option::as_ref).map(|s| (r, s)))
+            .collect();
+        let zeros = vec![0; self.cfg.world()];
+        for k in 0..staggered.cut.len() {
+            let since = staggered.unsynced.weights(k, &zeros);
+            let mut steps: Vec<usize> = ranks.iter().map(|&(r, _)| since[r]).collect();
+            if steps.iter().all(|&s| s == 0) {
+                steps.iter_mut().for_each(|s| *s = 1);
+            }
+            let parts = ranks
+                .iter()
+                .map(|&(_, s)| staggered.cut.part(k, s))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let avg = average(&parts, &steps, self.cfg.spec.gamma)?;
+            staggered.cut.put(k, avg, &mut state)?;
+        }
+        state.buffers = buffers;
+        Ok(state)
     }
 
     /// Host backend: replaces the average's parameters by the outer optimizer's step on them
@@ -206,8 +290,12 @@ impl Coordinator {
             .as_ref()
             .filter(|c| c.round == round)
             .map(|_| CaptureRequest { model: false });
+        let fragment = match &self.reduce {
+            Reduce::Host(hr) => hr.fragment(),
+            _ => None,
+        };
         for rank in self.roster.live() {
-            self.send(rank, ToWorker::Snapshot { round, attempt, capture })?;
+            self.send(rank, ToWorker::Snapshot { round, attempt, capture, fragment })?;
         }
         Ok(())
     }
@@ -317,6 +405,19 @@ impl Coordinator {
     /// [`Local::Averaged`]. When none of the ranks left in the round stepped (the one that did
     /// died), their snapshots are averaged equally.
     pub(super) fn start_average(&mut self, mut job: AverageJob) -> Result<()> {
+        // A fragment's average weighs each rank by its steps since that fragment's last sync.
+        if let (Some(k), Some(staggered)) = (job.fragment, &self.staggered) {
+            let mut steps = vec![0; self.cfg.world()];
+            for (&rank, &n) in job.ranks.iter().zip(&job.steps) {
+                if let Some(s) = steps.get_mut(rank) {
+                    *s = n;
+                }
+            }
+            let since = staggered.unsynced.weights(k, &steps);
+            for (&rank, s) in job.ranks.iter().zip(job.steps.iter_mut()) {
+                *s = since.get(rank).copied().unwrap_or(*s);
+            }
+        }
         if job.steps.iter().all(|&s| s == 0) {
             job.steps.iter_mut().for_each(|s| *s = 1);
         }
