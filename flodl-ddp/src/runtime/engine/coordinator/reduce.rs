@@ -169,6 +169,12 @@ impl Coordinator {
             self.send(rank, ToWorker::Update { state, next, eval, global_step, fragment })?;
         }
         let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
+        // The steps the divergence spans: a fragment's since its last sync.
+        let span = match (fragment, &self.staggered) {
+            (Some(k), Some(s)) => s.unsynced.weights(k, &done.steps).into_iter().max(),
+            _ => None,
+        };
+        let divergence = divergence.map(|d| (d, span));
         if let Some(staggered) = &mut self.staggered {
             staggered.unsynced.synced(fragment, &done.steps);
             for rank in self.roster.waiting() {
@@ -300,19 +306,24 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Completes the reduce of `round`: the guard hears `divergence` (with the steps it spans;
+    /// `None`: the window's largest count), and the books, the ledger and the handle hear the
+    /// reduce.
     pub(super) fn complete_reduce(
         &mut self,
         round: u64,
         counts: Vec<usize>,
         steps: Vec<usize>,
         sync_ms: f64,
-        divergence: Option<f64>,
+        divergence: Option<(f64, Option<usize>)>,
     ) {
         self.reduce = Reduce::Idle;
         self.group.reduce_done(&mut self.slots);
         let cadence = &mut self.cadence;
-        if let Some(divergence) = divergence {
-            let k_max = steps.iter().copied().max().unwrap_or(0) as u64;
+        let divergence = divergence.map(|(d, span)| {
+            (d, span.unwrap_or_else(|| steps.iter().copied().max().unwrap_or(0)) as u64)
+        });
+        if let Some((divergence, k_max)) = divergence {
             let verdict = cadence.guard.report(&ReduceReport { divergence, k_max });
             cadence.verdict = verdict;
             tracing::debug!(round, divergence, ?verdict, "divergence guard");
@@ -321,7 +332,7 @@ impl Coordinator {
         if self.cfg.spec.policy == Policy::Async {
             // Stable grows an auto bound, NudgeDown resets it; a guard that is off reads Stable,
             // a reduce it did not measure holds the bound.
-            match (divergence, &cadence.guard) {
+            match (divergence.map(|(d, _)| d), &cadence.guard) {
                 (Some(_), _) => cadence.overshoot.apply_verdict(cadence.verdict),
                 (None, Guard::Off) => cadence.overshoot.apply_verdict(Verdict::Stable),
                 (None, _) => {}
@@ -366,7 +377,7 @@ impl Coordinator {
             }
         }
         if let Some((round, counts, steps, sync, div)) = done {
-            self.complete_reduce(round, counts, steps, sync, div);
+            self.complete_reduce(round, counts, steps, sync, div.map(|d| (d, None)));
             if self.saves.capturing.as_ref().is_some_and(|c| c.round == round) {
                 // Every live rank is paused since its acknowledgement: the book is at the cut.
                 self.finish_capture(None, self.rounds.reduces)?;
@@ -423,7 +434,9 @@ impl Coordinator {
         }
         let tx = self.local.clone();
         let gamma = self.cfg.spec.gamma;
-        let measure = self.cfg.measures_divergence();
+        // Under `--fragments` the guard follows one series: fragment 0's (it holds the largest
+        // tensor), each measured over the steps since its last sync.
+        let measure = self.cfg.measures_divergence() && job.fragment.is_none_or(|k| k == 0);
         std::thread::Builder::new()
             .name("flodl-host-average".into())
             .spawn(move || {
