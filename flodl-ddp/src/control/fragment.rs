@@ -71,10 +71,11 @@ impl Fragments {
         self.members.get(k).map_or(&[], Vec::as_slice)
     }
 
-    /// The fragment reduce `round` syncs: `round mod F`, so consecutive reduces carry
-    /// consecutive fragments and the link is busy evenly.
-    pub(crate) fn scheduled(&self, round: u64) -> usize {
-        (round % self.len().max(1) as u64) as usize
+    /// The fragment the run's reduce number `k` (from 0) syncs: `k mod F`, so consecutive
+    /// reduces carry consecutive fragments, and the first carries fragment 0, which holds the
+    /// largest tensor.
+    pub(crate) fn scheduled(&self, k: u64) -> usize {
+        (k % self.len().max(1) as u64) as usize
     }
 
     /// The values of fragment `k`.
@@ -237,11 +238,11 @@ impl Staggered {
         Ok(Staggered { unsynced: Unsynced::new(cut.len(), world), cut })
     }
 
-    /// The fragment the reduce ending window `round` syncs: the scheduled one, or every one
-    /// (`None`) when `whole` (a reduce that saves a checkpoint: the bundle is then one cut of
-    /// the run).
-    pub(crate) fn fragment(&self, round: u64, whole: bool) -> Option<usize> {
-        (!whole).then(|| self.cut.scheduled(round))
+    /// The fragment the run's reduce number `k` (from 0) syncs: the scheduled one, or every
+    /// one (`None`) when `whole` (a reduce that saves a checkpoint: the bundle is then one cut
+    /// of the run).
+    pub(crate) fn fragment(&self, k: u64, whole: bool) -> Option<usize> {
+        (!whole).then(|| self.cut.scheduled(k))
     }
 }
 

@@ -104,8 +104,9 @@ impl Coordinator {
                 self.group.reduce_called();
             }
             Backend::Host => {
+                let k = self.rounds.reduces;
                 let fragment =
-                    self.staggered.as_ref().and_then(|s| s.fragment(ending, capture.is_some()));
+                    self.staggered.as_ref().and_then(|s| s.fragment(k, capture.is_some()));
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
                 for rank in self.roster.live() {
                     let snapshot =
