@@ -1,6 +1,9 @@
 //! The cut of a model's parameter tensors into fragments of whole tensors balanced by size, the
 //! staggered schedule that syncs one of them per reduce (`--fragments F`, after Streaming
-//! DiLoCo), and the steps each rank trained since each fragment was last synced.
+//! DiLoCo), the steps each rank trained since each fragment was last synced, and the sync time
+//! of a cycle of fragments.
+
+use std::collections::VecDeque;
 
 use crate::control::logic_error::{LogicError, LogicResult};
 use crate::state::HostState;
@@ -226,6 +229,8 @@ pub(crate) struct Staggered {
     pub(crate) cut: Fragments,
     /// Each rank's steps since each fragment was last synced.
     pub(crate) unsynced: Unsynced,
+    /// The sync times of the last F reduces (ms), newest last.
+    syncs: VecDeque<f64>,
 }
 
 impl Staggered {
@@ -235,7 +240,26 @@ impl Staggered {
     /// As [`Fragments::cut`].
     pub(crate) fn new(state: &HostState, count: usize, world: usize) -> LogicResult<Staggered> {
         let cut = Fragments::of_state(state, count)?;
-        Ok(Staggered { unsynced: Unsynced::new(cut.len(), world), cut })
+        Ok(Staggered { unsynced: Unsynced::new(cut.len(), world), syncs: VecDeque::new(), cut })
+    }
+
+    /// A reduce's sync time (ms) is in.
+    pub(crate) fn synced_in(&mut self, sync_ms: f64) {
+        if self.syncs.len() == self.cut.len() {
+            self.syncs.pop_front();
+        }
+        self.syncs.push_back(sync_ms);
+    }
+
+    /// The sync time ElChe sizes windows by: the mean over the last F reduces, one of each
+    /// fragment once a cycle has run (`last` before any), so the window is sized for the
+    /// exchange's steady cost rather than for whichever fragment moved last (a model with one
+    /// dominant tensor alternates one heavy reduce with F − 1 light ones).
+    pub(crate) fn cycle_sync_ms(&self, last: f64) -> f64 {
+        if self.syncs.is_empty() {
+            return last;
+        }
+        self.syncs.iter().sum::<f64>() / self.syncs.len() as f64
     }
 
     /// The fragment the run's reduce number `k` (from 0) syncs: the scheduled one, or every
@@ -396,5 +420,19 @@ mod tests {
         }
         u.restart(1);
         assert!((0..fragments).all(|k| u.weights(k, &[0; 4])[1] == 0));
+    }
+
+    /// ElChe's sync time: the last one before any, then the mean of the last F.
+    #[test]
+    fn the_cycle_sync_time_is_the_mean_of_the_last_f() -> Result<(), String> {
+        let state =
+            HostState { params: vec![vec![0.0; 9], vec![0.0; 2], vec![0.0]], buffers: vec![] };
+        let mut s = Staggered::new(&state, 3, 2).map_err(|e| e.to_string())?;
+        assert_eq!(s.cycle_sync_ms(7.0), 7.0);
+        for (ms, want) in [(90.0, 90.0), (6.0, 48.0), (3.0, 33.0), (90.0, 33.0), (9.0, 34.0)] {
+            s.synced_in(ms);
+            assert_eq!(s.cycle_sync_ms(0.0), want, "after {ms}");
+        }
+        Ok(())
     }
 }

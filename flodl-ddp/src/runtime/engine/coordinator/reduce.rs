@@ -40,8 +40,13 @@ impl Coordinator {
             self.slots.iter().map(|s| s.ready.map_or(0.0, |r| r.wall_ms)).collect();
         let steps64: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
         let counts = self.planned_counts();
+        // Under `--fragments` ElChe sizes windows by a cycle's mean sync time.
+        let last_sync = self
+            .staggered
+            .as_ref()
+            .map_or(self.rounds.last_sync_ms, |s| s.cycle_sync_ms(self.rounds.last_sync_ms));
         if let Some(e) = self.cadence.elche.as_mut() {
-            e.report_timing(&walls, &steps64, self.rounds.last_sync_ms)?;
+            e.report_timing(&walls, &steps64, last_sync)?;
             // The guard's verdict on the last completed reduce.
             e.apply_verdict(std::mem::replace(&mut self.cadence.verdict, Verdict::Stable));
         }
@@ -177,6 +182,7 @@ impl Coordinator {
         };
         let divergence = divergence.map(|d| (d, span));
         if let Some(staggered) = &mut self.staggered {
+            staggered.synced_in(sync_ms);
             staggered.unsynced.synced(fragment, &done.steps);
             for rank in self.roster.waiting() {
                 staggered.unsynced.restart(rank);
