@@ -4,6 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::control::change::Change;
+use crate::control::fragment::Fragments;
+use crate::control::logic_error::LogicResult;
 use crate::control::weighting::average_weights;
 use crate::link::wire::Window;
 use crate::state::HostState;
@@ -300,6 +302,45 @@ pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Resu
     Ok(HostState { params, buffers })
 }
 
+/// [`average`] fragment by fragment (`--fragments`): fragment k's parameters weighted by
+/// `weights[k]` (one count per state; all zero: equally), the buffers as fragment 0's average
+/// has them.
+///
+/// # Errors
+/// As [`average`]; [`Error::Logic`] when a state does not fit the cut; a mismatch when
+/// `weights` does not hold one list per fragment.
+pub(crate) fn average_fragments(
+    states: &[HostState],
+    cut: &Fragments,
+    weights: &[Vec<usize>],
+    gamma: f64,
+) -> Result<HostState> {
+    let mut out = states
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::mismatch("states to average", "at least one", "none"))?;
+    if weights.len() != cut.len() {
+        return Err(Error::mismatch("weight lists, one per fragment", cut.len(), weights.len()));
+    }
+    let mut buffers = None;
+    for (k, w) in weights.iter().enumerate() {
+        let parts = states.iter().map(|s| cut.part(k, s)).collect::<LogicResult<Vec<_>>>()?;
+        let mut w = w.clone();
+        if w.iter().all(|&n| n == 0) {
+            w.iter_mut().for_each(|n| *n = 1);
+        }
+        let avg = average(&parts, &w, gamma)?;
+        if k == 0 {
+            buffers = Some(avg.buffers.clone());
+        }
+        cut.put(k, avg, &mut out)?;
+    }
+    if let Some(buffers) = buffers {
+        out.buffers = buffers;
+    }
+    Ok(out)
+}
+
 /// `max_r ‖W_r − W_avg‖ / ‖W_avg‖` over the parameters of the ranks that stepped (f64
 /// accumulation; 0 when the average is all but zero).
 pub(crate) fn divergence(states: &[HostState], steps: &[usize], avg: &HostState) -> f64 {
@@ -405,6 +446,36 @@ mod tests {
                     .map(|(s, _)| f64::from(s.buffers[0][j]) / movers)
                     .sum();
                 assert!((f64::from(avg.buffers[0][j]) - want).abs() < 1e-5, "buffer {j}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Fragment by fragment: each fragment's parameters are [`average`] of its parts by its own
+    /// weights (equal when all zero), the buffers fragment 0's.
+    #[test]
+    fn fragments_average_by_their_own_weights() -> Result<()> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(31);
+        let sizes = [40, 3, 17, 8, 1];
+        let states: Vec<HostState> = (0..3)
+            .map(|_| HostState {
+                params: sizes
+                    .iter()
+                    .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
+                    .collect(),
+                buffers: vec![(0..2).map(|_| rng.random_range(-1.0..1.0)).collect()],
+            })
+            .collect();
+        let cut = Fragments::cut(&sizes, 3)?;
+        let weights = vec![vec![1, 5, 2], vec![0, 0, 0], vec![7, 0, 1]];
+        let avg = average_fragments(&states, &cut, &weights, 1.0)?;
+        for (k, w) in weights.iter().enumerate() {
+            let parts = states.iter().map(|s| cut.part(k, s)).collect::<LogicResult<Vec<_>>>()?;
+            let w = if w.iter().all(|&n| n == 0) { vec![1; 3] } else { w.clone() };
+            let want = average(&parts, &w, 1.0)?;
+            assert_eq!(cut.part(k, &avg)?.params, want.params, "fragment {k}");
+            if k == 0 {
+                assert_eq!(avg.buffers, want.buffers);
             }
         }
         Ok(())

@@ -46,7 +46,9 @@ use crate::runtime::engine::capture::{
 use crate::runtime::engine::comm::{CommPlan, RankComm};
 use crate::runtime::engine::fault::{FaultCause, FaultEvent, Misconduct, RankThread, RejoinEvent};
 use crate::runtime::engine::formation::Formation;
-use crate::runtime::engine::host_round::{AverageJob, HostRound, average, divergence};
+use crate::runtime::engine::host_round::{
+    AverageJob, HostRound, average, average_fragments, divergence,
+};
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::engine::rank::rank_loop::run_rank;
 use crate::runtime::engine::roster::Roster;

@@ -214,7 +214,8 @@ impl Coordinator {
 
     /// Under `--fragments`, the final state: each fragment the average of the live ranks' final
     /// states weighted by the steps since it was last synced (equal when none, as after its
-    /// sync), so every rank's work since then is in it; buffers are the lowest live rank's.
+    /// sync), so every rank's work since then is in it; buffers as fragment 0's average has
+    /// them.
     ///
     /// # Errors
     /// [`Error::PeerGone`] without the lowest rank's state; a layout that does not fit.
@@ -224,30 +225,23 @@ impl Coordinator {
         finals: &[Option<HostState>],
         lowest: usize,
     ) -> Result<HostState> {
-        let mut state =
-            finals.get(lowest).cloned().flatten().ok_or(Error::PeerGone(Peer::Rank(lowest)))?;
-        let buffers = state.buffers.clone();
-        let live = self.roster.live();
-        let ranks: Vec<(usize, &HostState)> = live
-            .iter()
-            .filter_map(|&r| finals.get(r).and_then(Option::as_ref).map(|s| (r, s)))
-            .collect();
-        let zeros = vec![0; self.cfg.world()];
-        for k in 0..staggered.cut.len() {
-            let since = staggered.unsynced.weights(k, &zeros);
-            let mut steps: Vec<usize> = ranks.iter().map(|&(r, _)| since[r]).collect();
-            if steps.iter().all(|&s| s == 0) {
-                steps.iter_mut().for_each(|s| *s = 1);
-            }
-            let parts = ranks
-                .iter()
-                .map(|&(_, s)| staggered.cut.part(k, s))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let avg = average(&parts, &steps, self.cfg.spec.gamma)?;
-            staggered.cut.put(k, avg, &mut state)?;
+        if finals.get(lowest).is_none_or(Option::is_none) {
+            return Err(Error::PeerGone(Peer::Rank(lowest)));
         }
-        state.buffers = buffers;
-        Ok(state)
+        let (ranks, states): (Vec<usize>, Vec<HostState>) = self
+            .roster
+            .live()
+            .into_iter()
+            .filter_map(|r| finals.get(r).cloned().flatten().map(|s| (r, s)))
+            .unzip();
+        let zeros = vec![0; self.cfg.world()];
+        let weights: Vec<Vec<usize>> = (0..staggered.cut.len())
+            .map(|k| {
+                let since = staggered.unsynced.weights(k, &zeros);
+                ranks.iter().map(|&r| since.get(r).copied().unwrap_or(0)).collect()
+            })
+            .collect();
+        average_fragments(&states, &staggered.cut, &weights, self.cfg.spec.gamma)
     }
 
     /// Host backend: replaces the average's parameters by the outer optimizer's step on them
@@ -423,17 +417,26 @@ impl Coordinator {
     /// [`Local::Averaged`]. When none of the ranks left in the round stepped (the one that did
     /// died), their snapshots are averaged equally.
     pub(super) fn start_average(&mut self, mut job: AverageJob) -> Result<()> {
-        // A fragment's average weighs each rank by its steps since that fragment's last sync.
-        if let (Some(k), Some(staggered)) = (job.fragment, &self.staggered) {
+        // A fragment's average weighs each rank by its steps since that fragment's last sync;
+        // a whole sync under `--fragments` averages each fragment by its own.
+        let mut by_fragment = None;
+        if let Some(staggered) = &self.staggered {
             let mut steps = vec![0; self.cfg.world()];
             for (&rank, &n) in job.ranks.iter().zip(&job.steps) {
                 if let Some(s) = steps.get_mut(rank) {
                     *s = n;
                 }
             }
-            let since = staggered.unsynced.weights(k, &steps);
-            for (&rank, s) in job.ranks.iter().zip(job.steps.iter_mut()) {
-                *s = since.get(rank).copied().unwrap_or(*s);
+            let weights = |k: usize| -> Vec<usize> {
+                let since = staggered.unsynced.weights(k, &steps);
+                job.ranks.iter().map(|&r| since.get(r).copied().unwrap_or(0)).collect()
+            };
+            match job.fragment {
+                Some(k) => job.steps = weights(k),
+                None => {
+                    let all: Vec<Vec<usize>> = (0..staggered.cut.len()).map(weights).collect();
+                    by_fragment = Some((staggered.cut.clone(), all));
+                }
             }
         }
         if job.steps.iter().all(|&s| s == 0) {
@@ -442,12 +445,19 @@ impl Coordinator {
         let tx = self.local.clone();
         let gamma = self.cfg.spec.gamma;
         // Under `--fragments` the guard follows one series: fragment 0's (it holds the largest
-        // tensor), each measured over the steps since its last sync.
-        let measure = self.cfg.measures_divergence() && job.fragment.is_none_or(|k| k == 0);
+        // tensor), each measured over the steps since its last sync (a whole sync is not).
+        let series = match (job.fragment, &self.staggered) {
+            (Some(k), _) => k == 0,
+            (None, staggered) => staggered.is_none(),
+        };
+        let measure = self.cfg.measures_divergence() && series;
         std::thread::Builder::new()
             .name("flodl-host-average".into())
             .spawn(move || {
-                let state = average(&job.states, &job.steps, gamma);
+                let state = match &by_fragment {
+                    Some((cut, weights)) => average_fragments(&job.states, cut, weights, gamma),
+                    None => average(&job.states, &job.steps, gamma),
+                };
                 let divergence = match &state {
                     Ok(avg) if measure => Some(divergence(&job.states, &job.steps, avg)),
                     _ => None,
