@@ -467,6 +467,7 @@ mod tests {
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
             staging = \"64M:lru\"\nrecords = \"r.fdr\"\ndirect = true\n\
             max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\noverlap = 0.5\n\
+            fragments = 2\n\
             eval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
@@ -504,6 +505,7 @@ mod tests {
             max_failures: Some(2),
             wire: Some(flodl_ddp::WireFormat::Bf16),
             overlap: Some(0.5),
+            fragments: Some(2),
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(3),
@@ -610,6 +612,7 @@ mod tests {
             ("outer", &["(library only: Trainer::outer)"]),
             ("easgd", &["(library only: Trainer::easgd)"]),
             ("overlap", &["overlap"]),
+            ("fragments", &["fragments"]),
             ("max_grad_norm", &["(library only: Trainer::max_grad_norm)"]),
             ("prefetch", &["prefetch"]),
             ("staging", &["staging"]),

@@ -71,6 +71,8 @@ pub enum Field {
     Wire,
     /// [`crate::Trainer::overlap`]: ranks train on while their snapshots travel.
     Overlap,
+    /// [`crate::Trainer::fragments`]: the fragments synced on staggered reduces.
+    Fragments,
 }
 
 impl Field {
@@ -106,6 +108,7 @@ impl Field {
             Field::Model => "model",
             Field::Wire => "wire",
             Field::Overlap => "overlap",
+            Field::Fragments => "fragments",
         }
     }
 }

@@ -76,6 +76,26 @@ pub enum LogicError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A model cannot be cut into more fragments than it has tensors (a tensor is never split).
+    #[error(
+        "{fragments} fragments of a model of {tensors} tensors (a fragment holds whole tensors)"
+    )]
+    TooManyFragments {
+        /// The fragments asked for.
+        fragments: usize,
+        /// The model's parameter tensors.
+        tensors: usize,
+    },
+    /// A state or a fragment's part does not fit the cut of the model into fragments.
+    #[error("{what}: expected {expected}, got {got}")]
+    FragmentShape {
+        /// What did not fit.
+        what: &'static str,
+        /// What the cut holds (a count of tensors or values, or of fragments).
+        expected: usize,
+        /// What was given.
+        got: usize,
+    },
 }
 
 /// The result type of the pure scheduling logic.

@@ -1,6 +1,7 @@
 //! The pure control logic of a run, free of threads, devices and IO: the ElChe cadence, the
 //! policies' reduce windows and triggers, dispatch and coverage, the overshoot bound, partitions,
-//! the divergence guard, LR schedules, work weighting and the outer optimizers.
+//! the divergence guard, LR schedules, work weighting, the outer optimizers and the cut of a
+//! model into fragments.
 //!
 //! The runtime calls these modules; each is tested on its own.
 
@@ -10,6 +11,7 @@ pub mod deadline;
 pub mod dispatch;
 pub mod elche;
 pub(crate) mod eval_rank;
+pub(crate) mod fragment;
 pub mod guard;
 pub mod logic_error;
 pub(crate) mod metrics;

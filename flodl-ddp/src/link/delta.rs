@@ -94,6 +94,17 @@ pub(crate) enum DeltaError {
     /// A delta in a format that is not quantized.
     #[error("a delta in the {0} format")]
     Format(&'static str),
+    /// A state could not be cut into the connection's fragments.
+    #[error("{0}")]
+    Cut(#[from] crate::control::logic_error::LogicError),
+    /// A delta of a fragment the connection's cut does not have (`None`: the whole model).
+    #[error("a delta of fragment {fragment:?} on a connection of {fragments} fragments")]
+    Fragment {
+        /// The fragment named.
+        fragment: Option<usize>,
+        /// The connection's fragments.
+        fragments: usize,
+    },
     /// A kernel refused (a NaN or an infinity to quantize or read back, a wrong length).
     #[error("{0}")]
     Kernel(#[from] flodl_tensor::Error),

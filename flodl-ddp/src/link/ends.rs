@@ -36,7 +36,8 @@ enum CoordinatorFlavor {
 impl CoordinatorLink {
     /// The coordinator's end for a world of `world` ranks, and the ends of the ranks `here`
     /// (this process's, on in-process queues of `capacity` messages): the ranks `admitted`
-    /// are reached through their connections in `format`, and so are those admitted later.
+    /// are reached through their connections in `format` (with the model cut into `fragments`,
+    /// 1 for none), and so are those admitted later.
     /// What the ranks send goes to `inbox`.
     ///
     /// # Errors
@@ -47,7 +48,7 @@ impl CoordinatorLink {
         here: &[usize],
         admitted: Admitted,
         capacity: usize,
-        format: WireFormat,
+        format: (WireFormat, usize),
         inbox: &flume::Sender<Inbound>,
     ) -> Result<(CoordinatorLink, Vec<RankLink>)> {
         let (remote, arrivals) = admitted;
@@ -132,11 +133,12 @@ enum RankFlavor {
 }
 
 impl RankLink {
-    /// A rank's end over `frames`, its connection to the controller, in `format`.
+    /// A rank's end over `frames`, its connection to the controller, in `format` (with the model
+    /// cut into `fragments`, 1 for none).
     ///
     /// # Errors
     /// [`crate::Error::Spawn`] when the reader thread cannot start.
-    pub(crate) fn over(frames: Arc<Frames>, format: WireFormat) -> Result<RankLink> {
+    pub(crate) fn over(frames: Arc<Frames>, format: (WireFormat, usize)) -> Result<RankLink> {
         Ok(RankLink { flavor: RankFlavor::Net(NetRank::new(frames, format)?) })
     }
 

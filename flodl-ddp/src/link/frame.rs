@@ -15,7 +15,8 @@ use std::str::FromStr;
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
-use super::delta::{Carries, Delta, DeltaCoder, DeltaError};
+use super::delta::{Carries, Delta, DeltaError};
+use super::views::Views;
 use super::wire::{ToCoordinator, ToWorker};
 use crate::control::logic_error::{LogicError, LogicResult};
 use crate::state::HostState;
@@ -183,6 +184,23 @@ pub(crate) trait Framed: Serialize + serde::de::DeserializeOwned {
     fn states_mut(&mut self) -> Vec<&mut HostState>;
     /// What its state is to a quantized connection's view.
     fn carries(&self) -> Carries;
+    /// The fragment its state is the part of (`None`: the whole state).
+    fn fragment(&self) -> Option<usize>;
+    /// What a message that [`Framed::carries`] a delta of the whole state is under a cut into
+    /// fragments (the views are per fragment): the controller's update becomes every view, a
+    /// rank's snapshot travels whole.
+    const WHOLE_UNDER_CUT: Carries;
+}
+
+/// What `msg`'s state is to `views`: [`Framed::carries`], except a delta of the whole state
+/// under a cut into fragments ([`Framed::WHOLE_UNDER_CUT`]).
+fn carried<M: Framed>(msg: &M, views: Option<&Views>) -> Carries {
+    match msg.carries() {
+        Carries::Delta if msg.fragment().is_none() && views.is_some_and(Views::is_cut) => {
+            M::WHOLE_UNDER_CUT
+        }
+        carries => carries,
+    }
 }
 
 impl Framed for ToWorker {
@@ -209,6 +227,15 @@ impl Framed for ToWorker {
             _ => Carries::Whole,
         }
     }
+
+    fn fragment(&self) -> Option<usize> {
+        match self {
+            ToWorker::Update { fragment, .. } => *fragment,
+            _ => None,
+        }
+    }
+
+    const WHOLE_UNDER_CUT: Carries = Carries::Base;
 }
 
 impl Framed for ToCoordinator {
@@ -240,6 +267,15 @@ impl Framed for ToCoordinator {
             _ => Carries::Whole,
         }
     }
+
+    fn fragment(&self) -> Option<usize> {
+        match self {
+            ToCoordinator::Snapshot { fragment, .. } => *fragment,
+            _ => None,
+        }
+    }
+
+    const WHOLE_UNDER_CUT: Carries = Carries::Whole;
 }
 
 /// The bincode configuration of frames.
@@ -274,17 +310,23 @@ fn parts_mut<M: Framed>(msg: &mut M) -> Vec<&mut [f32]> {
         .collect()
 }
 
-/// Encodes `msg` as one frame in `format`, through `coder` (this end's view) under a quantized
-/// format; returns its lane and bytes.
+/// The whole state of a message that carries a base state (`Init`: one state).
+fn base_state<M: Framed>(msg: &mut M) -> Option<&HostState> {
+    msg.states_mut().into_iter().next().map(|s| &*s)
+}
+
+/// Encodes `msg` as one frame in `format`, through `views` (this end's views) under a
+/// quantized format; returns its lane and bytes.
 pub(crate) fn encode_with<M: Framed>(
     mut msg: M,
     format: WireFormat,
-    coder: Option<&mut DeltaCoder>,
+    views: Option<&mut Views>,
 ) -> Result<(Lane, Vec<u8>), FrameError> {
     let lane = msg.lane();
     let (mut lens, mut bf16, mut delta) = (Vec::new(), Vec::new(), None);
     let delta_error = |source| FrameError::Delta { what: M::WHAT, source };
-    match (format, msg.carries()) {
+    let carries = carried(&msg, views.as_deref());
+    match (format, carries) {
         (WireFormat::Bf16, _) => {
             for state in msg.states_mut() {
                 for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
@@ -298,12 +340,15 @@ pub(crate) fn encode_with<M: Framed>(
         }
         (WireFormat::F32, _) | (_, Carries::Whole) => {}
         (_, Carries::Base) => {
-            if let Some(coder) = coder {
-                coder.set_base_parts(&parts(&mut msg));
+            if let Some(views) = views
+                && let Some(state) = base_state(&mut msg)
+            {
+                views.set_base(state).map_err(delta_error)?;
             }
         }
         (_, Carries::Delta) => {
-            let coder = coder.ok_or(delta_error(DeltaError::Format(format.name())))?;
+            let views = views.ok_or(delta_error(DeltaError::Format(format.name())))?;
+            let coder = views.coder(msg.fragment()).map_err(delta_error)?;
             delta = Some(coder.encode_parts(&parts(&mut msg)).map_err(delta_error)?);
             for state in msg.states_mut() {
                 for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
@@ -326,10 +371,10 @@ pub(crate) fn decode<M: Framed>(bytes: &[u8]) -> Result<M, FrameError> {
 }
 
 /// Decodes one frame; packed bf16 values are widened back into the message's states, and a
-/// delta is read through `coder` (this end's view). A base state becomes `coder`'s view.
+/// delta is read through `views` (this end's views). A base state becomes every view.
 pub(crate) fn decode_with<M: Framed>(
     bytes: &[u8],
-    mut coder: Option<&mut DeltaCoder>,
+    mut views: Option<&mut Views>,
 ) -> Result<M, FrameError> {
     let (packed, read): (Packed<M>, usize) = bincode::serde::decode_from_slice(bytes, config())
         .map_err(|source| FrameError::Decode { what: M::WHAT, source })?;
@@ -342,14 +387,16 @@ pub(crate) fn decode_with<M: Framed>(
     if bf16.len() % 2 != 0 {
         return Err(packing(format!("{} bytes of bf16", bf16.len())));
     }
-    let carries = msg.carries();
+    let carries = carried(&msg, views.as_deref());
+    let fragment = msg.fragment();
     // A delta is checked against the view before anything is made of it.
     let delta = match (delta, carries) {
         (None, _) => None,
         (Some(delta), Carries::Delta) if bf16.is_empty() => {
-            let coder = coder
+            let views = views
                 .as_deref_mut()
                 .ok_or(packing("a delta on a connection without a view".into()))?;
+            let coder = views.coder(fragment).map_err(delta_error)?;
             match coder.expects(&delta) {
                 Ok(n) => Some((delta, n)),
                 Err(DeltaError::Base { base, view }) if coder.is_controller() && base < view => {
@@ -392,14 +439,16 @@ pub(crate) fn decode_with<M: Framed>(
         return Err(packing("more values packed than the states hold".into()));
     }
     if let Some((delta, _)) = delta
-        && let Some(coder) = coder.as_deref_mut()
+        && let Some(views) = views.as_deref_mut()
     {
+        let coder = views.coder(fragment).map_err(delta_error)?;
         coder.decode_parts(&delta, &mut parts_mut(&mut msg)).map_err(delta_error)?;
     }
     if carries == Carries::Base
-        && let Some(coder) = coder
+        && let Some(views) = views
+        && let Some(state) = base_state(&mut msg)
     {
-        coder.set_base_parts(&parts(&mut msg));
+        views.set_base(state).map_err(delta_error)?;
     }
     Ok(msg)
 }
@@ -446,8 +495,13 @@ mod tests {
     #[test]
     fn frames_round_trip_in_both_formats() -> Result<(), String> {
         let big = 10_000;
-        let update =
-            ToWorker::Update { state: state(big), next: window(), eval: None, global_step: 4 };
+        let update = ToWorker::Update {
+            state: state(big),
+            next: window(),
+            eval: None,
+            global_step: 4,
+            fragment: None,
+        };
         let snapshot = ToCoordinator::Snapshot {
             rank: 1,
             round: 2,
@@ -456,6 +510,7 @@ mod tests {
             steps: 3,
             capture: None,
             exchange: Default::default(),
+            fragment: None,
         };
         type Case = Box<dyn Fn(WireFormat) -> Result<usize, String>>;
         let cases: Vec<Case> = vec![
@@ -480,7 +535,10 @@ mod tests {
                 Lane::Bulk,
             ),
             (ToWorker::Ping.lane(), Lane::Control),
-            (ToWorker::Snapshot { round: 1, attempt: 0, capture: None }.lane(), Lane::Control),
+            (
+                ToWorker::Snapshot { round: 1, attempt: 0, capture: None, fragment: None }.lane(),
+                Lane::Control,
+            ),
             (
                 ToCoordinator::Ready { rank: 0, shapes: vec![], initial: Some(state(1)) }.lane(),
                 Lane::Bulk,
@@ -518,10 +576,10 @@ mod tests {
     /// cannot place (it missed one) is a protocol error.
     #[test]
     fn quantized_frames_go_through_the_views() -> Result<(), String> {
-        use crate::link::delta::{DeltaCoder, Direction};
+        use crate::link::delta::Direction;
         let q = WireFormat::Q4.quantized().ok_or("q4 is quantized")?;
         let (mut ctl, mut rnk) =
-            (DeltaCoder::new(q, Direction::Consensus), DeltaCoder::new(q, Direction::Replica));
+            (Views::new(q, Direction::Consensus, 1), Views::new(q, Direction::Replica, 1));
         let n = 10_000;
         let init =
             ToWorker::Init { state: state(n), restore: None, window: window(), global_step: 0 };
@@ -536,6 +594,7 @@ mod tests {
             steps: 3,
             capture: None,
             exchange: Default::default(),
+            fragment: None,
         };
         let mut moved = state(n);
         moved.params[0].iter_mut().for_each(|v| *v += 0.01);
@@ -563,7 +622,13 @@ mod tests {
             }
             other => return Err(format!("the snapshot gave {other:?}")),
         }
-        let update = |s| ToWorker::Update { state: s, next: window(), eval: None, global_step: 4 };
+        let update = |s| ToWorker::Update {
+            state: s,
+            next: window(),
+            eval: None,
+            global_step: 4,
+            fragment: None,
+        };
         let (_, first) = encode_with(update(moved.clone()), WireFormat::Q4, Some(&mut ctl))
             .map_err(|e| e.to_string())?;
         match decode_with::<ToCoordinator>(&snap, Some(&mut ctl)) {

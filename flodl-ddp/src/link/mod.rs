@@ -37,6 +37,7 @@ pub(crate) mod samples;
 pub(crate) mod text;
 #[cfg(feature = "cluster")]
 pub(crate) mod tls;
+pub(crate) mod views;
 pub(crate) mod wire;
 
 pub(crate) use ends::{CoordinatorLink, RankLink, heartbeat};

@@ -17,12 +17,13 @@ use std::time::Duration;
 
 use flodl_nccl::AbortHandle;
 
-use super::delta::{DeltaCoder, Direction};
+use super::delta::Direction;
 use super::frame::{self, Framed, WireFormat};
 use super::frames::{Arrivals, Attached, Frames};
 use super::inbound::Inbound;
 use super::link_error::LinkError;
 use super::local::Armed;
+use super::views::Views;
 use super::wire::{ToCoordinator, ToWorker};
 use crate::control::metrics::Exchange;
 use crate::{Error, Result};
@@ -49,12 +50,13 @@ fn deliver<T>(tx: &flume::Sender<T>, mut item: T, stop: &AtomicBool) -> bool {
     }
 }
 
-/// This end's view of a connection under a quantized format (none under f32 and bf16).
-type Coder = Option<Arc<Mutex<DeltaCoder>>>;
+/// This end's views of a connection under a quantized format (none under f32 and bf16).
+type Coder = Option<Arc<Mutex<Views>>>;
 
-/// The view of a connection in `format`, as the end that sends in `direction` keeps it.
-fn coder(format: WireFormat, direction: Direction) -> Coder {
-    format.quantized().map(|q| Arc::new(Mutex::new(DeltaCoder::new(q, direction))))
+/// The views of a connection in `format` for a model cut into `fragments`, as the end that
+/// sends in `direction` keeps them.
+fn coder(format: WireFormat, direction: Direction, fragments: usize) -> Coder {
+    format.quantized().map(|q| Arc::new(Mutex::new(Views::new(q, direction, fragments))))
 }
 
 /// Reads frames from `frames` until it ends or `stop` is set, decoding each (through `coder`)
@@ -207,15 +209,15 @@ const OLD_READER: Duration = Duration::from_secs(30);
 
 impl NetCoordinator {
     /// The coordinator's end for `world` ranks, of which the ranks in `remote` are reached
-    /// through their connection; what they send goes to `inbox`. Ranks that join again later
-    /// come from `arrivals`.
+    /// through their connection (in `format`, the model cut into `fragments`); what they send
+    /// goes to `inbox`. Ranks that join again later come from `arrivals`.
     ///
     /// # Errors
     /// [`Error::Spawn`] when a thread cannot start.
     pub(crate) fn new(
         world: usize,
         remote: Vec<(usize, Arc<Frames>)>,
-        format: WireFormat,
+        (format, fragments): (WireFormat, usize),
         inbox: &flume::Sender<Inbound>,
         arrivals: Option<Arrivals>,
     ) -> Result<NetCoordinator> {
@@ -223,7 +225,7 @@ impl NetCoordinator {
         let mut table: Vec<Option<Arc<Frames>>> = vec![None; world];
         let mut readers: Vec<Option<JoinHandle<()>>> = (0..world).map(|_| None).collect();
         let coders: Arc<Vec<Coder>> =
-            Arc::new((0..world).map(|_| coder(format, Direction::Consensus)).collect());
+            Arc::new((0..world).map(|_| coder(format, Direction::Consensus, fragments)).collect());
         let updates: Arc<UpdateBytes> = Arc::new((0..world).map(|_| AtomicU64::new(0)).collect());
         let mut link = NetCoordinator {
             ranks: Arc::new(Table::default()),
@@ -429,15 +431,18 @@ impl std::fmt::Debug for NetRank {
 }
 
 impl NetRank {
-    /// A rank's end over `frames`.
+    /// A rank's end over `frames`, in `format` with the model cut into `fragments`.
     ///
     /// # Errors
     /// [`Error::Spawn`] when the reader thread cannot start.
-    pub(crate) fn new(frames: Arc<Frames>, format: WireFormat) -> Result<NetRank> {
+    pub(crate) fn new(
+        frames: Arc<Frames>,
+        (format, fragments): (WireFormat, usize),
+    ) -> Result<NetRank> {
         let (tx, rx) = flume::bounded(TO_RANK);
         let armed = Arc::new(Armed::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let coder = coder(format, Direction::Replica);
+        let coder = coder(format, Direction::Replica, fragments);
         let reader = {
             let (frames, armed, stop) = (frames.clone(), armed.clone(), stop.clone());
             let coder = coder.clone();
@@ -528,9 +533,9 @@ mod tests {
         let (c1, r1) = mem_pair();
         let (c2, r2) = mem_pair();
         let coord =
-            NetCoordinator::new(3, vec![(1, c1), (2, c2)], WireFormat::Bf16, &inbox_tx, None)
+            NetCoordinator::new(3, vec![(1, c1), (2, c2)], (WireFormat::Bf16, 1), &inbox_tx, None)
                 .map_err(|e| e.to_string())?;
-        let rank1 = NetRank::new(r1, WireFormat::Bf16).map_err(|e| e.to_string())?;
+        let rank1 = NetRank::new(r1, (WireFormat::Bf16, 1)).map_err(|e| e.to_string())?;
         if coord.send(0, ToWorker::Ping, WAIT) != Err(LinkError::Gone) {
             return Err("a send to a rank that is not remote went through".into());
         }
@@ -553,7 +558,13 @@ mod tests {
         rank1.arm_abort(0, comm.abort_handle());
         coord.send(1, ToWorker::AbortGroup { generation: 0 }, WAIT).map_err(|e| e.to_string())?;
         let window = crate::link::wire::Window { round: 2, target: 3, limit: 3, wall: None };
-        let update = ToWorker::Update { state: state(), next: window, eval: None, global_step: 9 };
+        let update = ToWorker::Update {
+            state: state(),
+            next: window,
+            eval: None,
+            global_step: 9,
+            fragment: None,
+        };
         coord.send(1, update.clone(), WAIT).map_err(|e| e.to_string())?;
         match rank1.recv(WAIT) {
             Ok(got) if got == update => {}
@@ -583,7 +594,7 @@ mod tests {
     fn a_rank_sees_a_bad_or_lost_coordinator_gone() -> std::result::Result<(), String> {
         for garbage in [true, false] {
             let (c, r) = mem_pair();
-            let rank = NetRank::new(r, WireFormat::F32).map_err(|e| e.to_string())?;
+            let rank = NetRank::new(r, (WireFormat::F32, 1)).map_err(|e| e.to_string())?;
             let (_, ping) =
                 frame::encode(ToWorker::Ping, WireFormat::F32).map_err(|e| e.to_string())?;
             c.send(Lane::Control, ping, WAIT).map_err(|e| e.to_string())?;

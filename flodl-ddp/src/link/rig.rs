@@ -1,8 +1,9 @@
 //! A rank's and the controller's ends of one connection with a model-sized state, for the wire
 //! bench (`benches/benches/wire.rs`); not part of the API.
 
-use super::delta::{DeltaCoder, Direction};
+use super::delta::Direction;
 use super::frame::{self, WireFormat};
+use super::views::Views;
 use super::wire::{ToCoordinator, ToWorker, Window};
 use crate::state::HostState;
 
@@ -10,8 +11,8 @@ use crate::state::HostState;
 #[derive(Debug)]
 pub struct Rig {
     format: WireFormat,
-    rank: Option<DeltaCoder>,
-    controller: Option<DeltaCoder>,
+    rank: Option<Views>,
+    controller: Option<Views>,
     state: HostState,
 }
 
@@ -49,8 +50,8 @@ impl Rig {
         let state = HostState { params, buffers: Vec::new() };
         let mut rig = Rig {
             format,
-            rank: format.quantized().map(|q| DeltaCoder::new(q, Direction::Replica)),
-            controller: format.quantized().map(|q| DeltaCoder::new(q, Direction::Consensus)),
+            rank: format.quantized().map(|q| Views::new(q, Direction::Replica, 1)),
+            controller: format.quantized().map(|q| Views::new(q, Direction::Consensus, 1)),
             state: state.clone(),
         };
         let init = ToWorker::Init { state, restore: None, window: window(), global_step: 0 };
@@ -77,6 +78,7 @@ impl Rig {
             steps: 1,
             capture: None,
             exchange: Default::default(),
+            fragment: None,
         })
     }
 
@@ -85,7 +87,13 @@ impl Rig {
         let Snapshot(ToCoordinator::Snapshot { state, .. }) = self.snapshot() else {
             unreachable!("snapshot() makes a snapshot")
         };
-        Update(ToWorker::Update { state, next: window(), eval: None, global_step: 1 })
+        Update(ToWorker::Update {
+            state,
+            next: window(),
+            eval: None,
+            global_step: 1,
+            fragment: None,
+        })
     }
 
     /// The rank's end encodes `snapshot` into a frame.

@@ -169,13 +169,23 @@ pub(crate) enum ToWorker {
     /// order, for a window already reported or ended, changes nothing).
     Due { round: u64 },
     /// Host backend: send a snapshot of the parameters for this round and attempt. With
-    /// `capture`, add a checkpoint part and train nothing until the update.
-    Snapshot { round: u64, attempt: u32, capture: Option<CaptureRequest> },
+    /// `capture`, add a checkpoint part and train nothing until the update. With `fragment`
+    /// (`--fragments`), only that fragment's parameters (and every buffer); `None`: the whole
+    /// state.
+    Snapshot { round: u64, attempt: u32, capture: Option<CaptureRequest>, fragment: Option<usize> },
     /// The checkpoint taken at the last reduce is assembled: train on.
     Resume,
     /// Host backend: load the averaged state, then start `next` window at cohort step
-    /// `global_step`; evaluate afterwards when set.
-    Update { state: HostState, next: Window, eval: Option<usize>, global_step: u64 },
+    /// `global_step`; evaluate afterwards when set. With `fragment`, `state` is that fragment's
+    /// part (its parameters, every buffer) and the rest of the rank's parameters stay as they
+    /// are.
+    Update {
+        state: HostState,
+        next: Window,
+        eval: Option<usize>,
+        global_step: u64,
+        fragment: Option<usize>,
+    },
     /// Evaluate now (no reduce pending) and report it for `epoch`.
     Evaluate { epoch: usize },
     /// No more work: send the final state (with a checkpoint part when `capture`) and exit.
@@ -243,6 +253,8 @@ pub(crate) enum ToCoordinator {
         steps: usize,
         capture: Option<Box<RankCapture>>,
         exchange: Exchange,
+        /// The fragment `state` is the part of (`None`: the whole state), as asked.
+        fragment: Option<usize>,
     },
     /// The rank's evaluation of `epoch`.
     Evaluated { rank: usize, epoch: usize, eval: Option<EvalMetrics> },

@@ -166,6 +166,12 @@ partial! {
         )]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub overlap: Option<f32>,
+        /// Host backend: the parameters are cut into F fragments (whole tensors, balanced by
+        /// size) and each reduce syncs one of them in turn, so an exchange carries 1/F of the
+        /// model; 1 (the default) syncs the whole model at every reduce.
+        #[cfg_attr(feature = "clap", arg(long, value_name = "F"))]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub fragments: Option<usize>,
         /// Evaluate on the test set every N epochs (the last epoch is always evaluated).
         #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -222,6 +228,7 @@ impl RunSettings {
             Field::KeepCheckpoints => "keep-checkpoints",
             Field::Wire => "wire",
             Field::Overlap => "overlap",
+            Field::Fragments => "fragments",
             _ => return None,
         })
     }
@@ -251,6 +258,7 @@ impl RunSettings {
             max_failures: Some(1),
             wire: Some(WireFormat::Bf16),
             overlap: Some(0.5),
+            fragments: Some(2),
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(2),
@@ -298,6 +306,7 @@ mod tests {
             (Field::Model, None),
             (Field::Wire, Some("wire")),
             (Field::Overlap, Some("overlap")),
+            (Field::Fragments, Some("fragments")),
             (Field::Cluster, None),
         ];
         for (field, _) in &all {
@@ -330,6 +339,7 @@ mod tests {
                 | Field::Model
                 | Field::Wire
                 | Field::Overlap
+                | Field::Fragments
                 | Field::Cluster => {}
             }
         }

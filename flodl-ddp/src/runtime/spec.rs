@@ -270,6 +270,10 @@ pub struct RunSpec {
     /// it waits for the consensus at its window's end.
     #[serde(default)]
     pub overlap: Option<f32>,
+    /// Host backend: the fragments the parameters are cut into, one synced per reduce in turn
+    /// (see [`crate::Trainer::fragments`]); 1 syncs the whole model at every reduce.
+    #[serde(default = "one")]
+    pub fragments: usize,
     /// Per-rank gradient clipping by global norm, when set.
     pub max_grad_norm: Option<f32>,
     /// Whether ranks prepare batches ahead.
@@ -518,6 +522,11 @@ fn canonical<T: Serialize>(
     Ok(ConfigHash(hasher.finalize().into()))
 }
 
+/// One: the default of a count that serde may not find (a spec written before the field).
+fn one() -> usize {
+    1
+}
+
 impl Default for RunSpec {
     /// [`crate::Trainer`]'s defaults: batch size 64, 1 epoch, `Cadence` on the `Collective`
     /// backend, seed 42, learning rate 0.01, stall timeout 120 s, snapshot timeout 5 s with 3
@@ -548,6 +557,7 @@ impl Default for RunSpec {
             outer: OuterKind::Average,
             easgd: None,
             overlap: None,
+            fragments: 1,
             max_grad_norm: None,
             prefetch: Prefetch::Auto,
             staging: Staging::Auto,
@@ -684,6 +694,19 @@ impl RunSpec {
                 return Err(ConfigError { field: Field::Overlap, problem });
             }
         }
+        if self.fragments == 0 {
+            return Err(ConfigError::out_of_range(Field::Fragments, 0.0, "at least 1"));
+        }
+        if self.fragments > 1 {
+            if self.backend != Backend::Host {
+                let problem = Problem::Needs { other: Field::Backend, to_be: "host" };
+                return Err(ConfigError { field: Field::Fragments, problem });
+            }
+            if !matches!(self.outer, OuterKind::Average) {
+                let problem = Problem::Needs { other: Field::Outer, to_be: "average" };
+                return Err(ConfigError { field: Field::Fragments, problem });
+            }
+        }
         if let Some(bad) = self.max_grad_norm.filter(|m| !(m.is_finite() && *m > 0.0)) {
             return Err(ConfigError::out_of_range(Field::MaxGradNorm, bad, "a positive number"));
         }
@@ -740,6 +763,12 @@ impl RunSpec {
     /// Ranks in the run.
     pub fn world(&self) -> usize {
         self.devices.len()
+    }
+
+    /// How model states travel between processes: the wire format, and the fragments each
+    /// connection's views are cut into (1 for none).
+    pub(crate) fn wire_cut(&self) -> (crate::link::frame::WireFormat, usize) {
+        (self.wire, self.fragments.max(1))
     }
 
     /// Whether the controller runs in a process of its own, outside the ranks' processes: with

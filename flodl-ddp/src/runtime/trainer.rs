@@ -249,6 +249,7 @@ impl Trainer {
         d.max_failures = s.max_failures.unwrap_or(d.max_failures);
         d.wire = s.wire.unwrap_or(d.wire);
         d.overlap = s.overlap.or(d.overlap);
+        d.fragments = s.fragments.unwrap_or(d.fragments);
         d.eval_every = s.eval_every.unwrap_or(d.eval_every);
         if let Some(lr) = s.lr {
             self = self.learning_rate(lr as f32);
@@ -617,6 +618,19 @@ impl Trainer {
     /// longer bitwise reproducible (how far a rank trains meanwhile depends on timing).
     pub fn overlap(mut self, mix: f32) -> Trainer {
         self.draft.overlap = Some(mix);
+        self
+    }
+
+    /// Host backend: cuts the parameters into `count` fragments of whole tensors balanced by
+    /// size, and syncs one of them per reduce in turn (reduce k syncs fragment k mod F, as in
+    /// Streaming DiLoCo), so an exchange carries about 1/F of the model and the link is busy
+    /// evenly. A fragment's average weighs each rank by the steps it trained since that
+    /// fragment was last synced; a reduce that saves a checkpoint syncs every fragment, and
+    /// the final state averages every fragment. 1 (the default) syncs the whole model at every
+    /// reduce; more needs the plain average as the outer optimizer, and at most as many
+    /// fragments as the model has parameter tensors (checked when the run starts).
+    pub fn fragments(mut self, count: usize) -> Trainer {
+        self.draft.fragments = count;
         self
     }
 

@@ -431,3 +431,33 @@ fn hung_rank_times_out() -> TestResult {
     }
     Ok(())
 }
+
+/// `--fragments`: with the model's 4 tensors cut into 2 and 4 fragments, one synced per reduce,
+/// every policy on the host backend, in-process, under a 3× skew, with the exchange overlapped
+/// or not, trains below the loss threshold of [`every_mode_trains`] and trains every sample once
+/// per epoch; more fragments than tensors is a typed error when the run starts.
+#[test]
+fn fragments_train_every_policy() -> TestResult {
+    let data = train_subset(3072);
+    for (fragments, overlap) in [(2, false), (4, false), (4, true)] {
+        for policy in POLICIES {
+            let mut t = trainer(3, policy, Backend::Host, data.clone())
+                .slowdown(vec![1.0, 1.0, 3.0])
+                .fragments(fragments);
+            if overlap {
+                t = t.overlap(1.0);
+            }
+            let state = t.run()?.join()?;
+            let what = format!("{fragments} fragments {policy:?} overlap {overlap}");
+            let last = state.epochs.last().ok_or("no epoch metrics")?;
+            assert!(last.avg_loss < 0.6, "{what}: loss {}", last.avg_loss);
+            assert!(state.epochs.iter().all(|e| e.samples == 3072), "{what}");
+            assert!(state.reduces > 1, "{what}: {} reduces", state.reduces);
+        }
+    }
+    let five =
+        trainer(2, Policy::Sync, Backend::Host, data).fragments(5).run().and_then(|h| h.join());
+    let want = flodl_ddp::LogicError::TooManyFragments { fragments: 5, tensors: 4 };
+    assert!(matches!(&five, Err(Error::Logic(e)) if *e == want), "{five:?}");
+    Ok(())
+}

@@ -108,6 +108,17 @@ fn check_names_the_field_of_every_refused_option() -> TestResult {
         ("easgd 2", base().easgd(2.0), Field::Easgd),
         ("easgd on collective", base().backend(Backend::Collective).easgd(0.5), Field::Easgd),
         ("max grad norm 0", base().max_grad_norm(0.0), Field::MaxGradNorm),
+        ("no fragment", base().fragments(0), Field::Fragments),
+        (
+            "fragments on collective",
+            base().backend(Backend::Collective).fragments(2),
+            Field::Fragments,
+        ),
+        (
+            "fragments under Nesterov",
+            base().outer(OuterKind::Nesterov { lr: 0.7, momentum: 0.9 }).fragments(2),
+            Field::Fragments,
+        ),
         ("keep 0 bundles", base().checkpoint_dir("ck").keep_checkpoints(0), Field::KeepCheckpoints),
         ("a 121 GB model in 1 GiB", base().model_size(huge), Field::ModelSize),
         (

@@ -169,7 +169,7 @@ mod tests {
                         let live = self.roster.live();
                         let (world, now) = (self.world, Instant::now());
                         self.round =
-                            Some(HostRound::new(1, world, &live, now, vec![], None, vec![]));
+                            Some(HostRound::new(1, world, &live, now, vec![], None, vec![], None));
                         self.in_round = (0..world).map(|r| live.contains(&r)).collect();
                         self.sent = vec![false; world];
                     }

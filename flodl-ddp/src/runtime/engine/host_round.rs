@@ -4,6 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::control::change::Change;
+use crate::control::fragment::Fragments;
+use crate::control::logic_error::LogicResult;
 use crate::control::weighting::average_weights;
 use crate::link::wire::Window;
 use crate::state::HostState;
@@ -39,12 +41,13 @@ pub(crate) enum Slot {
 }
 
 /// What follows a round: the next windows, the evaluation request and the ending window's
-/// planned counts.
+/// planned counts; and the fragment it syncs (`None`: the whole model).
 #[derive(Debug, Clone)]
 pub(crate) struct RoundPlan {
     next: Vec<Window>,
     eval: Option<usize>,
     counts: Vec<usize>,
+    fragment: Option<usize>,
 }
 
 /// Snapshots ready to be averaged.
@@ -53,6 +56,10 @@ pub(crate) struct AverageJob {
     pub(crate) round: u64,
     pub(crate) states: Vec<HostState>,
     pub(crate) steps: Vec<usize>,
+    /// The rank of each state.
+    pub(crate) ranks: Vec<usize>,
+    /// The fragment the states are the parts of (`None`: whole states).
+    pub(crate) fragment: Option<usize>,
 }
 
 /// A finished round, as the coordinator completes it.
@@ -64,11 +71,13 @@ pub(crate) struct RoundDone {
     pub(crate) eval: Option<usize>,
     pub(crate) counts: Vec<usize>,
     pub(crate) steps: Vec<usize>,
+    pub(crate) fragment: Option<usize>,
 }
 
 impl HostRound {
-    /// A round of `world` seats that collects the snapshots of the `live` ones until
-    /// `deadline`.
+    /// A round of `world` seats that collects the snapshots (of `fragment`, `None`: whole) of
+    /// the `live` ones until `deadline`.
+    #[allow(clippy::too_many_arguments, reason = "the round's plan, given once")]
     pub(crate) fn new(
         round: u64,
         world: usize,
@@ -77,6 +86,7 @@ impl HostRound {
         next: Vec<Window>,
         eval: Option<usize>,
         counts: Vec<usize>,
+        fragment: Option<usize>,
     ) -> HostRound {
         HostRound::Collecting {
             round,
@@ -86,7 +96,15 @@ impl HostRound {
             snaps: (0..world)
                 .map(|r| if live.contains(&r) { Slot::Waiting } else { Slot::Gone })
                 .collect(),
-            plan: RoundPlan { next, eval, counts },
+            plan: RoundPlan { next, eval, counts, fragment },
+        }
+    }
+
+    /// The fragment the round syncs (`None`: the whole model, or no round).
+    pub(crate) fn fragment(&self) -> Option<usize> {
+        match self {
+            HostRound::Collecting { plan, .. } | HostRound::Computing { plan, .. } => plan.fragment,
+            HostRound::Moving => None,
         }
     }
 
@@ -200,12 +218,17 @@ impl HostRound {
         };
         let all_steps: Vec<usize> =
             snaps.iter().map(|s| if let Slot::Got(_, n) = s { *n } else { 0 }).collect();
-        let (states, steps): (Vec<HostState>, Vec<usize>) = snaps
-            .into_iter()
-            .filter_map(|s| if let Slot::Got(state, n) = s { Some((state, n)) } else { None })
-            .unzip();
+        let (mut states, mut steps, mut ranks) = (Vec::new(), Vec::new(), Vec::new());
+        for (rank, slot) in snaps.into_iter().enumerate() {
+            if let Slot::Got(state, n) = slot {
+                states.push(state);
+                steps.push(n);
+                ranks.push(rank);
+            }
+        }
+        let fragment = plan.fragment;
         *self = HostRound::Computing { round, started, steps: all_steps, plan };
-        Some(AverageJob { round, states, steps })
+        Some(AverageJob { round, states, steps, ranks, fragment })
     }
 
     /// The helper thread finished `round`: the round is done.
@@ -225,6 +248,7 @@ impl HostRound {
             eval: plan.eval,
             counts: plan.counts,
             steps,
+            fragment: plan.fragment,
         })
     }
 
@@ -276,6 +300,45 @@ pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Resu
         first.buffers.len(),
     )?;
     Ok(HostState { params, buffers })
+}
+
+/// [`average`] fragment by fragment (`--fragments`): fragment k's parameters weighted by
+/// `weights[k]` (one count per state; all zero: equally), the buffers as fragment 0's average
+/// has them.
+///
+/// # Errors
+/// As [`average`]; [`Error::Logic`] when a state does not fit the cut; a mismatch when
+/// `weights` does not hold one list per fragment.
+pub(crate) fn average_fragments(
+    states: &[HostState],
+    cut: &Fragments,
+    weights: &[Vec<usize>],
+    gamma: f64,
+) -> Result<HostState> {
+    let mut out = states
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::mismatch("states to average", "at least one", "none"))?;
+    if weights.len() != cut.len() {
+        return Err(Error::mismatch("weight lists, one per fragment", cut.len(), weights.len()));
+    }
+    let mut buffers = None;
+    for (k, w) in weights.iter().enumerate() {
+        let parts = states.iter().map(|s| cut.part(k, s)).collect::<LogicResult<Vec<_>>>()?;
+        let mut w = w.clone();
+        if w.iter().all(|&n| n == 0) {
+            w.iter_mut().for_each(|n| *n = 1);
+        }
+        let avg = average(&parts, &w, gamma)?;
+        if k == 0 {
+            buffers = Some(avg.buffers.clone());
+        }
+        cut.put(k, avg, &mut out)?;
+    }
+    if let Some(buffers) = buffers {
+        out.buffers = buffers;
+    }
+    Ok(out)
 }
 
 /// `max_r ‖W_r − W_avg‖ / ‖W_avg‖` over the parameters of the ranks that stepped (f64
@@ -388,9 +451,39 @@ mod tests {
         Ok(())
     }
 
+    /// Fragment by fragment: each fragment's parameters are [`average`] of its parts by its own
+    /// weights (equal when all zero), the buffers fragment 0's.
+    #[test]
+    fn fragments_average_by_their_own_weights() -> Result<()> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(31);
+        let sizes = [40, 3, 17, 8, 1];
+        let states: Vec<HostState> = (0..3)
+            .map(|_| HostState {
+                params: sizes
+                    .iter()
+                    .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
+                    .collect(),
+                buffers: vec![(0..2).map(|_| rng.random_range(-1.0..1.0)).collect()],
+            })
+            .collect();
+        let cut = Fragments::cut(&sizes, 3)?;
+        let weights = vec![vec![1, 5, 2], vec![0, 0, 0], vec![7, 0, 1]];
+        let avg = average_fragments(&states, &cut, &weights, 1.0)?;
+        for (k, w) in weights.iter().enumerate() {
+            let parts = states.iter().map(|s| cut.part(k, s)).collect::<LogicResult<Vec<_>>>()?;
+            let w = if w.iter().all(|&n| n == 0) { vec![1; 3] } else { w.clone() };
+            let want = average(&parts, &w, 1.0)?;
+            assert_eq!(cut.part(k, &avg)?.params, want.params, "fragment {k}");
+            if k == 0 {
+                assert_eq!(avg.buffers, want.buffers);
+            }
+        }
+        Ok(())
+    }
+
     #[test]
     fn late_round_retries_with_a_new_attempt() {
-        let mut r = HostRound::new(3, 2, &[0, 1], Instant::now(), vec![], None, vec![]);
+        let mut r = HostRound::new(3, 2, &[0, 1], Instant::now(), vec![], None, vec![], None);
         assert!(r.collect(0, 3, 0, HostState::default(), 1).is_none());
         assert_eq!(r.retry_if_late(Duration::from_secs(60)), Some((3, 1)));
         // a snapshot of the aborted attempt no longer counts
@@ -409,7 +502,7 @@ mod tests {
         for case in 0..500 {
             let world = rng.random_range(1..7);
             let live: Vec<usize> = (0..world).collect();
-            let mut r = HostRound::new(9, world, &live, Instant::now(), vec![], None, vec![]);
+            let mut r = HostRound::new(9, world, &live, Instant::now(), vec![], None, vec![], None);
             let mut events: Vec<(usize, bool)> = (0..world).map(|rank| (rank, false)).collect();
             events.extend((0..world).filter(|_| rng.random_bool(0.3)).map(|rank| (rank, true)));
             for i in (1..events.len()).rev() {

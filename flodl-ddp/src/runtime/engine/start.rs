@@ -44,7 +44,7 @@ pub(crate) fn start_rank(
     rank: usize,
     frames: Arc<Frames>,
 ) -> Result<JoinHandle<std::result::Result<(), RankFailure>>> {
-    let link = RankLink::over(frames, cfg.spec.wire)?;
+    let link = RankLink::over(frames, cfg.spec.wire_cut())?;
     // Only rank 0 trains before `Init`, which names a later rank's first window.
     let first = Window { round: 1, target: 1, limit: 1, wall: None };
     std::thread::Builder::new()

@@ -112,7 +112,15 @@ impl Coordinator {
                 }
                 self.conduct.steps(*rank, *steps)
             }
-            ToCoordinator::Snapshot { rank, round, attempt, state, steps, .. } => {
+            ToCoordinator::Snapshot {
+                rank,
+                round,
+                attempt,
+                state,
+                steps,
+                fragment: snapshot_fragment,
+                ..
+            } => {
                 let admits = match &self.reduce {
                     Reduce::Host(hr) => hr.admits(*rank, *round, *attempt),
                     _ => None,
@@ -121,7 +129,25 @@ impl Coordinator {
                     return Err(Misconduct::Replayed { round: *round, attempt: *attempt });
                 }
                 self.conduct.steps(*rank, *steps)?;
-                check_state("snapshot", state, &self.shapes)
+                // Under `--fragments` the snapshot is the part of the round's fragment.
+                let fragment = match &self.reduce {
+                    Reduce::Host(hr) => hr.fragment(),
+                    _ => None,
+                };
+                match (fragment, &self.staggered) {
+                    (Some(k), Some(s)) if snapshot_fragment == &Some(k) => {
+                        check_state("snapshot", state, &s.cut.shapes(k, &self.shapes))
+                    }
+                    (None, _) if snapshot_fragment.is_none() => {
+                        check_state("snapshot", state, &self.shapes)
+                    }
+                    _ => Err(Misconduct::Misshaped {
+                        what: "snapshot".into(),
+                        detail: format!(
+                            "fragment {snapshot_fragment:?} where {fragment:?} was asked"
+                        ),
+                    }),
+                }
             }
             ToCoordinator::Final { state, .. } => check_state("final state", state, &self.shapes),
             ToCoordinator::Evaluated { rank, epoch, .. } => self.conduct.evaluated(*rank, *epoch),
@@ -195,7 +221,16 @@ impl Coordinator {
                 self.group.left(&mut self.slots, rank, generation, false);
                 self.check_collective_done()?;
             }
-            ToCoordinator::Snapshot { rank, round, attempt, state, steps, capture, exchange } => {
+            ToCoordinator::Snapshot {
+                rank,
+                round,
+                attempt,
+                state,
+                steps,
+                capture,
+                exchange,
+                ..
+            } => {
                 if let Some(slot) = self.rounds.wire.get_mut(rank) {
                     *slot = exchange;
                 }
@@ -322,6 +357,7 @@ impl Coordinator {
             }
             if self.cfg.spec.backend == Backend::Host {
                 self.consensus = Some(resumed.consensus.clone());
+                self.stagger(&resumed.consensus)?;
             }
             for rank in self.roster.live() {
                 let restore = resumed.ranks.get(rank).cloned().map(Box::new);
@@ -336,6 +372,7 @@ impl Coordinator {
             }
             if self.cfg.spec.backend == Backend::Host {
                 self.consensus = Some(initial.clone());
+                self.stagger(&initial)?;
             }
             // Rank 0 trains from its own replica, which is the initial state; in its own
             // process (the controller kept apart) it still needs its first window.

@@ -24,6 +24,7 @@ use crate::control::change::Change;
 use crate::control::deadline::DeadlineRule;
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
+use crate::control::fragment::Staggered;
 use crate::control::guard::{Guard, ReduceReport};
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent, WorkTally};
 use crate::control::outer::{OuterKind, OuterOptimizer};
@@ -45,7 +46,9 @@ use crate::runtime::engine::capture::{
 use crate::runtime::engine::comm::{CommPlan, RankComm};
 use crate::runtime::engine::fault::{FaultCause, FaultEvent, Misconduct, RankThread, RejoinEvent};
 use crate::runtime::engine::formation::Formation;
-use crate::runtime::engine::host_round::{AverageJob, HostRound, average, divergence};
+use crate::runtime::engine::host_round::{
+    AverageJob, HostRound, average, average_fragments, divergence,
+};
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::engine::rank::rank_loop::run_rank;
 use crate::runtime::engine::roster::Roster;
@@ -102,7 +105,7 @@ pub(crate) fn spawn(cfg: Arc<RunConfig>, outlets: Outlets, admitted: Admitted) -
     let vacant: Vec<usize> =
         (0..world).filter(|r| !here.contains(r) && remote.iter().all(|(x, _)| x != r)).collect();
     let (link, ends) =
-        CoordinatorLink::start(world, &here, admitted, TO_RANK, cfg.spec.wire, &inbox_tx)?;
+        CoordinatorLink::start(world, &here, admitted, TO_RANK, cfg.spec.wire_cut(), &inbox_tx)?;
     let mut coord = Coordinator::new(cfg.clone(), outlets, inbox, local, link)?;
     coord.conduct = Conduct::new(world, cfg.spec.batch_size, |r| !here.contains(&r));
     coord.vacate(&vacant)?;
@@ -336,6 +339,8 @@ struct Coordinator {
     /// Host backend: the consensus of the last completed reduce (or the starting state), what
     /// a rank joining again starts from.
     consensus: Option<HostState>,
+    /// Host backend under `--fragments`: the cut and each fragment's unsynced steps.
+    staggered: Option<Staggered>,
     /// The collective group being formed through the coordinator (ranks in several processes).
     formation: Formation,
     /// What each rank was handed and asked, against which its reports are checked.
@@ -436,6 +441,7 @@ impl Coordinator {
             faults: Vec::new(),
             rejoins: Vec::new(),
             consensus: None,
+            staggered: None,
             formation: Formation::Idle,
             conduct: Conduct::new(world, batch_size, |_| false),
             trail: None,
@@ -813,7 +819,7 @@ impl Coordinator {
     }
 
     /// Every live rank sent its final state: saves the end of the run and returns the lowest
-    /// live rank's state.
+    /// live rank's state (under `--fragments`, each fragment averaged over the live ranks').
     fn conclude(&mut self) -> Result<TrainedState> {
         let Phase::Finishing { mut finals, parts, .. } =
             std::mem::replace(&mut self.phase, Phase::Training)
@@ -821,7 +827,10 @@ impl Coordinator {
             return Err(Internal::ConcludedEarly.into());
         };
         let lowest = self.roster.lowest().ok_or(Error::PeerGone(Peer::EveryRank))?;
-        let state = finals.swap_remove(lowest).ok_or(Error::PeerGone(Peer::Rank(lowest)))?;
+        let state = match &self.staggered {
+            Some(staggered) => self.final_average(staggered, &finals, lowest)?,
+            None => finals.swap_remove(lowest).ok_or(Error::PeerGone(Peer::Rank(lowest)))?,
+        };
         if let Some(plan) = &self.cfg.checkpoints {
             let outer = match self.cfg.spec.backend {
                 Backend::Host => outer_state(&self.outer.optimizer, &self.outer.cpu)?,

@@ -40,8 +40,13 @@ impl Coordinator {
             self.slots.iter().map(|s| s.ready.map_or(0.0, |r| r.wall_ms)).collect();
         let steps64: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
         let counts = self.planned_counts();
+        // Under `--fragments` ElChe sizes windows by a cycle's mean sync time.
+        let last_sync = self
+            .staggered
+            .as_ref()
+            .map_or(self.rounds.last_sync_ms, |s| s.cycle_sync_ms(self.rounds.last_sync_ms));
         if let Some(e) = self.cadence.elche.as_mut() {
-            e.report_timing(&walls, &steps64, self.rounds.last_sync_ms)?;
+            e.report_timing(&walls, &steps64, last_sync)?;
             // The guard's verdict on the last completed reduce.
             e.apply_verdict(std::mem::replace(&mut self.cadence.verdict, Verdict::Stable));
         }
@@ -104,14 +109,27 @@ impl Coordinator {
                 self.group.reduce_called();
             }
             Backend::Host => {
+                let k = self.rounds.reduces;
+                let fragment =
+                    self.staggered.as_ref().and_then(|s| s.fragment(k, capture.is_some()));
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
                 for rank in self.roster.live() {
-                    self.send(rank, ToWorker::Snapshot { round: ending, attempt: 0, capture })?;
+                    let snapshot =
+                        ToWorker::Snapshot { round: ending, attempt: 0, capture, fragment };
+                    self.send(rank, snapshot)?;
                 }
                 let deadline = started + self.cfg.spec.snapshot_timeout;
                 let (world, live) = (self.cfg.world(), self.roster.live());
-                let round =
-                    HostRound::new(ending, world, &live, deadline, next.clone(), eval, counts);
+                let round = HostRound::new(
+                    ending,
+                    world,
+                    &live,
+                    deadline,
+                    next.clone(),
+                    eval,
+                    counts,
+                    fragment,
+                );
                 self.reduce = Reduce::Host(round);
             }
         }
@@ -133,10 +151,20 @@ impl Coordinator {
         let Some(done) = hr.averaged(round) else { return Ok(()) };
         let mut state = state?;
         self.outer_step(&mut state)?;
+        // Under `--fragments` the average is one fragment's part: the consensus takes it.
+        let fragment = done.fragment;
+        let whole = match (fragment, &self.staggered, self.consensus.take()) {
+            (Some(k), Some(staggered), Some(mut consensus)) => {
+                staggered.cut.put(k, state.clone(), &mut consensus)?;
+                consensus
+            }
+            _ => state.clone(),
+        };
         // The ranks are paused since their snapshots: the book is at the cut.
         if self.saves.capturing.as_ref().is_some_and(|c| c.round == done.round) {
-            // The reduce is completed below: it counts in the bundle.
-            self.finish_capture(Some(&state), self.rounds.reduces + 1)?;
+            // The reduce is completed below: it counts in the bundle (a whole sync: see
+            // `Staggered::fragment`).
+            self.finish_capture(Some(&whole), self.rounds.reduces + 1)?;
         }
         let evaluator = self.eval.rank();
         let global_step = self.rounds.global_step;
@@ -144,13 +172,76 @@ impl Coordinator {
             let eval = if Some(rank) == evaluator { done.eval } else { None };
             let next = done.next[rank];
             let state = state.clone();
-            self.send(rank, ToWorker::Update { state, next, eval, global_step })?;
+            self.send(rank, ToWorker::Update { state, next, eval, global_step, fragment })?;
         }
         let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;
+        // The steps the divergence spans: a fragment's since its last sync.
+        let span = match (fragment, &self.staggered) {
+            (Some(k), Some(s)) => s.unsynced.weights(k, &done.steps).into_iter().max(),
+            _ => None,
+        };
+        let divergence = divergence.map(|d| (d, span));
+        if let Some(staggered) = &mut self.staggered {
+            staggered.synced_in(sync_ms);
+            staggered.unsynced.synced(fragment, &done.steps);
+            for rank in self.roster.waiting() {
+                staggered.unsynced.restart(rank);
+            }
+        }
         self.complete_reduce(done.round, done.counts, done.steps, sync_ms, divergence);
-        self.admit_waiting(&state)?;
-        self.consensus = Some(state);
+        self.admit_waiting(&whole)?;
+        self.consensus = Some(whole);
+        // A standby resumes from the consensus alone: it is a cut of the run only when every
+        // fragment was synced.
+        if fragment.is_some() {
+            return Ok(());
+        }
         self.mirror_cut()
+    }
+
+    /// Host backend under `--fragments`: cuts the starting (or resumed) `state` into the
+    /// fragments; nothing trained yet.
+    ///
+    /// # Errors
+    /// [`crate::LogicError::TooManyFragments`] for more fragments than parameter tensors.
+    pub(super) fn stagger(&mut self, state: &HostState) -> Result<()> {
+        if self.cfg.spec.fragments > 1 {
+            let world = self.cfg.world();
+            self.staggered = Some(Staggered::new(state, self.cfg.spec.fragments, world)?);
+        }
+        Ok(())
+    }
+
+    /// Under `--fragments`, the final state: each fragment the average of the live ranks' final
+    /// states weighted by the steps since it was last synced (equal when none, as after its
+    /// sync), so every rank's work since then is in it; buffers as fragment 0's average has
+    /// them.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] without the lowest rank's state; a layout that does not fit.
+    pub(super) fn final_average(
+        &self,
+        staggered: &Staggered,
+        finals: &[Option<HostState>],
+        lowest: usize,
+    ) -> Result<HostState> {
+        if finals.get(lowest).is_none_or(Option::is_none) {
+            return Err(Error::PeerGone(Peer::Rank(lowest)));
+        }
+        let (ranks, states): (Vec<usize>, Vec<HostState>) = self
+            .roster
+            .live()
+            .into_iter()
+            .filter_map(|r| finals.get(r).cloned().flatten().map(|s| (r, s)))
+            .unzip();
+        let zeros = vec![0; self.cfg.world()];
+        let weights: Vec<Vec<usize>> = (0..staggered.cut.len())
+            .map(|k| {
+                let since = staggered.unsynced.weights(k, &zeros);
+                ranks.iter().map(|&r| since.get(r).copied().unwrap_or(0)).collect()
+            })
+            .collect();
+        average_fragments(&states, &staggered.cut, &weights, self.cfg.spec.gamma)
     }
 
     /// Host backend: replaces the average's parameters by the outer optimizer's step on them
@@ -206,25 +297,34 @@ impl Coordinator {
             .as_ref()
             .filter(|c| c.round == round)
             .map(|_| CaptureRequest { model: false });
+        let fragment = match &self.reduce {
+            Reduce::Host(hr) => hr.fragment(),
+            _ => None,
+        };
         for rank in self.roster.live() {
-            self.send(rank, ToWorker::Snapshot { round, attempt, capture })?;
+            self.send(rank, ToWorker::Snapshot { round, attempt, capture, fragment })?;
         }
         Ok(())
     }
 
+    /// Completes the reduce of `round`: the guard hears `divergence` (with the steps it spans;
+    /// `None`: the window's largest count), and the books, the ledger and the handle hear the
+    /// reduce.
     pub(super) fn complete_reduce(
         &mut self,
         round: u64,
         counts: Vec<usize>,
         steps: Vec<usize>,
         sync_ms: f64,
-        divergence: Option<f64>,
+        divergence: Option<(f64, Option<usize>)>,
     ) {
         self.reduce = Reduce::Idle;
         self.group.reduce_done(&mut self.slots);
         let cadence = &mut self.cadence;
-        if let Some(divergence) = divergence {
-            let k_max = steps.iter().copied().max().unwrap_or(0) as u64;
+        let divergence = divergence.map(|(d, span)| {
+            (d, span.unwrap_or_else(|| steps.iter().copied().max().unwrap_or(0)) as u64)
+        });
+        if let Some((divergence, k_max)) = divergence {
             let verdict = cadence.guard.report(&ReduceReport { divergence, k_max });
             cadence.verdict = verdict;
             tracing::debug!(round, divergence, ?verdict, "divergence guard");
@@ -233,7 +333,7 @@ impl Coordinator {
         if self.cfg.spec.policy == Policy::Async {
             // Stable grows an auto bound, NudgeDown resets it; a guard that is off reads Stable,
             // a reduce it did not measure holds the bound.
-            match (divergence, &cadence.guard) {
+            match (divergence.map(|(d, _)| d), &cadence.guard) {
                 (Some(_), _) => cadence.overshoot.apply_verdict(cadence.verdict),
                 (None, Guard::Off) => cadence.overshoot.apply_verdict(Verdict::Stable),
                 (None, _) => {}
@@ -278,7 +378,7 @@ impl Coordinator {
             }
         }
         if let Some((round, counts, steps, sync, div)) = done {
-            self.complete_reduce(round, counts, steps, sync, div);
+            self.complete_reduce(round, counts, steps, sync, div.map(|d| (d, None)));
             if self.saves.capturing.as_ref().is_some_and(|c| c.round == round) {
                 // Every live rank is paused since its acknowledgement: the book is at the cut.
                 self.finish_capture(None, self.rounds.reduces)?;
@@ -317,16 +417,47 @@ impl Coordinator {
     /// [`Local::Averaged`]. When none of the ranks left in the round stepped (the one that did
     /// died), their snapshots are averaged equally.
     pub(super) fn start_average(&mut self, mut job: AverageJob) -> Result<()> {
+        // A fragment's average weighs each rank by its steps since that fragment's last sync;
+        // a whole sync under `--fragments` averages each fragment by its own.
+        let mut by_fragment = None;
+        if let Some(staggered) = &self.staggered {
+            let mut steps = vec![0; self.cfg.world()];
+            for (&rank, &n) in job.ranks.iter().zip(&job.steps) {
+                if let Some(s) = steps.get_mut(rank) {
+                    *s = n;
+                }
+            }
+            let weights = |k: usize| -> Vec<usize> {
+                let since = staggered.unsynced.weights(k, &steps);
+                job.ranks.iter().map(|&r| since.get(r).copied().unwrap_or(0)).collect()
+            };
+            match job.fragment {
+                Some(k) => job.steps = weights(k),
+                None => {
+                    let all: Vec<Vec<usize>> = (0..staggered.cut.len()).map(weights).collect();
+                    by_fragment = Some((staggered.cut.clone(), all));
+                }
+            }
+        }
         if job.steps.iter().all(|&s| s == 0) {
             job.steps.iter_mut().for_each(|s| *s = 1);
         }
         let tx = self.local.clone();
         let gamma = self.cfg.spec.gamma;
-        let measure = self.cfg.measures_divergence();
+        // Under `--fragments` the guard follows one series: fragment 0's (it holds the largest
+        // tensor), each measured over the steps since its last sync (a whole sync is not).
+        let series = match (job.fragment, &self.staggered) {
+            (Some(k), _) => k == 0,
+            (None, staggered) => staggered.is_none(),
+        };
+        let measure = self.cfg.measures_divergence() && series;
         std::thread::Builder::new()
             .name("flodl-host-average".into())
             .spawn(move || {
-                let state = average(&job.states, &job.steps, gamma);
+                let state = match &by_fragment {
+                    Some((cut, weights)) => average_fragments(&job.states, cut, weights, gamma),
+                    None => average(&job.states, &job.steps, gamma),
+                };
                 let divergence = match &state {
                     Ok(avg) if measure => Some(divergence(&job.states, &job.steps, avg)),
                     _ => None,

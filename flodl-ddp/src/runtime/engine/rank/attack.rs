@@ -106,7 +106,16 @@ impl Attacker {
             }
             (
                 Attack::Steps,
-                ToCoordinator::Snapshot { rank, round, attempt, state, capture, exchange, .. },
+                ToCoordinator::Snapshot {
+                    rank,
+                    round,
+                    attempt,
+                    state,
+                    capture,
+                    exchange,
+                    fragment,
+                    ..
+                },
             ) => {
                 let steps = 1_000_000_000;
                 vec![ToCoordinator::Snapshot {
@@ -117,6 +126,7 @@ impl Attacker {
                     steps,
                     capture,
                     exchange,
+                    fragment,
                 }]
             }
             (
@@ -132,6 +142,7 @@ impl Attacker {
                     steps,
                     capture,
                     exchange,
+                    fragment,
                 },
             ) => {
                 if let Some(first) = state.params.first_mut() {
@@ -153,6 +164,7 @@ impl Attacker {
                     steps,
                     capture,
                     exchange,
+                    fragment,
                 };
                 if self.attack == Attack::Persist {
                     kept.0 = Some(forged.clone());

@@ -20,6 +20,7 @@ use crate::contract::replica::{Batch, Replica, ReplicaContext};
 use crate::contract::requirement::require;
 use crate::contract::staging::{device_batch, upload};
 use crate::control::breakdown::Activity;
+use crate::control::fragment::Fragments;
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
 use crate::control::outer::{OuterKind, OuterOptimizer, easgd_blend, overlap_merge};
 use crate::error::Peer;
@@ -203,6 +204,16 @@ impl Worker {
             .collect()
     }
 
+    /// The cut of the replica's parameters into `count` fragments (`--fragments`), as the
+    /// controller cuts the starting state.
+    ///
+    /// # Errors
+    /// [`crate::LogicError::TooManyFragments`] for more fragments than parameter tensors.
+    pub(crate) fn fragments(&self, count: usize) -> Result<Fragments> {
+        let sizes: Vec<usize> = self.replica.parameters().iter().map(Tensor::numel).collect();
+        Ok(Fragments::cut(&sizes, count)?)
+    }
+
     /// Advises the rank's staging cache, when it stages, of `chunks` (the coordinator's stage
     /// advisory), skipping the `skip` positions of the first it has already trained.
     pub(crate) fn stage(&mut self, chunks: &[Chunk], skip: usize) {
@@ -361,25 +372,39 @@ impl Worker {
     /// `now + μ·(average − sent)`, μ = `blend` or 1 (the rank keeps what it trained since its
     /// snapshot). Otherwise it becomes the average or, under EASGD (`blend` = α), is pulled
     /// towards it by α. Buffers become the average's. An outer optimizer that resets inner
-    /// state resets it.
+    /// state resets it. With `tensors` (a fragment's, `--fragments`), the average and `sent`
+    /// hold those parameters only, in that order, and the others are left as they are.
     pub(crate) fn take_average(
         &mut self,
         avg: &HostState,
         sent: Option<&[Vec<f32>]>,
         blend: Option<f32>,
+        tensors: Option<&[usize]>,
     ) -> Result<()> {
         let stream = self.stream.clone();
         // The average is shifted by what the rank trained since its snapshot: read it now.
         self.replica.export_parameters()?;
         let params = self.replica.parameters_mut();
-        if params.len() != avg.params.len() || sent.is_some_and(|s| s.len() != params.len()) {
+        let all: Vec<usize>;
+        let index = match tensors {
+            Some(t) => t,
+            None => {
+                all = (0..params.len()).collect();
+                &all
+            }
+        };
+        if index.len() != avg.params.len()
+            || index.iter().any(|&i| i >= params.len())
+            || sent.is_some_and(|s| s.len() != index.len())
+        {
             return Err(Error::mismatch(
                 "parameters of an averaged state",
-                format!("{} (the replica's)", params.len()),
+                format!("{} (the replica's {})", index.len(), params.len()),
                 format!("{} averaged, {:?} sent", avg.params.len(), sent.map(|s| s.len())),
             ));
         }
-        for (i, t) in params.iter_mut().enumerate() {
+        for (i, &at) in index.iter().enumerate() {
+            let t = &mut params[at];
             let a = &avg.params[i];
             if a.len() != t.numel() {
                 return Err(Error::mismatch("an averaged tensor's size", t.numel(), a.len()));

@@ -487,11 +487,15 @@ impl<'a> RankLoop<'a> {
                 self.reduce(Interrupted { next, eval, global_step, capture })?;
             }
             ToWorker::Due { round } => self.due(round)?,
-            ToWorker::Snapshot { round, attempt, capture } => {
+            ToWorker::Snapshot { round, attempt, capture, fragment } => {
                 let t = Instant::now();
-                let state = self.worker.snapshot()?;
+                let mut state = self.worker.snapshot()?;
                 let step = self.global_step + self.win.steps as u64;
                 check_snapshot(&state, rank, step)?;
+                // Under `--fragments` only the fragment asked for travels (and every buffer).
+                if let Some(k) = fragment {
+                    state = self.worker.fragments(self.cfg.spec.fragments)?.take(k, &mut state)?;
+                }
                 self.ledger.charge(Activity::Reduce, t);
                 let capture = self.capture(capture)?;
                 // The parameters are kept to carry over what the rank trains while the round
@@ -517,11 +521,22 @@ impl<'a> RankLoop<'a> {
                     steps: self.win.steps,
                     capture,
                     exchange: Default::default(),
+                    fragment,
                 })?;
                 self.ledger.charge(Activity::Exchange, t);
             }
-            ToWorker::Update { state, next, eval, global_step } => {
-                self.vet("update", Some(&state), global_step)?;
+            ToWorker::Update { state, next, eval, global_step, fragment } => {
+                // Under `--fragments` the update is one fragment's part: checked against its
+                // shapes, and only its parameters are taken.
+                let cut = match fragment {
+                    Some(k) => Some((k, self.worker.fragments(self.cfg.spec.fragments)?)),
+                    None => None,
+                };
+                let shapes = match &cut {
+                    Some((k, cut)) => cut.shapes(*k, &self.worker.shapes()),
+                    None => self.worker.shapes(),
+                };
+                check_order("update", Some(&state), &shapes, global_step, self.global_step)?;
                 self.global_step = global_step;
                 if matches!(self.stage, Stage::Paused) {
                     self.stage = Stage::Training;
@@ -541,7 +556,8 @@ impl<'a> RankLoop<'a> {
                     (None, alpha) => alpha,
                 };
                 let t = Instant::now();
-                self.worker.take_average(&state, params.as_deref(), blend)?;
+                let tensors = cut.as_ref().map(|(k, cut)| cut.tensors(*k));
+                self.worker.take_average(&state, params.as_deref(), blend, tensors)?;
                 self.ledger.charge(Activity::Reduce, t);
                 self.start_window(next, carried)?;
                 self.evaluate_for(eval)?;
@@ -699,9 +715,15 @@ mod tests {
     fn a_quiet_rank_woken_by_a_ping_says_it_is_alive() -> std::result::Result<(), String> {
         for (quiet, alive) in [(2 * BEAT, true), (BEAT + BEAT / 2, true), (Duration::ZERO, false)] {
             let (inbox_tx, inbox) = flume::bounded::<Inbound>(16);
-            let (coord, mut ends) =
-                CoordinatorLink::start(1, &[0], (Vec::new(), None), 4, WireFormat::F32, &inbox_tx)
-                    .map_err(|e| e.to_string())?;
+            let (coord, mut ends) = CoordinatorLink::start(
+                1,
+                &[0],
+                (Vec::new(), None),
+                4,
+                (WireFormat::F32, 1),
+                &inbox_tx,
+            )
+            .map_err(|e| e.to_string())?;
             let rank = ends.pop().ok_or("no rank 0")?;
             coord.send(0, ToWorker::Ping, STALL).map_err(|e| e.to_string())?;
             let since = Instant::now().checked_sub(quiet).ok_or("no instant that early")?;
@@ -783,9 +805,15 @@ mod tests {
             p.pop();
         });
         let (inbox_tx, _inbox) = flume::bounded::<Inbound>(64);
-        let (_coord, mut ends) =
-            CoordinatorLink::start(2, &[1], (Vec::new(), None), 16, WireFormat::F32, &inbox_tx)
-                .map_err(|e| e.to_string())?;
+        let (_coord, mut ends) = CoordinatorLink::start(
+            2,
+            &[1],
+            (Vec::new(), None),
+            16,
+            (WireFormat::F32, 1),
+            &inbox_tx,
+        )
+        .map_err(|e| e.to_string())?;
         let end = ends.pop().ok_or("no rank end")?;
         let window = Window { round: 1, target: 4, limit: 4, wall: None };
         let mut lp = RankLoop::new(worker, &end, window);
@@ -800,6 +828,7 @@ mod tests {
             next: window,
             eval: None,
             global_step,
+            fragment: None,
         };
         let reduce =
             |global_step| ToWorker::Reduce { next: window, eval: None, global_step, capture: None };
