@@ -588,7 +588,7 @@ mod tests {
         assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
 
         // Each field of the run specification, and the keys that set it (or why none does).
-        let reached: [(&str, &[&str]); 34] = [
+        let reached: [(&str, &[&str]); 35] = [
             ("batch_size", &["batch-size"]),
             ("epochs", &["epochs"]),
             ("devices", &["ranks", "devices"]),
