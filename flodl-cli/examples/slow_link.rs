@@ -10,7 +10,7 @@
 //! The proxy is the controller's link: one rate per direction shared by every connection
 //! through it (ranks 1 and 2, both lanes), plus a one-way delay. Rank 0 hosts the controller
 //! and is not behind it. The kernel here has no `tc netem`, so the shaping is a user-space
-//! TCP proxy (tokio), as in `tests/hosts.rs`.
+//! TCP proxy (tokio), shared with `tests/hosts.rs` (`tests/support/netns.rs`).
 //!
 //! ```text
 //! cargo build --release -p flodl-cli --bin fdl --example slow_link
@@ -23,16 +23,17 @@
 //! averaging, as the ranks do not yet overlap it) as shares of its wall; the final training
 //! loss at equal samples and its relative gap to loopback f32. Repeats run round-robin.
 
-use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+
+#[path = "../tests/support/netns.rs"]
+mod netns;
+
+use netns::{Hosts, Link, Placement, Shape, run_job};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -50,268 +51,6 @@ fn fdl() -> Result<PathBuf> {
     let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
     let fdl = dir.join("fdl");
     if fdl.is_file() { Ok(fdl) } else { Err(format!("{} is missing", fdl.display()).into()) }
-}
-
-fn ip(args: &[&str]) -> Result {
-    let out = Command::new("ip").args(args).output()?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("ip {}: {}", args.join(" "), err.trim()).into());
-    }
-    Ok(())
-}
-
-/// Three namespaces (A, B, C), veth pairs A–B and A–C; deleted on drop.
-struct Hosts {
-    names: Vec<String>,
-}
-
-impl Hosts {
-    fn make() -> Result<Hosts> {
-        let tag = format!("sl{}", std::process::id());
-        let mut hosts = Hosts { names: Vec::new() };
-        for x in ["a", "b", "c"] {
-            let name = format!("{tag}{x}");
-            ip(&["netns", "add", &name])?;
-            hosts.names.push(name.clone());
-            ip(&["-n", &name, "link", "set", "lo", "up"])?;
-        }
-        let (a, b, c) = (&hosts.names[0], &hosts.names[1], &hosts.names[2]);
-        for (peer, (mine, theirs), link) in [(b, AB, "ab"), (c, AC, "ac")] {
-            let (end_a, end_p) = (format!("{tag}{link}0"), format!("{tag}{link}1"));
-            ip(&["-n", a, "link", "add", &end_a, "type", "veth", "peer", "name", &end_p])?;
-            ip(&["-n", a, "link", "set", &end_p, "netns", peer])?;
-            ip(&["-n", a, "addr", "add", &format!("{mine}/24"), "dev", &end_a])?;
-            ip(&["-n", peer, "addr", "add", &format!("{theirs}/24"), "dev", &end_p])?;
-            ip(&["-n", a, "link", "set", &end_a, "up"])?;
-            ip(&["-n", peer, "link", "set", &end_p, "up"])?;
-        }
-        Ok(hosts)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for name in &self.names {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("cannot delete namespace {name}: {e}");
-            }
-        }
-    }
-}
-
-/// One direction of the link: when it is next free (shared by every connection through it).
-type Pace = Arc<Mutex<tokio::time::Instant>>;
-
-/// Copies `from` to `to` through one direction of the link: a chunk leaves no earlier than
-/// [`LATENCY`] after it arrived, and the direction carries `rate` bytes/s at most in all.
-async fn shaped_copy<R, W>(mut from: R, mut to: W, pace: Pace, rate: f64)
-where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Unpin,
-{
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(256);
-    let reader = tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match from.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    let due = tokio::time::Instant::now() + LATENCY;
-                    if tx.send((due, buf[..n].to_vec())).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    while let Some((due, chunk)) = rx.recv().await {
-        let done = {
-            let mut free = pace.lock().unwrap_or_else(|p| p.into_inner());
-            let start = due.max(*free);
-            *free = start + Duration::from_secs_f64(chunk.len() as f64 / rate);
-            *free
-        };
-        tokio::time::sleep_until(done).await;
-        if to.write_all(&chunk).await.is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown().await;
-    reader.abort();
-}
-
-/// The proxy: every connection accepted on `listener` is dialled on to `upstream` through the
-/// shared directions `up` (to the controller) and `down`.
-async fn proxy(listener: TcpListener, upstream: SocketAddr, rate: f64) {
-    let now = tokio::time::Instant::now();
-    let (up, down): (Pace, Pace) = (Arc::new(Mutex::new(now)), Arc::new(Mutex::new(now)));
-    loop {
-        let Ok((near, _)) = listener.accept().await else { return };
-        let (up, down) = (up.clone(), down.clone());
-        tokio::spawn(async move {
-            let mut tries = 0;
-            let far = loop {
-                match TcpStream::connect(upstream).await {
-                    Ok(s) => break s,
-                    Err(_) if tries < 1200 => {
-                        tries += 1;
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(_) => return,
-                }
-            };
-            let _ = (near.set_nodelay(true), far.set_nodelay(true));
-            let (near_r, near_w) = near.into_split();
-            let (far_r, far_w) = far.into_split();
-            tokio::join!(
-                shaped_copy(near_r, far_w, up, rate),
-                shaped_copy(far_r, near_w, down, rate)
-            );
-        });
-    }
-}
-
-/// The proxy on a thread inside namespace `ns`, listening on every address of it; stopped on
-/// drop.
-struct Link {
-    port: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Link {
-    fn start(ns: &str, upstream: SocketAddr, rate: f64) -> Result<Link> {
-        let netns = File::open(Path::new("/run/netns").join(ns))?;
-        let (ready_tx, ready) = std::sync::mpsc::channel::<std::result::Result<u16, String>>();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            if let Err(e) = nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET) {
-                let _ = ready_tx.send(Err(format!("setns: {e}")));
-                return;
-            }
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let listener = match TcpListener::bind("0.0.0.0:0").await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                let port = listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string());
-                let _ = ready_tx.send(port);
-                tokio::select! {
-                    _ = proxy(listener, upstream, rate) => {}
-                    _ = stopped => {}
-                }
-            });
-        });
-        let port = ready.recv_timeout(Duration::from_secs(10))??;
-        Ok(Link { port, stop: Some(stop), thread: Some(thread) })
-    }
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Kills the children still running on drop.
-struct Ranks(Vec<Child>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            if child.try_wait().ok().flatten().is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
-
-/// Where each rank runs (`None`: this namespace) and the controller's address as it dials it;
-/// where the controller listens.
-struct Placement {
-    ns: [Option<String>; 3],
-    dial: [SocketAddr; 3],
-    bind: SocketAddr,
-}
-
-fn own_key(rank: usize, ext: &str) -> String {
-    if rank == 0 { format!("controller.{ext}") } else { format!("rank-{rank}.{ext}") }
-}
-
-/// Runs one job; rank 0 writes to `out/rank0`.
-fn run_job(fdl: &Path, place: &Placement, keys: &Path, out: &Path, args: &[String]) -> Result {
-    let mut ranks = Ranks(Vec::new());
-    for rank in 0..3 {
-        let mut cmd = match &place.ns[rank] {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(fdl);
-                c
-            }
-            None => Command::new(fdl),
-        };
-        cmd.arg("train")
-            .args(args)
-            .arg("--out")
-            .arg(out.join(format!("rank{rank}")))
-            .env("FLODL_RANK", rank.to_string())
-            .env("FLODL_WORLD_SIZE", "3")
-            .env("FLODL_LOCAL_RANK", "0")
-            .env("FLODL_CONTROLLER_ADDR", place.dial[rank].ip().to_string())
-            .env("FLODL_CONTROLLER_PORT", place.dial[rank].port().to_string())
-            .env("FLODL_TLS_CA", keys.join("ca.pem"))
-            .env("FLODL_TLS_CERT", keys.join(own_key(rank, "pem")))
-            .env("FLODL_TLS_KEY", keys.join(own_key(rank, "key")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if rank == 0 {
-            cmd.arg("--bind").arg(place.bind.to_string());
-        }
-        ranks.0.push(cmd.spawn()?);
-    }
-    let start = Instant::now();
-    let mut codes = [None; 3];
-    while codes.iter().any(Option::is_none) {
-        if start.elapsed() > JOB_LIMIT {
-            return Err(format!("the job ran past {JOB_LIMIT:?}; exits {codes:?}").into());
-        }
-        for (rank, child) in ranks.0.iter_mut().enumerate() {
-            if codes[rank].is_none() {
-                codes[rank] = child.try_wait()?.map(|s| s.code());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if codes.iter().any(|c| *c != Some(Some(0))) {
-        let mut why = String::new();
-        for (rank, child) in ranks.0.iter_mut().enumerate() {
-            let mut err = String::new();
-            if let Some(mut s) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut s, &mut err);
-            }
-            why.push_str(&format!("\nrank {rank} ({:?}): {}", codes[rank], err.trim()));
-        }
-        return Err(format!("a rank failed:{why}").into());
-    }
-    Ok(())
 }
 
 /// What one run came to.
@@ -369,7 +108,7 @@ fn main() -> Result {
     if !out.status.success() {
         return Err(format!("fdl cluster keys: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
-    let hosts = Hosts::make()?;
+    let hosts = Hosts::make("sl", AB, AC)?;
     let controller = SocketAddr::V4(SocketAddrV4::new(AB.0, 29_600));
     let mut results: Vec<(String, String, Outcome)> = Vec::new();
     for repeat in 0..repeats {
@@ -381,8 +120,16 @@ fn main() -> Result {
                 (Placement { ns: [None, None, None], dial: [local; 3], bind: local }, None)
             } else {
                 let mbit: f64 = link.parse()?;
-                let shaped = Link::start(&hosts.names[0], controller, mbit * 1e6 / 8.0)?;
-                let via = |ip| SocketAddr::V4(SocketAddrV4::new(ip, shaped.port));
+                // One link: its rate per direction shared by every connection through it.
+                let shape = Shape {
+                    latency: LATENCY,
+                    rate: mbit * 1e6 / 8.0,
+                    shared: true,
+                    chunk: 64 * 1024,
+                };
+                let any = SocketAddr::from(([0, 0, 0, 0], 0));
+                let shaped = Link::start(hosts.a(), any, controller, shape)?;
+                let via = |ip| SocketAddr::V4(SocketAddrV4::new(ip, shaped.addr.port()));
                 let ns = |i: usize| Some(hosts.names[i].clone());
                 let place = Placement {
                     ns: [ns(0), ns(1), ns(2)],
@@ -417,7 +164,7 @@ fn main() -> Result {
                 .collect();
                 let dir = tmp.path().join(format!("{link}-{wire}-{repeat}"));
                 let started = Instant::now();
-                run_job(&fdl, &place, &keys, &dir, &job)?;
+                run_job(&fdl, &place, &keys, &dir, &job, JOB_LIMIT)?;
                 let o = outcome(&dir.join("rank0"))?;
                 eprintln!(
                     "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, {:.0} s",

@@ -9,7 +9,9 @@
 //! Short by default (bounded, about a minute, a kill every ~6 s; counts and exactness only, no
 //! speed assertion). The long form, torchft's rates: `FLODL_CHAOS_RATE=60 FLODL_CHAOS_SECS=600
 //! FLODL_CHAOS_THEN_RATE=15 FLODL_CHAOS_THEN_SECS=300`, which also runs the same job without
-//! failures and prints the throughput against it.
+//! failures and prints the throughput against it. `FLODL_CHAOS_SLOWDOWN=F` slows every rank by
+//! `F` instead of the factor sized from the clean run (~240 for 2-3 s an epoch on a quiet
+//! 2-core machine), `FLODL_CHAOS_SEED` seeds the kills.
 
 use std::time::{Duration, Instant};
 
@@ -84,7 +86,12 @@ fn ranks_killed_at_random_moments_at_a_rate() -> Result {
     in_process(&flags, &clean)?;
     let clean_epoch = timed.elapsed().as_secs_f64() / epochs as f64;
     // Measured: at 6 / clean epoch a 25-epoch job ended in 14 s under load 13, so 4 times it.
-    let slowdown = (24.0 / clean_epoch.max(1e-3)).clamp(40.0, 4000.0).round();
+    // On a quiet machine that sizing gives ~9 s an epoch (880 at load 0.5-2.5), which stretches
+    // the long form's job to four times its chaos: `FLODL_CHAOS_SLOWDOWN` sets it instead.
+    let slowdown = match std::env::var("FLODL_CHAOS_SLOWDOWN") {
+        Ok(v) => v.parse::<f64>().map_err(|e| format!("FLODL_CHAOS_SLOWDOWN={v}: {e}"))?,
+        Err(_) => (24.0 / clean_epoch.max(1e-3)).clamp(40.0, 4000.0).round(),
+    };
     let slowdowns = vec![slowdown.to_string(); NPROC].join(",");
     let mut args = flags.clone();
     args.extend(["--slowdown", &slowdowns, "--quiet"]);

@@ -6,9 +6,10 @@
 //!  ns A: controller + rank 0 ── veth ── ns B: rank 1
 //!        slow link (proxy) ──── veth ── ns C: rank 2
 //! ```
-//! The kernel has no `tc netem`, so the slow link is a delaying TCP proxy in this harness (tokio:
-//! a delay queue and a rate limit per direction) running in ns A on a thread that entered it;
-//! rank 2 dials the proxy, which dials the controller.
+//! The kernel has no `tc netem`, so the slow link is a delaying TCP proxy (`support/netns.rs`,
+//! shared with `examples/slow_link.rs`; tokio: a delay queue and a rate limit per direction)
+//! running in ns A on a thread that entered it; rank 2 dials the proxy, which dials the
+//! controller.
 //!
 //! The test prints both runs' reduce share of the wall time, throughput and windows, and
 //! asserts that the slow link is on the path (a reduce waits at least its round trip), that
@@ -23,15 +24,17 @@
 //! `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 4 epochs: the windows need ~7 reduces to
 //! reach the cap).
 
-use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+
+#[path = "support/netns.rs"]
+mod netns;
+
+use netns::{Hosts, Link, Placement, Shape, run_job};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -47,199 +50,12 @@ const LAST_SHARE: f64 = 0.25;
 const EPOCH_BATCHES: f64 = 60000.0 / 32.0;
 /// How long one job may take before it is killed and the test fails.
 const JOB_LIMIT: Duration = Duration::from_secs(420);
-
-// ---------------------------------------------------------------------------------------------
-// Namespaces.
-
-/// Three namespaces (A, B, C) with veth pairs A–B and A–C, deleted (with their links) on drop.
-struct Hosts {
-    names: [String; 3],
-}
-
 /// The addresses on the A–B link and on the A–C link: (A's, the other's).
 const AB: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 213, 1, 1), Ipv4Addr::new(10, 213, 1, 2));
 const AC: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 213, 2, 1), Ipv4Addr::new(10, 213, 2, 2));
-
-fn ip(args: &[&str]) -> Result {
-    let out = Command::new("ip").args(args).output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    Ok(())
-}
-
-impl Hosts {
-    /// Makes them; `Err` when this machine does not let us.
-    fn make() -> Result<Hosts> {
-        let tag = format!("fl{}", std::process::id());
-        let names = [format!("{tag}a"), format!("{tag}b"), format!("{tag}c")];
-        let mut hosts = Hosts { names: [String::new(), String::new(), String::new()] };
-        for (i, name) in names.iter().enumerate() {
-            ip(&["netns", "add", name])?;
-            hosts.names[i] = name.clone();
-            ip(&["-n", name, "link", "set", "lo", "up"])?;
-        }
-        let [a, b, c] = &names;
-        for (peer, (mine, theirs), link) in [(b, AB, "ab"), (c, AC, "ac")] {
-            let (end_a, end_p) = (format!("{tag}{link}0"), format!("{tag}{link}1"));
-            ip(&[
-                "-n", a, "link", "add", &end_a, "type", "veth", "peer", "name", &end_p, "netns",
-                peer,
-            ])?;
-            ip(&["-n", a, "addr", "add", &format!("{mine}/24"), "dev", &end_a])?;
-            ip(&["-n", peer, "addr", "add", &format!("{theirs}/24"), "dev", &end_p])?;
-            ip(&["-n", a, "link", "set", &end_a, "up"])?;
-            ip(&["-n", peer, "link", "set", &end_p, "up"])?;
-        }
-        Ok(hosts)
-    }
-
-    fn a(&self) -> &str {
-        &self.names[0]
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for name in self.names.iter().filter(|n| !n.is_empty()) {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("cannot delete namespace {name}: {e}");
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The slow link.
-
-/// Copies `from` to `to`, each chunk leaving no earlier than `LATENCY` after it arrived and
-/// no faster than the rate (a delay queue feeding a paced writer, through a bounded queue).
-async fn slow_copy<R, W>(mut from: R, mut to: W)
-where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Unpin,
-{
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(256);
-    let reader = tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match from.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    let due = tokio::time::Instant::now() + LATENCY;
-                    if tx.send((due, buf[..n].to_vec())).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    let mut free = tokio::time::Instant::now();
-    while let Some((due, chunk)) = rx.recv().await {
-        let start = due.max(free);
-        let done = start + Duration::from_secs_f64(chunk.len() as f64 / RATE_BYTES_PER_S);
-        tokio::time::sleep_until(done).await;
-        free = done;
-        if to.write_all(&chunk).await.is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown().await;
-    reader.abort();
-}
-
-/// The proxy: accepts on `listener`, dials `upstream` for each connection and copies both ways
-/// through the slow link.
-async fn proxy(listener: TcpListener, upstream: SocketAddr) {
-    loop {
-        let Ok((down, _)) = listener.accept().await else { return };
-        tokio::spawn(async move {
-            // Through a real link the connection would reach the controller once it listens:
-            // dial until it does (a minute at most).
-            let mut tries = 0;
-            let up = loop {
-                match TcpStream::connect(upstream).await {
-                    Ok(up) => break up,
-                    Err(_) if tries < 1200 => {
-                        tries += 1;
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(_) => return,
-                }
-            };
-            let _ = (down.set_nodelay(true), up.set_nodelay(true));
-            let (down_r, down_w) = down.into_split();
-            let (up_r, up_w) = up.into_split();
-            tokio::join!(slow_copy(down_r, up_w), slow_copy(up_r, down_w));
-        });
-    }
-}
-
-/// The proxy running in namespace `ns` on a thread of its own: it listens on `listen` (port 0:
-/// any) and dials `upstream`; stopped on drop.
-struct SlowLink {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl SlowLink {
-    fn start(ns: &str, listen: SocketAddr, upstream: SocketAddr) -> Result<SlowLink> {
-        let netns = File::open(Path::new("/run/netns").join(ns))?;
-        let (ready_tx, ready) =
-            std::sync::mpsc::channel::<std::result::Result<SocketAddr, String>>();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            // The network namespace is per thread: this one's sockets live in `ns`.
-            if let Err(e) = nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET) {
-                let _ = ready_tx.send(Err(format!("setns: {e}")));
-                return;
-            }
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let listener = match TcpListener::bind(listen).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(format!("bind {listen}: {e}")));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(listener.local_addr().map_err(|e| e.to_string()));
-                tokio::select! {
-                    _ = proxy(listener, upstream) => {}
-                    _ = stopped => {}
-                }
-            });
-        });
-        let addr = ready.recv_timeout(Duration::from_secs(10))??;
-        Ok(SlowLink { addr, stop: Some(stop), thread: Some(thread) })
-    }
-}
-
-impl Drop for SlowLink {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Jobs.
+/// The slow link: each connection's directions have the rate to themselves.
+const SLOW: Shape =
+    Shape { latency: LATENCY, rate: RATE_BYTES_PER_S, shared: false, chunk: 16 * 1024 };
 
 /// The job every run trains: MNIST subset, host backend, ElChe cadence.
 fn job_args(epochs: usize) -> Vec<String> {
@@ -261,91 +77,6 @@ fn job_args(epochs: usize) -> Vec<String> {
     let mut args: Vec<String> = job.iter().map(|s| s.to_string()).collect();
     args.extend(["--epochs".to_string(), epochs.to_string()]);
     args
-}
-
-/// Where each rank runs and how it reaches the controller.
-struct Placement {
-    /// The namespace of each rank (`None`: this one).
-    ns: [Option<String>; 3],
-    /// The controller's address as each rank dials it.
-    dial: [SocketAddr; 3],
-    /// Where the controller listens.
-    bind: SocketAddr,
-}
-
-/// Kills the children still running on drop (by pid, through `Child`).
-struct Ranks(Vec<Child>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            if child.try_wait().ok().flatten().is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
-
-/// Runs the job with `placement`, rank 0 writing to `out`; fails unless every rank exits 0
-/// within [`JOB_LIMIT`].
-fn run_job(placement: &Placement, keys: &Path, out: &Path, epochs: usize) -> Result {
-    let mut ranks = Ranks(Vec::new());
-    for rank in 0..3 {
-        let mut cmd = match &placement.ns[rank] {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, FDL]);
-                c
-            }
-            None => Command::new(FDL),
-        };
-        cmd.arg("train")
-            .args(job_args(epochs))
-            .arg("--out")
-            .arg(out.join(format!("rank{rank}")))
-            .env("FLODL_RANK", rank.to_string())
-            .env("FLODL_WORLD_SIZE", "3")
-            .env("FLODL_LOCAL_RANK", "0")
-            .env("FLODL_CONTROLLER_ADDR", placement.dial[rank].ip().to_string())
-            .env("FLODL_CONTROLLER_PORT", placement.dial[rank].port().to_string())
-            .env("FLODL_TLS_CA", keys.join("ca.pem"))
-            // Each process its own key: rank 0's hosts the controller.
-            .env("FLODL_TLS_CERT", keys.join(own_key(rank, "pem")))
-            .env("FLODL_TLS_KEY", keys.join(own_key(rank, "key")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if rank == 0 {
-            cmd.arg("--bind").arg(placement.bind.to_string());
-        }
-        ranks.0.push(cmd.spawn()?);
-    }
-    let start = Instant::now();
-    let mut codes = [None; 3];
-    while codes.iter().any(Option::is_none) {
-        if start.elapsed() > JOB_LIMIT {
-            return Err(format!("the job ran past {JOB_LIMIT:?}; exits so far {codes:?}").into());
-        }
-        for (rank, child) in ranks.0.iter_mut().enumerate() {
-            if codes[rank].is_none() {
-                codes[rank] = child.try_wait()?.map(|s| s.code());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if codes.iter().any(|c| *c != Some(Some(0))) {
-        let mut why = String::new();
-        for (rank, child) in ranks.0.iter_mut().enumerate() {
-            let mut err = String::new();
-            if let Some(mut s) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut s, &mut err);
-            }
-            why.push_str(&format!("\nrank {rank} ({:?}): {}", codes[rank], err.trim()));
-        }
-        return Err(format!("a rank failed:{why}").into());
-    }
-    Ok(())
 }
 
 /// What a run came to, from rank 0's run directory.
@@ -453,7 +184,7 @@ impl Outcome {
 
 #[test]
 fn a_slow_link_grows_the_windows() -> Result {
-    let hosts = match Hosts::make() {
+    let hosts = match Hosts::make("fl", AB, AC) {
         Ok(h) => h,
         Err(e) if std::env::var("FLODL_REQUIRE_NETNS").as_deref() != Ok("1") => {
             flodl_tensor::skip(&format!("network namespaces are not available here ({e})"));
@@ -478,11 +209,12 @@ fn a_slow_link_grows_the_windows() -> Result {
     let local = SocketAddr::from(([127, 0, 0, 1], port));
     let loopback = Placement { ns: [None, None, None], dial: [local; 3], bind: local };
     let loop_dir = tmp.path().join("loopback");
-    run_job(&loopback, &keys, &loop_dir, epochs)?;
+    run_job(Path::new(FDL), &loopback, &keys, &loop_dir, &job_args(epochs), JOB_LIMIT)?;
 
     // Three hosts, rank 2 behind the slow link.
     let controller = SocketAddr::V4(SocketAddrV4::new(AB.0, 29_500));
-    let link = SlowLink::start(hosts.a(), SocketAddr::V4(SocketAddrV4::new(AC.0, 0)), controller)?;
+    let link =
+        Link::start(hosts.a(), SocketAddr::V4(SocketAddrV4::new(AC.0, 0)), controller, SLOW)?;
     let names = hosts.names.clone();
     let three = Placement {
         ns: [Some(names[0].clone()), Some(names[1].clone()), Some(names[2].clone())],
@@ -490,7 +222,7 @@ fn a_slow_link_grows_the_windows() -> Result {
         bind: controller,
     };
     let hosts_dir = tmp.path().join("hosts");
-    run_job(&three, &keys, &hosts_dir, epochs)?;
+    run_job(Path::new(FDL), &three, &keys, &hosts_dir, &job_args(epochs), JOB_LIMIT)?;
     drop(link);
     drop(hosts);
 
@@ -559,10 +291,4 @@ fn a_slow_link_grows_the_windows() -> Result {
         .into());
     }
     Ok(())
-}
-
-/// The file of rank `rank`'s process's own certificate (`pem`) or key (`key`): the
-/// controller's for rank 0, whose process hosts it.
-fn own_key(rank: usize, ext: &str) -> String {
-    if rank == 0 { format!("controller.{ext}") } else { format!("rank-{rank}.{ext}") }
 }
