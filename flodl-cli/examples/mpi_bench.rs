@@ -10,6 +10,7 @@
 //! ```
 //! Throughput is samples trained / training wall time, from each run's summary.json.
 
+mod bench_kit;
 mod side_by_side;
 
 fn main() -> side_by_side::Result {

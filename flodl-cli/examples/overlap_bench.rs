@@ -14,22 +14,11 @@
 //! ```
 //! A harness run, not a timed test: the figures are those of the machine at the time.
 
-use std::path::{Path, PathBuf};
+mod bench_kit;
+
 use std::process::Command;
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// The `fdl` binary built beside the example (`target/<profile>/fdl`).
-fn fdl() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
-    let fdl = dir.join("fdl");
-    if fdl.is_file() {
-        Ok(fdl)
-    } else {
-        Err(format!("{} is missing: build the fdl binary", fdl.display()).into())
-    }
-}
+use bench_kit::{BIG_MLP, Result, fdl};
 
 /// Training samples of the job (one epoch).
 const SAMPLES: f64 = 6144.0;
@@ -38,22 +27,9 @@ fn main() -> Result {
     let fdl = fdl()?;
     let extra: Vec<String> = std::env::args().skip(1).collect();
     let tmp = tempfile::tempdir()?;
-    let common = [
-        "--backend",
-        "host",
-        "--policy",
-        "cadence",
-        "--hidden",
-        "4096,4096",
-        "--train-subset",
-        "6144",
-        "--test-subset",
-        "1000",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "64",
-    ];
+    // After the 20M-parameter job's flags (`BIG_MLP`).
+    let common =
+        ["--train-subset", "6144", "--test-subset", "1000", "--epochs", "1", "--batch-size", "64"];
     println!(
         "| wire | overlap | fragments | samples/s | KB per reduce (rank 1) | exposed exchange (ms, \
          ranks 1+2) | in reduces (ms, ranks 1+2) | final train loss | test accuracy | reduces | \
@@ -71,7 +47,7 @@ fn main() -> Result {
     for (wire, overlap, fragments) in rows {
         let out = tmp.path().join(format!("{wire}-{overlap}-{fragments}"));
         let mut cmd = Command::new(&fdl);
-        cmd.args(["launch", "--nproc", "3", "--quiet", "--wire", wire]).args(common);
+        cmd.args(["launch", "--nproc", "3", "--quiet", "--wire", wire]).args(BIG_MLP).args(common);
         if overlap {
             cmd.arg("--overlap");
         }

@@ -17,10 +17,12 @@
 //! over the repeats, which run round-robin. Extra flags (after `--`) go to every run, e.g.
 //! `-- --epochs 1 --train-subset 12000 --test-subset 1000`.
 
-use std::path::{Path, PathBuf};
+mod bench_kit;
+
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+use bench_kit::{Result, fdl};
 
 struct Args {
     skews: Vec<f64>,
@@ -61,18 +63,6 @@ fn parse() -> Result<Args> {
         }
     }
     Ok(args)
-}
-
-/// The `fdl` binary built beside the example (`target/<profile>/fdl`).
-fn fdl() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
-    let fdl = dir.join("fdl");
-    if fdl.is_file() {
-        Ok(fdl)
-    } else {
-        Err(format!("{} is missing: build the fdl binary", fdl.display()).into())
-    }
 }
 
 /// `n` ranks at skew `skew`: rank 0 at full speed, the others spread evenly up to `skew`.

@@ -23,8 +23,10 @@
 //! averaging, as the ranks do not yet overlap it) as shares of its wall; the final training
 //! loss at equal samples and its relative gap to loopback f32. Repeats run round-robin.
 
+mod bench_kit;
+
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -35,7 +37,7 @@ mod netns;
 
 use netns::{Hosts, Link, Placement, Shape, run_job};
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+use bench_kit::{BIG_MLP, Result, fdl};
 
 /// The added one-way delay of the controller's link.
 const LATENCY: Duration = Duration::from_millis(20);
@@ -44,14 +46,6 @@ const JOB_LIMIT: Duration = Duration::from_secs(1800);
 /// The addresses on the A–B and A–C links: (A's, the other's).
 const AB: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 214, 1, 1), Ipv4Addr::new(10, 214, 1, 2));
 const AC: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 214, 2, 1), Ipv4Addr::new(10, 214, 2, 2));
-
-/// The `fdl` binary built beside the example.
-fn fdl() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
-    let fdl = dir.join("fdl");
-    if fdl.is_file() { Ok(fdl) } else { Err(format!("{} is missing", fdl.display()).into()) }
-}
 
 /// What one run came to.
 struct Outcome {
@@ -139,13 +133,7 @@ fn main() -> Result {
                 (place, Some(shaped))
             };
             for wire in wires.split(',') {
-                let job: Vec<String> = [
-                    "--backend",
-                    "host",
-                    "--policy",
-                    "cadence",
-                    "--hidden",
-                    "4096,4096",
+                let flags = [
                     "--train-subset",
                     &samples,
                     "--test-subset",
@@ -157,11 +145,13 @@ fn main() -> Result {
                     "--quiet",
                     "--wire",
                     wire,
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .chain(extra.iter().cloned())
-                .collect();
+                ];
+                let job: Vec<String> = BIG_MLP
+                    .iter()
+                    .chain(&flags)
+                    .map(|s| s.to_string())
+                    .chain(extra.iter().cloned())
+                    .collect();
                 let dir = tmp.path().join(format!("{link}-{wire}-{repeat}"));
                 let started = Instant::now();
                 run_job(&fdl, &place, &keys, &dir, &job, JOB_LIMIT)?;

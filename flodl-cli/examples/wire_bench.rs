@@ -11,43 +11,19 @@
 //! ```
 //! Bytes and loss are the figures; the wall times are for orientation only.
 
-use std::path::{Path, PathBuf};
+mod bench_kit;
+
 use std::process::Command;
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// The `fdl` binary built beside the example (`target/<profile>/fdl`).
-fn fdl() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
-    let fdl = dir.join("fdl");
-    if fdl.is_file() {
-        Ok(fdl)
-    } else {
-        Err(format!("{} is missing: build the fdl binary", fdl.display()).into())
-    }
-}
+use bench_kit::{BIG_MLP, Result, fdl};
 
 fn main() -> Result {
     let fdl = fdl()?;
     let extra: Vec<String> = std::env::args().skip(1).collect();
     let tmp = tempfile::tempdir()?;
-    let common = [
-        "--backend",
-        "host",
-        "--policy",
-        "cadence",
-        "--hidden",
-        "4096,4096",
-        "--train-subset",
-        "6144",
-        "--test-subset",
-        "1000",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "64",
-    ];
+    // After the 20M-parameter job's flags (`BIG_MLP`).
+    let common =
+        ["--train-subset", "6144", "--test-subset", "1000", "--epochs", "1", "--batch-size", "64"];
     println!(
         "| wire | snapshot bytes/reduce | update bytes/reduce | × f32 | final train loss | \
          test accuracy | reduces | exposed exchange (ms, ranks 1+2) | wall (s) |"
@@ -58,6 +34,7 @@ fn main() -> Result {
         let out = tmp.path().join(wire);
         let run = Command::new(&fdl)
             .args(["launch", "--nproc", "3", "--quiet", "--wire", wire])
+            .args(BIG_MLP)
             .args(common)
             .args(&extra)
             .arg("--out")

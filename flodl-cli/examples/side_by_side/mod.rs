@@ -2,22 +2,11 @@
 //! ranks against 2 rank processes, under `Cadence` and `Async`, one markdown row per policy.
 //! Throughput is samples trained / training wall time, from each run's summary.json.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-pub(crate) type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// The `fdl` binary built beside the example (`target/<profile>/fdl`).
-fn fdl() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
-    let fdl = dir.join("fdl");
-    if fdl.is_file() {
-        Ok(fdl)
-    } else {
-        Err(format!("{} is missing: build the fdl binary", fdl.display()).into())
-    }
-}
+pub(crate) use crate::bench_kit::Result;
+use crate::bench_kit::fdl;
 
 /// Samples per second of training of the run in `dir`, and its test accuracy.
 fn throughput(dir: &Path) -> Result<(f64, f64)> {

@@ -169,17 +169,11 @@ pub(crate) fn claim(keys: &Path, port: u16, seat: &str, hello: Hello) -> Result<
 /// The run-specification hash the job of `job` (with `extra`) agrees on, as any of its members
 /// computes it (`fdl train --dry-run` in rank `rank`'s environment): what a hello must carry.
 pub(crate) fn run_hash(keys: &Path, port: u16, rank: usize, job: &[&str]) -> Result<[u8; 32]> {
-    let out = std::process::Command::new(super::launched::FDL)
+    let mut command = std::process::Command::new(super::launched::FDL);
+    let seat = format!("rank-{rank}");
+    let out = super::launched::cluster_env(&mut command, keys, port, rank, &seat)
         .args(["train", "--dry-run"])
         .args(job)
-        .env("FLODL_RANK", rank.to_string())
-        .env("FLODL_WORLD_SIZE", "3")
-        .env("FLODL_LOCAL_RANK", rank.to_string())
-        .env("FLODL_CONTROLLER_ADDR", "127.0.0.1")
-        .env("FLODL_CONTROLLER_PORT", port.to_string())
-        .env("FLODL_TLS_CA", keys.join("ca.pem"))
-        .env("FLODL_TLS_CERT", keys.join(format!("rank-{rank}.pem")))
-        .env("FLODL_TLS_KEY", keys.join(format!("rank-{rank}.key")))
         .output()?;
     if !out.status.success() {
         return Err(format!("dry run: {}", String::from_utf8_lossy(&out.stderr)).into());

@@ -234,11 +234,26 @@ pub(crate) fn by_hand(
     extra: &[&str],
     out: &Path,
 ) -> Result<Child> {
-    Ok(Command::new(FDL)
+    Ok(cluster_env(&mut Command::new(FDL), keys, port, rank, seat)
         .args(["train", "--quiet", "--join-timeout", "20", "--out"])
         .arg(out)
         .args(job)
         .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?)
+}
+
+/// `command` in the environment of seat `rank` of a 3-rank job on loopback whose controller
+/// listens on `port`, presenting the key of `seat` from `keys`.
+pub(crate) fn cluster_env<'c>(
+    command: &'c mut Command,
+    keys: &Path,
+    port: u16,
+    rank: usize,
+    seat: &str,
+) -> &'c mut Command {
+    command
         .env("FLODL_RANK", rank.to_string())
         .env("FLODL_WORLD_SIZE", "3")
         .env("FLODL_LOCAL_RANK", rank.to_string())
@@ -247,9 +262,6 @@ pub(crate) fn by_hand(
         .env("FLODL_TLS_CA", keys.join("ca.pem"))
         .env("FLODL_TLS_CERT", keys.join(format!("{seat}.pem")))
         .env("FLODL_TLS_KEY", keys.join(format!("{seat}.key")))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?)
 }
 
 /// The key of seat `rank` (`controller` for rank 0's process, which hosts the controller).
