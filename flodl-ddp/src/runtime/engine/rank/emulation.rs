@@ -67,12 +67,14 @@ impl SlowerDevice {
     /// The extra time after a step that computed for `compute`, on a device `factor` times
     /// slower (none at 1 or below); the step joins the recent ones.
     pub(super) fn extra(&mut self, compute: Duration, factor: f64) -> Duration {
-        let typical = self.typical();
+        // Only a stretched step needs the median (most runs stretch none).
+        let stretched = factor > 1.0 && factor.is_finite();
+        let typical = if stretched { self.typical() } else { None };
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }
         self.recent.push_back(compute);
-        if !(factor > 1.0 && factor.is_finite()) {
+        if !stretched {
             return Duration::ZERO;
         }
         let counted = typical.map_or(compute, |t| compute.min(t.mul_f64(HICCUP)));
