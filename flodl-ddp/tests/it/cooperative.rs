@@ -175,21 +175,31 @@ fn trainer(ranks: usize, policy: Policy, backend: Backend, data: Arc<dyn Dataset
         .stall_timeout(Duration::from_secs(60))
 }
 
-/// The parts of an epoch's metrics both tiers must fill: per rank, batches, samples, loss,
-/// compute time and a time breakdown; the epoch's loss, reduces and the user's scalar.
+/// The parts of an epoch's metrics both tiers must fill: a row per rank, with compute time,
+/// throughput and a time breakdown wherever it trained; the epoch's loss and the user's
+/// scalar. Every rank trains in the run, but not necessarily in every epoch: a starved slow
+/// rank may find the next epoch's spans all taken by the fast one (the dispatcher runs one
+/// epoch ahead), which is the scheduler doing its job.
 fn check_metrics(what: &str, epochs: &[EpochMetrics], ranks: usize, scalar: Option<&str>) {
+    let mut trained = vec![0usize; ranks];
     for e in epochs {
         assert_eq!(e.ranks.len(), ranks, "{what}: epoch {}", e.epoch);
         assert!(e.avg_loss.is_finite() && e.avg_loss > 0.0, "{what}: loss {}", e.avg_loss);
         for r in &e.ranks {
-            assert!(r.batches > 0 && r.samples > 0, "{what}: rank {} trained nothing", r.rank);
-            assert!(r.compute_ms > 0.0 && r.throughput > 0.0, "{what}: rank {} timing", r.rank);
-            assert!(r.time.wall_ms() > 0.0, "{what}: rank {} time breakdown", r.rank);
+            assert_eq!(r.samples > 0, r.batches > 0, "{what}: rank {} counts", r.rank);
+            if r.batches > 0 {
+                assert!(r.compute_ms > 0.0 && r.throughput > 0.0, "{what}: rank {} timing", r.rank);
+                assert!(r.time.wall_ms() > 0.0, "{what}: rank {} time breakdown", r.rank);
+            }
+            trained[r.rank] += r.batches;
         }
         if let Some(name) = scalar {
             let v = e.scalars.get(name).copied().unwrap_or(f64::NAN);
             assert!(v.is_finite() && v > 0.0, "{what}: scalar {name} = {v}");
         }
+    }
+    for (rank, batches) in trained.iter().enumerate() {
+        assert!(*batches > 0, "{what}: rank {rank} trained nothing in the run");
     }
 }
 
