@@ -111,21 +111,28 @@ impl RankSlot {
     /// Judges the rank's silence at `now` against the deadline its own windows give (`cap`, the
     /// watchdog, until they are calibrated, or when `calibrated` is false because it does
     /// something other than train, such as evaluating): late at three quarters of it (pinged
-    /// once), dead at the deadline when that ping, sent at least a quarter of it before, went
+    /// once), dead at the deadline when that ping, sent about a quarter of it before, went
     /// unanswered (a confirmed miss), or at once past `cap`.
+    ///
+    /// The watch is called every `look` at most, so a derived deadline is judged at the last
+    /// look before it: a silence that will pass it before the next look is dead now, and the
+    /// death is declared within the deadline, not up to a look after it. The watchdog is the
+    /// user's number, a silence it never cuts short.
     pub(crate) fn watch(
         &mut self,
         rule: &DeadlineRule,
         cap: Duration,
         calibrated: bool,
         now: Instant,
+        look: Duration,
     ) -> Watch {
         let silent = now.saturating_duration_since(self.heard);
         let limit = if calibrated { self.windows.silence(rule, cap) } else { cap };
         if self.probed.is_some_and(|p| p < self.heard) {
             self.probed = None;
         }
-        if silent <= limit.mul_f64(0.75) {
+        let ahead = silent + look;
+        if ahead <= limit.mul_f64(0.75) {
             return Watch::OnTime;
         }
         if silent > cap {
@@ -136,7 +143,10 @@ impl RankSlot {
                 self.probed = Some(now);
                 Watch::Late
             }
-            Some(p) if silent > limit && now.saturating_duration_since(p) >= limit / 4 => {
+            Some(p)
+                if (if limit < cap { ahead } else { silent }) > limit
+                    && now.saturating_duration_since(p) + look >= limit / 4 =>
+            {
                 Watch::Dead(silent)
             }
             Some(_) => Watch::Pinged,
@@ -319,6 +329,8 @@ mod tests {
         let cap = Duration::from_secs(30);
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(30);
         let t0 = Instant::now();
+        // The watch is called every `tick` here: every `look`.
+        let (tick, look) = (Duration::from_millis(10), Duration::from_millis(10));
         for ms in [50.0_f64, 200.0, 500.0, 1000.0, 2500.0, 5000.0, 20_000.0] {
             let mut slot = RankSlot::new(window());
             slot.heard = t0;
@@ -327,7 +339,7 @@ mod tests {
             let want = Watch::Late;
             let mut fresh = RankSlot::new(window());
             fresh.heard = t0;
-            let got = fresh.watch(&rule, cap, true, t0 + cap);
+            let got = fresh.watch(&rule, cap, true, t0 + cap, look);
             if got != want {
                 return Err(format!("{ms} ms: uncalibrated at the watchdog gave {got:?}"));
             }
@@ -338,7 +350,7 @@ mod tests {
                     let step = (ms / 10.0 * rng.random_range(0.7..1.3)).min(left);
                     now += Duration::from_secs_f64(step / 1000.0);
                     left -= step;
-                    let got = slot.watch(&rule, cap, true, now);
+                    let got = slot.watch(&rule, cap, true, now, look);
                     if got != Watch::OnTime {
                         return Err(format!("{ms} ms: a talking rank judged {got:?}"));
                     }
@@ -348,11 +360,10 @@ mod tests {
             }
             // Silent from `now`: find when it is pinged, then when it is dead.
             let (mut pinged, mut dead) = (None, None);
-            let tick = Duration::from_millis(10);
             let mut t = now;
             while dead.is_none() && t < now + cap + cap {
                 t += tick;
-                match slot.watch(&rule, cap, true, t) {
+                match slot.watch(&rule, cap, true, t, look) {
                     Watch::Late if pinged.is_none() => pinged = Some(t - now),
                     Watch::Late => return Err(format!("{ms} ms: pinged twice")),
                     Watch::Dead(_) => dead = Some(t - now),
@@ -365,7 +376,8 @@ mod tests {
             };
             let pinged = pinged.unwrap_or(dead);
             let bound = Duration::from_secs_f64(3.0 * ms / 1000.0).max(Duration::from_secs(2));
-            let bound = bound.min(cap) + tick * 2;
+            // Within the deadline itself (past it only at the watchdog, dead at once there).
+            let bound = if bound < cap { bound } else { cap + tick };
             if dead > bound || pinged > dead || (pinged == dead && dead <= cap) {
                 return Err(format!(
                     "{ms} ms: pinged at {pinged:?}, dead at {dead:?}, bound {bound:?}"
@@ -373,18 +385,22 @@ mod tests {
             }
             // Heard after its ping: on time again, and a later silence is pinged afresh.
             slot.heard = now + pinged.min(cap) + tick;
-            let got = slot.watch(&rule, cap, true, slot.heard);
+            let got = slot.watch(&rule, cap, true, slot.heard, look);
             if got != Watch::OnTime {
                 return Err(format!("{ms} ms: heard after its ping, judged {got:?}"));
             }
             let later = slot.heard + cap - tick;
-            if ms <= 10_000.0 && slot.watch(&rule, cap, true, later) != Watch::Late {
+            if ms <= 10_000.0 && slot.watch(&rule, cap, true, later, look) != Watch::Late {
                 return Err(format!("{ms} ms: a second silence was not pinged"));
             }
             // Doing something else (evaluating): the watchdog alone (pinged, never dead, before it).
-            if matches!(slot.watch(&rule, cap, false, slot.heard + cap - tick), Watch::Dead(_))
-                || !matches!(slot.watch(&rule, cap, false, slot.heard + cap + tick), Watch::Dead(_))
-            {
+            if matches!(
+                slot.watch(&rule, cap, false, slot.heard + cap - tick, look),
+                Watch::Dead(_)
+            ) || !matches!(
+                slot.watch(&rule, cap, false, slot.heard + cap + tick, look),
+                Watch::Dead(_)
+            ) {
                 return Err(format!("{ms} ms: not judged by the watchdog while not training"));
             }
         }

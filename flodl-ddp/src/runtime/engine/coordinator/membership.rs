@@ -245,7 +245,7 @@ impl Coordinator {
                     {
                         Some(FaultCause::MissedReduce { round, after: waited })
                     }
-                    _ => match slot.watch(&rule, after, calibrated, now) {
+                    _ => match slot.watch(&rule, after, calibrated, now, super::TICK) {
                         Watch::Dead(silent) => Some(FaultCause::Silent { after: silent }),
                         Watch::Late => {
                             late.push(rank);
