@@ -155,6 +155,9 @@ pub struct Window {
 /// `1 / FOLLOW_SLACK` of it: see [`Window::following`].
 pub(crate) const FOLLOW_SLACK: u32 = 4;
 
+/// How far past its count a rank may train in a probe window ([`Window::probing`]).
+pub(crate) const PROBE_STRETCH: usize = 32;
+
 impl Window {
     /// This window for a rank that follows the anchor (`Cadence` and `Async`): its count and
     /// wall time stretched by a quarter (`FOLLOW_SLACK`; at least one batch more), its
@@ -178,6 +181,17 @@ impl Window {
             wall: self.wall.map(|w| w + w / FOLLOW_SLACK),
             ..self
         }
+    }
+
+    /// This window as a probe: the first window of `Cadence` and `Async` while ElChe has no
+    /// timing (and no speed hint). Every rank is handed the same count blind; a rank that
+    /// reaches it reports ready (its reading for ElChe: that count in that wall time) and goes
+    /// on training, up to [`PROBE_STRETCH`] times the count, until the slowest rank is ready
+    /// too and the reduce takes in every step trained. With the count alone, the fastest rank
+    /// of a 10x skew waited nine tenths of the first window (a tenth of a 1-epoch MNIST run,
+    /// the slow rank's cold start included), and a transformer's fast rank nine slow steps.
+    pub fn probing(self) -> Window {
+        Window { limit: self.limit.max(self.target.saturating_mul(PROBE_STRETCH)), ..self }
     }
 
     /// The window ended at `steps`: the rank is ready now, and trains no more before the reduce
@@ -268,7 +282,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::LogicError;
-    use crate::control::policy::{Backend, Policy, Trigger, Window, should_reduce};
+    use crate::control::policy::{Backend, PROBE_STRETCH, Policy, Trigger, Window, should_reduce};
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -353,6 +367,26 @@ mod tests {
         ];
         for (i, (w, steps, ms, want)) in cases.into_iter().enumerate() {
             assert_eq!(w.is_reached(steps, ms), want, "case {i}");
+        }
+    }
+
+    /// A probe is reached at its count like any window, and bounds the training past it at
+    /// `PROBE_STRETCH` times the count (or the policy's own overshoot, when larger).
+    #[test]
+    fn a_probe_trains_past_its_count() {
+        // (policy, count, overshoot, limit)
+        let cases = [
+            (Policy::Cadence, 10, 0, 10 * PROBE_STRETCH),
+            (Policy::Async, 10, 6, 10 * PROBE_STRETCH),
+            (Policy::Async, 1, 500, 501),
+            (Policy::Cadence, 1, 0, PROBE_STRETCH),
+        ];
+        for (policy, count, overshoot, limit) in cases {
+            let probe = policy.window(4, count, overshoot, 0.0).probing();
+            assert_eq!((probe.round, probe.target, probe.limit), (4, count, limit), "{policy:?}");
+            assert!(probe.is_reached(count, 0.0) && !probe.is_reached(count - 1, 0.0));
+            let ended = probe.ended_at(count + 3);
+            assert_eq!(ended.overshoot(), limit - count, "{policy:?}");
         }
     }
 

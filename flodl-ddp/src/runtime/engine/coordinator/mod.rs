@@ -517,19 +517,38 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Each rank's window numbered `round`, from the policy and ElChe's counts; once ElChe is
-    /// calibrated, the ranks other than the anchor follow it ([`Window::following`]).
+    /// Each rank's window numbered `round`, from the policy and ElChe's counts; before ElChe
+    /// has any timing, a probe ([`Window::probing`]); once it is calibrated, the ranks other
+    /// than the anchor follow it ([`Window::following`]).
     fn make_windows(&self, round: u64) -> Vec<Window> {
         let elche = self.cadence.elche.as_ref();
         let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
         let overshoot = self.cadence.overshoot.current();
+        let probing = self.probing();
         (0..self.cfg.world())
             .map(|r| {
                 let count = elche.and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
                 let window = self.cfg.spec.policy.window(round, count, overshoot, anchor_wall_ms);
-                if self.follows(r) { window.following() } else { window }
+                if probing {
+                    window.probing()
+                } else if self.follows(r) {
+                    window.following()
+                } else {
+                    window
+                }
             })
             .collect()
+    }
+
+    /// Whether the next windows are probes: `Cadence` or `Async` before ElChe's first
+    /// calibration, with no speed hint to plan from.
+    fn probing(&self) -> bool {
+        self.cfg.spec.policy.is_progressive()
+            && self
+                .cadence
+                .elche
+                .as_ref()
+                .is_some_and(|e| !e.is_calibrated() && !e.has_speed_hint())
     }
 
     /// The rank the others follow under `Cadence` and `Async`: ElChe's anchor once it is

@@ -507,7 +507,7 @@ impl<'a> RankLoop<'a> {
                 let params = (overlap || self.win.steps < self.win.window.limit)
                     .then(|| state.params.clone());
                 if overlap {
-                    let more = self.win.steps + self.win.window.target.max(1);
+                    let more = self.win.steps.saturating_add(self.win.window.target.max(1));
                     self.win.window.limit = self.win.window.limit.max(more);
                 }
                 self.win.sent =
