@@ -28,7 +28,8 @@
 //! first skew with `--speed-change` (default `1:3@0.3-0.6`: rank 1 three times slower from 30%
 //! to 60% of the run, then back), prints the windows around each change and how many windows
 //! ElChe took to absorb it (from the window the change falls in, counted 1, to the first whose
-//! plan gives the rank a share within 25% of its settled share in that phase).
+//! plan gives the rank a share within 25% of its share at the speeds in force; also counted from
+//! the window the rank itself first ran at the new speed in).
 //!
 //! Each line reports samples/s over the training wall time, the test accuracy after the last
 //! epoch and each rank's time breakdown (compute, data, reduce, exchange, waiting, evaluation,
@@ -648,8 +649,9 @@ fn plan_share(w: &ReduceEvent, rank: usize) -> f64 {
 /// Prints the mixed run's windows around each speed change and how many windows ElChe took
 /// to absorb it: counted from the window the change falls in (1) to the first window whose
 /// plan gives the changed rank a share within 25% of its share at the speeds now in force
-/// (`(1/f_r) / sum(1/f)`); also the share ElChe settled at (the median over the second half
-/// of the phase the change opens).
+/// (`(1/f_r) / sum(1/f)`), and from the window the rank itself first ran at the new speed in;
+/// also the share ElChe settled at (the median over the second half of the phase the change
+/// opens).
 fn absorption(
     run: &Run,
     slowdown: &[f64],
@@ -685,10 +687,19 @@ fn absorption(
                     .collect(),
             );
             let Some(first) = ends.iter().position(|&e| e > edge) else { continue };
-            let absorbed = (first..run.windows.len())
+            let absorbed_at = (first..run.windows.len())
                 .take_while(|&i| starts[i] < phase_end)
-                .find(|&i| (plan_share(&run.windows[i], c.rank) / target - 1.0).abs() <= 0.25)
-                .map(|i| i - first + 1);
+                .find(|&i| (plan_share(&run.windows[i], c.rank) / target - 1.0).abs() <= 0.25);
+            let absorbed = absorbed_at.map(|i| i - first + 1);
+            // A rank knows the run's cohort step at its window's start plus its own steps since,
+            // so it changes speed in the first window where that count passes the edge: the
+            // window the change falls in or, more often, the next.
+            let felt = (first..run.windows.len())
+                .find(|&i| {
+                    let own = run.windows[i].steps.get(c.rank).copied().unwrap_or(0);
+                    starts[i] + own as f64 / total > edge
+                })
+                .unwrap_or(first);
             let shown: Vec<String> = (first.saturating_sub(1)..(first + 7).min(run.windows.len()))
                 .map(|i| {
                     let w = &run.windows[i];
@@ -698,10 +709,12 @@ fn absorption(
                 .collect();
             let what = if edge == c.from { "slows" } else { "recovers" };
             println!(
-                "    rank {} {what} at {edge} of the run (in window #{}): plan share target {target:.3}, settled at {settled:.3}; absorbed (within 25% of the target) in {} windows",
+                "    rank {} {what} at {edge} of the run (in window #{}, the rank from #{}): plan share target {target:.3}, settled at {settled:.3}; absorbed (within 25% of the target) in {} windows ({} from the rank's)",
                 c.rank,
                 run.windows.get(first).map_or(0, |w| w.round),
-                absorbed.map_or("no".to_owned(), |k| k.to_string())
+                run.windows.get(felt).map_or(0, |w| w.round),
+                absorbed.map_or("no".to_owned(), |k| k.to_string()),
+                absorbed_at.map_or("no".to_owned(), |i| (i + 1).saturating_sub(felt).to_string())
             );
             println!("      window plan wall share: {}", shown.join(" | "));
         }

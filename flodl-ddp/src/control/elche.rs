@@ -8,12 +8,15 @@
 //!
 //! # Choices between the two reference behaviours
 //!
-//! * **Speed estimate: trust window, not adaptive EMA.** Each rank keeps the last
-//!   `TRUST_WINDOW` readings of ms/batch and uses their mean. The [0.5] adaptive EMA
-//!   (`α = clamp(|err|, 0.1, 0.8)`) lets one outlier window (a page fault, a GC pause, a cold
-//!   cache) move the estimate by up to 80%, which then moves every count; the mean of five
-//!   readings bounds one outlier's weight at 20%, still follows a real change of speed within five
-//!   windows, and is exactly restorable from a checkpoint (one seeded sample).
+//! * **Speed estimate: trust window with a change-point rule, not adaptive EMA.** Each rank
+//!   keeps its last five readings of ms/batch and uses their mean
+//!   ([`crate::control::trust_window`]). The [0.5] adaptive EMA (`α = clamp(|err|, 0.1, 0.8)`)
+//!   lets one outlier window (a page fault, a GC pause, a cold cache) move the estimate by up to
+//!   80%, which then moves every count; the mean of five readings bounds one outlier's weight at
+//!   20% and is exactly restorable from a checkpoint (one seeded sample). Alone it follows a real
+//!   change of speed only over four or five windows, so a reading 2× or more out of line with the
+//!   held ones (and beyond their spread), confirmed by the next or led into by the one before,
+//!   replaces them: the plan follows a change two windows after the window it begins in.
 //! * **Dead zone 5%, not 10%.** Counts are only changed when the new target differs from the
 //!   current count by more than 5%. With the trust window the estimate noise is already small; a
 //!   10% dead zone would freeze counts up to 10% away from the true ratio, i.e. the fast rank could
@@ -44,12 +47,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::control::change::Change;
 use crate::control::logic_error::{LogicError, LogicResult};
+use crate::control::trust_window::TrustWindow;
 use crate::control::verdict::Verdict;
 
-/// How many ms/batch readings each rank's trust window holds.
-pub(crate) const TRUST_WINDOW: usize = 5;
-/// Consecutive invalid readings after which a rank's trust window is cleared.
-pub(crate) const MAX_MISSES: u32 = 5;
 /// Relative change a count target must exceed before it is applied.
 pub(crate) const DEAD_ZONE: f64 = 0.05;
 /// A rank belongs to the slow cohort when its ms/batch is at least this fraction of the slowest.
@@ -114,50 +114,6 @@ pub enum Membership {
     Alive,
     /// The rank was declared dead: its count is 0 and it is never elected.
     Retired,
-}
-
-/// One rank's recent ms/batch readings.
-#[derive(Debug, Clone, Default)]
-struct TrustWindow {
-    readings: VecDeque<f64>,
-    misses: u32,
-}
-
-impl TrustWindow {
-    fn seeded(ms: f64) -> TrustWindow {
-        let mut w = TrustWindow::default();
-        if ms > 0.0 && ms.is_finite() {
-            w.readings.push_back(ms);
-        }
-        w
-    }
-
-    fn push(&mut self, ms: f64) {
-        if self.readings.len() == TRUST_WINDOW {
-            self.readings.pop_front();
-        }
-        self.readings.push_back(ms);
-        self.misses = 0;
-    }
-
-    /// Counts a missing reading; returns true when the window was just cleared.
-    fn miss(&mut self) -> bool {
-        self.misses += 1;
-        if self.misses >= MAX_MISSES && !self.readings.is_empty() {
-            self.readings.clear();
-            return true;
-        }
-        false
-    }
-
-    /// Mean of the readings, 0 when there are none.
-    fn mean(&self) -> f64 {
-        if self.readings.is_empty() {
-            0.0
-        } else {
-            self.readings.iter().sum::<f64>() / self.readings.len() as f64
-        }
-    }
 }
 
 /// How counts are refreshed after the estimates or the anchor changed.
@@ -809,17 +765,55 @@ mod tests {
         }
     }
 
+    /// The plan of the window after each reading of the slow rank (rank 0 steady at 4 ms/batch,
+    /// rank 1, the anchor, at 10 and its readings below, anchor 10): the plan of the window a
+    /// change falls in was made before it, so a change is absorbed within 3 windows when the
+    /// plan after the second reading it touches is the new speed's.
     #[test]
-    fn trust_window_keeps_last_five_and_clears_after_misses() {
-        let mut w = TrustWindow::default();
-        for x in [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0] {
-            w.push(x);
+    fn the_plan_follows_a_change_of_speed_and_not_a_stall() -> LogicResult<()> {
+        // Five steady windows first: [25, 10] (the phase is Stable from then on).
+        let steady = [(10.0, 25); 5];
+        let cases: [(&str, &[(f64, usize)]); 5] = [
+            // x3 from inside a window (15 ms: its mixed reading leans that way), then x3.
+            ("slowed x3", &[(15.0, 28), (30.0, 75), (30.0, 75), (30.0, 75)]),
+            // x3 from the window's start: held one window, then followed.
+            ("slowed x3 at a window's start", &[(30.0, 25), (30.0, 75), (30.0, 75)]),
+            // x3, then back inside a window (20 ms, leaning), then back.
+            (
+                "slowed x3 and back",
+                &[(30.0, 25), (30.0, 75), (30.0, 75), (20.0, 69), (10.0, 25), (10.0, 25)],
+            ),
+            // A two-window stall of 1.6x (a loaded host) moves the plan by the mean's 24% at
+            // most, never to the stall's 40.
+            (
+                "two-window stall x1.6",
+                &[
+                    (16.0, 28),
+                    (16.0, 31),
+                    (10.0, 31),
+                    (10.0, 31),
+                    (10.0, 31),
+                    (10.0, 28),
+                    (10.0, 25),
+                ],
+            ),
+            // One window 3x: held, then one fifth of the mean (14 ms: 35) for four windows.
+            (
+                "one window x3",
+                &[(30.0, 25), (10.0, 35), (10.0, 35), (10.0, 35), (10.0, 35), (10.0, 25)],
+            ),
+        ];
+        for (name, readings) in cases {
+            let mut el = ElChe::new(2, 10)?;
+            for (i, &(ms, want)) in steady.iter().chain(readings).enumerate() {
+                el.report_timing(
+                    &[4.0 * el.counts()[0] as f64, ms * 10.0],
+                    &[el.counts()[0] as u64, 10],
+                    0.0,
+                )?;
+                assert_eq!(el.counts(), &[want, 10], "{name}: after reading {i} ({ms} ms)");
+            }
         }
-        assert_eq!(w.mean(), 5.0);
-        for i in 0..MAX_MISSES {
-            let cleared = w.miss();
-            assert_eq!(cleared, i + 1 == MAX_MISSES);
-        }
-        assert_eq!(w.mean(), 0.0);
+        Ok(())
     }
 }
