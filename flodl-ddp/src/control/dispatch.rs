@@ -575,7 +575,7 @@ impl Dispatcher {
             && self.pools.iter().all(Pool::handed_out)
             && (0..self.world).filter(|&r| self.is_live(r)).all(|r| {
                 let held = steps.get(r).copied().unwrap_or(0) as u64;
-                self.reduced[r] + held >= self.handed[r]
+                self.reduced[r].saturating_add(held) >= self.handed[r]
             })
     }
 

@@ -110,9 +110,17 @@ impl Coordinator {
             }
             Backend::Host => {
                 let k = self.rounds.reduces;
-                // A whole sync for a checkpoint, and for the run's last reduce: the last
-                // evaluation, the final state and the final bundle are then the consensus.
-                let whole = capture.is_some() || self.dispatch.completes_the_run(steps);
+                // A whole sync for a checkpoint, and for a reduce that may be the run's last:
+                // the last evaluation, the final state and the final bundle are then the
+                // consensus. A rank may train on to its window's limit before the snapshot
+                // order reaches it (a follower's slack, `Async`), so its snapshot may hold more
+                // than it reported ready with: the most it can hold is what is weighed (a
+                // reduce taken for the last that is not costs a whole exchange, never the
+                // consensus of the end).
+                let most: Vec<usize> = (steps.iter().zip(self.slots.iter()))
+                    .map(|(&s, slot)| s.max(slot.window.limit))
+                    .collect();
+                let whole = capture.is_some() || self.dispatch.completes_the_run(&most);
                 let fragment = self.staggered.as_ref().and_then(|s| s.fragment(k, whole));
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
                 for rank in self.roster.live() {
