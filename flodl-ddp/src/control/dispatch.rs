@@ -562,6 +562,23 @@ impl Dispatcher {
         Some((pool.epoch, pool.tally, ms))
     }
 
+    /// Whether a reduce holding `steps[r]` batches of each rank `r` holds the rest of the run:
+    /// every epoch is open and handed out, and each live rank's batches handed so far are in
+    /// the consensus once the reduce completes (then no reduce follows it, unless a death
+    /// re-queues work). Ranks past `steps` count no step.
+    pub fn completes_the_run(&self, steps: &[usize]) -> bool {
+        if self.all_done() {
+            return true;
+        }
+        let last_open = self.pools.back().is_some_and(|p| p.epoch + 1 >= self.epochs);
+        last_open
+            && self.pools.iter().all(Pool::handed_out)
+            && (0..self.world).filter(|&r| self.is_live(r)).all(|r| {
+                let held = steps.get(r).copied().unwrap_or(0) as u64;
+                self.reduced[r].saturating_add(held) >= self.handed[r]
+            })
+    }
+
     /// Whether any chunk is handed out and not yet completed (trained into the consensus).
     pub fn any_outstanding(&self) -> bool {
         self.pools.iter().any(Pool::outstanding)

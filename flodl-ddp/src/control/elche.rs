@@ -26,7 +26,10 @@
 //!   slower. With two near-equal slow devices argmax flips on noise, and every flip renormalises
 //!   all counts around another rank. A challenger that wins takes the seat (the reference "lowest
 //!   index" rule can hand the seat straight back to the challenged rank).
-//! * **Overhead = sync / (window compute + sync), grow-only, staged, at most ×2 per step.** The
+//! * **Overhead = exposed / (window compute + exposed), grow-only, staged, at most ×2 per
+//!   step.** *Exposed* is the part of the exchange the ranks cannot train through
+//!   ([`Exposure`]): the whole sync time without `--overlap`, the part past the next window
+//!   with it, taken reduce by reduce over a cycle of fragments under `--fragments`. The
 //!   [0.5] rule (`anchor = ceil(anchor · ov/target)`, decay by one when `ov < target/2`) both jumps
 //!   on a single slow reduce and saw-tooths around the target. Here growth is only *proposed* and
 //!   committed when the guard says [`Verdict::Stable`]; the only downward forces are
@@ -46,6 +49,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use crate::control::change::Change;
+use crate::control::exposure::Exposure;
 use crate::control::logic_error::{LogicError, LogicResult};
 use crate::control::trust_window::TrustWindow;
 use crate::control::verdict::Verdict;
@@ -372,6 +376,21 @@ impl ElChe {
         steps: &[u64],
         sync_ms: f64,
     ) -> LogicResult<()> {
+        self.report_exchange(wall_ms, steps, &Exposure::blocking(sync_ms))
+    }
+
+    /// [`ElChe::report_timing`] with the exchange described by `exposure`: the overhead a
+    /// growth proposal weighs is the part of the exchange the ranks cannot train through
+    /// ([`Exposure::overhead`] of the anchor's window), not the whole sync time.
+    ///
+    /// # Errors
+    /// As [`ElChe::report_timing`].
+    pub fn report_exchange(
+        &mut self,
+        wall_ms: &[f64],
+        steps: &[u64],
+        exposure: &Exposure,
+    ) -> LogicResult<()> {
         self.check_len("wall_ms", wall_ms.len())?;
         self.check_len("steps", steps.len())?;
         // The slack reserved for the window that just ended is spent.
@@ -402,7 +421,7 @@ impl ElChe {
         if self.history.len() > SHARE_HISTORY {
             self.history.pop_front();
         }
-        self.proposal = self.propose(sync_ms);
+        self.proposal = self.propose(exposure);
         Ok(())
     }
 
@@ -703,16 +722,19 @@ impl ElChe {
         self.slack_ms.iter_mut().for_each(|s| *s = 0.0);
     }
 
-    /// Window-pressure growth proposal from the last reduce's cost.
-    fn propose(&self, sync_ms: f64) -> Option<usize> {
+    /// Window-pressure growth proposal from the exchange's exposed cost.
+    fn propose(&self, exposure: &Exposure) -> Option<usize> {
         if self.growth != Growth::Armed || self.window_cap_binding || self.calibrations < 2 {
             return None;
         }
         let m_b = self.anchor_rank.map_or(0.0, |a| self.windows[a].mean());
-        if !(sync_ms > 0.0 && sync_ms.is_finite()) || m_b <= 0.0 {
+        if m_b <= 0.0 {
             return None;
         }
-        let overhead = sync_ms / (self.anchor as f64 * m_b + sync_ms);
+        let overhead = exposure.overhead(self.anchor as f64 * m_b);
+        if overhead <= 0.0 {
+            return None;
+        }
         let threshold = if self.phase() >= Phase::Stable {
             self.overhead_target
         } else {

@@ -1,10 +1,12 @@
 //! The cut of a model's parameter tensors into fragments of whole tensors balanced by size, the
 //! staggered schedule that syncs one of them per reduce (`--fragments F`, after Streaming
-//! DiLoCo), the steps each rank trained since each fragment was last synced, and the sync time
+//! DiLoCo), the steps each rank trained since each fragment was last synced, and the sync times
 //! of a cycle of fragments.
 
 use std::collections::VecDeque;
 
+#[cfg(doc)]
+use crate::control::exposure::Exposure;
 use crate::control::logic_error::{LogicError, LogicResult};
 use crate::state::HostState;
 
@@ -210,6 +212,12 @@ impl Unsynced {
         }
     }
 
+    /// Whether `rank` trained nothing since any fragment was last synced (so it holds the
+    /// last consensus of every fragment).
+    pub(crate) fn is_synced(&self, rank: usize) -> bool {
+        self.steps.iter().all(|since| since.get(rank).is_none_or(|&s| s == 0))
+    }
+
     /// A rank starts again from the whole consensus (joined again, or gone): it holds no
     /// unsynced work.
     pub(crate) fn restart(&mut self, rank: usize) {
@@ -251,20 +259,22 @@ impl Staggered {
         self.syncs.push_back(sync_ms);
     }
 
-    /// The sync time ElChe sizes windows by: the mean over the last F reduces, one of each
-    /// fragment once a cycle has run (`last` before any), so the window is sized for the
-    /// exchange's steady cost rather than for whichever fragment moved last (a model with one
-    /// dominant tensor alternates one heavy reduce with F − 1 light ones).
-    pub(crate) fn cycle_sync_ms(&self, last: f64) -> f64 {
+    /// The sync times ElChe sizes windows by: the last F reduces', one of each fragment once a
+    /// cycle has run (`[last]` before any), so the window is sized for the exchange's steady
+    /// cost rather than for whichever fragment moved last (a model with one dominant tensor
+    /// alternates one heavy reduce with F − 1 light ones); [`Exposure`] takes what of each the
+    /// ranks cannot train through.
+    pub(crate) fn cycle_syncs_ms(&self, last: f64) -> Vec<f64> {
         if self.syncs.is_empty() {
-            return last;
+            return vec![last];
         }
-        self.syncs.iter().sum::<f64>() / self.syncs.len() as f64
+        self.syncs.iter().copied().collect()
     }
 
     /// The fragment the run's reduce number `k` (from 0) syncs: the scheduled one, or every
     /// one (`None`) when `whole` (a reduce that saves a checkpoint: the bundle is then one cut
-    /// of the run).
+    /// of the run; the run's last reduce: the final evaluation, state and bundle are then the
+    /// consensus).
     pub(crate) fn fragment(&self, k: u64, whole: bool) -> Option<usize> {
         (!whole).then(|| self.cut.scheduled(k))
     }
@@ -420,18 +430,30 @@ mod tests {
         }
         u.restart(1);
         assert!((0..fragments).all(|k| u.weights(k, &[0; 4])[1] == 0));
+        assert!(u.is_synced(1));
+        u.synced(Some(0), &[0, 0, 3, 0]);
+        assert!(u.is_synced(1) && !u.is_synced(2));
+        u.synced(None, &[0, 0, 1, 0]);
+        assert!((0..world).all(|r| u.is_synced(r)));
     }
 
-    /// ElChe's sync time: the last one before any, then the mean of the last F.
+    /// ElChe's sync times: the last one before any, then the last F, oldest first.
     #[test]
-    fn the_cycle_sync_time_is_the_mean_of_the_last_f() -> Result<(), String> {
+    fn the_cycle_sync_times_are_the_last_f() -> Result<(), String> {
         let state =
             HostState { params: vec![vec![0.0; 9], vec![0.0; 2], vec![0.0]], buffers: vec![] };
         let mut s = Staggered::new(&state, 3, 2).map_err(|e| e.to_string())?;
-        assert_eq!(s.cycle_sync_ms(7.0), 7.0);
-        for (ms, want) in [(90.0, 90.0), (6.0, 48.0), (3.0, 33.0), (90.0, 33.0), (9.0, 34.0)] {
+        assert_eq!(s.cycle_syncs_ms(7.0), [7.0]);
+        let wants: [(f64, &[f64]); 5] = [
+            (90.0, &[90.0]),
+            (6.0, &[90.0, 6.0]),
+            (3.0, &[90.0, 6.0, 3.0]),
+            (90.0, &[6.0, 3.0, 90.0]),
+            (9.0, &[3.0, 90.0, 9.0]),
+        ];
+        for (ms, want) in wants {
             s.synced_in(ms);
-            assert_eq!(s.cycle_sync_ms(0.0), want, "after {ms}");
+            assert_eq!(s.cycle_syncs_ms(0.0), want, "after {ms}");
         }
         Ok(())
     }

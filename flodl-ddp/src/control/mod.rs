@@ -11,6 +11,7 @@ pub mod deadline;
 pub mod dispatch;
 pub mod elche;
 pub(crate) mod eval_rank;
+pub mod exposure;
 pub(crate) mod fragment;
 pub mod guard;
 pub mod logic_error;

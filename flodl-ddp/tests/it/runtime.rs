@@ -319,6 +319,41 @@ fn eval_reports_the_accuracy_of_the_returned_model() -> TestResult {
     Ok(())
 }
 
+/// `--fragments`: the run ends with a whole sync, so the evaluation reported with the last
+/// epoch is the returned model's (the consensus), not the evaluating rank's own mix of synced
+/// and unsynced fragments, for every policy, with the exchange overlapped or not, under a skew
+/// that makes the evaluator (the fastest rank) another rank than the lowest.
+#[test]
+fn fragments_report_the_accuracy_of_the_consensus() -> TestResult {
+    let data = train_subset(3072);
+    let test: Arc<dyn Dataset> = Arc::new(Subset::first(mnist(Split::Test), 1000));
+    for overlap in [false, true] {
+        for policy in POLICIES {
+            let mut t = trainer(3, policy, Backend::Host, data.clone())
+                .slowdown(vec![2.0, 1.0, 1.0])
+                .fragments(4)
+                .test_dataset(test.clone(), 1);
+            if overlap {
+                t = t.overlap(1.0);
+            }
+            let state = t.run()?.join()?;
+            let what = format!("{policy:?} overlap {overlap}");
+            let reported = state.final_eval().ok_or("no final evaluation")?;
+            let stream = Stream::cpu_with_threads(1);
+            let mut mlp = Mlp::new(&small_mlp(Optimizer::sgd(0.9)), 32, 0, &stream)?;
+            state.load_into(&mut mlp, &stream)?;
+            let direct = mlp.evaluate(test.as_ref(), 32)?;
+            assert!(state.reduces > 1, "{what}: {} reduces", state.reduces);
+            assert!(
+                (reported.accuracy - direct.accuracy).abs() < 1e-9
+                    && (reported.loss - direct.loss).abs() < 1e-6,
+                "{what}: reported {reported:?}, the returned model gives {direct:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Adam trains too, and a configuration error is reported by `run`, not by a hang or a panic.
 #[test]
 fn adam_trains_and_bad_configs_are_errors() -> TestResult {

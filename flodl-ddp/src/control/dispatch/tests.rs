@@ -579,12 +579,15 @@ fn loss_at(offset: usize, bs: usize) -> f64 {
 /// every epoch is in the consensus exactly once; an epoch completes only once nothing of it
 /// is outstanding (handed, or trained and not reduced); each epoch's metrics count every
 /// sample once, for the rank the consensus holds it from, and its mean loss is that of the
-/// reported chunks wholly in the consensus (a lost report does not count).
+/// reported chunks wholly in the consensus (a lost report does not count); a reduce is
+/// forecast to complete the run (`completes_the_run`) exactly when the run is done after it.
 #[test]
 fn the_consensus_holds_every_position_once() -> TestResult {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
     // Deaths that lost a reported chunk's batches, and joins: the cases reach both, often.
     let (mut lost_reports, mut joins) = (0usize, 0usize);
+    // Runs whose last reduce was forecast as such.
+    let mut last_reduces = 0usize;
     for case in 0..600 {
         let world = rng.random_range(2..6);
         let bs = rng.random_range(1..4);
@@ -633,6 +636,8 @@ fn the_consensus_holds_every_position_once() -> TestResult {
             }
             let r = rng.random_range(0..world);
             let live = dead.iter().filter(|&&x| !x).count();
+            // A reduce's forecast that it completes the run, checked once its epochs are out.
+            let mut predicted = None;
             let roll = rng.random_range(0..1000);
             if dead[r] {
                 if roll < 20 {
@@ -673,6 +678,7 @@ fn the_consensus_holds_every_position_once() -> TestResult {
                 }
             } else if roll < 990 || live == 1 {
                 let steps = reduce(&mut since, &mut held_by, None);
+                predicted = Some(d.completes_the_run(&steps));
                 d.add_reduce(0.0, &steps);
             } else {
                 // A death; half the time its part of a reduce in progress was done.
@@ -708,6 +714,16 @@ fn the_consensus_holds_every_position_once() -> TestResult {
                     return Err(format!("case {case}: epoch {e} completed with work open").into());
                 }
                 book.push(tally.finish(e, 1.0, &[]));
+            }
+            if let Some(ends) = predicted {
+                if ends != d.all_done() {
+                    return Err(format!(
+                        "case {case}: a reduce forecast to end the run {ends}, done {}",
+                        d.all_done()
+                    )
+                    .into());
+                }
+                last_reduces += usize::from(ends);
             }
         }
         if !d.all_done() || since.iter().any(|s| !s.is_empty()) {
@@ -753,8 +769,11 @@ fn the_consensus_holds_every_position_once() -> TestResult {
             }
         }
     }
-    if lost_reports < 100 || joins < 100 {
-        return Err(format!("{lost_reports} deaths lost a report, {joins} joins").into());
+    if lost_reports < 100 || joins < 100 || last_reduces < 300 {
+        return Err(format!(
+            "{lost_reports} deaths lost a report, {joins} joins, {last_reduces} last reduces"
+        )
+        .into());
     }
     Ok(())
 }

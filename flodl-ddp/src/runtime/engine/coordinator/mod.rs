@@ -24,6 +24,7 @@ use crate::control::change::Change;
 use crate::control::deadline::DeadlineRule;
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
+use crate::control::exposure::Exposure;
 use crate::control::fragment::Staggered;
 use crate::control::guard::{Guard, ReduceReport};
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent, WorkTally};

@@ -40,13 +40,13 @@ impl Coordinator {
             self.slots.iter().map(|s| s.ready.map_or(0.0, |r| r.wall_ms)).collect();
         let steps64: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
         let counts = self.planned_counts();
-        // Under `--fragments` ElChe sizes windows by a cycle's mean sync time.
-        let last_sync = self
-            .staggered
-            .as_ref()
-            .map_or(self.rounds.last_sync_ms, |s| s.cycle_sync_ms(self.rounds.last_sync_ms));
+        // ElChe weighs the exchange the ranks cannot train through: under `--fragments` over a
+        // cycle's sync times, under `--overlap` the part past the window trained meanwhile.
+        let last = self.rounds.last_sync_ms;
+        let syncs = self.staggered.as_ref().map_or_else(|| vec![last], |s| s.cycle_syncs_ms(last));
+        let exposure = Exposure::new(syncs, self.cfg.spec.overlap.is_some());
         if let Some(e) = self.cadence.elche.as_mut() {
-            e.report_timing(&walls, &steps64, last_sync)?;
+            e.report_exchange(&walls, &steps64, &exposure)?;
             // The guard's verdict on the last completed reduce.
             e.apply_verdict(std::mem::replace(&mut self.cadence.verdict, Verdict::Stable));
         }
@@ -110,8 +110,18 @@ impl Coordinator {
             }
             Backend::Host => {
                 let k = self.rounds.reduces;
-                let fragment =
-                    self.staggered.as_ref().and_then(|s| s.fragment(k, capture.is_some()));
+                // A whole sync for a checkpoint, and for a reduce that may be the run's last:
+                // the last evaluation, the final state and the final bundle are then the
+                // consensus. A rank may train on to its window's limit before the snapshot
+                // order reaches it (a follower's slack, `Async`), so its snapshot may hold more
+                // than it reported ready with: the most it can hold is what is weighed (a
+                // reduce taken for the last that is not costs a whole exchange, never the
+                // consensus of the end).
+                let most: Vec<usize> = (steps.iter().zip(self.slots.iter()))
+                    .map(|(&s, slot)| s.max(slot.window.limit))
+                    .collect();
+                let whole = capture.is_some() || self.dispatch.completes_the_run(&most);
+                let fragment = self.staggered.as_ref().and_then(|s| s.fragment(k, whole));
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
                 for rank in self.roster.live() {
                     let snapshot =
@@ -212,10 +222,12 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Under `--fragments`, the final state: each fragment the average of the live ranks' final
-    /// states weighted by the steps since it was last synced (equal when none, as after its
-    /// sync), so every rank's work since then is in it; buffers as fragment 0's average has
-    /// them.
+    /// Under `--fragments`, the final state. After a whole sync (the run's last reduce is one,
+    /// see `trigger`) every live rank holds the consensus: the lowest live rank's state, as
+    /// without fragments. Otherwise (a safety net: a rank's steps not synced) each fragment
+    /// is the average of the live ranks' final states weighted by the steps since it was last
+    /// synced (equal when none), so every rank's work since then is in it; buffers as
+    /// fragment 0's average has them.
     ///
     /// # Errors
     /// [`Error::PeerGone`] without the lowest rank's state; a layout that does not fit.
@@ -225,12 +237,14 @@ impl Coordinator {
         finals: &[Option<HostState>],
         lowest: usize,
     ) -> Result<HostState> {
-        if finals.get(lowest).is_none_or(Option::is_none) {
+        let Some(Some(own)) = finals.get(lowest) else {
             return Err(Error::PeerGone(Peer::Rank(lowest)));
+        };
+        let live = self.roster.live();
+        if live.iter().all(|&r| staggered.unsynced.is_synced(r)) {
+            return Ok(own.clone());
         }
-        let (ranks, states): (Vec<usize>, Vec<HostState>) = self
-            .roster
-            .live()
+        let (ranks, states): (Vec<usize>, Vec<HostState>) = live
             .into_iter()
             .filter_map(|r| finals.get(r).cloned().flatten().map(|s| (r, s)))
             .unzip();
