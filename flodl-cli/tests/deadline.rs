@@ -86,7 +86,7 @@ fn a_stopped_rank_process_is_declared_silent_within_its_windows() -> Result {
 /// No false eviction: four in-process ranks slowed 1×, 2.5×, 5× and 10× (on a common base
 /// factor, so a step takes milliseconds) with ±30% jitter on every step (`FLODL_JITTER`) train
 /// to the end with no death. Short by default; the long form sets `FLODL_NOEVICT_EPOCHS`
-/// (9000 ran 515 s on the shared 2-core machine at load 2-8; 60 ran under 4 s there).
+/// (9000 ran 671 s on the shared 2-core machine at load 10-13; 60 ran under 4 s there).
 #[test]
 fn ranks_skewed_up_to_tenfold_with_jitter_are_never_evicted() -> Result {
     let epochs: usize = match std::env::var("FLODL_NOEVICT_EPOCHS") {
