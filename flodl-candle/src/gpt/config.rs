@@ -88,3 +88,22 @@ pub fn gpt_schedule(lr: f64, total: u64, warmup: u64) -> flodl_ddp::control::sch
     flodl_ddp::control::schedule::Schedule::Cosine { lr, min_lr: lr / 10.0, total: rest }
         .with_warmup(warmup)
 }
+
+/// Batches of the slowest rank per averaging window in the transformer's Cadence and Async runs,
+/// fixed: [`gpt_elche`]'s anchor.
+pub const GPT_ANCHOR: usize = 1;
+
+/// ElChe's knobs for the transformer: a window of [`GPT_ANCHOR`] batch of the slowest rank (the
+/// others train theirs in the same wall time: 2-3 batches beside a rank 2.5× slower), never
+/// widened.
+///
+/// Why: ElChe's default starts at 10 batches of the slowest rank and lets the window grow to an
+/// epoch, so two AdamW replicas drift tens of steps apart between averages and their average
+/// loses part of each one's progress. On the 2% bar (a 2-rank Cadence run, rank 1 at 2.5×,
+/// against one process on the same tokens; BENCHMARKS.md, `gpt_figures` and `flodl-tch-gpt`)
+/// the default window ended 3.3-3.9% above the single process, averaging after every batch of
+/// the slow rank about 1-2.6%. A reduce of these models is milliseconds against steps of
+/// hundreds, so the cost of averaging that often is small on one machine.
+pub fn gpt_elche() -> flodl_ddp::ElCheKnobs {
+    flodl_ddp::ElCheKnobs { anchor: GPT_ANCHOR, max_anchor: GPT_ANCHOR, ..Default::default() }
+}

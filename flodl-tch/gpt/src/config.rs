@@ -15,6 +15,19 @@ pub struct GptConfig {
     pub heads: usize,
 }
 
+/// Batches of the slowest rank per averaging window in the transformer's Cadence and Async runs,
+/// fixed (ElChe's anchor and its ceiling; the others train theirs in the same wall time: 2-3
+/// batches beside a rank 2.5× slower).
+///
+/// Why: ElChe's default starts at 10 batches of the slowest rank and widens the window up to an
+/// epoch, so two AdamW replicas drift tens of steps apart between averages and their average
+/// loses part of each one's progress. On the 2% bar (2 ranks, rank 1 at 2.5×, against one
+/// process on the same tokens; BENCHMARKS.md, `flodl-tch-gpt`) the default window ended
+/// 3.9% above the single process, averaging after every batch of the slow rank 1.0-2.6%
+/// (measured on the tiny model). A reduce of these models costs milliseconds against steps of
+/// hundreds. The candle transformer's `gpt_elche` uses the same anchor.
+pub const GPT_ANCHOR: usize = 1;
+
 /// The three sizes: tests, the README's run, the big-state benches; the same shapes as the
 /// candle transformer's (`flodl-candle`'s `GptSize`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,6 +49,19 @@ impl GptConfig {
             Size::Large => (128, 512, 8, 8),
         };
         GptConfig { vocab: 256, context, width, layers, heads }
+    }
+
+    /// How long a rank may stay silent before it is declared dead: a rank cannot report during
+    /// a step, and a step of the 6.4M model takes 15-20 s on a loaded CPU core at a 2.5×
+    /// slowdown (one such rank was declared dead at the runtime's default 30 s), the 25.4M one
+    /// about four times that. The same bounds as `fdl`'s for the candle transformer.
+    pub fn stall_timeout(&self) -> std::time::Duration {
+        let secs = match self.parameters() {
+            0..2_000_000 => 60,
+            2_000_000..10_000_000 => 300,
+            _ => 1200,
+        };
+        std::time::Duration::from_secs(secs)
     }
 
     /// Trainable values: the token and position embeddings (the token one doubling as the
