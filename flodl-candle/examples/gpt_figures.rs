@@ -8,14 +8,15 @@
 //! stepped weights back into its variables) against a whole step, timed on the same model.
 //!
 //! `cargo run --release -p flodl-candle --example gpt_figures -- [tiny|default|large] [WINDOWS]
-//! [BATCH] [EPOCHS] [none|slowmo|nesterov] [EVAL_WINDOWS]` (defaults: default 2048 16 1 none
-//! 256); `WINDOWS` 0 times the glue alone.
+//! [BATCH] [EPOCHS] [none|slowmo|nesterov] [EVAL_WINDOWS] [ANCHOR|elche]` (defaults: default
+//! 2048 16 1 none 256 and the transformer's fixed window, `gpt_elche`; `elche` is ElChe's own
+//! cadence, a number another fixed anchor); `WINDOWS` 0 times the glue alone.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flodl_candle::CandleReplica;
-use flodl_candle::gpt::{Gpt, GptSize, gpt_optim, gpt_schedule};
+use flodl_candle::gpt::{Gpt, GptSize, gpt_elche, gpt_optim, gpt_schedule};
 use flodl_data::{Dataset, Shakespeare, Subset, TextSplit, unigram_entropy};
 use flodl_ddp::control::outer::OuterKind;
 use flodl_ddp::{
@@ -117,6 +118,15 @@ fn main() -> anyhow::Result<()> {
         Some(other) => anyhow::bail!("no outer optimizer {other} (none, slowmo, nesterov)"),
     };
     let eval_windows: usize = args.get(5).map_or(Ok(256), |s| s.parse())?;
+    let knobs = match args.get(6).map(String::as_str) {
+        None => gpt_elche(),
+        Some("elche") => flodl_ddp::ElCheKnobs::default(),
+        Some(n) => {
+            let anchor: usize = n.parse()?;
+            flodl_ddp::ElCheKnobs { anchor, max_anchor: anchor, ..Default::default() }
+        }
+    };
+    println!("ElChe: anchor {}, at most {}", knobs.anchor, knobs.max_anchor);
     let config = size.config();
     let train: Arc<dyn Dataset> = Arc::new(Subset::first(
         Shakespeare::vendored(TextSplit::Train)?.windows(config.context)?,
@@ -171,6 +181,7 @@ fn main() -> anyhow::Result<()> {
             .devices(Devices::Cpu(ranks))
             .slowdown(slowdown)
             .policy(Policy::Cadence)
+            .elche(knobs.clone())
             .batch_size(batch)
             .epochs(epochs)
             .seed(5)

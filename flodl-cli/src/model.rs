@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::ValueEnum;
 use flodl_candle::CandleReplica;
-use flodl_candle::gpt::{Gpt, GptSize, gpt_optim};
+use flodl_candle::gpt::{Gpt, GptSize, gpt_elche, gpt_optim};
 use flodl_data::{Dataset, Shakespeare, Subset, TextSplit, Verify};
 use flodl_ddp::{Mlp, MlpConfig, ModelSize, Optimizer, Replica, ReplicaContext};
 
@@ -102,6 +102,12 @@ impl Model {
             cfg.local.test_subset.unwrap_or(GPT_EVAL_WINDOWS),
         );
         Ok(Some((train, Arc::new(valid))))
+    }
+
+    /// ElChe's knobs when the model needs its own: the transformer averages after every batch
+    /// of the slowest rank (flodl-candle's `gpt_elche` says why). `None` keeps the defaults.
+    pub(crate) fn elche(self) -> Option<flodl_ddp::ElCheKnobs> {
+        self.gpt().map(|_| gpt_elche())
     }
 
     /// How long a peer may stay silent before it is declared dead, when the model's steps need

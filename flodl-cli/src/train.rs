@@ -314,6 +314,9 @@ pub(crate) fn trainer(
     if let Some(t) = data.model.stall_timeout() {
         trainer = trainer.stall_timeout(t);
     }
+    if let Some(knobs) = data.model.elche() {
+        trainer = trainer.elche(knobs);
+    }
     if let Some(point) = resume {
         trainer = trainer.resume(point.source());
     }

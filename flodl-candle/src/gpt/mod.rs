@@ -4,5 +4,5 @@
 mod config;
 mod model;
 
-pub use config::{GptConfig, GptSize, gpt_optim, gpt_schedule};
+pub use config::{GPT_ANCHOR, GptConfig, GptSize, gpt_elche, gpt_optim, gpt_schedule};
 pub use model::Gpt;

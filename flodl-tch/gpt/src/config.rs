@@ -15,6 +15,20 @@ pub struct GptConfig {
     pub heads: usize,
 }
 
+/// Batches of the slowest rank per averaging window in the transformer's Cadence and Async runs,
+/// fixed (ElChe's anchor and its ceiling; the others train theirs in the same wall time: 2-3
+/// batches beside a rank 2.5× slower).
+///
+/// Why: ElChe's default starts at 10 batches of the slowest rank (about 35 cohort steps beside a
+/// rank 2.5× slower) and lets the window grow, so two AdamW replicas drift that far apart between
+/// averages and their average loses part of each one's progress. Against issue 28's 2% bar (2
+/// ranks, rank 1 at 2.5×, against one process on the same tokens; BENCHMARKS.md, "The 2% bar with a
+/// fixed window") ElChe's window ended 3.8-5.5% above the single process on the tiny model, this
+/// one 1.0-3.1% (README model at 96 steps: 10.1% and 6.5%): the best of the windows, outer steps
+/// and learning rates tried, though not within 2% in every run. A reduce costs milliseconds against
+/// steps of hundreds. The candle transformer's `gpt_elche` uses the same anchor.
+pub const GPT_ANCHOR: usize = 1;
+
 /// The three sizes: tests, the README's run, the big-state benches; the same shapes as the
 /// candle transformer's (`flodl-candle`'s `GptSize`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,6 +50,19 @@ impl GptConfig {
             Size::Large => (128, 512, 8, 8),
         };
         GptConfig { vocab: 256, context, width, layers, heads }
+    }
+
+    /// How long a rank may stay silent before it is declared dead: a rank cannot report during
+    /// a step, and a step of the 6.4M model takes 15-20 s on a loaded CPU core at a 2.5×
+    /// slowdown (one such rank was declared dead at the runtime's default 30 s), the 25.4M one
+    /// about four times that. The same bounds as `fdl`'s for the candle transformer.
+    pub fn stall_timeout(&self) -> std::time::Duration {
+        let secs = match self.parameters() {
+            0..2_000_000 => 60,
+            2_000_000..10_000_000 => 300,
+            _ => 1200,
+        };
+        std::time::Duration::from_secs(secs)
     }
 
     /// Trainable values: the token and position embeddings (the token one doubling as the

@@ -5,7 +5,8 @@
 use anyhow::bail;
 use clap::Parser;
 use flodl_ddp::Policy;
-use flodl_tch_gpt::config::{GptConfig, Size};
+use flodl_ddp::control::outer::OuterKind;
+use flodl_tch_gpt::config::{GPT_ANCHOR, GptConfig, Size};
 use flodl_tch_gpt::train::{Settings, train};
 
 #[derive(Debug, Parser)]
@@ -46,6 +47,16 @@ struct Args {
     fail_at: Option<usize>,
     #[arg(long, default_value_t = 28)]
     seed: u64,
+    /// Batches of the slowest rank per averaging window, fixed (0: ElChe's own cadence, which
+    /// widens the window up to an epoch; the default's reason is at `GPT_ANCHOR`).
+    #[arg(long, default_value_t = GPT_ANCHOR)]
+    anchor: usize,
+    /// Outer step on each average: SlowMo's learning rate (momentum `--outer-momentum`).
+    #[arg(long)]
+    outer_lr: Option<f32>,
+    /// Outer momentum (with `--outer-lr`).
+    #[arg(long, default_value_t = 0.0)]
+    outer_momentum: f32,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -74,6 +85,10 @@ fn main() -> anyhow::Result<()> {
         warmup: args.warmup,
         fail: args.fail_at.map(|at| (1, at)),
         seed: args.seed,
+        anchor: (args.anchor > 0).then_some(args.anchor),
+        outer: args
+            .outer_lr
+            .map(|lr| OuterKind::SlowMomentum { lr, momentum: args.outer_momentum }),
         ..Settings::tiny()
     };
     println!("{:?}, {} parameters", config, config.parameters());

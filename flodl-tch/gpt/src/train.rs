@@ -4,14 +4,16 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use flodl_data::{Dataset, Shakespeare, Subset, TextSplit, unigram_entropy};
+use flodl_ddp::control::outer::OuterKind;
 use flodl_ddp::control::schedule::Schedule;
 use flodl_ddp::{
-    Devices, FailingReplica, Failure, FaultEvent, Policy, ReplicaContext, SampleAudit, Trainer,
+    Devices, ElCheKnobs, FailingReplica, Failure, FaultEvent, Policy, ReplicaContext, SampleAudit,
+    Trainer,
 };
 use flodl_tch::{TchReplica, seeded};
 use tch::nn::{self, VarStore};
 
-use crate::config::GptConfig;
+use crate::config::{GPT_ANCHOR, GptConfig};
 use crate::model::Gpt;
 
 /// A run's settings.
@@ -47,6 +49,11 @@ pub struct Settings {
     pub fail: Option<(usize, usize)>,
     /// Called with every rank's picks of every epoch.
     pub audit: Option<SampleAudit>,
+    /// Batches of the slowest rank per averaging window, fixed (ElChe's own cadence when `None`;
+    /// [`GPT_ANCHOR`] by default).
+    pub anchor: Option<usize>,
+    /// The outer step on each average (the plain average when `None`).
+    pub outer: Option<OuterKind>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -60,6 +67,8 @@ impl std::fmt::Debug for Settings {
             .field("batch_size", &self.batch_size)
             .field("train_windows", &self.train_windows)
             .field("fail", &self.fail)
+            .field("anchor", &self.anchor)
+            .field("outer", &self.outer)
             .finish_non_exhaustive()
     }
 }
@@ -83,6 +92,8 @@ impl Settings {
             seed: 28,
             fail: None,
             audit: None,
+            anchor: Some(GPT_ANCHOR),
+            outer: None,
         }
     }
 }
@@ -208,9 +219,16 @@ pub fn train(settings: &Settings) -> anyhow::Result<Outcome> {
         .policy(settings.policy)
         .schedule(schedule)
         .slowdown(settings.slowdown.clone())
+        .stall_timeout(settings.config.stall_timeout())
         .seed(settings.seed);
     if let Some(audit) = &settings.audit {
         trainer = trainer.sample_audit(audit.clone());
+    }
+    if let Some(anchor) = settings.anchor {
+        trainer = trainer.elche(ElCheKnobs { anchor, max_anchor: anchor, ..Default::default() });
+    }
+    if let Some(outer) = settings.outer {
+        trainer = trainer.outer(outer);
     }
     let state = trainer.run()?.join()?;
     let valid_losses: Vec<f64> =
