@@ -1,6 +1,7 @@
 //! A rank's silence deadline derived from its own cadence: late past the median of its recent
-//! window times plus `k` median absolute deviations, never below a floor, never past the
-//! watchdog (the upper bound and manual override); the watchdog alone until calibrated.
+//! window times plus `k` median absolute deviations, or past `windows` of its median window,
+//! whichever is later, never below a floor, never past the watchdog (the upper bound and manual
+//! override); the watchdog alone until calibrated.
 //!
 //! Pure: it is fed window times in ms and answers durations; it reads no clock. Each rank's
 //! `RankSlot` holds its [`Deadline`] and judges its silence with it (the coordinator's
@@ -16,6 +17,10 @@ pub struct DeadlineRule {
     pub k: f64,
     /// The least deadline: a fast rank is never declared dead sooner.
     pub floor: Duration,
+    /// The least deadline in the rank's own median windows: a rank whose window is a step or
+    /// two (a transformer averaged after every slow step) stays silent a whole step, and a
+    /// loaded machine stretches one step well past its jitter.
+    pub windows: f64,
     /// Windows seen before the derived deadline applies (until then, the watchdog).
     pub grace: usize,
     /// Recent windows kept.
@@ -26,12 +31,22 @@ pub struct DeadlineRule {
 }
 
 impl Default for DeadlineRule {
-    /// k = 5, a 2 s floor, 3 windows of grace, the last 32 windows, a spread of at least 15%:
-    /// a steady or ±30%-jittery rank (MAD ≈ 15%) is late after about 1.75 of its windows, one
-    /// whose windows vary by half after about 2.25 (a short sample's MAD can read low: the
-    /// spread floor keeps ±30% jitter inside the deadline).
+    /// k = 5, a 2 s floor, at least 2.5 windows, 3 windows of grace, the last 32 windows, a
+    /// spread of at least 15%: a steady or ±30%-jittery rank (MAD ≈ 15%, 1.75 windows by the
+    /// deviations) is late after 2.5 of its windows, one whose windows vary by half after about
+    /// 2.75 (a short sample's MAD can read low: the spread floor keeps ±30% jitter inside the
+    /// deadline). Within the goal of 3 windows or 2 s, whichever is longer. The 2.5 windows:
+    /// with 1.75, a 2-rank transformer run averaged after every slow step lost its slow rank
+    /// to one step stretched past 2 s by a loaded machine (median steps well under 2 s).
     fn default() -> Self {
-        DeadlineRule { k: 5.0, floor: Duration::from_secs(2), grace: 3, keep: 32, min_spread: 0.15 }
+        DeadlineRule {
+            k: 5.0,
+            floor: Duration::from_secs(2),
+            windows: 2.5,
+            grace: 3,
+            keep: 32,
+            min_spread: 0.15,
+        }
     }
 }
 
@@ -55,7 +70,8 @@ impl Deadline {
     }
 
     /// How long the rank may stay silent: `watchdog` until `rule.grace` windows are seen, then
-    /// median + k·max(MAD, min_spread·median), at least the floor, at most `watchdog`.
+    /// max(median + k·max(MAD, min_spread·median), windows·median), at least the floor, at
+    /// most `watchdog`.
     pub fn silence(&self, rule: &DeadlineRule, watchdog: Duration) -> Duration {
         if self.recent.len() < rule.grace.max(1) {
             return watchdog;
@@ -64,7 +80,7 @@ impl Deadline {
         let median = median_of(&mut xs);
         let mut dev: Vec<f64> = xs.iter().map(|x| (x - median).abs()).collect();
         let mad = median_of(&mut dev).max(rule.min_spread * median);
-        let ms = median + rule.k * mad;
+        let ms = (median + rule.k * mad).max(rule.windows * median);
         let derived = Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(watchdog);
         derived.max(rule.floor).min(watchdog)
     }
@@ -100,13 +116,19 @@ mod tests {
             (vec![5000.0, 5000.0], w, w),
             // Fast and steady: the floor.
             (vec![100.0, 100.0, 100.0], w, Duration::from_secs(2)),
-            // Steady 4 s: 4000 + 5 × 600 (the 15% spread) = 7 s.
-            (vec![4000.0, 4000.0, 4000.0], w, Duration::from_secs(7)),
-            // Median 4 s, MAD 1 s: 9 s.
-            (vec![3000.0, 4000.0, 5000.0, 4000.0, 3000.0, 5000.0], w, Duration::from_secs(9)),
-            // Slow (10× the others): its own 12 s windows give 21 s.
-            (vec![12_000.0, 12_000.0, 12_000.0], w, Duration::from_secs(21)),
-            // ... 20 s windows give 35 s: capped by the watchdog.
+            // Steady 4 s: 4000 + 5 × 600 (the 15% spread) = 7 s, under 2.5 windows: 10 s.
+            (vec![4000.0, 4000.0, 4000.0], w, Duration::from_secs(10)),
+            // Median 4 s, MAD 1.5 s: 11.5 s, past 2.5 windows.
+            (
+                vec![2500.0, 4000.0, 5500.0, 4000.0, 2500.0, 5500.0],
+                w,
+                Duration::from_millis(11_500),
+            ),
+            // Median 1 s: 2.5 s, past the floor.
+            (vec![1000.0, 900.0, 1100.0], w, Duration::from_millis(2500)),
+            // Slow (10× the others): its own 8 s windows give 20 s.
+            (vec![8000.0, 8000.0, 8000.0], w, Duration::from_secs(20)),
+            // ... 20 s windows give 50 s: capped by the watchdog.
             (vec![20_000.0, 20_000.0, 20_000.0], w, w),
             (vec![20_000.0, 20_000.0, 20_000.0], Duration::from_secs(10), Duration::from_secs(10)),
             // NaN, infinite and negative readings are no windows.
