@@ -22,5 +22,6 @@ pub mod policy;
 pub mod schedule;
 pub mod schedule_kind;
 pub mod speed_change;
+pub(crate) mod standby;
 pub mod verdict;
 pub mod weighting;

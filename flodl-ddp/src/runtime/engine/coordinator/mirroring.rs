@@ -1,21 +1,41 @@
 //! The coordinator's side of the standby's lane: the seats published at every change of the
-//! live set, the books at every completed host reduce's cut.
+//! live set, the books at every completed host reduce's cut; in a cluster run, the lane's
+//! frames carried to the standby rank's process over its link.
 
 use super::*;
 use crate::runtime::engine::standby::{
     ControllerState, Cut, CutParts, MirrorBody, StandbyLane, Term,
 };
 
+/// The lane's far end in a cluster run: its frames forwarded, in order, to the standby rank's
+/// process as [`ToWorker::Mirror`] (never waited for: a frame the link has no room for is held
+/// for the next tick, and the lane itself falls back to the whole state when it fills).
+#[derive(Debug)]
+pub(super) struct Pump {
+    rank: usize,
+    rx: flume::Receiver<Vec<u8>>,
+    held: Option<Vec<u8>>,
+}
+
 impl Coordinator {
     /// Opens the standby's lane when the run has a standby (the first frame is the whole
-    /// state).
+    /// state): the lane a caller gave, or in a cluster run the one to the standby rank's
+    /// process.
     pub(super) fn open_standby(&mut self) {
-        if let Some(tx) = self.cfg.standby.clone() {
-            let state = ControllerState::new(Term::default(), self.roster.standings());
-            self.standby = Some(StandbyLane::new(state, tx));
-            // The whole state goes out at once: the standby knows the run from its start.
-            self.mirror_seats();
-        }
+        let tx = match (self.cfg.standby.clone(), self.cfg.spec.standby_rank()) {
+            (Some(tx), _) => tx,
+            (None, Some(rank)) if self.cfg.own.is_some() => {
+                let (tx, rx) = StandbyLane::channel();
+                self.pump = Some(Pump { rank, rx, held: None });
+                tracing::info!(rank, "the controller's state is mirrored to rank {rank}'s process");
+                tx
+            }
+            (None, _) => return,
+        };
+        let state = ControllerState::new(Term(self.cfg.spec.term), self.roster.standings());
+        self.standby = Some(StandbyLane::new(state, tx));
+        // The whole state goes out at once: the standby knows the run from its start.
+        self.mirror_seats();
     }
 
     /// Publishes the seats' standings to the standby, if any.
@@ -23,6 +43,28 @@ impl Coordinator {
         let seats = self.roster.standings();
         if let Some(lane) = &mut self.standby {
             lane.publish(MirrorBody::Seats(seats));
+        }
+        self.pump_standby();
+    }
+
+    /// Forwards the lane's queued frames to the standby rank's process. A standby whose link is
+    /// gone ends the pump (the lane then says the run goes on with no standby).
+    pub(super) fn pump_standby(&mut self) {
+        let Some(pump) = &mut self.pump else { return };
+        while let Some(frame) = pump.held.take().or_else(|| pump.rx.try_recv().ok()) {
+            match self.link.try_send(pump.rank, ToWorker::Mirror { frame: frame.clone() }) {
+                Ok(()) => {}
+                Err(LinkError::Full | LinkError::Timeout(_)) => {
+                    pump.held = Some(frame);
+                    return;
+                }
+                Err(LinkError::Gone) => {
+                    let rank = pump.rank;
+                    tracing::warn!(rank, "the standby is gone: the run goes on with no standby");
+                    self.pump = None;
+                    return;
+                }
+            }
         }
     }
 
@@ -50,6 +92,7 @@ impl Coordinator {
         if let Some(lane) = &mut self.standby {
             lane.publish(MirrorBody::Cut(Box::new(cut)));
         }
+        self.pump_standby();
         Ok(())
     }
 }

@@ -61,6 +61,7 @@ impl StandbyLane {
     }
 
     /// The state as published so far.
+    #[cfg(test)]
     pub(crate) fn state(&self) -> &ControllerState {
         &self.state
     }
