@@ -589,7 +589,7 @@ mod tests {
         assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
 
         // Each field of the run specification, and the keys that set it (or why none does).
-        let reached: [(&str, &[&str]); 35] = [
+        let reached: [(&str, &[&str]); 37] = [
             ("batch_size", &["batch-size"]),
             ("epochs", &["epochs"]),
             ("devices", &["ranks", "devices"]),

@@ -9,7 +9,7 @@ use std::time::Duration;
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, in_process, kill9, records, summary, trains_as_well,
+    Launched, Result, accuracy, audit, in_process, kill9, median, records, summary, trains_as_well,
 };
 
 /// Epochs of the job.
@@ -76,9 +76,14 @@ fn the_standby_takes_over_when_the_controller_is_killed() -> Result {
         .iter()
         .filter_map(|r| r["at_ms"].as_f64())
         .fold(f64::INFINITY, f64::min);
+    let before: Vec<f64> =
+        records(&dir, "reduce")?.iter().filter_map(|r| r["at_ms"].as_f64()).collect();
+    let round = median(before.windows(2).map(|w| w[1] - w[0]).collect());
     eprintln!(
-        "kill to the standby's run: {to_start:.2} s; its first reduce {:.2} s after its start",
-        first / 1000.0
+        "kill to the standby's run: {to_start:.2} s; its first reduce {:.2} s after its start; \
+         median round before the kill {:.0} ms",
+        first / 1000.0,
+        round.unwrap_or(f64::NAN)
     );
     let report = audit(&taken, Some(&dir))?;
     println!("{report}");

@@ -162,7 +162,7 @@ fn the_standby_holds_a_controller_identity_of_its_own() -> TestResult {
     }
     // Serving with it, the standby admits rank 1's own key.
     let mut cfg = config(&job)?;
-    cfg.controller.tls = Tls::load(&standby)?;
+    cfg.tls = Tls::load(&standby)?;
     let server = controller(&cfg, 2)?;
     let (at_standby, _at_rank) = joined(&server, &cfg, 1, 2)?;
     if at_standby.rank() != 1 {
