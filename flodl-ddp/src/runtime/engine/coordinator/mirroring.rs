@@ -4,18 +4,8 @@
 
 use super::*;
 use crate::runtime::engine::standby::{
-    ControllerState, Cut, CutParts, MirrorBody, StandbyLane, Term,
+    ControllerState, Cut, CutParts, MirrorBody, Pump, Reach, StandbyLane, Term,
 };
-
-/// The lane's far end in a cluster run: its frames forwarded, in order, to the standby rank's
-/// process as [`ToWorker::Mirror`] (never waited for: a frame the link has no room for is held
-/// for the next tick, and the lane itself falls back to the whole state when it fills).
-#[derive(Debug)]
-pub(super) struct Pump {
-    rank: usize,
-    rx: flume::Receiver<Vec<u8>>,
-    held: Option<Vec<u8>>,
-}
 
 impl Coordinator {
     /// Opens the standby's lane when the run has a standby (the first frame is the whole
@@ -25,8 +15,8 @@ impl Coordinator {
         let tx = match (self.cfg.standby.clone(), self.cfg.spec.standby_rank()) {
             (Some(tx), _) => tx,
             (None, Some(rank)) if self.cfg.own.is_some() => {
-                let (tx, rx) = StandbyLane::channel();
-                self.pump = Some(Pump { rank, rx, held: None });
+                let (pump, tx) = Pump::to(rank);
+                self.pump = Some(pump);
                 tracing::info!(rank, "the controller's state is mirrored to rank {rank}'s process");
                 tx
             }
@@ -48,9 +38,26 @@ impl Coordinator {
     }
 
     /// Forwards the lane's queued frames to the standby rank's process. A standby whose link is
-    /// gone ends the pump (the lane then says the run goes on with no standby).
+    /// gone is sent nothing (the run goes on with no standby, and says so) until a process for
+    /// its seat is admitted again, which is sent the whole state.
     pub(super) fn pump_standby(&mut self) {
         let Some(pump) = &mut self.pump else { return };
+        if let Reach::Lost { down } = pump.reach {
+            let standing = self.roster.standing(pump.rank);
+            let alive = standing == Some(crate::runtime::engine::roster::Standing::Alive);
+            if down && alive {
+                tracing::warn!(rank = pump.rank, "the standby is back: it is sent the whole state");
+                pump.reach = Reach::Up;
+                if let Some(lane) = &mut self.standby {
+                    lane.resync();
+                }
+            } else {
+                pump.reach = Reach::Lost { down: down || !alive };
+                pump.held = None;
+                pump.rx.drain().for_each(drop);
+                return;
+            }
+        }
         while let Some(frame) = pump.held.take().or_else(|| pump.rx.try_recv().ok()) {
             match self.link.try_send(pump.rank, ToWorker::Mirror { frame: frame.clone() }) {
                 Ok(()) => {}
@@ -61,7 +68,8 @@ impl Coordinator {
                 Err(LinkError::Gone) => {
                     let rank = pump.rank;
                     tracing::warn!(rank, "the standby is gone: the run goes on with no standby");
-                    self.pump = None;
+                    pump.reach = Reach::Lost { down: false };
+                    pump.rx.drain().for_each(drop);
                     return;
                 }
             }

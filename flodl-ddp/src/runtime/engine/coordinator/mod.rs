@@ -350,7 +350,7 @@ struct Coordinator {
     /// The lane to the standby controller, when the run has one (`mirroring.rs`).
     standby: Option<crate::runtime::engine::standby::StandbyLane>,
     /// Cluster runs: the lane's frames on their way to the standby rank's process.
-    pump: Option<mirroring::Pump>,
+    pump: Option<crate::runtime::engine::standby::Pump>,
 }
 
 impl std::fmt::Debug for Coordinator {

@@ -82,6 +82,13 @@ impl StandbyLane {
         }
     }
 
+    /// The standby missed frames (its process was replaced): the next frame is the whole
+    /// state.
+    pub(crate) fn resync(&mut self) {
+        self.behind = true;
+        self.flush();
+    }
+
     /// Numbers `body` and queues it without waiting.
     fn send(&mut self, body: MirrorBody) {
         self.seq += 1;
