@@ -58,11 +58,13 @@ impl Rank<'_> {
         };
         let pid = std::process::id();
         let world = cluster.world();
-        let what = if spec.standby_rank() == Some(rank) { ", the standby" } else { "" };
-        println!(
-            "rank {rank} of {world}{what}: joined the controller of term {} (pid {pid})",
-            spec.term
-        );
+        println!("rank {rank} of {world}: joined the controller (pid {pid})");
+        if spec.term > 0 {
+            println!("rank {rank}: the controller is of term {}", spec.term);
+        }
+        if spec.standby_rank() == Some(rank) {
+            println!("rank {rank}: the standby (it takes over if the controller's process dies)");
+        }
         let mirror = handle.standby_mirror();
         let error = match handle.join() {
             Ok(()) => {
