@@ -466,7 +466,7 @@ mod tests {
             warmup-epochs = 1\nseed = 7\nslowdown = [1, 2]\nhidden = [5]\ndata = \"d\"\n\
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
             staging = \"64M:lru\"\nrecords = \"r.fdr\"\ndirect = true\n\
-            max-failures = 2\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\noverlap = 0.5\n\
+            max-failures = 2\nstandby = \"2\"\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\noverlap = 0.5\n\
             fragments = 2\n\
             eval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
@@ -503,6 +503,7 @@ mod tests {
             staging: Some(Staging::Budget { bytes: 64 << 20, eviction: flodl_data::Eviction::Lru }),
             watchdog: Some(3.0),
             max_failures: Some(2),
+            standby: Some(flodl_ddp::Standby::Rank(2)),
             wire: Some(flodl_ddp::WireFormat::Bf16),
             overlap: Some(0.5),
             fragments: Some(2),
@@ -588,7 +589,7 @@ mod tests {
         assert_eq!(t.flags.settings, RunSettings { devices: None, ..all.clone() });
 
         // Each field of the run specification, and the keys that set it (or why none does).
-        let reached: [(&str, &[&str]); 35] = [
+        let reached: [(&str, &[&str]); 37] = [
             ("batch_size", &["batch-size"]),
             ("epochs", &["epochs"]),
             ("devices", &["ranks", "devices"]),
@@ -617,6 +618,8 @@ mod tests {
             ("prefetch", &["prefetch"]),
             ("staging", &["staging"]),
             ("max_failures", &["max-failures"]),
+            ("standby", &["standby"]),
+            ("term", &["(the controller's term: 0, one more in a standby's run after a takeover)"]),
             ("eval_every", &["eval-every"]),
             ("eval_rank", &["(library only: Trainer::eval_rank)"]),
             (

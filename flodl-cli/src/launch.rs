@@ -30,7 +30,8 @@ pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// gone; this bounds a stuck one), on top of the watchdog.
 pub(crate) const GRACE: Duration = Duration::from_secs(15);
 
-/// The job's status: rank 0's exit (128 + the signal when it was killed).
+/// The job's status: the controller's process's exit (rank 0's, or the standby's after a
+/// takeover; 128 + the signal when it was killed).
 #[derive(Debug)]
 pub(crate) struct JobStatus {
     /// The exit code to return.
@@ -39,7 +40,7 @@ pub(crate) struct JobStatus {
 
 impl std::fmt::Display for JobStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the job failed (rank 0 exited with {})", self.code)
+        write!(f, "the job failed (the controller's process exited with {})", self.code)
     }
 }
 
@@ -155,6 +156,8 @@ struct RankCommand {
     world: usize,
     listener: std::net::TcpListener,
     keys: JobKeys,
+    /// The standby's rank and the listener of its address, bound here for it.
+    standby: Option<(usize, std::net::TcpListener)>,
 }
 
 impl RankCommand {
@@ -182,6 +185,18 @@ impl RankCommand {
         } else {
             self.keys.rank(rank)
         };
+        // Every rank is told the standby's address; the standby's process gets its listener
+        // and its own controller certificate.
+        if let Some((standby, listener)) = &self.standby {
+            let addr = listener.local_addr()?;
+            cmd.env(crate::takeover::STANDBY_ADDR, addr.to_string());
+            if *standby == rank {
+                hand_listener(&mut cmd, listener);
+                let files = self.keys.standby();
+                cmd.env(crate::takeover::STANDBY_CERT, &files.cert)
+                    .env(crate::takeover::STANDBY_KEY, &files.key);
+            }
+        }
         for (name, path) in files.vars() {
             cmd.env(name, path);
         }
@@ -228,7 +243,19 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     }
     let (temp, keys, listener) = job_keys(args.nproc)?;
     let exe = std::env::current_exe().context("cannot find this fdl binary")?;
-    let command = RankCommand { exe, train: child_args(), world: args.nproc, listener, keys };
+    // The standby's address, bound now like the controller's (host backend only).
+    let standby = match cfg.run.standby.unwrap_or_default().rank(args.nproc) {
+        Some(rank) if cfg.run.backend.unwrap_or_default() == flodl_ddp::Backend::Host => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")
+                .context("cannot bind a loopback port for the standby")?;
+            println!("[launch] standby: rank {rank}, taking over at {}", l.local_addr()?);
+            Some((rank, l))
+        }
+        _ => None,
+    };
+    let standby_rank = standby.as_ref().map(|(rank, _)| *rank);
+    let command =
+        RankCommand { exe, train: child_args(), world: args.nproc, listener, keys, standby };
     let mut children: Vec<Child> = Vec::with_capacity(args.nproc);
     let mut relays = Vec::new();
     for rank in 0..args.nproc {
@@ -262,7 +289,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         command: &command,
         pids: &pids,
     };
-    let status = wait_job(&mut children, watchdog + GRACE, restarts, &mut relays);
+    let status = wait_job(&mut children, watchdog + GRACE, restarts, standby_rank, &mut relays);
     handle.close();
     let _ = forwarder.join();
     for relay in relays {
@@ -319,17 +346,20 @@ impl Restarts<'_> {
     }
 }
 
-/// Waits for the children, restarting dead ones while `restarts` allows and rank 0 runs; once
-/// rank 0 has ended, the others get `grace` to end on their own before they are killed.
-/// Returns rank 0's status.
+/// Waits for the children, restarting dead ones while `restarts` allows and the controller's
+/// process runs. The job's status is the controller's process's: rank 0's, or, once rank 0's
+/// process was killed by a signal with a `standby` alive, the standby's (which takes over). Once that process has
+/// ended, the others get `grace` to end on their own before they are killed.
 fn wait_job(
     children: &mut [Child],
     grace: Duration,
     mut restarts: Restarts<'_>,
+    standby: Option<usize>,
     relays: &mut Vec<std::thread::JoinHandle<()>>,
 ) -> Option<ExitStatus> {
     let mut ended: Vec<Option<ExitStatus>> = children.iter().map(|_| None).collect();
-    let mut since_rank0: Option<Instant> = None;
+    let mut decider = 0;
+    let mut since_decider: Option<Instant> = None;
     loop {
         for rank in 0..children.len() {
             if ended[rank].is_some() {
@@ -337,26 +367,41 @@ fn wait_job(
             }
             let Ok(Some(status)) = children[rank].try_wait() else { continue };
             println!("[launch] rank {rank} {}", describe(status));
-            if since_rank0.is_none() && restarts.restart(rank, status, children, relays) {
+            if since_decider.is_none() && restarts.restart(rank, status, children, relays) {
                 continue;
             }
             ended[rank] = Some(status);
-            if rank == 0 {
-                since_rank0 = Some(Instant::now());
+            if rank != decider {
+                continue;
+            }
+            // Killed (crash-stop), not a run that failed: its ranks were told to stop.
+            let killed = rank == 0 && status.signal().is_some();
+            match standby.filter(|&s| killed && ended[s].is_none()) {
+                Some(s) => {
+                    println!(
+                        "[launch] the controller's process (rank 0) died: the standby (rank \
+                         {s}) takes over, and its status is the job's"
+                    );
+                    decider = s;
+                }
+                None => since_decider = Some(Instant::now()),
             }
         }
         if ended.iter().all(Option::is_some) {
-            return ended.first().copied().flatten();
+            return ended.get(decider).copied().flatten();
         }
-        if since_rank0.is_some_and(|t| t.elapsed() > grace) {
+        if since_decider.is_some_and(|t| t.elapsed() > grace) {
             for (rank, child) in children.iter_mut().enumerate() {
                 if ended[rank].is_none() {
-                    println!("[launch] rank {rank} outlived rank 0 by {grace:?}: killing it");
+                    println!(
+                        "[launch] rank {rank} outlived the controller's process by {grace:?}: \
+                         killing it"
+                    );
                     let _ = child.kill();
                     ended[rank] = child.wait().ok();
                 }
             }
-            return ended.first().copied().flatten();
+            return ended.get(decider).copied().flatten();
         }
         std::thread::sleep(POLL);
     }
@@ -551,28 +596,6 @@ pub(crate) fn cluster_trainer(
         flodl_ddp::Devices::Cpu(devices.len())
     };
     trainer.devices(kind).cluster(cluster)
-}
-
-/// A cluster job's rank other than 0: joins the controller, trains its share and says how it
-/// ended (the controller's process writes the run directory).
-///
-/// # Errors
-/// The rank was refused, its replica failed, or the controller is gone.
-pub(crate) fn run_rank(trainer: flodl_ddp::Trainer, cluster: &flodl_ddp::Cluster) -> Result<()> {
-    let Some(rank) = cluster.rank() else { bail!("the controller's process has no rank to run") };
-    // The controller's process stops the run at the first Ctrl-C; a second one ends this
-    // process even when its rank is stuck inside a step.
-    crate::interrupt::exit_on_second();
-    match trainer.start()? {
-        flodl_ddp::Started::Rank(handle) => {
-            let pid = std::process::id();
-            println!("rank {rank} of {}: joined the controller (pid {pid})", cluster.world());
-            handle.join()?;
-            println!("rank {rank}: finished");
-            Ok(())
-        }
-        flodl_ddp::Started::Coordinator(_) => bail!("rank {rank} started a controller"),
-    }
 }
 
 /// The rank processes' watchdog, which bounds how long the launcher waits on a silent job: the

@@ -19,6 +19,7 @@ mod report;
 mod resume;
 mod run_dir;
 mod swimlane;
+mod takeover;
 mod tally;
 mod train;
 

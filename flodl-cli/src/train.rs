@@ -58,7 +58,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     if let Some(c) = cluster.as_ref().filter(|c| !c.hosts_controller(spec.backend, kind))
         && !args.dry_run
     {
-        return crate::launch::run_rank(trainer, c);
+        let rank =
+            crate::takeover::Rank { args, cfg: &cfg, opts: &opts, devices: &devices, data: &data };
+        return rank.run(trainer, &spec, c);
     }
     if args.dry_run {
         let all = serde_json::json!({
@@ -70,128 +72,160 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
-    let (started_at, stamp) = run_dir::utc_now();
+    let (_, stamp) = run_dir::utc_now();
     let path = run_path(&opts, &stamp);
-    let name = path.file_name().map_or_else(|| "run".to_owned(), |n| n.to_string_lossy().into());
-    let names: Vec<String> = spec.devices.iter().map(Device::to_string).collect();
-    // Bound before the run directory exists, so an address in use leaves nothing behind.
-    let dashboard = match opts.dashboard {
-        Some(bind) => {
-            let meta = Meta {
-                name: name.clone(),
-                started_at: started_at.clone(),
-                devices: names.clone(),
-                policy: spec.policy,
-                backend: spec.backend,
-                epochs: spec.epochs,
-                batch_size: spec.batch_size,
-                resumed_from: resume.as_ref().map(|p| p.bundle.clone()),
-                epochs_restored: resume.as_ref().map_or(0, |p| p.epochs.len()),
-            };
-            Some(Dashboard::start(bind, opts.dashboard_token.as_deref(), meta)?)
-        }
-        None => None,
-    };
-    let mut dir = RunDir::create(&path)?;
-    let display = Display::detect(args.quiet);
-    if display != Display::Silent {
-        println!(
-            "training {} on {} rank(s) [{}], {} / {}, {} epochs; run directory {}",
-            data.model.describe(&widths(&cfg)),
-            spec.world(),
-            names.join(", "),
-            spec.policy,
-            spec.backend,
-            spec.epochs,
-            path.display()
-        );
-        if let Some(line) = engine_line(&spec) {
-            println!("{line}");
-        }
-        if let Some(point) = &resume {
+    let run = Controller { args, cfg: &cfg, opts: &opts, data: &data };
+    run.run(trainer, spec, resume.as_ref(), path)
+}
+
+/// What the process hosting a run's controller (rank 0's, the only one of an in-process run, or
+/// a standby's that took over) runs it with.
+pub(crate) struct Controller<'a> {
+    pub(crate) args: &'a TrainArgs,
+    pub(crate) cfg: &'a TrainConfig,
+    pub(crate) opts: &'a RunFlags,
+    pub(crate) data: &'a Data,
+}
+
+impl Controller<'_> {
+    /// Runs `trainer` (of `spec`, resuming from `resume`) into the run directory `path`:
+    /// progress, metrics, the summary and the report.
+    ///
+    /// # Errors
+    /// The run fails or its directory cannot be written.
+    pub(crate) fn run(
+        &self,
+        trainer: Trainer,
+        spec: RunSpec,
+        resume: Option<&ResumePoint>,
+        path: PathBuf,
+    ) -> Result<()> {
+        let Controller { args, cfg, opts, data } = *self;
+        let opts = opts.clone();
+        let (started_at, _) = run_dir::utc_now();
+        let name =
+            path.file_name().map_or_else(|| "run".to_owned(), |n| n.to_string_lossy().into());
+        let names: Vec<String> = spec.devices.iter().map(Device::to_string).collect();
+        // Bound before the run directory exists, so an address in use leaves nothing behind.
+        let dashboard = match opts.dashboard {
+            Some(bind) => {
+                let meta = Meta {
+                    name: name.clone(),
+                    started_at: started_at.clone(),
+                    devices: names.clone(),
+                    policy: spec.policy,
+                    backend: spec.backend,
+                    epochs: spec.epochs,
+                    batch_size: spec.batch_size,
+                    resumed_from: resume.map(|p| p.bundle.clone()),
+                    epochs_restored: resume.map_or(0, |p| p.epochs.len()),
+                };
+                Some(Dashboard::start(bind, opts.dashboard_token.as_deref(), meta)?)
+            }
+            None => None,
+        };
+        let mut dir = RunDir::create(&path)?;
+        let display = Display::detect(args.quiet);
+        if display != Display::Silent {
             println!(
-                "resuming from {} (step {}, {} of {} epochs done)",
-                point.bundle.display(),
-                point.step,
-                point.epochs_done,
-                spec.epochs
+                "training {} on {} rank(s) [{}], {} / {}, {} epochs; run directory {}",
+                data.model.describe(&widths(cfg)),
+                spec.world(),
+                names.join(", "),
+                spec.policy,
+                spec.backend,
+                spec.epochs,
+                path.display()
             );
-            for (path, why) in &point.skipped {
-                println!("  skipped {}: {why}", path.display());
+            if let Some(line) = engine_line(&spec) {
+                println!("{line}");
             }
-            if let Some(changes) = point.changes(&names) {
-                println!("{changes}");
+            if let Some(point) = resume {
+                println!(
+                    "resuming from {} (step {}, {} of {} epochs done)",
+                    point.bundle.display(),
+                    point.step,
+                    point.epochs_done,
+                    spec.epochs
+                );
+                for (path, why) in &point.skipped {
+                    println!("  skipped {}: {why}", path.display());
+                }
+                if let Some(changes) = point.changes(&names) {
+                    println!("{changes}");
+                }
             }
         }
-    }
-    if let Some(d) = &dashboard {
-        // Printed even with --quiet: the URL may carry the run's token.
-        println!("dashboard: {}", d.url());
-    }
-    let trainer = trainer.ledger(dir.path().join(flodl_ddp::ledger::FILE));
-    let feed = dashboard.as_ref().map(Dashboard::feed);
-    let sink = |l: &Line| {
-        dir.append(l)?;
-        if let Some(feed) = &feed {
-            feed.record(l);
+        if let Some(d) = &dashboard {
+            // Printed even with --quiet: the URL may carry the run's token.
+            println!("dashboard: {}", d.url());
         }
+        let trainer = trainer.ledger(dir.path().join(flodl_ddp::ledger::FILE));
+        let feed = dashboard.as_ref().map(Dashboard::feed);
+        let sink = |l: &Line| {
+            dir.append(l)?;
+            if let Some(feed) = &feed {
+                feed.record(l);
+            }
+            Ok(())
+        };
+        let outcome = match execute(trainer, spec, resume, display, sink) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                if let Some(d) = dashboard {
+                    d.close(Ending::Failed(crate::one_line(&e)));
+                }
+                // A run refused before its first record leaves no empty run directory behind.
+                dir.discard_if_empty();
+                return Err(e);
+            }
+        };
+        if let Some(d) = dashboard {
+            d.close(Ending::Completed);
+        }
+        let summary = summarise(name, started_at, cfg, &opts, &outcome);
+        dir.write_summary(&summary)?;
+        let report_path =
+            run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
+        let restored = match summary.epochs_restored {
+            0 => String::new(),
+            n => format!(" ({n} restored from the checkpoint)"),
+        };
+        match summary.test {
+            Some(t) if data.model.gpt().is_some() => println!(
+                "validation loss {:.4} nats/byte ({:.4} bits/byte), next-byte accuracy {:.2}%, after {} epochs{restored}, {:.1} s of training, {} syncs",
+                t.loss,
+                t.loss / std::f64::consts::LN_2,
+                t.accuracy * 100.0,
+                summary.epochs_completed,
+                summary.train_wall_s,
+                summary.syncs
+            ),
+            Some(t) => println!(
+                "test accuracy {:.2}% (loss {:.4}) after {} epochs{restored}, {:.1} s of training, {} syncs",
+                t.accuracy * 100.0,
+                t.loss,
+                summary.epochs_completed,
+                summary.train_wall_s,
+                summary.syncs
+            ),
+            None => println!(
+                "trained {} epochs{restored} in {:.1} s, {} syncs",
+                summary.epochs_completed, summary.train_wall_s, summary.syncs
+            ),
+        }
+        if !summary.faults.is_empty() {
+            println!("{} rank(s) died during the run (see summary.json)", summary.faults.len());
+        }
+        if !summary.rejoins.is_empty() {
+            println!("{} rank(s) joined again during the run", summary.rejoins.len());
+        }
+        if let Some(ckpt) = &summary.checkpoint {
+            println!("checkpoint: {}", ckpt.display());
+        }
+        println!("report: {}", report_path.display());
         Ok(())
-    };
-    let outcome = match execute(trainer, spec, resume.as_ref(), display, sink) {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            if let Some(d) = dashboard {
-                d.close(Ending::Failed(crate::one_line(&e)));
-            }
-            // A run refused before its first record leaves no empty run directory behind.
-            dir.discard_if_empty();
-            return Err(e);
-        }
-    };
-    if let Some(d) = dashboard {
-        d.close(Ending::Completed);
     }
-    let summary = summarise(name, started_at, &cfg, &opts, &outcome);
-    dir.write_summary(&summary)?;
-    let report_path = run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
-    let restored = match summary.epochs_restored {
-        0 => String::new(),
-        n => format!(" ({n} restored from the checkpoint)"),
-    };
-    match summary.test {
-        Some(t) if data.model.gpt().is_some() => println!(
-            "validation loss {:.4} nats/byte ({:.4} bits/byte), next-byte accuracy {:.2}%, after {} epochs{restored}, {:.1} s of training, {} syncs",
-            t.loss,
-            t.loss / std::f64::consts::LN_2,
-            t.accuracy * 100.0,
-            summary.epochs_completed,
-            summary.train_wall_s,
-            summary.syncs
-        ),
-        Some(t) => println!(
-            "test accuracy {:.2}% (loss {:.4}) after {} epochs{restored}, {:.1} s of training, {} syncs",
-            t.accuracy * 100.0,
-            t.loss,
-            summary.epochs_completed,
-            summary.train_wall_s,
-            summary.syncs
-        ),
-        None => println!(
-            "trained {} epochs{restored} in {:.1} s, {} syncs",
-            summary.epochs_completed, summary.train_wall_s, summary.syncs
-        ),
-    }
-    if !summary.faults.is_empty() {
-        println!("{} rank(s) died during the run (see summary.json)", summary.faults.len());
-    }
-    if !summary.rejoins.is_empty() {
-        println!("{} rank(s) joined again during the run", summary.rejoins.len());
-    }
-    if let Some(ckpt) = &summary.checkpoint {
-        println!("checkpoint: {}", ckpt.display());
-    }
-    println!("report: {}", report_path.display());
-    Ok(())
 }
 
 /// The training and test sets.
@@ -474,7 +508,7 @@ fn widths(cfg: &TrainConfig) -> Vec<usize> {
 }
 
 /// `--out`, else `runs/<name>`, else `runs/<UTC timestamp>`.
-fn run_path(opts: &RunFlags, stamp: &str) -> PathBuf {
+pub(crate) fn run_path(opts: &RunFlags, stamp: &str) -> PathBuf {
     match (&opts.out, &opts.name) {
         (Some(out), _) => out.clone(),
         (None, Some(name)) => PathBuf::from("runs").join(name),

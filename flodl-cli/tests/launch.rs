@@ -246,15 +246,16 @@ fn a_killed_rank_process_leaves_the_run_to_the_survivors() -> Result {
     Ok(())
 }
 
-/// The controller's process (rank 0) killed: every other rank exits non-zero within the
-/// watchdog, saying the coordinator is gone; nothing hangs; the last bundle resumes the job.
+/// The controller's process (rank 0) killed in a job without a standby (`--standby none`; with
+/// one, `failover.rs`): every other rank exits non-zero within the watchdog, saying the
+/// coordinator is gone; nothing hangs; the last bundle resumes the job.
 #[test]
 fn a_killed_controller_ends_every_rank() -> Result {
     let tmp = tempfile::tempdir()?;
     let ck = tmp.path().join("ck");
     let ck_flag = ck.to_str().ok_or("path")?;
     let mut args = SLOW.to_vec();
-    args.extend(["--checkpoint-dir", ck_flag]);
+    args.extend(["--checkpoint-dir", ck_flag, "--standby", "none"]);
     let mut job = Launched::start(&args, &tmp.path().join("headless"))?;
     job.wait_for("epoch 1/6", Duration::from_secs(60))?;
     let killed = Instant::now();

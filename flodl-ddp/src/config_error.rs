@@ -18,6 +18,8 @@ pub enum Field {
     EvalEvery,
     /// [`crate::Trainer::eval_rank`].
     EvalRank,
+    /// [`crate::Trainer::standby`].
+    Standby,
     /// [`crate::Trainer::batch_size`].
     BatchSize,
     /// [`crate::Trainer::epochs`].
@@ -82,6 +84,7 @@ impl Field {
             Field::Dataset => "dataset",
             Field::EvalEvery => "eval_every",
             Field::EvalRank => "eval_rank",
+            Field::Standby => "standby",
             Field::BatchSize => "batch_size",
             Field::Epochs => "epochs",
             Field::Devices => "devices",

@@ -123,6 +123,7 @@ pub use control::overshoot::{Overshoot, OvershootMode};
 pub use control::policy::{Backend, Policy, Window};
 pub use control::schedule_kind::ScheduleKind;
 pub use control::speed_change::SpeedChange;
+pub use control::standby::Standby;
 pub use control::verdict::Verdict;
 pub use cooperative::{Parameters, Step, Worker};
 pub use error::{Divergence, Error, Internal, Peer, Result};
@@ -149,5 +150,6 @@ pub use runtime::spec::{
     CheckpointSpec, CollectiveEngine, DataChecksums, DataSpec, ElCheKnobs, FieldSpec, MAX_DEADLINE,
     Machine, Placement, ResumeTerms, RunSpec,
 };
+pub use runtime::takeover::{StandbyMirror, Takeover};
 pub use runtime::trainer::{Devices, ResumeFrom, Trainer};
 pub use state::HostTensor;

@@ -95,9 +95,12 @@ impl JobKeys {
         }
         let issuer = Issuer::new(ca, ca_key);
         let keys = JobKeys { dir: dir.to_owned() };
-        keys.sign(&private, &issuer, Role::Controller, hosts)?;
+        keys.sign(&private, &issuer, Role::Controller, hosts, &keys.controller())?;
+        // The standby's controller certificate: the same role, a key of its own, so the
+        // controller's key never leaves the controller's process.
+        keys.sign(&private, &issuer, Role::Controller, hosts, &keys.standby())?;
         for rank in 0..world {
-            keys.sign(&private, &issuer, Role::Rank(rank), &[])?;
+            keys.sign(&private, &issuer, Role::Rank(rank), &[], &keys.rank(rank))?;
         }
         Ok(keys)
     }
@@ -119,13 +122,19 @@ impl JobKeys {
         let ca_key = KeyPair::from_pem(&read(Self::CA_KEY_FILE)?)?;
         let issuer = Issuer::from_ca_cert_pem(&read(Self::CA_FILE)?, ca_key)?;
         let keys = JobKeys { dir: dir.to_owned() };
-        keys.sign(&private, &issuer, Role::Rank(rank), &[])?;
+        keys.sign(&private, &issuer, Role::Rank(rank), &[], &keys.rank(rank))?;
         Ok(keys.rank(rank))
     }
 
     /// The files of the controller: the CA, its certificate and its key.
     pub fn controller(&self) -> TlsFiles {
         self.files("controller")
+    }
+
+    /// The files of the standby controller (the process of the run's standby rank, which
+    /// takes over when the controller's process dies): a controller certificate of its own.
+    pub fn standby(&self) -> TlsFiles {
+        self.files("standby")
     }
 
     /// The files of rank `rank`: the CA, its certificate and its key.
@@ -159,13 +168,15 @@ impl JobKeys {
         }
     }
 
-    /// Signs `role`'s certificate (extra DNS names or addresses `hosts`) and writes it and its key.
+    /// Signs `role`'s certificate (extra DNS names or addresses `hosts`) and writes it and its
+    /// key as `files` name them.
     fn sign(
         &self,
         private: &PrivateDir,
         issuer: &Issuer<'_, KeyPair>,
         role: Role,
         hosts: &[String],
+        files: &TlsFiles,
     ) -> Result<(), KeyError> {
         let now = time::OffsetDateTime::now_utc();
         let (names, usage, common) = match role {
@@ -189,10 +200,6 @@ impl JobKeys {
         leaf.not_after = now + VALIDITY;
         let key = KeyPair::generate()?;
         let cert = leaf.signed_by(&key, issuer)?;
-        let files = match role {
-            Role::Controller => self.controller(),
-            Role::Rank(rank) => self.rank(rank),
-        };
         for (path, bytes) in [(&files.cert, cert.pem()), (&files.key, key.serialize_pem())] {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
             private.write(name, bytes.as_bytes())?;

@@ -147,6 +147,30 @@ fn the_controller_key_cannot_join_as_a_rank() -> TestResult {
     Ok(())
 }
 
+/// The standby's certificate is a controller's (it serves, a rank's key can join it) with a key
+/// of its own: the controller's key never has to leave the controller's process.
+#[test]
+fn the_standby_holds_a_controller_identity_of_its_own() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let job = keys(dir.path())?;
+    let (standby, controller_files) = (job.standby(), job.controller());
+    if Tls::load(&standby)?.role() != Role::Controller {
+        return Err("the standby's certificate is not a controller's".into());
+    }
+    if std::fs::read(&standby.key)? == std::fs::read(&controller_files.key)? {
+        return Err("the standby shares the controller's key".into());
+    }
+    // Serving with it, the standby admits rank 1's own key.
+    let mut cfg = config(&job)?;
+    cfg.tls = Tls::load(&standby)?;
+    let server = controller(&cfg, 2)?;
+    let (at_standby, _at_rank) = joined(&server, &cfg, 1, 2)?;
+    if at_standby.rank() != 1 {
+        return Err("rank 1 did not join the standby".into());
+    }
+    Ok(())
+}
+
 #[test]
 fn an_old_shared_certificate_is_refused_with_how_to_make_new_keys() -> TestResult {
     use rcgen::{

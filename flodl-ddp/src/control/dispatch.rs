@@ -584,6 +584,27 @@ impl Dispatcher {
         self.pools.iter().any(Pool::outstanding)
     }
 
+    /// The leading parts of the chunks handed out and not reported trained that the consensus
+    /// holds (each rank's reduced batches reach into them): what [`Dispatcher::coverage`]
+    /// takes as `partial` for a cut at a completed reduce, read from this book alone.
+    pub fn reduced_parts(&self) -> Vec<(usize, SampleRange)> {
+        let bs = self.batch_size;
+        let mut parts = Vec::new();
+        for pool in &self.pools {
+            for (rank, held) in pool.held.iter().enumerate() {
+                let reduced = self.reduced.get(rank).copied().unwrap_or(0);
+                for h in held.iter().filter(|h| matches!(h.stage, Stage::Handed)) {
+                    let batches = usize::try_from(reduced.saturating_sub(h.first)).unwrap_or(0);
+                    let len = batches.saturating_mul(bs).min(h.chunk.len);
+                    if len > 0 {
+                        parts.push((pool.epoch, SampleRange::new(h.chunk.offset, len)));
+                    }
+                }
+            }
+        }
+        parts
+    }
+
     /// The coverage of every epoch not yet complete (those opened and those resumed but not
     /// yet opened), as a checkpoint stores it with the permutations' `seed`: the completed
     /// ranges, the chunks reported trained, and `partial`, `(epoch, range)` leading parts of

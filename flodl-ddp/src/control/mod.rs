@@ -23,6 +23,7 @@ pub mod policy;
 pub mod schedule;
 pub mod schedule_kind;
 pub mod speed_change;
+pub(crate) mod standby;
 pub(crate) mod trust_window;
 pub mod verdict;
 pub mod weighting;

@@ -209,6 +209,8 @@ impl Framed for ToWorker {
     fn lane(&self) -> Lane {
         match self {
             ToWorker::Init { .. } | ToWorker::Update { .. } => Lane::Bulk,
+            // The whole state holds the host consensus: model-sized.
+            ToWorker::Mirror { .. } => Lane::Bulk,
             _ => Lane::Control,
         }
     }

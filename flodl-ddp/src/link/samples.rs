@@ -95,6 +95,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         },
         ToWorker::Join { window, global_step: 57 },
         ToWorker::AbortGroup { generation: u64::MAX },
+        ToWorker::Mirror { frame: vec![7, 0, 255, 3] },
     ];
     #[cfg(feature = "cuda")]
     if let Ok(id) = flodl_nccl::UniqueId::try_from(vec![9u8; flodl_nccl::UniqueId::LEN]) {

@@ -207,6 +207,10 @@ pub(crate) enum ToWorker {
     /// the abort handle the rank armed, see [`crate::link::RankLink::arm_abort`]) and never
     /// queues it for the rank's loop.
     AbortGroup { generation: u64 },
+    /// To the standby rank's process: one frame of the controller's state's lane (a
+    /// `MirrorFrame`, which carries the controller's term; the standby's mirror refuses a stale
+    /// one). Nothing for the rank's training.
+    Mirror { frame: Vec<u8> },
 }
 
 /// Why a rank says it is ready for the reduce.

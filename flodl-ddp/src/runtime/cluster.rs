@@ -26,6 +26,7 @@ use crate::runtime::engine::outlets::panic_message;
 use crate::runtime::engine::run_config::RunConfig;
 use crate::runtime::handle::DdpHandle;
 use crate::runtime::spec::{CollectiveEngine, Placement};
+use crate::runtime::takeover::StandbyMirror;
 use crate::{Error, Result};
 
 /// How long the controller waits for every rank to join, unless told otherwise.
@@ -51,6 +52,8 @@ pub struct Cluster {
     join_timeout: Duration,
     /// Ranks (rank 0 included) the controller waits for before the run starts.
     quorum: usize,
+    /// The rank whose process hosts the controller: 0, or the standby's after a takeover.
+    controller_rank: usize,
     rendezvous: Arc<Rendezvous>,
     /// The launcher identity it was read from.
     #[cfg(feature = "cluster")]
@@ -99,6 +102,7 @@ impl Cluster {
             local_rank,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             quorum: world,
+            controller_rank: 0,
             rendezvous,
             #[cfg(feature = "cluster")]
             identity: None,
@@ -149,7 +153,7 @@ impl Cluster {
             Seat::Rank(rank) => {
                 let devices = vec![kind; self.world];
                 let engine = CollectiveEngine::choose(backend, self.placement(), &devices);
-                rank == 0 && engine != Some(CollectiveEngine::Mpi)
+                rank == self.controller_rank && engine != Some(CollectiveEngine::Mpi)
             }
         }
     }
@@ -207,13 +211,23 @@ pub enum Started {
 pub struct RankHandle {
     rank: usize,
     thread: Option<JoinHandle<std::result::Result<(), RankFailure>>>,
+    /// The standby rank's mirror of the controller's state.
+    mirror: Option<StandbyMirror>,
 }
 
 impl RankHandle {
     /// Starts rank `rank` of `cfg`'s run over `frames`, its connection to the controller.
     pub(crate) fn start(cfg: Arc<RunConfig>, rank: usize, frames: Arc<Frames>) -> Result<Self> {
+        let mirror = cfg.mirror.clone().map(StandbyMirror::new);
         let thread = crate::runtime::engine::start_rank(cfg, rank, frames)?;
-        Ok(RankHandle { rank, thread: Some(thread) })
+        Ok(RankHandle { rank, thread: Some(thread), mirror })
+    }
+
+    /// What this process mirrors of the controller's state, when its rank is the run's
+    /// standby ([`crate::RunSpec::standby_rank`]): after the rank ends because the
+    /// controller is gone, [`StandbyMirror::takeover`] says how to go on.
+    pub fn standby_mirror(&self) -> Option<StandbyMirror> {
+        self.mirror.clone()
     }
 
     /// This process's rank.
@@ -360,6 +374,52 @@ impl Cluster {
             self.rendezvous = Arc::new(Rendezvous::tls(r));
         }
         self
+    }
+
+    /// This place as the standby's after a takeover: its process hosts the controller (beside
+    /// its own rank), presenting the standby's controller certificate `files` (a server
+    /// certificate of the job's CA of its own: the dead controller's key never left its
+    /// process) and listening at `addr`, the address every rank was told at launch (or on the
+    /// listener the launcher handed down, `FLODL_CONTROLLER_FD`), for `quorum` ranks, its own
+    /// included.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] when the files do not load; [`Error::Invalid`] for a place with no rank
+    /// or one not made over TLS.
+    pub fn take_over(
+        self,
+        files: &flodl_cluster::TlsFiles,
+        addr: std::net::SocketAddr,
+        quorum: usize,
+    ) -> Result<Cluster> {
+        let Seat::Rank(rank) = self.seat else {
+            return Err(ConfigError::unsupported(Field::Cluster, "a standby is a rank").into());
+        };
+        if self.rendezvous.as_tls().is_none() {
+            return Err(ConfigError::unsupported(
+                Field::Cluster,
+                "a standby takes over over TLS only",
+            )
+            .into());
+        }
+        let tls = flodl_cluster::Tls::load(files)?;
+        let controller =
+            flodl_cluster::ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
+        let mut cluster = self.retls(|r| {
+            r.tls = tls;
+            r.controller = controller;
+            r.bind = addr;
+        });
+        cluster.controller_rank = rank;
+        Ok(cluster.quorum(quorum))
+    }
+
+    /// This place as a rank following a standby that took over: it joins the controller at
+    /// `addr` (the standby's address, told at launch) from now on.
+    pub fn follow(self, addr: std::net::SocketAddr) -> Cluster {
+        let controller =
+            flodl_cluster::ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
+        self.retls(|r| r.controller = controller)
     }
 
     /// Where rank 0's process listens for the other ranks (default: loopback on the

@@ -14,4 +14,5 @@ mod settings_tests;
 pub(crate) mod spec;
 #[cfg(test)]
 mod standby_tests;
+pub(crate) mod takeover;
 pub(crate) mod trainer;

@@ -25,6 +25,7 @@ use crate::config_error::Field;
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule_kind::ScheduleKind;
 use crate::control::speed_change::SpeedChange;
+use crate::control::standby::Standby;
 use crate::link::frame::WireFormat;
 use crate::runtime::as_text;
 use crate::runtime::engine::prefetch::Prefetch;
@@ -150,6 +151,11 @@ partial! {
         #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub max_failures: Option<usize>,
+        /// Cluster jobs (host backend): the rank whose process holds the standby controller,
+        /// which takes over when rank 0's process dies (default 1), or none.
+        #[cfg_attr(feature = "clap", arg(long, value_name = "RANK"))]
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "as_text::optional")]
+        pub standby: Option<Standby>,
         /// Cluster jobs: how model states travel between processes: f32, bf16 (half the
         /// bytes), or on the host backend int8 / q4 (deltas from the last consensus, blockwise
         /// quantized with error feedback: 0.27× / 0.14× of f32); the consensus stays f32 on the
@@ -229,6 +235,7 @@ impl RunSettings {
             Field::Wire => "wire",
             Field::Overlap => "overlap",
             Field::Fragments => "fragments",
+            Field::Standby => "standby",
             _ => return None,
         })
     }
@@ -256,6 +263,7 @@ impl RunSettings {
             staging: Some(Staging::Off),
             watchdog: Some(4.5),
             max_failures: Some(1),
+            standby: Some(Standby::Rank(2)),
             wire: Some(WireFormat::Bf16),
             overlap: Some(0.5),
             fragments: Some(2),
@@ -281,6 +289,7 @@ mod tests {
             (Field::Dataset, None),
             (Field::EvalEvery, Some("eval-every")),
             (Field::EvalRank, None),
+            (Field::Standby, Some("standby")),
             (Field::BatchSize, Some("batch-size")),
             (Field::Epochs, Some("epochs")),
             (Field::Devices, Some("devices")),
@@ -314,6 +323,7 @@ mod tests {
                 Field::Dataset
                 | Field::EvalEvery
                 | Field::EvalRank
+                | Field::Standby
                 | Field::BatchSize
                 | Field::Epochs
                 | Field::Devices

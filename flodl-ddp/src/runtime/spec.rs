@@ -28,6 +28,7 @@ use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
 use crate::control::policy::{Backend, Policy};
 use crate::control::schedule::Schedule;
 use crate::control::speed_change::SpeedChange;
+use crate::control::standby::Standby;
 use crate::runtime::engine::prefetch::Prefetch;
 use crate::runtime::engine::staging::Staging;
 
@@ -287,6 +288,14 @@ pub struct RunSpec {
     pub eval_every: usize,
     /// Which rank evaluates.
     pub eval_rank: EvalRank,
+    /// Cluster runs (host backend): the rank whose process holds the standby controller.
+    #[serde(default)]
+    pub standby: Standby,
+    /// The controller's term: 0 for the first, one more for each standby that took over. Part
+    /// of the hash the ranks prove at the hello, so a rank never joins a controller of another
+    /// term.
+    #[serde(default)]
+    pub term: u64,
     /// Checkpoint saving, when on.
     pub checkpoint: Option<CheckpointSpec>,
     /// The training set.
@@ -564,6 +573,8 @@ impl Default for RunSpec {
             max_failures: usize::MAX,
             eval_every: 1,
             eval_rank: EvalRank::Fastest,
+            standby: Standby::default(),
+            term: 0,
             checkpoint: None,
             train: DataSpec { samples: 0, fields: Vec::new() },
             test: None,
@@ -628,6 +639,15 @@ impl RunSpec {
             && rank >= ranks
         {
             return Err(ConfigError::out_of_range(Field::EvalRank, rank, "one of the run's ranks"));
+        }
+        if let Standby::Rank(rank) = self.standby
+            && (rank == 0 || (ranks >= 2 && rank >= ranks))
+        {
+            return Err(ConfigError::out_of_range(
+                Field::Standby,
+                rank,
+                "a rank other than 0 (whose process hosts the controller), or none",
+            ));
         }
         if let Some(bad) = self.slowdown.iter().find(|f| !(f.is_finite() && **f >= 1.0)) {
             return Err(ConfigError::out_of_range(
@@ -777,6 +797,16 @@ impl RunSpec {
     /// the cluster link. Otherwise rank 0's process hosts the controller.
     pub fn controller_apart(&self) -> bool {
         self.collective_engine() == Some(CollectiveEngine::Mpi)
+    }
+
+    /// The rank whose process holds the standby controller: a cluster run of processes on the
+    /// host backend whose first controller speaks (a standby that took over runs without one),
+    /// with a [`Standby`] rank of the world.
+    pub fn standby_rank(&self) -> Option<usize> {
+        let eligible = self.placement == Placement::Processes
+            && self.backend == Backend::Host
+            && self.term == 0;
+        self.standby.rank(self.world()).filter(|_| eligible)
     }
 
     /// The engine of the collective backend, `None` on the host backend: MPI for CPU rank

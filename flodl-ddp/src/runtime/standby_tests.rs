@@ -73,7 +73,7 @@ fn a_run_goes_on_from_its_standbys_mirror() -> TestResult {
             Ok::<_, String>(mirror)
         });
         let before = Seen::default();
-        let mut run = trainer(policy, &before)?.standby(tx).run()?;
+        let mut run = trainer(policy, &before)?.standby_lane(tx).run()?;
         run.next_metrics(Duration::from_secs(120)).ok_or("no first epoch")?;
         run.abort();
         let _ = run.join();

@@ -247,6 +247,7 @@ impl Trainer {
         d.prefetch = s.prefetch.unwrap_or(d.prefetch);
         d.staging = s.staging.unwrap_or(d.staging);
         d.max_failures = s.max_failures.unwrap_or(d.max_failures);
+        d.standby = s.standby.unwrap_or(d.standby);
         d.wire = s.wire.unwrap_or(d.wire);
         d.overlap = s.overlap.or(d.overlap);
         d.fragments = s.fragments.unwrap_or(d.fragments);
@@ -550,11 +551,27 @@ impl Trainer {
         self
     }
 
-    /// Streams the controller's state's changes into `lane` (the standby's end: see
-    /// `engine/standby/`). In-process only until the lane crosses processes.
+    /// Streams the controller's state's changes into `lane` (an in-process standby's end: see
+    /// `engine/standby/`; a cluster run streams to its [`Standby`](crate::Standby) rank).
     #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn standby(mut self, lane: flume::Sender<Vec<u8>>) -> Trainer {
+    pub(crate) fn standby_lane(mut self, lane: flume::Sender<Vec<u8>>) -> Trainer {
         self.standby = Some(lane);
+        self
+    }
+
+    /// Cluster runs (host backend): the rank whose process holds the standby controller, which
+    /// mirrors the controller's state and takes over when rank 0's process dies (default rank
+    /// 1; see [`crate::StandbyMirror`]).
+    pub fn standby(mut self, standby: crate::Standby) -> Trainer {
+        self.draft.standby = standby;
+        self
+    }
+
+    /// The term of this run's controller: 0 (the default) for a run's first controller; a
+    /// standby that took over and the ranks that follow it run its [`crate::Takeover::term`]
+    /// (a rank joins a controller of its own term only: the term is part of the spec's hash).
+    pub fn term(mut self, term: u64) -> Trainer {
+        self.draft.term = term;
         self
     }
 
@@ -841,6 +858,7 @@ impl Trainer {
             resume: None,
             own: None,
             standby: self.standby,
+            mirror: None,
         };
         if let Some(cluster) = &self.cluster {
             let run = config.spec.hash()?.0;
@@ -865,6 +883,13 @@ impl Trainer {
             {
                 // The controller alone saves and resumes: a rank restores from `Init`.
                 config.checkpoints = None;
+                if config.spec.standby_rank() == Some(rank) {
+                    let term = crate::runtime::engine::standby::Term(config.spec.term);
+                    config.mirror = Some(crate::runtime::engine::standby::SharedMirror::new(
+                        cluster.world(),
+                        term,
+                    ));
+                }
                 let frames = cluster.rendezvous().join(
                     run,
                     rank,

@@ -76,6 +76,8 @@ fn check_names_the_field_of_every_refused_option() -> TestResult {
         ("no rank", base().devices(Devices::Cpu(0)), Field::Devices),
         ("1000 CPU ranks on 2 cores", base().devices(Devices::Cpu(1000)), Field::Devices),
         ("eval rank 2 of 2", base().eval_rank(EvalRank::Fixed(2)), Field::EvalRank),
+        ("standby on rank 0", base().standby(flodl_ddp::Standby::Rank(0)), Field::Standby),
+        ("standby rank 2 of 2", base().standby(flodl_ddp::Standby::Rank(2)), Field::Standby),
         ("slowdown 0.5", base().slowdown(vec![1.0, 0.5]), Field::Slowdown),
         ("slowdown NaN", base().slowdown(vec![1.0, f64::NAN]), Field::Slowdown),
         ("three factors for two ranks", base().slowdown(vec![1.0; 3]), Field::Slowdown),

@@ -278,8 +278,6 @@ pub(crate) fn assemble_for(
 /// # Errors
 /// [`Error::Protocol`] when the cut holds no consensus (the collective backend's is on the
 /// ranks only); a checkpoint error when the cut's shapes do not fit its consensus.
-// Used by the tests only until a standby process takes over (issue 31's second half).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn takeover_bundle(spec: &RunSpec, cut: &Cut) -> Result<Checkpoint> {
     let consensus = cut
         .consensus

@@ -20,10 +20,7 @@ pub(crate) mod run_config;
 pub(crate) mod scrutiny;
 pub(crate) mod slot;
 pub(crate) mod solo;
-// The standby's end (mirror, takeover bundle) is driven by tests only until the lane crosses
-// processes (issue 31's takeover).
 pub(crate) mod staging;
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod standby;
 mod start;
 pub(crate) mod trail;

@@ -54,6 +54,9 @@ pub(crate) struct RunConfig {
     /// The lane's sending end to a standby controller, when the run has one: the coordinator
     /// streams its state's changes into it (`engine/standby/`).
     pub(crate) standby: Option<flume::Sender<Vec<u8>>>,
+    /// In a cluster run's standby rank process: the mirror its rank folds the controller's
+    /// state into (`ToWorker::Mirror`).
+    pub(crate) mirror: Option<crate::runtime::engine::standby::SharedMirror>,
 }
 
 impl RunConfig {

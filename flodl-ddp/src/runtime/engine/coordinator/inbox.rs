@@ -342,17 +342,20 @@ impl Coordinator {
         else {
             return Ok(());
         };
-        let initial = initial.ok_or(Error::PeerGone(Peer::Rank(0)))?;
         let mut inits = Vec::with_capacity(self.cfg.world());
         if let Some(resumed) = self.saves.resumed.clone() {
-            let n = initial.params.len();
+            // Checked against rank 0's state, or (a standby's run after a takeover, which has
+            // no rank 0) the replicas' shapes, parameters then buffers.
+            let n = initial.as_ref().map_or(resumed.consensus.params.len(), |i| i.params.len());
+            let n = n.min(self.shapes.len());
             let found = resumed.bundle.signature();
-            signature(&self.shapes[..n.min(self.shapes.len())]).check(&found)?;
-            if resumed.consensus.buffers.len() != initial.buffers.len() {
+            signature(&self.shapes[..n]).check(&found)?;
+            let buffers = initial.as_ref().map_or(self.shapes.len() - n, |i| i.buffers.len());
+            if resumed.consensus.buffers.len() != buffers {
                 return Err(Error::mismatch(
                     "buffers",
                     format!("{} (the checkpoint's)", resumed.consensus.buffers.len()),
-                    initial.buffers.len(),
+                    buffers,
                 ));
             }
             if self.cfg.spec.backend == Backend::Host {
@@ -367,6 +370,7 @@ impl Coordinator {
                 inits.push((rank, ToWorker::Init { state, restore, window, global_step }));
             }
         } else {
+            let initial = initial.ok_or(Error::PeerGone(Peer::Rank(0)))?;
             if self.cfg.checkpoints.is_some() {
                 self.saves.last_bundle = Some(self.starting_bundle(&initial)?);
             }

@@ -1,21 +1,31 @@
 //! The coordinator's side of the standby's lane: the seats published at every change of the
-//! live set, the books at every completed host reduce's cut.
+//! live set, the books at every completed host reduce's cut; in a cluster run, the lane's
+//! frames carried to the standby rank's process over its link.
 
 use super::*;
 use crate::runtime::engine::standby::{
-    ControllerState, Cut, CutParts, MirrorBody, StandbyLane, Term,
+    ControllerState, Cut, CutParts, MirrorBody, Pump, Reach, StandbyLane, Term,
 };
 
 impl Coordinator {
     /// Opens the standby's lane when the run has a standby (the first frame is the whole
-    /// state).
+    /// state): the lane a caller gave, or in a cluster run the one to the standby rank's
+    /// process.
     pub(super) fn open_standby(&mut self) {
-        if let Some(tx) = self.cfg.standby.clone() {
-            let state = ControllerState::new(Term::default(), self.roster.standings());
-            self.standby = Some(StandbyLane::new(state, tx));
-            // The whole state goes out at once: the standby knows the run from its start.
-            self.mirror_seats();
-        }
+        let tx = match (self.cfg.standby.clone(), self.cfg.spec.standby_rank()) {
+            (Some(tx), _) => tx,
+            (None, Some(rank)) if self.cfg.own.is_some() => {
+                let (pump, tx) = Pump::to(rank);
+                self.pump = Some(pump);
+                tracing::info!(rank, "the controller's state is mirrored to rank {rank}'s process");
+                tx
+            }
+            (None, _) => return,
+        };
+        let state = ControllerState::new(Term(self.cfg.spec.term), self.roster.standings());
+        self.standby = Some(StandbyLane::new(state, tx));
+        // The whole state goes out at once: the standby knows the run from its start.
+        self.mirror_seats();
     }
 
     /// Publishes the seats' standings to the standby, if any.
@@ -23,6 +33,46 @@ impl Coordinator {
         let seats = self.roster.standings();
         if let Some(lane) = &mut self.standby {
             lane.publish(MirrorBody::Seats(seats));
+        }
+        self.pump_standby();
+    }
+
+    /// Forwards the lane's queued frames to the standby rank's process. A standby whose link is
+    /// gone is sent nothing (the run goes on with no standby, and says so) until a process for
+    /// its seat is admitted again, which is sent the whole state.
+    pub(super) fn pump_standby(&mut self) {
+        let Some(pump) = &mut self.pump else { return };
+        if let Reach::Lost { down } = pump.reach {
+            let standing = self.roster.standing(pump.rank);
+            let alive = standing == Some(crate::runtime::engine::roster::Standing::Alive);
+            if down && alive {
+                tracing::warn!(rank = pump.rank, "the standby is back: it is sent the whole state");
+                pump.reach = Reach::Up;
+                if let Some(lane) = &mut self.standby {
+                    lane.resync();
+                }
+            } else {
+                pump.reach = Reach::Lost { down: down || !alive };
+                pump.held = None;
+                pump.rx.drain().for_each(drop);
+                return;
+            }
+        }
+        while let Some(frame) = pump.held.take().or_else(|| pump.rx.try_recv().ok()) {
+            match self.link.try_send(pump.rank, ToWorker::Mirror { frame: frame.clone() }) {
+                Ok(()) => {}
+                Err(LinkError::Full | LinkError::Timeout(_)) => {
+                    pump.held = Some(frame);
+                    return;
+                }
+                Err(LinkError::Gone) => {
+                    let rank = pump.rank;
+                    tracing::warn!(rank, "the standby is gone: the run goes on with no standby");
+                    pump.reach = Reach::Lost { down: false };
+                    pump.rx.drain().for_each(drop);
+                    return;
+                }
+            }
         }
     }
 
@@ -50,6 +100,7 @@ impl Coordinator {
         if let Some(lane) = &mut self.standby {
             lane.publish(MirrorBody::Cut(Box::new(cut)));
         }
+        self.pump_standby();
         Ok(())
     }
 }

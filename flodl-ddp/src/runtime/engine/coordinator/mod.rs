@@ -350,6 +350,8 @@ struct Coordinator {
     trail: Option<Trail>,
     /// The lane to the standby controller, when the run has one (`mirroring.rs`).
     standby: Option<crate::runtime::engine::standby::StandbyLane>,
+    /// Cluster runs: the lane's frames on their way to the standby rank's process.
+    pump: Option<crate::runtime::engine::standby::Pump>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -447,6 +449,7 @@ impl Coordinator {
             conduct: Conduct::new(world, batch_size, |_| false),
             trail: None,
             standby: None,
+            pump: None,
         };
         coord.open_standby();
         if let Some(resumed) = coord.cfg.resume.clone() {
@@ -673,6 +676,7 @@ impl Coordinator {
             if let Some(lane) = &mut self.standby {
                 lane.flush();
             }
+            self.pump_standby();
             if matches!(self.phase, Phase::Training) {
                 self.check_host_deadline()?;
                 self.aggregate();

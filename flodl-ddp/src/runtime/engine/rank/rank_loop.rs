@@ -578,6 +578,17 @@ impl<'a> RankLoop<'a> {
             }
             // The link acts on abort orders itself; one that reaches the loop is stale.
             ToWorker::Ping | ToWorker::AbortGroup { .. } => {}
+            // The standby's process folds the controller's state into its mirror; a frame it
+            // refuses (garbage, a replay, an older term) changes nothing, and a rank that is
+            // not the standby has no mirror to fold it into.
+            ToWorker::Mirror { frame } => match &self.cfg.mirror {
+                Some(mirror) => {
+                    if let Err(error) = mirror.accept(&frame) {
+                        tracing::warn!(rank, %error, "a mirror frame refused");
+                    }
+                }
+                None => tracing::warn!(rank, "a mirror frame for a rank that is no standby"),
+            },
             ToWorker::Regroup { generation, members, how } => {
                 return self.regroup(generation, &members, &how);
             }
@@ -776,6 +787,7 @@ mod tests {
             resume: None,
             own: None,
             standby: None,
+            mirror: None,
         };
         config.spec.devices = vec![Device::Cpu; 2];
         config.spec.backend = crate::control::policy::Backend::Host;

@@ -25,8 +25,9 @@ pub(crate) struct Cut {
     /// The oldest epoch not complete: the schedule's position.
     pub(crate) epoch: usize,
     /// The completed ranges of every open epoch (the dispatcher's book, as a checkpoint holds
-    /// it): the partial chunks ranks hold are not in it, so a takeover never loses a sample
-    /// and trains at most the held part of one chunk per rank twice.
+    /// it), with the leading parts of held chunks that the reduce took in
+    /// ([`Dispatcher::reduced_parts`]): exactly what the consensus holds, so a takeover trains
+    /// every sample once.
     pub(crate) coverage: Vec<EpochCoverage>,
     /// ElChe's estimates (`Cadence` and `Async` runs).
     pub(crate) elche: Option<ElCheState>,
@@ -72,7 +73,7 @@ impl Cut {
             reduces: parts.reduces,
             global_step: parts.global_step,
             epoch: dispatch.oldest(),
-            coverage: dispatch.coverage(&[], parts.seed)?,
+            coverage: dispatch.coverage(&dispatch.reduced_parts(), parts.seed)?,
             elche: elche.map(ElChe::state),
             guard: parts.guard.clone(),
             outer: parts.outer,

@@ -61,6 +61,7 @@ impl StandbyLane {
     }
 
     /// The state as published so far.
+    #[cfg(test)]
     pub(crate) fn state(&self) -> &ControllerState {
         &self.state
     }
@@ -79,6 +80,13 @@ impl StandbyLane {
         if self.behind {
             self.send(MirrorBody::Whole(self.state.clone()));
         }
+    }
+
+    /// The standby missed frames (its process was replaced): the next frame is the whole
+    /// state.
+    pub(crate) fn resync(&mut self) {
+        self.behind = true;
+        self.flush();
     }
 
     /// Numbers `body` and queues it without waiting.

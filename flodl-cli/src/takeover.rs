@@ -1,0 +1,196 @@
+//! A cluster job's rank process, and what it does when its controller dies: the standby rank's
+//! process takes over (a controller of the next term at the standby's address, resumed from
+//! the last reduce its mirror holds, writing a run directory of its own), every other rank
+//! follows it there. Host backend; one takeover per job (the new controller has no standby).
+//!
+//! The standby's address is the one every process was told at launch, `FLODL_STANDBY_ADDR`
+//! (`host:port`; `fdl launch` binds a loopback port for it and hands the socket to the
+//! standby's process); the standby's controller certificate is `FLODL_STANDBY_CERT` and
+//! `FLODL_STANDBY_KEY` (the job's CA is `FLODL_TLS_CA`; `fdl cluster keys` makes
+//! `standby.pem`/`standby.key`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow, bail};
+use flodl_ddp::{Cluster, FailureKind, RunSpec, Started, Trainer};
+use flodl_tensor::Device;
+
+use crate::args::{RunFlags, TrainArgs};
+use crate::config::TrainConfig;
+use crate::resume::ResumePoint;
+use crate::train::{Controller, Data};
+
+/// The address the standby binds at a takeover and every rank follows to.
+pub(crate) const STANDBY_ADDR: &str = "FLODL_STANDBY_ADDR";
+/// The standby's controller certificate.
+pub(crate) const STANDBY_CERT: &str = "FLODL_STANDBY_CERT";
+/// The standby's controller key.
+pub(crate) const STANDBY_KEY: &str = "FLODL_STANDBY_KEY";
+
+/// A rank process of a cluster job, with what it needs to take over or follow.
+pub(crate) struct Rank<'a> {
+    pub(crate) args: &'a TrainArgs,
+    pub(crate) cfg: &'a TrainConfig,
+    pub(crate) opts: &'a RunFlags,
+    pub(crate) devices: &'a [Device],
+    pub(crate) data: &'a Data,
+}
+
+impl Rank<'_> {
+    /// Joins the controller with `trainer` (of `spec`), trains this rank's share and says how it
+    /// ended; when the controller dies (its connection gone, or silent past the deadlines) in
+    /// a job with a standby address, takes over (the standby) or follows the standby.
+    ///
+    /// # Errors
+    /// The rank was refused, its replica failed, the controller is gone with no standby to go
+    /// on with, or the run after a takeover failed.
+    pub(crate) fn run(&self, trainer: Trainer, spec: &RunSpec, cluster: &Cluster) -> Result<()> {
+        let Some(rank) = cluster.rank() else {
+            bail!("the controller's process has no rank to run")
+        };
+        // The controller's process stops the run at the first Ctrl-C; a second one ends this
+        // process even when its rank is stuck inside a step.
+        crate::interrupt::exit_on_second();
+        let handle = match trainer.start()? {
+            Started::Rank(handle) => handle,
+            Started::Coordinator(_) => bail!("rank {rank} started a controller"),
+        };
+        let pid = std::process::id();
+        let world = cluster.world();
+        println!("rank {rank} of {world}: joined the controller (pid {pid})");
+        if spec.term > 0 {
+            println!("rank {rank}: the controller is of term {}", spec.term);
+        }
+        if spec.standby_rank() == Some(rank) {
+            println!("rank {rank}: the standby (it takes over if the controller's process dies)");
+        }
+        let mirror = handle.standby_mirror();
+        let error = match handle.join() {
+            Ok(()) => {
+                println!("rank {rank}: finished");
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        let gone = matches!(
+            &error,
+            flodl_ddp::Error::Rank { failure, .. }
+                if matches!(failure.kind, FailureKind::PeerGone | FailureKind::Timeout)
+        );
+        // One takeover per job: the first controller's standby, the ranks that followed it.
+        let Some(addr) = standby_addr()?.filter(|_| gone && spec.standby_rank().is_some()) else {
+            return Err(error.into());
+        };
+        let term = spec.term + 1;
+        match mirror {
+            Some(mirror) => self.take_over(&mirror, cluster, addr, &error),
+            None => {
+                println!(
+                    "rank {rank}: the controller is gone ({error}); following the standby at \
+                     {addr} (term {term})"
+                );
+                let place = cluster.clone().follow(addr);
+                let trainer = self.trainer(None, place.clone())?.term(term);
+                let spec = trainer.spec().map_err(|e| anyhow!(e))?;
+                self.run(trainer, &spec, &place)
+            }
+        }
+    }
+
+    /// The standby's takeover: the bundle of its mirror's last cut in a run directory of its
+    /// own, then the controller of the next term on `addr`, waiting for the survivors.
+    fn take_over(
+        &self,
+        mirror: &flodl_ddp::StandbyMirror,
+        cluster: &Cluster,
+        addr: SocketAddr,
+        error: &flodl_ddp::Error,
+    ) -> Result<()> {
+        let rank = cluster.rank().unwrap_or(0);
+        let probe = self.trainer(None, cluster.clone())?;
+        let spec = probe.spec().map_err(|e| anyhow!(e))?;
+        let Some(takeover) = mirror.takeover(&spec)? else {
+            bail!(
+                "the controller is gone ({error}) before the standby (rank {rank}) heard of a \
+                 completed reduce: nothing to take over from"
+            );
+        };
+        println!(
+            "[standby] the controller is gone ({error}): rank {rank} takes over as the \
+             controller of term {} at {addr}, from reduce {} (survivors: ranks {:?})",
+            takeover.term, takeover.reduces, takeover.survivors
+        );
+        let (_, stamp) = crate::run_dir::utc_now();
+        let earlier = crate::train::run_path(self.opts, &stamp);
+        let mut name = earlier.file_name().unwrap_or_default().to_os_string();
+        name.push(format!("-term{}", takeover.term));
+        let path = earlier.with_file_name(name);
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("cannot create the run directory {}", path.display()))?;
+        let bundle = path.join("takeover.fdlck");
+        takeover.bundle.save(&bundle)?;
+        let point = ResumePoint::locate(&bundle)?;
+        let files = standby_files()?;
+        let place = cluster.clone().take_over(&files, addr, takeover.survivors.len())?;
+        let trainer = self.trainer(Some(&point), place)?.term(takeover.term);
+        let spec = trainer.spec().map_err(|e| anyhow!(e))?;
+        println!(
+            "[standby] the run goes on in {} (its ledger continues {}'s: fdl audit {} \
+             --resumed-from {})",
+            path.display(),
+            earlier.display(),
+            path.display(),
+            earlier.display()
+        );
+        let controller =
+            Controller { args: self.args, cfg: self.cfg, opts: self.opts, data: self.data };
+        controller.run(trainer, spec, Some(&point), path)
+    }
+
+    /// This job's trainer at `place`, resuming from `resume`.
+    fn trainer(&self, resume: Option<&ResumePoint>, place: Cluster) -> Result<Trainer> {
+        let trainer = crate::train::trainer(self.cfg, self.devices, self.data, resume)?;
+        Ok(crate::launch::cluster_trainer(trainer, self.devices, place))
+    }
+}
+
+/// The standby's address from [`STANDBY_ADDR`] (`None` when unset: the job has none).
+///
+/// # Errors
+/// A value that is not `host:port`.
+pub(crate) fn standby_addr() -> Result<Option<SocketAddr>> {
+    match std::env::var(STANDBY_ADDR) {
+        Ok(text) => {
+            use std::net::ToSocketAddrs;
+            let addr = text
+                .trim()
+                .to_socket_addrs()
+                .with_context(|| format!("{STANDBY_ADDR}={text} is not host:port"))?
+                .next()
+                .ok_or_else(|| anyhow!("{STANDBY_ADDR}={text} names no address"))?;
+            Ok(Some(addr))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// The standby's controller certificate: [`STANDBY_CERT`] and [`STANDBY_KEY`], with the job's
+/// CA from `FLODL_TLS_CA`.
+fn standby_files() -> Result<flodl_cluster::TlsFiles> {
+    let var = |name: &str| {
+        std::env::var_os(name).map(PathBuf::from).ok_or_else(|| {
+            anyhow!(
+                "the standby needs its controller certificate to take over: {STANDBY_CERT}, \
+                 {STANDBY_KEY} and {} ({name} is not set; fdl cluster keys makes standby.pem \
+                 and standby.key)",
+                flodl_cluster::TlsFiles::CA_VAR
+            )
+        })
+    };
+    Ok(flodl_cluster::TlsFiles {
+        ca: var(flodl_cluster::TlsFiles::CA_VAR)?,
+        cert: var(STANDBY_CERT)?,
+        key: var(STANDBY_KEY)?,
+    })
+}
