@@ -120,7 +120,10 @@ fn a_run_goes_on_from_its_standbys_mirror() -> TestResult {
             "{policy:?}: taken over at reduce {} (epoch {}), {lost} samples trained after it lost; accuracy {acc:.3}, clean {clean_acc:.3}",
             cut.reduces, cut.epoch
         );
-        assert!((acc - clean_acc).abs() < 0.05, "{policy:?}: accuracy {acc} against {clean_acc}");
+        // Cadence's windows follow the machine's timing: clean runs of this small job alone
+        // end anywhere in 0.81-0.88 on a loaded machine, so the band is 0.1 (the exactness
+        // check above is the sharp one).
+        assert!((acc - clean_acc).abs() < 0.1, "{policy:?}: accuracy {acc} against {clean_acc}");
     }
     Ok(())
 }
