@@ -152,6 +152,10 @@ pub enum Error {
     /// without saying why.
     #[error("{0} is gone")]
     PeerGone(Peer),
+    /// The controller told this rank to stop (it was evicted, or the run ended) and then ended
+    /// its connection: the controller lives, so this rank neither follows a standby nor retries.
+    #[error("the controller stopped this rank and ended its connection")]
+    Evicted,
     /// The run was aborted through its handle.
     /// A cluster run's controller gave up waiting for ranks to join.
     #[error("ranks {missing:?} did not join the controller within {after:?}")]

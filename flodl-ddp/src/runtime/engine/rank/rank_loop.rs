@@ -572,7 +572,10 @@ impl<'a> RankLoop<'a> {
             ToWorker::Stop => {
                 if let Some(attacker) = &self.attacker {
                     let stall = self.cfg.spec.stall_timeout;
-                    attacker.on_stop(rank, |m| send_on(self.link, &self.last_sent, m, stall))?;
+                    // Its connection ended after the Stop: stopped, not a controller's death.
+                    attacker
+                        .on_stop(rank, |m| send_on(self.link, &self.last_sent, m, stall))
+                        .map_err(|_| Error::Evicted)?;
                 }
                 return Ok(Flow::Exit);
             }
