@@ -186,12 +186,15 @@ impl Window {
     /// This window as a probe: the first window of `Cadence` and `Async` while ElChe has no
     /// timing (and no speed hint). Every rank is handed the same count blind; a rank that
     /// reaches it reports ready (its reading for ElChe: that count in that wall time) and goes
-    /// on training, up to [`PROBE_STRETCH`] times the count, until the slowest rank is ready
-    /// too and the reduce takes in every step trained. With the count alone, the fastest rank
-    /// of a 10x skew waited nine tenths of the first window (a tenth of a 1-epoch MNIST run,
-    /// the slow rank's cold start included), and a transformer's fast rank nine slow steps.
-    pub fn probing(self) -> Window {
-        Window { limit: self.limit.max(self.target.saturating_mul(PROBE_STRETCH)), ..self }
+    /// on training, up to [`PROBE_STRETCH`] times the count but never past `most` batches (a
+    /// share of an epoch: a rank whose peers are still starting must not train a small epoch
+    /// alone before the first average), until the slowest rank is ready too and the reduce
+    /// takes in every step trained. With the count alone, the fastest rank of a 10x skew
+    /// waited nine tenths of the first window (a tenth of a 1-epoch MNIST run, the slow rank's
+    /// cold start included), and a transformer's fast rank nine slow steps.
+    pub fn probing(self, most: usize) -> Window {
+        let stretched = self.target.saturating_mul(PROBE_STRETCH).min(most);
+        Window { limit: self.limit.max(stretched), ..self }
     }
 
     /// The window ended at `steps`: the rank is ready now, and trains no more before the reduce
@@ -371,18 +374,23 @@ mod tests {
     }
 
     /// A probe is reached at its count like any window, and bounds the training past it at
-    /// `PROBE_STRETCH` times the count (or the policy's own overshoot, when larger).
+    /// `PROBE_STRETCH` times the count or `most`, whichever is less (or the policy's own
+    /// overshoot, when larger).
     #[test]
     fn a_probe_trains_past_its_count() {
-        // (policy, count, overshoot, limit)
+        // (policy, count, overshoot, most, limit)
         let cases = [
-            (Policy::Cadence, 10, 0, 10 * PROBE_STRETCH),
-            (Policy::Async, 10, 6, 10 * PROBE_STRETCH),
-            (Policy::Async, 1, 500, 501),
-            (Policy::Cadence, 1, 0, PROBE_STRETCH),
+            (Policy::Cadence, 10, 0, usize::MAX, 10 * PROBE_STRETCH),
+            (Policy::Async, 10, 6, usize::MAX, 10 * PROBE_STRETCH),
+            (Policy::Async, 1, 500, usize::MAX, 501),
+            (Policy::Cadence, 1, 0, usize::MAX, PROBE_STRETCH),
+            // A small epoch's share bounds it, never below the count or the overshoot.
+            (Policy::Cadence, 10, 0, 100, 100),
+            (Policy::Cadence, 10, 0, 5, 10),
+            (Policy::Async, 10, 6, 12, 16),
         ];
-        for (policy, count, overshoot, limit) in cases {
-            let probe = policy.window(4, count, overshoot, 0.0).probing();
+        for (policy, count, overshoot, most, limit) in cases {
+            let probe = policy.window(4, count, overshoot, 0.0).probing(most);
             assert_eq!((probe.round, probe.target, probe.limit), (4, count, limit), "{policy:?}");
             assert!(probe.is_reached(count, 0.0) && !probe.is_reached(count - 1, 0.0));
             let ended = probe.ended_at(count + 3);

@@ -529,12 +529,14 @@ impl Coordinator {
         let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
         let overshoot = self.cadence.overshoot.current();
         let probing = self.probing();
+        // A probe takes at most a quarter of a rank's even share of an epoch.
+        let most = self.cfg.batches_per_epoch() / (4 * self.cfg.world()).max(1);
         (0..self.cfg.world())
             .map(|r| {
                 let count = elche.and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
                 let window = self.cfg.spec.policy.window(round, count, overshoot, anchor_wall_ms);
                 if probing {
-                    window.probing()
+                    window.probing(most)
                 } else if self.follows(r) {
                     window.following()
                 } else {
