@@ -158,12 +158,23 @@ struct RankCommand {
     keys: JobKeys,
     /// The standby's rank and the listener of its address, bound here for it.
     standby: Option<(usize, std::net::TcpListener)>,
+    /// The pipe the standby's process announces its takeover on (with a standby only).
+    notices: Option<crate::term_notice::NoticeWriter>,
 }
 
 impl RankCommand {
-    /// Starts rank `rank`'s process, its output relayed with the rank's tag.
-    fn spawn(&self, rank: usize, relays: &mut Vec<std::thread::JoinHandle<()>>) -> Result<Child> {
-        let port = self.listener.local_addr()?.port();
+    /// Starts rank `rank`'s process, its output relayed with the rank's tag; after a takeover
+    /// (`term` above 0) it joins the controller of that term at the standby's address.
+    fn spawn(
+        &self,
+        rank: usize,
+        term: u64,
+        relays: &mut Vec<std::thread::JoinHandle<()>>,
+    ) -> Result<Child> {
+        let port = match &self.standby {
+            Some((_, listener)) if term > 0 => listener.local_addr()?.port(),
+            _ => self.listener.local_addr()?.port(),
+        };
         let mut cmd = Command::new(&self.exe);
         cmd.args(&self.train)
             .env("FLODL_RANK", rank.to_string())
@@ -195,6 +206,12 @@ impl RankCommand {
                 let files = self.keys.standby();
                 cmd.env(crate::takeover::STANDBY_CERT, &files.cert)
                     .env(crate::takeover::STANDBY_KEY, &files.key);
+                if let Some(notices) = &self.notices {
+                    notices.hand(&mut cmd);
+                }
+            }
+            if term > 0 {
+                cmd.env(crate::takeover::TERM, term.to_string());
             }
         }
         for (name, path) in files.vars() {
@@ -254,12 +271,26 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         _ => None,
     };
     let standby_rank = standby.as_ref().map(|(rank, _)| *rank);
-    let command =
-        RankCommand { exe, train: child_args(), world: args.nproc, listener, keys, standby };
+    let (notices, writer) = match standby {
+        Some(_) => {
+            let (notices, writer) = crate::term_notice::pipe()?;
+            (Some(notices), Some(writer))
+        }
+        None => (None, None),
+    };
+    let command = RankCommand {
+        exe,
+        train: child_args(),
+        world: args.nproc,
+        listener,
+        keys,
+        standby,
+        notices: writer,
+    };
     let mut children: Vec<Child> = Vec::with_capacity(args.nproc);
     let mut relays = Vec::new();
     for rank in 0..args.nproc {
-        match command.spawn(rank, &mut relays) {
+        match command.spawn(rank, 0, &mut relays) {
             Ok(child) => children.push(child),
             Err(e) => {
                 stop_all(&mut children, Signal::SIGKILL);
@@ -286,10 +317,12 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     let restarts = Restarts {
         left: args.max_restarts,
         total: args.max_restarts,
+        term: 0,
         command: &command,
         pids: &pids,
     };
-    let status = wait_job(&mut children, watchdog + GRACE, restarts, standby_rank, &mut relays);
+    let standby = standby_rank.zip(notices);
+    let status = wait_job(&mut children, watchdog + GRACE, restarts, standby, &mut relays);
     handle.close();
     let _ = forwarder.join();
     for relay in relays {
@@ -307,6 +340,8 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
 struct Restarts<'a> {
     left: usize,
     total: usize,
+    /// The controller's term: a rank restarted after a takeover joins the standby's controller.
+    term: u64,
     command: &'a RankCommand,
     pids: &'a Pids,
 }
@@ -326,7 +361,7 @@ impl Restarts<'_> {
         }
         let n = self.total - self.left + 1;
         println!("[launch] restarting rank {rank} (restart {n} of at most {})", self.total);
-        match self.command.spawn(rank, relays) {
+        match self.command.spawn(rank, self.term, relays) {
             Ok(child) => {
                 self.left -= 1;
                 if let Some(pid) = self.pids.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
@@ -347,20 +382,48 @@ impl Restarts<'_> {
 }
 
 /// Waits for the children, restarting dead ones while `restarts` allows and the controller's
-/// process runs. The job's status is the controller's process's: rank 0's, or, once rank 0's
-/// process was killed by a signal with a `standby` alive, the standby's (which takes over). Once that process has
-/// ended, the others get `grace` to end on their own before they are killed.
+/// process runs. The job's status is the controller's process's: rank 0's, or the `standby`'s
+/// once it announced its takeover on its notices (or once rank 0's process was killed by a
+/// signal with the standby alive: it is about to take over). A takeover fences the old
+/// controller: rank 0's process, if still there (stopped, or alive but cut off from its
+/// ranks), is killed. Once the deciding process has ended, the others get `grace` to end on
+/// their own before they are killed.
 fn wait_job(
     children: &mut [Child],
     grace: Duration,
     mut restarts: Restarts<'_>,
-    standby: Option<usize>,
+    mut standby: Option<(usize, crate::term_notice::TermNotices)>,
     relays: &mut Vec<std::thread::JoinHandle<()>>,
 ) -> Option<ExitStatus> {
     let mut ended: Vec<Option<ExitStatus>> = children.iter().map(|_| None).collect();
     let mut decider = 0;
     let mut since_decider: Option<Instant> = None;
     loop {
+        if let Some((s, notices)) = &mut standby {
+            let term = notices.poll();
+            if term > restarts.term {
+                restarts.term = term;
+                println!(
+                    "[launch] rank {s} took over as the controller of term {term}: its status is \
+                     the job's; ranks restarted from now on join it"
+                );
+                if ended[*s].is_none() {
+                    decider = *s;
+                    since_decider = None;
+                }
+                // Fencing: an old controller still there (stopped, or cut off from its ranks)
+                // would go on training for a term nobody follows; this job has one controller.
+                if ended[0].is_none() {
+                    println!(
+                        "[launch] rank 0's process (the controller of the earlier term) is still \
+                         there: killing it"
+                    );
+                    let _ = children[0].kill();
+                    ended[0] = children[0].wait().ok();
+                }
+            }
+        }
+        let standby_rank = standby.as_ref().map(|(s, _)| *s);
         for rank in 0..children.len() {
             if ended[rank].is_some() {
                 continue;
@@ -376,7 +439,7 @@ fn wait_job(
             }
             // Killed (crash-stop), not a run that failed: its ranks were told to stop.
             let killed = rank == 0 && status.signal().is_some();
-            match standby.filter(|&s| killed && ended[s].is_none()) {
+            match standby_rank.filter(|&s| killed && ended[s].is_none()) {
                 Some(s) => {
                     println!(
                         "[launch] the controller's process (rank 0) died: the standby (rank \

@@ -21,6 +21,7 @@ mod run_dir;
 mod swimlane;
 mod takeover;
 mod tally;
+mod term_notice;
 mod train;
 
 use std::path::Path;

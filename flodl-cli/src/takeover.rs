@@ -27,6 +27,9 @@ pub(crate) const STANDBY_ADDR: &str = "FLODL_STANDBY_ADDR";
 pub(crate) const STANDBY_CERT: &str = "FLODL_STANDBY_CERT";
 /// The standby's controller key.
 pub(crate) const STANDBY_KEY: &str = "FLODL_STANDBY_KEY";
+/// The term of the controller a rank process started after a takeover joins (at the standby's
+/// address): `fdl launch` sets it for a rank it restarts once the standby announced its term.
+pub(crate) const TERM: &str = "FLODL_TERM";
 
 /// A rank process of a cluster job, with what it needs to take over or follow.
 pub(crate) struct Rank<'a> {
@@ -135,6 +138,7 @@ impl Rank<'_> {
         let place = cluster.clone().take_over(&files, addr, takeover.survivors.len())?;
         let trainer = self.trainer(Some(&point), place)?.term(takeover.term);
         let spec = trainer.spec().map_err(|e| anyhow!(e))?;
+        crate::term_notice::announce(takeover.term);
         println!(
             "[standby] the run goes on in {} (its ledger continues {}'s: fdl audit {} \
              --resumed-from {})",
@@ -153,6 +157,23 @@ impl Rank<'_> {
         let trainer = crate::train::trainer(self.cfg, self.devices, self.data, resume)?;
         Ok(crate::launch::cluster_trainer(trainer, self.devices, place))
     }
+}
+
+/// The controller a rank process started after a takeover joins: the term from [`TERM`] and
+/// the standby's address (`None` without [`TERM`]: the first controller's).
+///
+/// # Errors
+/// A term that is not a number, or one without a standby's address.
+pub(crate) fn joined_term() -> Result<Option<(u64, SocketAddr)>> {
+    let Ok(text) = std::env::var(TERM) else { return Ok(None) };
+    let term: u64 =
+        text.trim().parse().with_context(|| format!("{TERM}={text} is not a term number"))?;
+    if term == 0 {
+        return Ok(None);
+    }
+    let addr = standby_addr()?
+        .ok_or_else(|| anyhow!("{TERM}={term} needs the standby's address in {STANDBY_ADDR}"))?;
+    Ok(Some((term, addr)))
 }
 
 /// The standby's address from [`STANDBY_ADDR`] (`None` when unset: the job has none).

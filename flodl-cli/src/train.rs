@@ -29,6 +29,15 @@ use crate::run_dir::{self, RunDir};
 pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     let (cfg, opts) = config::resolve(&args.flags, &args.run)?;
     let cluster = crate::launch::place(&args.cluster, &cfg)?;
+    // A rank started after a takeover joins the controller of the new term at its address.
+    let joined = match &cluster {
+        Some(_) => crate::takeover::joined_term()?,
+        None => None,
+    };
+    let cluster = match (cluster, joined) {
+        (Some(c), Some((_, addr))) => Some(c.follow(addr)),
+        (cluster, _) => cluster,
+    };
     let devices = match &cluster {
         Some(c) => crate::launch::cluster_devices(&cfg, c.world())?,
         None => cfg.devices()?,
@@ -53,6 +62,9 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     let mut trainer = trainer(&cfg, &devices, &data, resume.as_ref())?;
     if let Some(c) = &cluster {
         trainer = crate::launch::cluster_trainer(trainer, &devices, c.clone());
+    }
+    if let Some((term, _)) = joined {
+        trainer = trainer.term(term);
     }
     let spec = trainer.spec().map_err(|e| explain(e, &cfg, resume.as_ref()))?;
     if let Some(c) = cluster.as_ref().filter(|c| !c.hosts_controller(spec.backend, kind))

@@ -2,7 +2,9 @@
 //! controller) mid-epoch in a 3-process job; the standby in rank 1's process takes over as the
 //! controller of term 1 at the address the ranks were told at launch, rank 2 follows it, rank
 //! 0's seat is a dead rank's, and the run completes without a restart with every sample of
-//! every epoch once in the final model.
+//! every epoch once in the final model. A controller stopped (SIGSTOP) rather than killed is
+//! found silent, taken over and fenced, and a rank restarted after the takeover joins the
+//! controller of the new term.
 
 use std::time::Duration;
 
@@ -113,4 +115,63 @@ fn a_killed_standby_leaves_the_run_going_without_one() -> Result {
     assert_eq!(epochs.len(), EPOCHS, "{out}");
     println!("{}", audit(&dir, None)?);
     Ok(())
+}
+
+/// `kill -STOP` of the controller's process in a 4-process job with `--max-restarts 1`: the
+/// ranks find it silent, the standby takes over and announces its term to the launcher, which
+/// fences the stopped old controller (kills it: one controller per job) and takes the job's
+/// status from the standby; then rank 2's process is killed, restarted at the controller of
+/// term 1 and rejoins; every sample of every epoch is once in the final model.
+#[test]
+fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_new_term() -> Result
+{
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let mut flags: Vec<&str> = JOB.to_vec();
+    let set = |flags: &mut Vec<&str>, name: &str, value: &'static str| -> Result {
+        let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
+        flags[at + 1] = value;
+        Ok(())
+    };
+    // Long enough after the takeover for a restarted process to start and join.
+    set(&mut flags, "--slowdown", "60,60,60,60")?;
+    set(&mut flags, "--epochs", "12")?;
+    let mut job = Launched::start_with(4, &["--max-restarts", "1"], &flags, &dir, &[])?;
+    job.wait_for("epoch 1/12", Duration::from_secs(90))?;
+    signal(job.pids[0], "STOP")?;
+    job.wait_for("[rank 2] rank 2: the controller is of term 1", Duration::from_secs(90))?;
+    kill9(job.pids[2])?;
+    job.wait_for("[launch] restarting rank 2", Duration::from_secs(30))?;
+    for line in [
+        "rank 1 takes over as the controller of term 1",
+        "[launch] rank 1 took over as the controller of term 1",
+        "(the controller of the earlier term) is still there: killing it",
+        "[standby] the run goes on in",
+    ] {
+        assert!(
+            job.seen.iter().any(|l| l.contains(line)),
+            "{line:?} missing:\n{}",
+            job.seen.join("\n")
+        );
+    }
+    let (code, out) = job.finish(Duration::from_secs(300))?;
+    assert_eq!(code, Some(0), "{out}");
+    // The restarted process joined the new term's controller and trained to the end.
+    let restarted = out.split("[launch] restarting rank 2").nth(1).unwrap_or_default();
+    assert!(restarted.contains("rank 2: the controller is of term 1"), "{out}");
+    assert!(restarted.contains("[rank 2] rank 2: finished"), "{out}");
+    assert!(!out.contains("rank 0 outlived"), "{out}");
+    let taken = tmp.path().join("run-term1");
+    assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(12), "{out}");
+    println!("{}", audit(&taken, Some(&dir))?);
+    Ok(())
+}
+
+/// `kill -SIGNAL pid`.
+fn signal(pid: i32, signal: &str) -> Result {
+    let ok = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()?
+        .success();
+    if ok { Ok(()) } else { Err(format!("kill -{signal} {pid} failed").into()) }
 }
