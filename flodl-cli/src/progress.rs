@@ -151,7 +151,14 @@ impl Progress {
         let acc = m.eval.map_or(String::new(), |e| {
             format!("  test loss {:.4}  accuracy {:.2}%", e.loss, e.accuracy * 100.0)
         });
-        format!("epoch {}/{}  loss {:.4}{acc}", m.epoch + 1, self.epochs, m.avg_loss)
+        // An epoch whose every sample was trained before this run resumed (a checkpoint's or a
+        // takeover's cut at its very end) has no loss of this run's to show.
+        let loss = if m.samples == 0 {
+            "trained before the resume".to_owned()
+        } else {
+            format!("loss {:.4}", m.avg_loss)
+        };
+        format!("epoch {}/{}  {loss}{acc}", m.epoch + 1, self.epochs)
     }
 
     fn redraw_ranks(&self, elapsed: Duration) {
