@@ -148,6 +148,14 @@ pub(crate) fn relay(
     })
 }
 
+/// How a rank process starts: with the job, or restarted after its death (joining the
+/// controller of the job's term then).
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    First,
+    Restart { term: u64 },
+}
+
 /// How the launcher starts a rank process: this binary running `fdl train` with the job's
 /// environment.
 struct RankCommand {
@@ -160,17 +168,24 @@ struct RankCommand {
     standby: Option<(usize, std::net::TcpListener)>,
     /// The pipe the standby's process announces its takeover on (with a standby only).
     notices: Option<crate::term_notice::NoticeWriter>,
+    /// How long a rank restarted before any takeover waits for the first controller before it
+    /// follows the standby (the job's watchdog: the standby takes over within it).
+    rejoin_wait: Duration,
 }
 
 impl RankCommand {
-    /// Starts rank `rank`'s process, its output relayed with the rank's tag; after a takeover
-    /// (`term` above 0) it joins the controller of that term at the standby's address.
+    /// Starts rank `rank`'s process, its output relayed with the rank's tag; restarted after a
+    /// takeover (a term above 0) it joins the controller of that term at the standby's address.
     fn spawn(
         &self,
         rank: usize,
-        term: u64,
+        start: Start,
         relays: &mut Vec<std::thread::JoinHandle<()>>,
     ) -> Result<Child> {
+        let (term, restart) = match start {
+            Start::First => (0, false),
+            Start::Restart { term } => (term, true),
+        };
         let port = match &self.standby {
             Some((_, listener)) if term > 0 => listener.local_addr()?.port(),
             _ => self.listener.local_addr()?.port(),
@@ -212,6 +227,8 @@ impl RankCommand {
             }
             if term > 0 {
                 cmd.env(crate::takeover::TERM, term.to_string());
+            } else if restart {
+                cmd.env(crate::takeover::REJOIN_WAIT, self.rejoin_wait.as_secs_f64().to_string());
             }
         }
         for (name, path) in files.vars() {
@@ -286,11 +303,12 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         keys,
         standby,
         notices: writer,
+        rejoin_wait: job_watchdog(&cfg),
     };
     let mut children: Vec<Child> = Vec::with_capacity(args.nproc);
     let mut relays = Vec::new();
     for rank in 0..args.nproc {
-        match command.spawn(rank, 0, &mut relays) {
+        match command.spawn(rank, Start::First, &mut relays) {
             Ok(child) => children.push(child),
             Err(e) => {
                 stop_all(&mut children, Signal::SIGKILL);
@@ -361,7 +379,7 @@ impl Restarts<'_> {
         }
         let n = self.total - self.left + 1;
         println!("[launch] restarting rank {rank} (restart {n} of at most {})", self.total);
-        match self.command.spawn(rank, self.term, relays) {
+        match self.command.spawn(rank, Start::Restart { term: self.term }, relays) {
             Ok(child) => {
                 self.left -= 1;
                 if let Some(pid) = self.pids.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)

@@ -30,6 +30,10 @@ pub(crate) const STANDBY_KEY: &str = "FLODL_STANDBY_KEY";
 /// The term of the controller a rank process started after a takeover joins (at the standby's
 /// address): `fdl launch` sets it for a rank it restarts once the standby announced its term.
 pub(crate) const TERM: &str = "FLODL_TERM";
+/// How long (seconds) a rank process restarted before any takeover waits for the first
+/// controller before it follows the standby: `fdl launch` sets the job's watchdog, within
+/// which the standby takes over from a controller that died.
+pub(crate) const REJOIN_WAIT: &str = "FLODL_REJOIN_WAIT";
 
 /// A rank process of a cluster job, with what it needs to take over or follow.
 pub(crate) struct Rank<'a> {
@@ -55,9 +59,30 @@ impl Rank<'_> {
         // The controller's process stops the run at the first Ctrl-C; a second one ends this
         // process even when its rank is stuck inside a step.
         crate::interrupt::exit_on_second();
-        let handle = match trainer.start()? {
-            Started::Rank(handle) => handle,
-            Started::Coordinator(_) => bail!("rank {rank} started a controller"),
+        // A rank process restarted into a job with a standby waits a bounded time for the
+        // first controller: it may have died while this process started (the ranks that were
+        // running follow the standby on their own).
+        let fallback = rejoin_wait()?
+            .filter(|_| spec.standby_rank().is_some_and(|s| s != rank))
+            .zip(standby_addr()?);
+        let trainer = match fallback {
+            Some((wait, _)) => self.trainer(None, cluster.clone().join_timeout(wait))?,
+            None => trainer,
+        };
+        let handle = match trainer.start() {
+            Ok(Started::Rank(handle)) => handle,
+            Ok(Started::Coordinator(_)) => bail!("rank {rank} started a controller"),
+            Err(error) => match fallback.filter(|_| unanswered(&error)) {
+                Some((wait, addr)) => {
+                    println!(
+                        "rank {rank}: no controller answered within {wait:?} ({error}); \
+                         following the standby at {addr} (term {})",
+                        spec.term + 1
+                    );
+                    return self.follow(cluster, addr, spec.term + 1);
+                }
+                None => return Err(error.into()),
+            },
         };
         let pid = std::process::id();
         let world = cluster.world();
@@ -93,12 +118,17 @@ impl Rank<'_> {
                     "rank {rank}: the controller is gone ({error}); following the standby at \
                      {addr} (term {term})"
                 );
-                let place = cluster.clone().follow(addr);
-                let trainer = self.trainer(None, place.clone())?.term(term);
-                let spec = trainer.spec().map_err(|e| anyhow!(e))?;
-                self.run(trainer, &spec, &place)
+                self.follow(cluster, addr, term)
             }
         }
+    }
+
+    /// Joins the controller of `term` at the standby's address `addr` and runs there.
+    fn follow(&self, cluster: &Cluster, addr: SocketAddr, term: u64) -> Result<()> {
+        let place = cluster.clone().follow(addr);
+        let trainer = self.trainer(None, place.clone())?.term(term);
+        let spec = trainer.spec().map_err(|e| anyhow!(e))?;
+        self.run(trainer, &spec, &place)
     }
 
     /// The standby's takeover: the bundle of its mirror's last cut in a run directory of its
@@ -157,6 +187,32 @@ impl Rank<'_> {
         let trainer = crate::train::trainer(self.cfg, self.devices, self.data, resume)?;
         Ok(crate::launch::cluster_trainer(trainer, self.devices, place))
     }
+}
+
+/// Whether joining failed because no controller answered (nothing listening, or no reply
+/// within the wait), not because one refused this rank.
+fn unanswered(error: &flodl_ddp::Error) -> bool {
+    matches!(
+        error,
+        flodl_ddp::Error::Net { source, .. }
+            if !matches!(source, flodl_cluster::NetError::Refused { .. })
+    )
+}
+
+/// How long a rank process `fdl launch` restarted waits for the first controller before it
+/// follows the standby ([`REJOIN_WAIT`], seconds; `None` when unset).
+///
+/// # Errors
+/// A value that is not a positive number of seconds.
+fn rejoin_wait() -> Result<Option<std::time::Duration>> {
+    let Ok(text) = std::env::var(REJOIN_WAIT) else { return Ok(None) };
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s > 0.0)
+        .ok_or_else(|| anyhow!("{REJOIN_WAIT}={text} is not a positive number of seconds"))?;
+    Ok(Some(std::time::Duration::from_secs_f64(secs)))
 }
 
 /// The controller a rank process started after a takeover joins: the term from [`TERM`] and

@@ -128,11 +128,6 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
     let mut flags: Vec<&str> = JOB.to_vec();
-    let set = |flags: &mut Vec<&str>, name: &str, value: &'static str| -> Result {
-        let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
-        flags[at + 1] = value;
-        Ok(())
-    };
     // Long enough after the takeover for a restarted process to start and join.
     set(&mut flags, "--slowdown", "60,60,60,60")?;
     set(&mut flags, "--epochs", "12")?;
@@ -164,6 +159,44 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
     let taken = tmp.path().join("run-term1");
     assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(12), "{out}");
     println!("{}", audit(&taken, Some(&dir))?);
+    Ok(())
+}
+
+/// `kill -9` of the controller's process while a restarted rank is joining it (4 processes,
+/// `--max-restarts 1`): rank 2's process is killed, and the controller's right after the
+/// launcher restarts it. The joiner finds its controller gone and follows the standby like the
+/// ranks that were running; the run completes in the standby's directory with rank 2 back and
+/// every sample once.
+#[test]
+fn a_rank_joining_when_the_controller_is_killed_follows_the_standby() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let mut flags: Vec<&str> = JOB.to_vec();
+    set(&mut flags, "--slowdown", "60,60,60,60")?;
+    // The restarted process waits out the watchdog (10 s) before it follows: the run lasts longer.
+    set(&mut flags, "--epochs", "24")?;
+    let mut job = Launched::start_with(4, &["--max-restarts", "1"], &flags, &dir, &[])?;
+    job.wait_for("epoch 1/24", Duration::from_secs(90))?;
+    kill9(job.pids[2])?;
+    job.wait_for("[launch] restarting rank 2", Duration::from_secs(30))?;
+    kill9(job.pids[0])?;
+    let (code, out) = job.finish(Duration::from_secs(300))?;
+    assert_eq!(code, Some(0), "{out}");
+    let restarted = out.split("[launch] restarting rank 2").nth(1).unwrap_or_default();
+    // The new process starts after the controller's kill: it finds no controller answering.
+    assert!(restarted.contains("rank 2: no controller answered within"), "{out}");
+    assert!(restarted.contains("rank 2: the controller is of term 1"), "{out}");
+    assert!(restarted.contains("[rank 2] rank 2: finished"), "{out}");
+    let taken = tmp.path().join("run-term1");
+    assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(24), "{out}");
+    println!("{}", audit(&taken, Some(&dir))?);
+    Ok(())
+}
+
+/// Sets flag `name`'s value in `flags`.
+fn set(flags: &mut [&str], name: &str, value: &'static str) -> Result {
+    let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
+    *flags.get_mut(at + 1).ok_or(format!("no value after {name}"))? = value;
     Ok(())
 }
 
