@@ -111,14 +111,19 @@ fn attacked(attack: &str, misconduct: Option<&str>, dir: &Path) -> Result<f64> {
     if persist {
         let rejoins = s["rejoins"].as_array().map_or(0, Vec::len);
         let still_heard = out.contains("still heard");
+        // Turned away with a Stop, the restarted process ends at once: it neither follows the
+        // standby nor waits for the launcher to kill it after the run.
+        let lingered =
+            out.contains("rank 2 outlived") || out.contains("rank 2: the controller is gone");
         if !out.contains("restarting rank 2")
             || !out.contains(BARRED)
             || rejoins != 0
             || still_heard
+            || lingered
         {
             return Err(format!(
                 "{attack}: restarted and turned away expected, {rejoins} rejoin(s), heard on \
-                 after its Stop: {still_heard}:\n{tail}"
+                 after its Stop: {still_heard}, lingered: {lingered}:\n{tail}"
             )
             .into());
         }

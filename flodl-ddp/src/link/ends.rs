@@ -107,6 +107,16 @@ impl CoordinatorLink {
         }
     }
 
+    /// Turns away a process that connected (a barred seat, a run that takes no joiner now):
+    /// tells it to stop, then ends the connection, so its rank exits instead of taking the
+    /// closed connection for a dead controller and following a standby.
+    pub(crate) fn turn_away(&self, frames: &Frames) {
+        if let Ok((lane, bytes)) = super::frame::encode(ToWorker::Stop, WireFormat::F32) {
+            let _ = frames.try_send(lane, bytes);
+        }
+        frames.close();
+    }
+
     /// Reaches `rank` through `frames` from now on (a rank that joined again), closing its
     /// old connection; false when `rank` is not reached over connections.
     pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {

@@ -16,7 +16,7 @@ impl Coordinator {
                         "a process joining again as rank {rank} was turned away: the rank was \
                          evicted for misconduct, and its seat stays closed for the run"
                     );
-                    frames.0.close();
+                    self.link.turn_away(&frames.0);
                     return Ok(());
                 }
                 self.conduct.reset(rank);

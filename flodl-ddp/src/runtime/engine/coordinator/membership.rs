@@ -75,7 +75,7 @@ impl Coordinator {
         };
         if let Some(why) = refusal {
             tracing::warn!(rank, "a process joining again as rank {rank} was turned away: {why}");
-            frames.close();
+            self.link.turn_away(&frames);
             return Ok(());
         }
         if self.roster.is_live(rank) {
@@ -85,7 +85,7 @@ impl Coordinator {
             self.rank_died(rank, FaultCause::Gone, failure)?;
         }
         if !self.link.attach(rank, frames.clone()) {
-            frames.close();
+            self.link.turn_away(&frames);
             return Ok(());
         }
         self.roster.claim(rank);
