@@ -4,10 +4,12 @@
 //! listener bound here and handed to rank 0's process, each process its own certificate: the
 //! controller's to rank 0, rank r's to rank r), each output line prefixed with its rank, Ctrl-C and
 //! SIGTERM forwarded to the ranks by pid, and the job's status (rank 0's, whose process hosts
-//! the controller and decides the run) returned. With `--max-restarts N`, a rank process other
-//! than rank 0 that dies (exits non-zero or is killed) is started again with the same rank, at
-//! most N times over the job; it joins the running job at its next reduce (host backend, and
-//! NCCL across GPU processes; an MPI world cannot grow, see `mpi_job`).
+//! the controller and decides the run; the standby's after a takeover, `term_notice`) returned.
+//! With `--max-restarts N`, a rank process other than rank 0 that dies (exits non-zero or is
+//! killed) is started again with the same rank, at most N times over the job; it joins the
+//! running job at its next reduce (host backend, and NCCL across GPU processes; an MPI world
+//! cannot grow, see `mpi_job`). After a takeover rank 0's process is a rank like the others,
+//! restarted the same way into the new term.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -204,8 +206,8 @@ impl RankCommand {
             // forwards it once.
             .process_group(0);
         // Rank 0's process hosts the controller: it gets the controller's key and listener; every
-        // other rank its own key only.
-        let files = if rank == 0 {
+        // other rank its own key only (rank 0's too, restarted after a takeover: a rank then).
+        let files = if rank == 0 && term == 0 {
             hand_listener(&mut cmd, &self.listener);
             self.keys.controller()
         } else {
@@ -374,7 +376,8 @@ impl Restarts<'_> {
         children: &mut [Child],
         relays: &mut Vec<std::thread::JoinHandle<()>>,
     ) -> bool {
-        if rank == 0 || status.success() || self.left == 0 {
+        // Rank 0's process hosts the first controller; after a takeover it is a rank like any.
+        if (rank == 0 && self.term == 0) || status.success() || self.left == 0 {
             return false;
         }
         let n = self.total - self.left + 1;
@@ -404,8 +407,9 @@ impl Restarts<'_> {
 /// once it announced its takeover on its notices (or once rank 0's process was killed by a
 /// signal with the standby alive: it is about to take over). A takeover fences the old
 /// controller: rank 0's process, if still there (stopped, or alive but cut off from its
-/// ranks), is killed. Once the deciding process has ended, the others get `grace` to end on
-/// their own before they are killed.
+/// ranks), is killed, and restarted as a rank of the new term while restarts are left. Once
+/// the deciding process has ended, the others get `grace` to end on their own before they are
+/// killed.
 fn wait_job(
     children: &mut [Child],
     grace: Duration,
@@ -438,6 +442,12 @@ fn wait_job(
                     );
                     let _ = children[0].kill();
                     ended[0] = children[0].wait().ok();
+                }
+                // Rank 0's seat is a rank's now: restarts bring it back into the new term.
+                if let Some(status) = ended[0]
+                    && restarts.restart(0, status, children, relays)
+                {
+                    ended[0] = None;
                 }
             }
         }

@@ -117,11 +117,12 @@ fn a_killed_standby_leaves_the_run_going_without_one() -> Result {
     Ok(())
 }
 
-/// `kill -STOP` of the controller's process in a 4-process job with `--max-restarts 1`: the
+/// `kill -STOP` of the controller's process in a 4-process job with `--max-restarts 2`: the
 /// ranks find it silent, the standby takes over and announces its term to the launcher, which
-/// fences the stopped old controller (kills it: one controller per job) and takes the job's
-/// status from the standby; then rank 2's process is killed, restarted at the controller of
-/// term 1 and rejoins; every sample of every epoch is once in the final model.
+/// fences the stopped old controller (kills it: one controller per job), restarts rank 0's
+/// process as a rank of term 1 and takes the job's status from the standby; then rank 2's
+/// process is killed, restarted at the controller of term 1 and rejoins; every sample of every
+/// epoch is once in the final model.
 #[test]
 fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_new_term() -> Result
 {
@@ -131,7 +132,7 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
     // Long enough after the takeover for a restarted process to start and join.
     set(&mut flags, "--slowdown", "60,60,60,60")?;
     set(&mut flags, "--epochs", "12")?;
-    let mut job = Launched::start_with(4, &["--max-restarts", "1"], &flags, &dir, &[])?;
+    let mut job = Launched::start_with(4, &["--max-restarts", "2"], &flags, &dir, &[])?;
     job.wait_for("epoch 1/12", Duration::from_secs(90))?;
     signal(job.pids[0], "STOP")?;
     job.wait_for("[rank 2] rank 2: the controller is of term 1", Duration::from_secs(90))?;
@@ -156,8 +157,19 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
     assert!(restarted.contains("rank 2: the controller is of term 1"), "{out}");
     assert!(restarted.contains("[rank 2] rank 2: finished"), "{out}");
     assert!(!out.contains("rank 0 outlived"), "{out}");
+    // Rank 0's process came back as a rank of the new term and trained to the end.
+    let rank0 = out.split("[launch] restarting rank 0").nth(1).unwrap_or_default();
+    assert!(rank0.contains("[rank 0] rank 0: the controller is of term 1"), "{out}");
+    assert!(rank0.contains("[rank 0] rank 0: finished"), "{out}");
     let taken = tmp.path().join("run-term1");
-    assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(12), "{out}");
+    let s = summary(&taken)?;
+    assert_eq!(s["epochs_completed"].as_u64(), Some(12), "{out}");
+    // Both came back into the run: the world is whole again.
+    let rejoined: Vec<u64> = s["rejoins"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|e| e["rank"].as_u64()).collect())
+        .unwrap_or_default();
+    assert!(rejoined.contains(&0) && rejoined.contains(&2), "rejoins {rejoined:?}:\n{out}");
     println!("{}", audit(&taken, Some(&dir))?);
     Ok(())
 }

@@ -60,7 +60,7 @@ impl CoordinatorLink {
             let routes = (0..world)
                 .map(|r| here.iter().position(|x| *x == r).map_or(Route::Remote, Route::Local))
                 .collect();
-            let net = NetCoordinator::new(world, remote, format, inbox, arrivals)?;
+            let net = NetCoordinator::new((world, here), remote, format, inbox, arrivals)?;
             CoordinatorFlavor::Routed(Routed::new(routes, local, net))
         };
         Ok((CoordinatorLink { flavor }, ends.collect()))

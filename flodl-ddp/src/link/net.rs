@@ -210,12 +210,13 @@ const OLD_READER: Duration = Duration::from_secs(30);
 impl NetCoordinator {
     /// The coordinator's end for `world` ranks, of which the ranks in `remote` are reached
     /// through their connection (in `format`, the model cut into `fragments`); what they send
-    /// goes to `inbox`. Ranks that join again later come from `arrivals`.
+    /// goes to `inbox`. Ranks that join again later come from `arrivals`, except those in
+    /// `here` (the controller's own process).
     ///
     /// # Errors
     /// [`Error::Spawn`] when a thread cannot start.
     pub(crate) fn new(
-        world: usize,
+        (world, here): (usize, &[usize]),
         remote: Vec<(usize, Arc<Frames>)>,
         (format, fragments): (WireFormat, usize),
         inbox: &flume::Sender<Inbound>,
@@ -250,11 +251,12 @@ impl NetCoordinator {
         link.readers = Arc::new(std::sync::Mutex::new(readers));
         if let Some(arrivals) = arrivals {
             let (readers, inbox) = (link.readers.clone(), inbox.clone());
+            let here = here.to_vec();
             let joiner = std::thread::Builder::new()
                 .name("flodl-link-joins".into())
                 .spawn(move || {
                     let ends = (coders.as_slice(), &updates);
-                    take_joins(&arrivals, world, &readers, ends, &inbox, &stop)
+                    take_joins(&arrivals, (world, &here), &readers, ends, &inbox, &stop)
                 })
                 .map_err(|source| Error::Spawn { what: "the link's joining thread", source })?;
             link.joiner = Some(joiner);
@@ -285,11 +287,11 @@ impl NetCoordinator {
     }
 }
 
-/// The joining thread: each rank admitted again (never rank 0, whose process hosts the
-/// controller) is posted to the inbox once its old reader has ended, then read.
+/// The joining thread: each rank admitted again (never one in the controller's own process,
+/// `here`) is posted to the inbox once its old reader has ended, then read.
 fn take_joins(
     arrivals: &Arrivals,
-    world: usize,
+    (world, here): (usize, &[usize]),
     readers: &Readers,
     (coders, updates): (&[Coder], &Arc<UpdateBytes>),
     inbox: &flume::Sender<Inbound>,
@@ -297,7 +299,7 @@ fn take_joins(
 ) {
     while !stop.load(Ordering::Acquire) {
         let Some((rank, frames)) = arrivals.next(POLL) else { continue };
-        if rank == 0 || rank >= world {
+        if rank >= world || here.contains(&rank) {
             tracing::warn!(rank, "a join for a rank that cannot join again was closed");
             frames.close();
             continue;
@@ -532,9 +534,14 @@ mod tests {
         let (inbox_tx, inbox) = flume::bounded::<Inbound>(64);
         let (c1, r1) = mem_pair();
         let (c2, r2) = mem_pair();
-        let coord =
-            NetCoordinator::new(3, vec![(1, c1), (2, c2)], (WireFormat::Bf16, 1), &inbox_tx, None)
-                .map_err(|e| e.to_string())?;
+        let coord = NetCoordinator::new(
+            (3, &[0]),
+            vec![(1, c1), (2, c2)],
+            (WireFormat::Bf16, 1),
+            &inbox_tx,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
         let rank1 = NetRank::new(r1, (WireFormat::Bf16, 1)).map_err(|e| e.to_string())?;
         if coord.send(0, ToWorker::Ping, WAIT) != Err(LinkError::Gone) {
             return Err("a send to a rank that is not remote went through".into());

@@ -83,8 +83,9 @@ mod tests {
         let (inbox_tx, inbox) = flume::bounded::<Inbound>(16);
         let (local, mut ends) = local::link(1, 4, &inbox_tx);
         let (c, r) = mem_pair();
-        let remote = NetCoordinator::new(2, vec![(1, c)], (WireFormat::F32, 1), &inbox_tx, None)
-            .map_err(|e| e.to_string())?;
+        let remote =
+            NetCoordinator::new((2, &[0]), vec![(1, c)], (WireFormat::F32, 1), &inbox_tx, None)
+                .map_err(|e| e.to_string())?;
         let link = Routed::new(vec![Route::Local(0), Route::Remote], local, remote);
         let rank0 = ends.pop().ok_or("no local end")?;
         let rank1 = NetRank::new(r, (WireFormat::F32, 1)).map_err(|e| e.to_string())?;

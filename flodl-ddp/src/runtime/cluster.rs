@@ -52,8 +52,9 @@ pub struct Cluster {
     join_timeout: Duration,
     /// Ranks (rank 0 included) the controller waits for before the run starts.
     quorum: usize,
-    /// The rank whose process hosts the controller: 0, or the standby's after a takeover.
-    controller_rank: usize,
+    /// The rank whose process hosts the controller: 0, the standby's after a takeover, none
+    /// in a process that follows a standby (the controller lives elsewhere).
+    controller_rank: Option<usize>,
     rendezvous: Arc<Rendezvous>,
     /// The launcher identity it was read from.
     #[cfg(feature = "cluster")]
@@ -102,7 +103,7 @@ impl Cluster {
             local_rank,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             quorum: world,
-            controller_rank: 0,
+            controller_rank: Some(0),
             rendezvous,
             #[cfg(feature = "cluster")]
             identity: None,
@@ -153,7 +154,7 @@ impl Cluster {
             Seat::Rank(rank) => {
                 let devices = vec![kind; self.world];
                 let engine = CollectiveEngine::choose(backend, self.placement(), &devices);
-                rank == self.controller_rank && engine != Some(CollectiveEngine::Mpi)
+                self.controller_rank == Some(rank) && engine != Some(CollectiveEngine::Mpi)
             }
         }
     }
@@ -410,7 +411,7 @@ impl Cluster {
             r.controller = controller;
             r.bind = addr;
         });
-        cluster.controller_rank = rank;
+        cluster.controller_rank = Some(rank);
         Ok(cluster.quorum(quorum))
     }
 
@@ -419,7 +420,11 @@ impl Cluster {
     pub fn follow(self, addr: std::net::SocketAddr) -> Cluster {
         let controller =
             flodl_cluster::ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
-        self.retls(|r| r.controller = controller)
+        let mut cluster = self.retls(|r| r.controller = controller);
+        // Whatever its rank (rank 0's process restarted after a takeover too), a follower
+        // hosts no controller.
+        cluster.controller_rank = None;
+        cluster
     }
 
     /// Where rank 0's process listens for the other ranks (default: loopback on the
