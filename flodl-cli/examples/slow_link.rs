@@ -54,6 +54,10 @@ struct Outcome {
     reduces: f64,
     /// Per remote rank (1, 2): (exchange, exchange + reduce) as shares of its wall.
     shares: Vec<(f64, f64)>,
+    /// Samples each rank trained, by rank.
+    samples: Vec<f64>,
+    /// Ranks declared dead during the run.
+    faults: usize,
 }
 
 fn outcome(dir: &Path) -> Result<Outcome> {
@@ -70,6 +74,8 @@ fn outcome(dir: &Path) -> Result<Outcome> {
         shares.push((exchange / total.max(1e-9), (exchange + get("reduce_ms")) / total.max(1e-9)));
     }
     Ok(Outcome {
+        samples: ranks.iter().map(|r| r["samples"].as_f64().unwrap_or(0.0)).collect(),
+        faults: s["faults"].as_array().map_or(0, Vec::len),
         rate: samples / wall,
         loss: s["final_train_loss"].as_f64().unwrap_or(f64::NAN),
         reduces: s["syncs"].as_f64().unwrap_or(f64::NAN),
@@ -157,10 +163,13 @@ fn main() -> Result {
                 run_job(&fdl, &place, &keys, &dir, &job, JOB_LIMIT)?;
                 let o = outcome(&dir.join("rank0"))?;
                 eprintln!(
-                    "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, {:.0} s",
+                    "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, {:.0} s, samples by \
+                     rank {:?}, {} rank(s) declared dead",
                     o.rate,
                     o.reduces,
-                    started.elapsed().as_secs_f64()
+                    started.elapsed().as_secs_f64(),
+                    o.samples,
+                    o.faults
                 );
                 results.push((link.to_string(), wire.to_string(), o));
             }

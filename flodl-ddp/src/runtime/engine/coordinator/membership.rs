@@ -64,6 +64,17 @@ impl Coordinator {
         rank: usize,
         frames: Arc<crate::link::frames::Frames>,
     ) -> Result<()> {
+        if matches!(self.phase, Phase::Starting { .. }) {
+            // Not a refusal for good: closed without a Stop, the process ends with an error
+            // and a launcher with restarts left starts it again, once the run may be training
+            // (a controller that took over starts while restarted ranks connect).
+            tracing::warn!(
+                rank,
+                "a process joining again as rank {rank} came while the run is starting: closed"
+            );
+            frames.close();
+            return Ok(());
+        }
         let refusal = if !matches!(self.phase, Phase::Training) {
             Some("the run is not training")
         } else if self.cfg.spec.backend == Backend::Host || self.group.relay {
