@@ -62,6 +62,9 @@ fn wait_on(
     }
 }
 
+/// How long a rank whose coordinator's connection ended reads what is left of it for a `Stop`.
+const STOP_DRAIN: Duration = Duration::from_secs(2);
+
 /// What a rank's loop does after handling a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -254,8 +257,36 @@ impl<'a> RankLoop<'a> {
         Ok(())
     }
 
-    /// Runs until the coordinator says finish or stop.
+    /// Runs until the coordinator says finish or stop. A coordinator that told this rank to
+    /// stop and closed its connection is obeyed, even when a send found the connection closed
+    /// before the loop read the `Stop` (a process turned away while it built its replica).
     pub(crate) fn run(&mut self) -> Result<()> {
+        match self.run_until_told() {
+            Err(Error::PeerGone(Peer::Coordinator)) if self.stop_pending() => Ok(()),
+            outcome => outcome,
+        }
+    }
+
+    /// Whether a `Stop` is among what the coordinator sent before its connection ended: read
+    /// until the link reports the end (its reader may still be decoding the last frames),
+    /// for [`STOP_DRAIN`] at most.
+    fn stop_pending(&self) -> bool {
+        let deadline = Instant::now() + STOP_DRAIN;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match self.link.recv(left) {
+                Ok(ToWorker::Stop) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// [`run`](Self::run)'s loop.
+    fn run_until_told(&mut self) -> Result<()> {
         let rank = self.worker.rank;
         let initial = if rank == 0 { Some(self.worker.snapshot()?) } else { None };
         self.send(ToCoordinator::Ready { rank, shapes: self.worker.shapes(), initial })?;
