@@ -59,12 +59,12 @@ impl Rank<'_> {
         // The controller's process stops the run at the first Ctrl-C; a second one ends this
         // process even when its rank is stuck inside a step.
         crate::interrupt::exit_on_second();
+        let standby = standby_addr()?;
         // A rank process restarted into a job with a standby waits a bounded time for the
         // first controller: it may have died while this process started (the ranks that were
         // running follow the standby on their own).
-        let fallback = rejoin_wait()?
-            .filter(|_| spec.standby_rank().is_some_and(|s| s != rank))
-            .zip(standby_addr()?);
+        let fallback =
+            rejoin_wait()?.filter(|_| spec.standby_rank().is_some_and(|s| s != rank)).zip(standby);
         let trainer = match fallback {
             Some((wait, _)) => self.trainer(None, cluster.clone().join_timeout(wait))?,
             None => trainer,
@@ -107,7 +107,7 @@ impl Rank<'_> {
                 if matches!(failure.kind, FailureKind::PeerGone | FailureKind::Timeout)
         );
         // One takeover per job: the first controller's standby, the ranks that followed it.
-        let Some(addr) = standby_addr()?.filter(|_| gone && spec.standby_rank().is_some()) else {
+        let Some(addr) = standby.filter(|_| gone && spec.standby_rank().is_some()) else {
             return Err(error.into());
         };
         let term = spec.term + 1;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::launched::{Launched, Result, audit, median, records, summary};
+use support::launched::{Launched, Result, audit, median, records, signal, summary};
 
 /// The job: three rank processes, every one slowed so a window lasts a fraction of a second
 /// and an epoch a second or two; no `--watchdog` (the default cap, 30 s).
@@ -33,11 +33,6 @@ const JOB: [&str; 14] = [
 /// The generous bound on the time from SIGSTOP to the death: max(3 windows, 2 s) is the goal,
 /// the rest slack for a loaded machine.
 const BOUND: Duration = Duration::from_secs(15);
-
-fn signal(name: &str, pid: i32) -> Result {
-    let ok = Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status()?.success();
-    if ok { Ok(()) } else { Err(format!("kill -{name} {pid} failed").into()) }
-}
 
 /// SIGSTOP of rank 1's process after two epochs: it is declared dead, cause silent, within
 /// [`BOUND`] (the time and the run's median round before it printed); SIGCONT after the

@@ -11,7 +11,8 @@ use std::time::Duration;
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, in_process, kill9, median, records, summary, trains_as_well,
+    Launched, Result, accuracy, audit, in_process, kill9, median, records, signal, summary,
+    trains_as_well,
 };
 
 /// Epochs of the job.
@@ -128,24 +129,15 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
 {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
-    let mut flags: Vec<&str> = JOB.to_vec();
     // Long enough after the takeover for a restarted process to start and join.
-    set(&mut flags, "--slowdown", "60,60,60,60")?;
-    set(&mut flags, "--epochs", "12")?;
-    let mut job = Launched::start_with(4, &["--max-restarts", "4"], &flags, &dir, &[])?;
+    let mut job = four_processes("12", 4, &dir)?;
     job.wait_for("epoch 1/12", Duration::from_secs(90))?;
-    signal(job.pids[0], "STOP")?;
+    signal("STOP", job.pids[0])?;
     job.wait_for("[rank 2] rank 2: the controller is of term 1", Duration::from_secs(90))?;
     // Killed once the new controller trains (a death while a run starts ends that run): an
     // epoch it trained itself, not one restored from the takeover's bundle, has an ETA.
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let line = job.next_line(left).ok_or("the new controller trained no epoch")?;
-        if line.starts_with("[rank 1] epoch") && line.contains("ETA") {
-            break;
-        }
-    }
+    let trained = |line: &str| line.starts_with("[rank 1] epoch") && line.contains("ETA");
+    job.wait_until("epoch the new controller trained", trained, Duration::from_secs(90))?;
     kill9(job.pids[2])?;
     job.wait_for("[launch] restarting rank 2", Duration::from_secs(30))?;
     for line in [
@@ -193,11 +185,8 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
 fn a_rank_joining_when_the_controller_is_killed_follows_the_standby() -> Result {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
-    let mut flags: Vec<&str> = JOB.to_vec();
-    set(&mut flags, "--slowdown", "60,60,60,60")?;
     // The restarted process waits out the watchdog (10 s) before it follows: the run lasts longer.
-    set(&mut flags, "--epochs", "24")?;
-    let mut job = Launched::start_with(4, &["--max-restarts", "1"], &flags, &dir, &[])?;
+    let mut job = four_processes("24", 1, &dir)?;
     job.wait_for("epoch 1/24", Duration::from_secs(90))?;
     kill9(job.pids[2])?;
     job.wait_for("[launch] restarting rank 2", Duration::from_secs(30))?;
@@ -215,18 +204,18 @@ fn a_rank_joining_when_the_controller_is_killed_follows_the_standby() -> Result 
     Ok(())
 }
 
-/// Sets flag `name`'s value in `flags`.
-fn set(flags: &mut [&str], name: &str, value: &'static str) -> Result {
-    let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
-    *flags.get_mut(at + 1).ok_or(format!("no value after {name}"))? = value;
-    Ok(())
-}
-
-/// `kill -SIGNAL pid`.
-fn signal(pid: i32, signal: &str) -> Result {
-    let ok = std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()?
-        .success();
-    if ok { Ok(()) } else { Err(format!("kill -{signal} {pid} failed").into()) }
+/// The job on 4 processes, every rank slowed 60× (an epoch lasts about a second), for `epochs`
+/// epochs with `--max-restarts restarts`, into `dir`.
+fn four_processes(
+    epochs: &'static str,
+    restarts: usize,
+    dir: &std::path::Path,
+) -> Result<Launched> {
+    let mut flags: Vec<&str> = JOB.to_vec();
+    for (name, value) in [("--slowdown", "60,60,60,60"), ("--epochs", epochs)] {
+        let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
+        *flags.get_mut(at + 1).ok_or(format!("no value after {name}"))? = value;
+    }
+    let restarts = restarts.to_string();
+    Launched::start_with(4, &["--max-restarts", &restarts], &flags, dir, &[])
 }

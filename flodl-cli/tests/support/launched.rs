@@ -99,10 +99,15 @@ pub(crate) fn audit(dir: &Path, resumed_from: Option<&Path>) -> Result<String> {
     Ok(out)
 }
 
+/// `kill -NAME pid` (`NAME` a signal's name or number: `STOP`, `CONT`, `9`).
+pub(crate) fn signal(name: &str, pid: i32) -> Result {
+    let ok = Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status()?.success();
+    if ok { Ok(()) } else { Err(format!("kill -{name} {pid} failed").into()) }
+}
+
 /// `kill -9 pid`.
 pub(crate) fn kill9(pid: i32) -> Result {
-    let ok = Command::new("kill").args(["-9", &pid.to_string()]).status()?.success();
-    if ok { Ok(()) } else { Err(format!("kill -9 {pid} failed").into()) }
+    signal("9", pid)
 }
 
 /// A launched job whose output lines arrive on a channel; the current pid of each rank.
@@ -183,15 +188,24 @@ impl Launched {
 
     /// The first line containing `what`, within `wait`.
     pub(crate) fn wait_for(&mut self, what: &str, wait: Duration) -> Result<String> {
+        self.wait_until(&format!("a line with {what:?}"), |line| line.contains(what), wait)
+    }
+
+    /// The first line that passes `pick` (described by `what` in the error), within `wait`.
+    pub(crate) fn wait_until(
+        &mut self,
+        what: &str,
+        pick: impl Fn(&str) -> bool,
+        wait: Duration,
+    ) -> Result<String> {
         let deadline = Instant::now() + wait;
         while let Some(line) = self.next_line(deadline.saturating_duration_since(Instant::now())) {
-            if line.contains(what) {
+            if pick(&line) {
                 return Ok(line);
             }
         }
         let tail = self.seen.iter().rev().take(80).rev().cloned().collect::<Vec<_>>();
-        Err(format!("no line with {what:?} within {wait:?}; last lines:\n{}", tail.join("\n"))
-            .into())
+        Err(format!("no {what} within {wait:?}; last lines:\n{}", tail.join("\n")).into())
     }
 
     /// Waits for the launcher to exit; its code and every line.
