@@ -34,6 +34,9 @@ struct Book {
     handed: u64,
     /// Its steps that completed reduces hold.
     claimed: u64,
+    /// The latest completed reduce that held steps of it: its round and those steps. A rank
+    /// that has not taken that reduce's update yet still counts them in its window.
+    last: Option<(u64, u64)>,
     /// Epochs it was asked to evaluate and has not answered.
     evals: Vec<usize>,
     /// Group generations whose id it was asked to make and has not sent.
@@ -52,7 +55,7 @@ struct Budget {
 impl Book {
     fn new(remote: bool) -> Book {
         let budget = remote.then(|| Budget { tokens: f64::from(BURST), at: Instant::now() });
-        Book { handed: 0, claimed: 0, evals: Vec::new(), ids: Vec::new(), budget }
+        Book { handed: 0, claimed: 0, last: None, evals: Vec::new(), ids: Vec::new(), budget }
     }
 }
 
@@ -108,23 +111,34 @@ impl Conduct {
         Ok(())
     }
 
-    /// `rank` says it trained `steps` since the last reduce that holds its steps.
+    /// `rank` says it trained `steps` in its window of `round` (since the reduce before it).
+    ///
+    /// A window whose reduce completed here may be reported before the rank took its update
+    /// (the report crossed the update on the wire): its steps then include those the reduce
+    /// holds, and are weighed against the book before that reduce.
     ///
     /// # Errors
     /// [`Misconduct::StepsBeyondDispatch`] when that is more than it was handed.
-    pub(super) fn steps(&self, rank: usize, steps: usize) -> Result<(), Misconduct> {
+    pub(super) fn steps(&self, rank: usize, round: u64, steps: usize) -> Result<(), Misconduct> {
         let Some(book) = self.ranks.get(rank) else { return Ok(()) };
-        let claimed = book.claimed.saturating_add(steps as u64);
+        let before = match book.last {
+            Some((reduced, held)) if round <= reduced => book.claimed.saturating_sub(held),
+            _ => book.claimed,
+        };
+        let claimed = before.saturating_add(steps as u64);
         if claimed > book.handed {
             return Err(Misconduct::StepsBeyondDispatch { claimed, handed: book.handed });
         }
         Ok(())
     }
 
-    /// A reduce completed holding each rank's `steps`.
-    pub(super) fn reduced(&mut self, steps: &[usize]) {
+    /// The reduce of `round` completed holding each rank's `steps`.
+    pub(super) fn reduced(&mut self, round: u64, steps: &[usize]) {
         for (book, &s) in self.ranks.iter_mut().zip(steps) {
             book.claimed = book.claimed.saturating_add(s as u64);
+            if s > 0 {
+                book.last = Some((round, s as u64));
+            }
         }
     }
 
@@ -192,22 +206,35 @@ mod tests {
     use super::*;
     use crate::link::wire::Chunk;
 
-    /// Steps are bounded by the batches handed, across reduces; a new process starts afresh.
+    /// Steps are bounded by the batches handed, across reduces; a report of a window whose
+    /// reduce completed (sent before the rank took its update) is weighed against the book
+    /// before that reduce; a new process starts afresh.
     #[test]
     fn steps_are_bounded_by_the_batches_handed() -> Result<(), String> {
         let mut c = Conduct::new(2, 4, |_| true);
         c.sent(1, &ToWorker::Work(Chunk { epoch: 0, offset: 0, len: 12 }));
         for (steps, ok) in [(0, true), (3, true), (4, false), (1_000_000_000, false)] {
-            if c.steps(1, steps).is_ok() != ok {
+            if c.steps(1, 0, steps).is_ok() != ok {
                 return Err(format!("{steps} steps of 3 handed: accepted = {}", !ok));
             }
         }
-        c.reduced(&[0, 2]);
-        if c.steps(1, 2).is_ok() || c.steps(1, 1).is_err() {
-            return Err("after a reduce holding 2 steps, 1 more is all that is left".into());
+        c.reduced(0, &[0, 2]);
+        c.sent(1, &ToWorker::Work(Chunk { epoch: 0, offset: 12, len: 8 }));
+        // 5 handed, 2 held by the reduce of round 0: (round, steps, taken).
+        let cases = [
+            (1, 3, true),
+            (1, 4, false),
+            // Window 0 reported after its reduce: its steps include the 2 held.
+            (0, 5, true),
+            (0, 6, false),
+        ];
+        for (round, steps, ok) in cases {
+            if c.steps(1, round, steps).is_ok() != ok {
+                return Err(format!("{steps} steps in window {round}: accepted = {}", !ok));
+            }
         }
         c.reset(1);
-        match c.steps(1, 1) {
+        match c.steps(1, 1, 1) {
             Err(Misconduct::StepsBeyondDispatch { claimed: 1, handed: 0 }) => Ok(()),
             other => Err(format!("a fresh seat: {other:?}")),
         }

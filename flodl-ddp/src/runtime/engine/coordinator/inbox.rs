@@ -101,16 +101,16 @@ impl Coordinator {
                 }
                 Ok(())
             }
-            ToCoordinator::Progress { rank, steps, wall_ms, .. } => {
+            ToCoordinator::Progress { rank, round, steps, wall_ms, .. } => {
                 finite("window's wall time", *wall_ms)?;
-                self.conduct.steps(*rank, *steps)
+                self.conduct.steps(*rank, *round, *steps)
             }
-            ToCoordinator::Reduced { rank, steps, sync_ms, divergence, .. } => {
+            ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence, .. } => {
                 finite("reduce's time", *sync_ms)?;
                 if let Some(d) = divergence {
                     finite("divergence", *d)?;
                 }
-                self.conduct.steps(*rank, *steps)
+                self.conduct.steps(*rank, *round, *steps)
             }
             ToCoordinator::Snapshot {
                 rank,
@@ -128,7 +128,7 @@ impl Coordinator {
                 if admits.is_none() {
                     return Err(Misconduct::Replayed { round: *round, attempt: *attempt });
                 }
-                self.conduct.steps(*rank, *steps)?;
+                self.conduct.steps(*rank, *round, *steps)?;
                 // Under `--fragments` the snapshot is the part of the round's fragment.
                 let fragment = match &self.reduce {
                     Reduce::Host(hr) => hr.fragment(),
