@@ -56,8 +56,8 @@ struct Outcome {
     shares: Vec<(f64, f64)>,
     /// Samples each rank trained, by rank.
     samples: Vec<f64>,
-    /// Ranks declared dead during the run.
-    faults: usize,
+    /// Ranks declared dead during the run: each one's rank and cause.
+    faults: Vec<String>,
 }
 
 fn outcome(dir: &Path) -> Result<Outcome> {
@@ -75,7 +75,10 @@ fn outcome(dir: &Path) -> Result<Outcome> {
     }
     Ok(Outcome {
         samples: ranks.iter().map(|r| r["samples"].as_f64().unwrap_or(0.0)).collect(),
-        faults: s["faults"].as_array().map_or(0, Vec::len),
+        faults: s["faults"]
+            .as_array()
+            .map(|f| f.iter().map(|f| format!("rank {} {}", f["rank"], f["cause"])).collect())
+            .unwrap_or_default(),
         rate: samples / wall,
         loss: s["final_train_loss"].as_f64().unwrap_or(f64::NAN),
         reduces: s["syncs"].as_f64().unwrap_or(f64::NAN),
@@ -164,7 +167,7 @@ fn main() -> Result {
                 let o = outcome(&dir.join("rank0"))?;
                 eprintln!(
                     "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, {:.0} s, samples by \
-                     rank {:?}, {} rank(s) declared dead",
+                     rank {:?}, ranks declared dead: {:?}",
                     o.rate,
                     o.reduces,
                     started.elapsed().as_secs_f64(),

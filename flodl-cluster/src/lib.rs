@@ -18,5 +18,7 @@ pub use error::NetError;
 pub use handshake::{Controller, join};
 pub use identity::{ControllerAddr, Identity, IdentityError, Launcher};
 pub use keys::{JobKeys, KeyError, Role, Tls, TlsError, TlsFiles};
-pub use session::{Caps, Lane, Liveness, Session, SessionConfig, SessionReceiver, SessionSender};
+pub use session::{
+    Arrival, Caps, Lane, Liveness, Session, SessionConfig, SessionReceiver, SessionSender,
+};
 pub use wire::{Hello, PROTOCOL};

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
+use super::arrival::Arrival;
 use super::config::Caps;
 use super::lane::Lane;
 use super::runtime::Reactor;
@@ -32,6 +33,8 @@ pub(crate) struct Core {
     pub(crate) reactor: Mutex<Option<Arc<Reactor>>>,
     /// Where a bounded close is scheduled when no runtime is owned.
     pub(crate) handle: tokio::runtime::Handle,
+    /// When bytes of a frame still on its way last came.
+    pub(crate) arrival: Arc<Arrival>,
 }
 
 impl Drop for Core {
@@ -167,6 +170,11 @@ impl Session {
         self.receiver.recv_async(wait).await
     }
 
+    /// See [`SessionReceiver::arrival`].
+    pub fn arrival(&self) -> Arc<Arrival> {
+        self.receiver.arrival()
+    }
+
     /// The two halves, for a thread that sends and another that receives.
     pub fn split(self) -> (SessionSender, SessionReceiver) {
         (self.sender, self.receiver)
@@ -248,6 +256,13 @@ impl SessionReceiver {
     /// See [`Session::recv`].
     pub fn recv(&self, wait: Duration) -> Result<Vec<u8>, NetError> {
         self.recv_bytes(wait).map(Vec::from)
+    }
+
+    /// When bytes of a data frame not yet whole last came ([`Arrival::last`]): the peer's sign
+    /// of life while a large frame crosses a slow link, before [`recv`](Self::recv) can hand it
+    /// over. A handle to keep: it reads the session's clock without taking the receiver.
+    pub fn arrival(&self) -> Arc<Arrival> {
+        self.core.arrival.clone()
     }
 
     /// See [`Session::recv_bytes`].

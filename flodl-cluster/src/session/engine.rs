@@ -2,7 +2,7 @@
 //! and a supervisor that ends them together.
 
 use std::io::Cursor;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::codec::{Encoder, FramedRead};
 use tokio_util::sync::CancellationToken;
 
+use super::arrival::{Arrival, Watched};
 use super::config::{Caps, Liveness};
 use super::deadline::Deadline;
 use super::ends::{Core, LaneTx, SendLanes, Session};
@@ -56,8 +57,10 @@ where
     let (app_tx, app_rx) = flume::bounded::<Bytes>(RECV_QUEUE);
     let _guard = handle.enter();
     let [control, bulk] = lanes;
-    let control = spawn_lane(handle, Lane::Control, control, caps, liveness, &cancel);
-    let bulk = spawn_lane(handle, Lane::Bulk, bulk, caps, liveness, &cancel);
+    let arrival = Arrival::new();
+    let watch = (caps, liveness, arrival.clone());
+    let control = spawn_lane(handle, Lane::Control, control, watch.clone(), &cancel);
+    let bulk = spawn_lane(handle, Lane::Bulk, bulk, watch, &cancel);
     let merged = handle.spawn(merge([control.events, bulk.events], app_tx, cancel.clone()));
     handle.spawn(supervise(
         rank,
@@ -76,6 +79,7 @@ where
         drain: liveness.silence,
         reactor: Mutex::new(None),
         handle: handle.clone(),
+        arrival,
     };
     Session::assemble(
         SendLanes { lanes: [control.tx, bulk.tx], next_seq: Mutex::new(0), caps },
@@ -92,13 +96,13 @@ struct RunningLane {
     reader: JoinHandle<()>,
 }
 
-/// Starts the writer and the reader of one lane.
+/// Starts the writer and the reader of one lane; the reader stamps `arrival` as a data frame's
+/// bytes come in.
 fn spawn_lane<S>(
     handle: &tokio::runtime::Handle,
     lane: Lane,
     conn: Conn<S>,
-    caps: Caps,
-    liveness: Liveness,
+    (caps, liveness, arrival): (Caps, Liveness, Arc<Arrival>),
     cancel: &CancellationToken,
 ) -> RunningLane
 where
@@ -114,7 +118,7 @@ where
     let (read_half, write_half) = tokio::io::split(Deadline::new(conn.stream, liveness.silence));
     let input = FramedRead::new(
         Cursor::new(conn.leftover).chain(read_half),
-        FrameDecoder::new(caps.of(lane) + DATA_HEADER),
+        Watched::new(FrameDecoder::new(caps.of(lane) + DATA_HEADER), arrival),
     );
     // Control messages are small: a whole one must arrive within the silence. Bulk frames may
     // take longer; there, bytes must keep coming.

@@ -11,6 +11,7 @@
 //!
 //! [`NetError::Gone`]: crate::NetError::Gone
 
+mod arrival;
 mod config;
 mod deadline;
 mod ends;
@@ -19,6 +20,7 @@ mod lane;
 mod merge;
 mod runtime;
 
+pub use arrival::Arrival;
 pub use config::{Caps, Liveness, SessionConfig};
 pub use ends::{Session, SessionReceiver, SessionSender};
 pub use lane::Lane;

@@ -19,4 +19,5 @@ mod message;
 
 pub use codec::{DATA_HEADER, FIRST_ROOM, FrameDecoder, HANDSHAKE_MAX, codec, data_header};
 pub use hello::{Hello, LaneHello, PROTOCOL};
+pub(crate) use message::kind;
 pub use message::{MAX_REASON, Message, WireError};

@@ -69,3 +69,32 @@ fn split_halves_work_from_two_threads() -> TestResult {
     echo.join().map_err(|_| "the echo thread panicked")??;
     Ok(())
 }
+
+/// A large frame's bytes are the peer's sign of life before the frame is whole: the receiver's
+/// arrival handle is stamped while it crosses (never by small whole frames or heartbeats).
+#[test]
+fn a_large_frame_on_its_way_is_seen_arriving() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(&keys(dir.path())?)?;
+    let server = controller(&cfg, 2)?;
+    let (at_controller, at_rank) = joined(&server, &cfg, 1, 2)?;
+    let arrival = at_controller.arrival();
+    for i in 0..10u8 {
+        at_rank.send(Lane::Control, vec![i; 64], WAIT)?;
+        at_controller.recv(WAIT)?;
+    }
+    if let Some(at) = arrival.last() {
+        return Err(format!("small whole frames stamped an arrival at {at:?}").into());
+    }
+    let sent = std::time::Instant::now();
+    at_rank.send(Lane::Bulk, vec![7u8; 8 << 20], WAIT)?;
+    let frame = at_controller.recv(WAIT)?;
+    let received = std::time::Instant::now();
+    if frame.len() != 8 << 20 {
+        return Err(format!("a frame of {} bytes", frame.len()).into());
+    }
+    match arrival.last() {
+        Some(at) if sent <= at && at <= received => Ok(()),
+        other => Err(format!("sent {sent:?}, received {received:?}, arrival {other:?}").into()),
+    }
+}

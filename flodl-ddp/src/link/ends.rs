@@ -117,6 +117,15 @@ impl CoordinatorLink {
         frames.close();
     }
 
+    /// When bytes of a frame from `rank` not yet whole last came (`None`: never, or a rank in
+    /// this process): a rank whose large snapshot is still crossing a slow link is alive.
+    pub(crate) fn arriving(&self, rank: usize) -> Option<std::time::Instant> {
+        match &self.flavor {
+            CoordinatorFlavor::Local(_) => None,
+            CoordinatorFlavor::Routed(r) => r.arriving(rank),
+        }
+    }
+
     /// Reaches `rank` through `frames` from now on (a rank that joined again), closing its
     /// old connection; false when `rank` is not reached over connections.
     pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
@@ -187,6 +196,15 @@ impl RankLink {
         match &self.flavor {
             RankFlavor::Local(l) => l.try_recv(),
             RankFlavor::Net(n) => n.try_recv(),
+        }
+    }
+
+    /// When bytes of a frame from the coordinator not yet whole last came (`None`: never, or a
+    /// rank in the coordinator's process): a large update crossing a slow link.
+    pub(crate) fn arriving(&self) -> Option<std::time::Instant> {
+        match &self.flavor {
+            RankFlavor::Local(_) => None,
+            RankFlavor::Net(n) => n.arriving(),
         }
     }
 

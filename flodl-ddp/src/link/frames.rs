@@ -3,7 +3,7 @@
 //! of a closed set of flavors: in-memory ([`super::memory`]) or mutual TLS ([`super::tls`]).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::frame::Lane;
 use super::link_error::LinkError;
@@ -84,6 +84,17 @@ impl Frames {
             FramesFlavor::Memory(m) => m.recv(wait),
             #[cfg(feature = "cluster")]
             FramesFlavor::Session(s) => s.recv(wait),
+        }
+    }
+
+    /// When bytes of a frame not yet whole last came from the peer (`None`: never, or a
+    /// connection within this process, where frames arrive whole): its sign of life while a
+    /// large frame crosses a slow link.
+    pub(crate) fn arriving(&self) -> Option<Instant> {
+        match &self.flavor {
+            FramesFlavor::Memory(_) => None,
+            #[cfg(feature = "cluster")]
+            FramesFlavor::Session(s) => s.arriving(),
         }
     }
 

@@ -378,6 +378,11 @@ impl NetCoordinator {
         }
     }
 
+    /// As [`CoordinatorLink::arriving`](super::CoordinatorLink::arriving).
+    pub(crate) fn arriving(&self, rank: usize) -> Option<std::time::Instant> {
+        self.frames(rank).ok().and_then(|f| f.arriving())
+    }
+
     /// As [`CoordinatorLink::attach`](super::CoordinatorLink::attach).
     pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
         let mut ranks = self.ranks.write().unwrap_or_else(|p| p.into_inner());
@@ -433,6 +438,11 @@ impl std::fmt::Debug for NetRank {
 }
 
 impl NetRank {
+    /// As [`RankLink::arriving`](super::RankLink::arriving).
+    pub(crate) fn arriving(&self) -> Option<std::time::Instant> {
+        self.frames.arriving()
+    }
+
     /// A rank's end over `frames`, in `format` with the model cut into `fragments`.
     ///
     /// # Errors

@@ -56,6 +56,14 @@ impl Routed {
         }
     }
 
+    /// As [`CoordinatorLink::arriving`](super::CoordinatorLink::arriving).
+    pub(crate) fn arriving(&self, rank: usize) -> Option<std::time::Instant> {
+        match self.routes.get(rank) {
+            Some(Route::Remote) => self.remote.arriving(rank),
+            _ => None,
+        }
+    }
+
     /// As [`CoordinatorLink::attach`](super::CoordinatorLink::attach).
     pub(crate) fn attach(&self, rank: usize, frames: Arc<Frames>) -> bool {
         match self.routes.get(rank) {

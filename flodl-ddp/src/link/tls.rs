@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use flodl_cluster::{
-    Caps, Controller, ControllerAddr, Hello, Lane as NetLane, NetError, SessionConfig,
+    Arrival, Caps, Controller, ControllerAddr, Hello, Lane as NetLane, NetError, SessionConfig,
     SessionReceiver, SessionSender, Tls,
 };
 
@@ -27,6 +27,8 @@ pub(crate) struct SessionFrames {
     sender: Mutex<Option<SessionSender>>,
     receiver: Mutex<Option<SessionReceiver>>,
     closed: AtomicBool,
+    /// When bytes of a frame still on its way last came (read without taking the receiver).
+    arrival: Arc<Arrival>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -48,11 +50,13 @@ fn link_error(e: NetError) -> LinkError {
 
 impl SessionFrames {
     fn new(session: flodl_cluster::Session) -> SessionFrames {
+        let arrival = session.arrival();
         let (sender, receiver) = session.split();
         SessionFrames {
             sender: Mutex::new(Some(sender)),
             receiver: Mutex::new(Some(receiver)),
             closed: AtomicBool::new(false),
+            arrival,
         }
     }
 
@@ -105,6 +109,11 @@ impl SessionFrames {
             Some(r) => r.recv(wait).map_err(link_error),
             None => Err(LinkError::Gone),
         }
+    }
+
+    /// As [`Frames::arriving`](super::frames::Frames::arriving).
+    pub(crate) fn arriving(&self) -> Option<std::time::Instant> {
+        self.arrival.last()
     }
 
     /// As [`Frames::close`](super::frames::Frames::close).

@@ -252,6 +252,16 @@ impl HostRound {
         })
     }
 
+    /// Bytes of `rank`'s awaited snapshot came `at` (a large state crossing a slow link): the
+    /// deadline is one of silence, so it is `timeout` after them at the soonest.
+    pub(crate) fn arriving(&mut self, rank: usize, at: Instant, timeout: Duration) {
+        if let HostRound::Collecting { deadline, snaps, .. } = self
+            && matches!(snaps.get(rank), Some(Slot::Waiting))
+        {
+            *deadline = (*deadline).max(at + timeout);
+        }
+    }
+
     /// Soft abort: when the snapshot deadline has passed, drops what was collected and starts a
     /// new attempt with a fresh deadline; returns the round and the new attempt to request.
     pub(crate) fn retry_if_late(&mut self, timeout: Duration) -> Option<(u64, u32)> {
@@ -491,6 +501,27 @@ mod tests {
         assert!(r.collect(0, 3, 1, HostState::default(), 1).is_none());
         assert!(r.collect(1, 3, 1, HostState::default(), 1).is_some());
         assert!(r.averaged(3).is_some());
+    }
+
+    /// The deadline is one of silence: bytes of an awaited snapshot push it to a timeout after
+    /// them; bytes from a rank whose snapshot is in, or from long ago, do not.
+    #[test]
+    fn a_snapshot_still_arriving_is_not_late() -> std::result::Result<(), String> {
+        let (t, timeout) = (Instant::now(), Duration::from_secs(60));
+        let long_ago = t.checked_sub(Duration::from_secs(120)).ok_or("no clock before")?;
+        // (rank whose bytes came, when, whether the round is late after)
+        let cases = [(1, t, false), (0, t, true), (1, long_ago, true), (2, t, true)];
+        for (case, (rank, at, late)) in cases.into_iter().enumerate() {
+            let mut r = HostRound::new(3, 2, &[0, 1], t, vec![], None, vec![], None);
+            if r.collect(0, 3, 0, HostState::default(), 1).is_some() {
+                return Err(format!("case {case}: a job with rank 1 missing"));
+            }
+            r.arriving(rank, at, timeout);
+            if r.retry_if_late(timeout).is_some() != late {
+                return Err(format!("case {case}: rank {rank}'s bytes, late = {}", !late));
+            }
+        }
+        Ok(())
     }
 
     /// Snapshots arrive and ranks die in random orders (some dying after their snapshot came):

@@ -238,6 +238,10 @@ impl Coordinator {
         let mut late = Vec::new();
         for rank in self.roster.live() {
             let Some(slot) = self.slots.get_mut(rank) else { continue };
+            // A rank whose large frame is still crossing its link is heard.
+            if let Some(at) = self.link.arriving(rank) {
+                slot.heard = slot.heard.max(at);
+            }
             let silent = now.saturating_duration_since(slot.heard);
             let calibrated = !capturing && evaluating != Some(rank);
             let cause = match slot.collective {

@@ -277,12 +277,19 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Soft-aborts a host round whose snapshots are late and asks again.
+    /// Soft-aborts a host round whose snapshots are late and asks again. A snapshot whose bytes
+    /// are still coming is not late: the deadline counts from the last of them.
     pub(super) fn check_host_deadline(&mut self) -> Result<()> {
         let Reduce::Host(hr) = &mut self.reduce else { return Ok(()) };
         let missing = hr.missing();
+        let timeout = self.cfg.spec.snapshot_timeout;
+        for &rank in &missing {
+            if let Some(at) = self.link.arriving(rank) {
+                hr.arriving(rank, at, timeout);
+            }
+        }
         let age = hr.age();
-        let Some((round, attempt)) = hr.retry_if_late(self.cfg.spec.snapshot_timeout) else {
+        let Some((round, attempt)) = hr.retry_if_late(timeout) else {
             return Ok(());
         };
         self.rounds.stalled += 1;

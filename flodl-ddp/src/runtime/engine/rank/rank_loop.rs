@@ -34,7 +34,8 @@ fn heartbeat_on(
     Ok(())
 }
 
-/// The coordinator's next message to `rank` over `link`, waited for up to `stall`, saying the
+/// The coordinator's next message to `rank` over `link`, waited for up to `stall` of silence
+/// (bytes of a message still on its way are no silence), saying the
 /// rank is alive whenever it has been quiet for `beat`: before every wait, not only after one
 /// that timed out. The coordinator pings a rank it has not written to for a beat, which is
 /// about when the rank's beat falls due: a ping that lands first, turn after turn (a loaded
@@ -47,9 +48,13 @@ fn wait_on(
     beat: Duration,
     stall: Duration,
 ) -> Result<ToWorker> {
-    let deadline = Instant::now() + stall;
+    let mut deadline = Instant::now() + stall;
     loop {
         heartbeat_on(link, rank, last_sent, beat, stall)?;
+        // A message whose bytes are still coming (a large update on a slow link) is no silence.
+        if let Some(at) = link.arriving() {
+            deadline = deadline.max(at + stall);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout { what: "a message from the coordinator", after: stall });
