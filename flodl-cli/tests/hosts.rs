@@ -57,6 +57,40 @@ const AC: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 213, 2, 1), Ipv4Addr::new(10
 const SLOW: Shape =
     Shape { latency: LATENCY, rate: RATE_BYTES_PER_S, shared: false, chunk: 16 * 1024 };
 
+/// The addresses of the second test's hosts (its own namespaces, so both tests run at once).
+const AB_BIG: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 213, 3, 1), Ipv4Addr::new(10, 213, 3, 2));
+const AC_BIG: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 213, 4, 1), Ipv4Addr::new(10, 213, 4, 2));
+/// A link of 4 Mbit/s: MLP 784-512-512-10's 2.7 MB state takes about 5.4 s to cross it, past
+/// the controller's 5 s snapshot deadline.
+const NARROW: Shape = Shape { latency: LATENCY, rate: 4e6 / 8.0, shared: false, chunk: 16 * 1024 };
+
+/// Namespaces, or `None` when this machine has none to give (a skip, or a failure in CI).
+fn hosts(
+    prefix: &str,
+    ab: (Ipv4Addr, Ipv4Addr),
+    ac: (Ipv4Addr, Ipv4Addr),
+) -> Result<Option<Hosts>> {
+    match Hosts::make(prefix, ab, ac) {
+        Ok(h) => Ok(Some(h)),
+        Err(e) if std::env::var("FLODL_REQUIRE_NETNS").as_deref() != Ok("1") => {
+            flodl_tensor::skip(&format!("network namespaces are not available here ({e})"));
+            Ok(None)
+        }
+        Err(e) => Err(format!("FLODL_REQUIRE_NETNS=1 but: {e}").into()),
+    }
+}
+
+/// Fresh keys for a job of three ranks in `dir`.
+fn keys(dir: &Path) -> Result<std::path::PathBuf> {
+    let keys = dir.join("keys");
+    let out =
+        Command::new(FDL).args(["cluster", "keys"]).arg(&keys).args(["--world", "3"]).output()?;
+    if !out.status.success() {
+        return Err(format!("fdl cluster keys: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(keys)
+}
+
 /// The job every run trains: MNIST subset, host backend, ElChe cadence.
 fn job_args(epochs: usize) -> Vec<String> {
     let job = [
@@ -184,25 +218,13 @@ impl Outcome {
 
 #[test]
 fn a_slow_link_grows_the_windows() -> Result {
-    let hosts = match Hosts::make("fl", AB, AC) {
-        Ok(h) => h,
-        Err(e) if std::env::var("FLODL_REQUIRE_NETNS").as_deref() != Ok("1") => {
-            flodl_tensor::skip(&format!("network namespaces are not available here ({e})"));
-            return Ok(());
-        }
-        Err(e) => return Err(format!("FLODL_REQUIRE_NETNS=1 but: {e}").into()),
-    };
+    let Some(hosts) = hosts("fl", AB, AC)? else { return Ok(()) };
     let epochs = match std::env::var("FLODL_HOSTS_EPOCHS") {
         Ok(v) => v.parse()?,
         Err(_) => 4,
     };
     let tmp = tempfile::tempdir()?;
-    let keys = tmp.path().join("keys");
-    let out =
-        Command::new(FDL).args(["cluster", "keys"]).arg(&keys).args(["--world", "3"]).output()?;
-    if !out.status.success() {
-        return Err(format!("fdl cluster keys: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
+    let keys = keys(tmp.path())?;
 
     // Loopback: every rank in this namespace.
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -287,6 +309,72 @@ fn a_slow_link_grows_the_windows() -> Result {
         return Err(format!(
             "accuracy {:.3} on loopback, {:.3} on the slow link",
             fast.accuracy, slow.accuracy
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A rank behind a link too slow for its state to cross within the snapshot deadline is heard
+/// while the bytes come: the job trains on all three ranks and declares no one dead.
+#[test]
+fn a_state_still_crossing_a_slow_link_is_no_silence() -> Result {
+    let Some(hosts) = hosts("fm", AB_BIG, AC_BIG)? else { return Ok(()) };
+    let tmp = tempfile::tempdir()?;
+    let keys = keys(tmp.path())?;
+    let controller = SocketAddr::V4(SocketAddrV4::new(AB_BIG.0, 29_501));
+    let any = SocketAddr::V4(SocketAddrV4::new(AC_BIG.0, 0));
+    let link = Link::start(hosts.a(), any, controller, NARROW)?;
+    let names = hosts.names.clone();
+    let three = Placement {
+        ns: [Some(names[0].clone()), Some(names[1].clone()), Some(names[2].clone())],
+        dial: [controller, controller, link.addr],
+        bind: controller,
+    };
+    let args: Vec<String> = [
+        "--backend",
+        "host",
+        "--policy",
+        "cadence",
+        "--hidden",
+        "512,512",
+        "--train-subset",
+        "1024",
+        "--test-subset",
+        "200",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "64",
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let dir = tmp.path().join("narrow");
+    let started = std::time::Instant::now();
+    run_job(Path::new(FDL), &three, &keys, &dir, &args, JOB_LIMIT)?;
+    drop(link);
+    drop(hosts);
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("rank0").join("summary.json"))?)?;
+    let faults = summary["faults"].as_array().map_or(0, Vec::len);
+    let samples: Vec<f64> = summary["ranks"]
+        .as_array()
+        .ok_or("no ranks")?
+        .iter()
+        .map(|r| r["samples"].as_f64().unwrap_or(0.0))
+        .collect();
+    println!(
+        "narrow link: {:.0} s, {} reduces, samples by rank {samples:?}, faults {}",
+        started.elapsed().as_secs_f64(),
+        summary["syncs"],
+        summary["faults"]
+    );
+    if faults != 0 || samples.len() != 3 || samples[2] <= 0.0 {
+        return Err(format!(
+            "ranks declared dead while a state crossed the link: {}, samples by rank {samples:?}",
+            summary["faults"]
         )
         .into());
     }
