@@ -204,6 +204,45 @@ fn a_rank_joining_when_the_controller_is_killed_follows_the_standby() -> Result 
     Ok(())
 }
 
+/// `kill -9` of the controller's process in a 4-process job that saves a checkpoint at every
+/// reduce (the controller is capturing or writing a bundle for much of its time; the kill is
+/// not timed to land in a save): the standby takes over, ranks 2 and 3 follow it, the run
+/// completes in the standby's directory with every sample once, and the shared checkpoint
+/// directory yields an intact bundle of the finished run.
+#[test]
+fn a_controller_killed_in_a_four_process_job_saving_every_reduce_is_taken_over() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let ck = tmp.path().join("ck");
+    let ck_flag = ck.to_str().ok_or("a checkpoint path that is not UTF-8")?;
+    let saving = ["--checkpoint-dir", ck_flag, "--checkpoint-every-reduces", "1"];
+    let mut job = four_processes_with("8", 0, &dir, &saving)?;
+    job.wait_for("epoch 1/8", Duration::from_secs(90))?;
+    kill9(job.pids[0])?;
+    let (code, out) = job.finish(Duration::from_secs(300))?;
+    assert_eq!(code, Some(0), "{out}");
+    for line in [
+        "rank 0 was killed by signal 9",
+        "rank 1 takes over as the controller of term 1",
+        "rank 2: the controller is gone",
+        "rank 3: the controller is gone",
+        "[rank 3] rank 3: finished",
+    ] {
+        assert!(out.contains(line), "{line:?} missing:\n{out}");
+    }
+    let taken = tmp.path().join("run-term1");
+    assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(8), "{out}");
+    println!("{}", audit(&taken, Some(&dir))?);
+    let located = flodl_ddp::checkpoint::locate(&ck)?;
+    println!(
+        "newest intact bundle {} (epoch {}); skipped {:?}",
+        located.path.display(),
+        located.checkpoint.epoch,
+        located.skipped
+    );
+    Ok(())
+}
+
 /// The job on 4 processes, every rank slowed 60× (an epoch lasts about a second), for `epochs`
 /// epochs with `--max-restarts restarts`, into `dir`.
 fn four_processes(
@@ -211,7 +250,17 @@ fn four_processes(
     restarts: usize,
     dir: &std::path::Path,
 ) -> Result<Launched> {
-    let mut flags: Vec<&str> = JOB.to_vec();
+    four_processes_with(epochs, restarts, dir, &[])
+}
+
+/// [`four_processes`] with `extra` flags.
+fn four_processes_with(
+    epochs: &'static str,
+    restarts: usize,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> Result<Launched> {
+    let mut flags: Vec<&str> = JOB.iter().copied().chain(extra.iter().copied()).collect();
     for (name, value) in [("--slowdown", "60,60,60,60"), ("--epochs", epochs)] {
         let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
         *flags.get_mut(at + 1).ok_or(format!("no value after {name}"))? = value;
