@@ -85,3 +85,79 @@ fn a_killed_rank_process_is_restarted_and_rejoins() -> Result {
     trains_as_well("clean against with a rejoin", a, c, 0.8)?;
     Ok(())
 }
+
+/// A rank process that goes away after joining but before training starts (a session opened
+/// with rank 2's key, while the controller waits for its replica, and closed without a word)
+/// leaves its seat vacant: ranks 0 and 1 train without it, every sample of every epoch once,
+/// and no rank is counted dead. Before, the start failed and took the run with it (a takeover's
+/// run, waiting for its survivors, ended the job).
+#[test]
+fn a_rank_gone_before_training_starts_leaves_its_seat_vacant() -> Result {
+    use std::io::BufRead;
+
+    use support::impostor::run_hash;
+    use support::launched::{by_hand, free_port, keys, own_key};
+
+    let tmp = tempfile::tempdir()?;
+    let keydir = tmp.path().join("keys");
+    keys(&keydir)?;
+    let port = free_port()?;
+    let out = tmp.path().join("run");
+    let mut job: Vec<&str> = JOB.to_vec();
+    let at = job.iter().position(|f| *f == "--epochs").ok_or("no --epochs")? + 1;
+    job[at] = "2";
+    let run = run_hash(&keydir, port, 2, &job)?;
+    let controller = by_hand(&keydir, port, 0, &own_key(0), &job, &[], &out)?;
+    let files = flodl_cluster::TlsFiles {
+        ca: keydir.join("ca.pem"),
+        cert: keydir.join("rank-2.pem"),
+        key: keydir.join("rank-2.key"),
+    };
+    let caps = flodl_cluster::Caps { control: 1 << 20, bulk: 64 << 20 };
+    let cfg = flodl_cluster::SessionConfig::new(flodl_cluster::Tls::load(&files)?, caps);
+    let addr = flodl_cluster::ControllerAddr { host: "127.0.0.1".into(), port };
+    let hello = flodl_cluster::Hello::new(run, 2, 3);
+    let silent = flodl_cluster::join(&addr, hello, cfg, Duration::from_secs(60))?;
+    let mut one = by_hand(&keydir, port, 1, &own_key(1), &job, &[], &out)?;
+    // Rank 1 admitted after rank 2: every seat is taken and the run is starting, waiting for
+    // rank 2's replica.
+    let stdout = one.stdout.take().ok_or("no stdout of rank 1")?;
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines.recv_timeout(left).map_err(|_| "rank 1 never joined")?;
+        if line.contains("joined the controller") {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    silent.close();
+    let finished = |child: std::process::Child, who: &str| -> Result<()> {
+        let o = child.wait_with_output()?;
+        if !o.status.success() {
+            let said = String::from_utf8_lossy(&o.stderr);
+            return Err(format!("{who} failed:\n{said}").into());
+        }
+        Ok(())
+    };
+    finished(controller, "the controller")?;
+    finished(one, "rank 1")?;
+    let s = summary(&out)?;
+    assert_eq!(s["faults"].as_array().map_or(0, Vec::len), 0, "{s}");
+    assert_eq!(s["epochs_completed"].as_u64(), Some(2), "{s}");
+    let samples: Vec<f64> = s["ranks"]
+        .as_array()
+        .ok_or("no ranks")?
+        .iter()
+        .map(|r| r["samples"].as_f64().unwrap_or(0.0))
+        .collect();
+    assert!(samples.len() == 3 && samples[2] == 0.0 && samples[1] > 0.0, "{samples:?}");
+    println!("{}", audit(&out, None)?);
+    Ok(())
+}

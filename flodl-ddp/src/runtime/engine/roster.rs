@@ -109,10 +109,10 @@ impl Roster {
         self.step(rank, Standing::is_live, Standing::Alive)
     }
 
-    /// Leaves `rank`'s seat out of the start: `Starting → Vacant`.
+    /// Leaves `rank`'s seat out of the start (no process joined it, or its process went away
+    /// before training started; the coordinator vacates only then): `Starting|Alive → Vacant`.
     pub(crate) fn vacate(&mut self, rank: usize, at: Instant) -> Option<Change> {
-        self.step(rank, |s| s == Standing::Starting, Standing::Vacant)
-            .then_some(Change::Vacated { rank, at })
+        self.step(rank, Standing::is_live, Standing::Vacant).then_some(Change::Vacated { rank, at })
     }
 
     /// Declares `rank` dead now, the reduce in progress holding `held` of its steps:
@@ -175,7 +175,7 @@ mod tests {
     /// A seat's life, step by step, against the standing, live set, joining set, deaths and
     /// dead flag expected after each move: dead once, a claim of a live seat refused, a joiner
     /// that goes away leaves the seat dead, only a waiting seat is admitted (its flag cleared),
-    /// a vacant seat is no death until claimed, only a starting seat is vacated.
+    /// a vacant seat is no death until claimed, only a live seat is vacated (its flag untouched).
     #[test]
     fn a_seat_dies_and_is_taken_again() -> Result<(), String> {
         #[derive(Debug, Clone, Copy)]
@@ -192,7 +192,7 @@ mod tests {
         /// A move on `rank`, whether it took, then: live ranks, joining ranks, deaths, the
         /// rank's dead flag.
         type Case = (Move, usize, bool, &'static [usize], &'static [usize], usize, bool);
-        let cases: [Case; 16] = [
+        let cases: [Case; 18] = [
             (Vacate, 2, true, &[0, 1], &[], 0, false),
             (Vacate, 2, false, &[0, 1], &[], 0, false),
             (Start, 0, true, &[0, 1], &[], 0, false),
@@ -209,6 +209,8 @@ mod tests {
             (Admit, 1, true, &[0, 1], &[], 0, false),
             (Claim, 2, true, &[0, 1], &[2], 1, false),
             (Start, 2, false, &[0, 1], &[2], 1, false),
+            (Vacate, 0, true, &[1], &[2], 1, false),
+            (Vacate, 2, false, &[1], &[2], 1, false),
         ];
         let flags = DeadFlags::new(3);
         let mut roster = Roster::new(3, flags.clone());

@@ -33,7 +33,8 @@ impl Coordinator {
         Ok(())
     }
 
-    /// `rank`'s link is gone: after its final state that is the end of it; before, it died.
+    /// `rank`'s link is gone: after its final state that is the end of it; before training
+    /// starts, its seat is left vacant (a process in this one: the run fails); else it died.
     /// A process joining again that goes away leaves the seat dead.
     pub(super) fn gone(&mut self, rank: usize) -> Result<()> {
         if self.roster.abandon(rank) {
@@ -44,6 +45,25 @@ impl Coordinator {
             return Ok(());
         }
         match &self.phase {
+            // A rank process that goes away before training starts (killed while the run of a
+            // takeover waits for its survivors, say) leaves its seat to a later process: the
+            // others start without it. Host backend only: a collective group forms with it.
+            Phase::Starting { .. }
+                if self.conduct.is_remote(rank) && self.cfg.spec.backend == Backend::Host =>
+            {
+                tracing::warn!(
+                    rank,
+                    "rank {rank}'s process went away while the run was starting: its seat is \
+                     left vacant (a process that joins it later is admitted)"
+                );
+                if let Some(change) = self.roster.vacate(rank, Instant::now()) {
+                    self.apply(&change)?;
+                }
+                if self.roster.live().is_empty() {
+                    return Err(Error::PeerGone(Peer::Rank(rank)));
+                }
+                Ok(())
+            }
             Phase::Starting { .. } => Err(Error::PeerGone(Peer::Rank(rank))),
             Phase::Finishing { finals, .. } if finals.get(rank).is_some_and(Option::is_some) => {
                 Ok(())
