@@ -86,15 +86,14 @@ fn a_killed_rank_process_is_restarted_and_rejoins() -> Result {
     Ok(())
 }
 
-/// A rank process that goes away after joining but before training starts (a session opened
-/// with rank 2's key, while the controller waits for its replica, and closed without a word)
-/// leaves its seat vacant: ranks 0 and 1 train without it, every sample of every epoch once,
-/// and no rank is counted dead. Before, the start failed and took the run with it (a takeover's
-/// run, waiting for its survivors, ended the job).
+/// Seats left and taken again while the run starts: sessions opened with ranks 1's and 2's keys
+/// hold the start (the controller waits for their replicas); rank 2's closes, and its seat is
+/// left vacant, then taken by a real rank 2 process, which starts with the others; rank 1's
+/// closes, and ranks 0 and 2 train; a real rank 1 process then joins the training run. Every
+/// sample of every epoch once, nobody counted dead. Before, the first close failed the start
+/// ("rank 2 is gone"), which for a takeover's run waiting for its survivors ended the job.
 #[test]
-fn a_rank_gone_before_training_starts_leaves_its_seat_vacant() -> Result {
-    use std::io::BufRead;
-
+fn seats_left_and_taken_while_the_run_starts() -> Result {
     use support::impostor::run_hash;
     use support::launched::{by_hand, free_port, keys, own_key};
 
@@ -105,23 +104,63 @@ fn a_rank_gone_before_training_starts_leaves_its_seat_vacant() -> Result {
     let out = tmp.path().join("run");
     let mut job: Vec<&str> = JOB.to_vec();
     let at = job.iter().position(|f| *f == "--epochs").ok_or("no --epochs")? + 1;
-    job[at] = "2";
+    job[at] = "4";
     let run = run_hash(&keydir, port, 2, &job)?;
     let controller = by_hand(&keydir, port, 0, &own_key(0), &job, &[], &out)?;
-    let files = flodl_cluster::TlsFiles {
-        ca: keydir.join("ca.pem"),
-        cert: keydir.join("rank-2.pem"),
-        key: keydir.join("rank-2.key"),
+    let silent = |rank: usize| -> Result<flodl_cluster::Session> {
+        let files = flodl_cluster::TlsFiles {
+            ca: keydir.join("ca.pem"),
+            cert: keydir.join(format!("rank-{rank}.pem")),
+            key: keydir.join(format!("rank-{rank}.key")),
+        };
+        let caps = flodl_cluster::Caps { control: 1 << 20, bulk: 64 << 20 };
+        let cfg = flodl_cluster::SessionConfig::new(flodl_cluster::Tls::load(&files)?, caps);
+        let addr = flodl_cluster::ControllerAddr { host: "127.0.0.1".into(), port };
+        let hello = flodl_cluster::Hello::new(run, rank, 3);
+        Ok(flodl_cluster::join(&addr, hello, cfg, Duration::from_secs(60))?)
     };
-    let caps = flodl_cluster::Caps { control: 1 << 20, bulk: 64 << 20 };
-    let cfg = flodl_cluster::SessionConfig::new(flodl_cluster::Tls::load(&files)?, caps);
-    let addr = flodl_cluster::ControllerAddr { host: "127.0.0.1".into(), port };
-    let hello = flodl_cluster::Hello::new(run, 2, 3);
-    let silent = flodl_cluster::join(&addr, hello, cfg, Duration::from_secs(60))?;
-    let mut one = by_hand(&keydir, port, 1, &own_key(1), &job, &[], &out)?;
-    // Rank 1 admitted after rank 2: every seat is taken and the run is starting, waiting for
-    // rank 2's replica.
-    let stdout = one.stdout.take().ok_or("no stdout of rank 1")?;
+    let (one, two) = (silent(1)?, silent(2)?);
+    // Every seat taken: the run is starting, waiting for the two replicas.
+    std::thread::sleep(Duration::from_secs(1));
+    two.close();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut late_two = by_hand(&keydir, port, 2, &own_key(2), &job, &[], &out)?;
+    wait_line(&mut late_two, "joined the controller")?;
+    std::thread::sleep(Duration::from_secs(1));
+    one.close();
+    let mut late_one = by_hand(&keydir, port, 1, &own_key(1), &job, &[], &out)?;
+    wait_line(&mut late_one, "joined the controller")?;
+    for (child, who) in [(controller, "the controller"), (late_two, "rank 2"), (late_one, "rank 1")]
+    {
+        let o = child.wait_with_output()?;
+        if !o.status.success() {
+            let said = String::from_utf8_lossy(&o.stderr);
+            return Err(format!("{who} failed:\n{said}").into());
+        }
+    }
+    let s = summary(&out)?;
+    assert_eq!(s["faults"].as_array().map_or(0, Vec::len), 0, "{s}");
+    assert_eq!(s["epochs_completed"].as_u64(), Some(4), "{s}");
+    let rejoined: Vec<u64> = s["rejoins"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|e| e["rank"].as_u64()).collect())
+        .unwrap_or_default();
+    assert_eq!(rejoined, vec![1], "{s}");
+    let samples: Vec<f64> = s["ranks"]
+        .as_array()
+        .ok_or("no ranks")?
+        .iter()
+        .map(|r| r["samples"].as_f64().unwrap_or(0.0))
+        .collect();
+    assert!(samples.len() == 3 && samples.iter().all(|&n| n > 0.0), "{samples:?}");
+    println!("{}", audit(&out, None)?);
+    Ok(())
+}
+
+/// Waits (a minute at most) for a line holding `what` on `child`'s stdout, which it takes.
+fn wait_line(child: &mut std::process::Child, what: &str) -> Result<()> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
     let (tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
@@ -131,33 +170,9 @@ fn a_rank_gone_before_training_starts_leaves_its_seat_vacant() -> Result {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let line = lines.recv_timeout(left).map_err(|_| "rank 1 never joined")?;
-        if line.contains("joined the controller") {
-            break;
+        let line = lines.recv_timeout(left).map_err(|_| format!("no line with {what:?}"))?;
+        if line.contains(what) {
+            return Ok(());
         }
     }
-    std::thread::sleep(Duration::from_secs(1));
-    silent.close();
-    let finished = |child: std::process::Child, who: &str| -> Result<()> {
-        let o = child.wait_with_output()?;
-        if !o.status.success() {
-            let said = String::from_utf8_lossy(&o.stderr);
-            return Err(format!("{who} failed:\n{said}").into());
-        }
-        Ok(())
-    };
-    finished(controller, "the controller")?;
-    finished(one, "rank 1")?;
-    let s = summary(&out)?;
-    assert_eq!(s["faults"].as_array().map_or(0, Vec::len), 0, "{s}");
-    assert_eq!(s["epochs_completed"].as_u64(), Some(2), "{s}");
-    let samples: Vec<f64> = s["ranks"]
-        .as_array()
-        .ok_or("no ranks")?
-        .iter()
-        .map(|r| r["samples"].as_f64().unwrap_or(0.0))
-        .collect();
-    assert!(samples.len() == 3 && samples[2] == 0.0 && samples[1] > 0.0, "{samples:?}");
-    println!("{}", audit(&out, None)?);
-    Ok(())
 }

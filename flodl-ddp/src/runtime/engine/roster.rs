@@ -8,8 +8,10 @@ use crate::control::change::Change;
 use crate::runtime::engine::fault::DeadFlags;
 
 /// Where a seat stands: `Starting → Alive → Dead`, and from `Dead` (or `Vacant`, a seat no
-/// process took at the start) through `Rejoining → Waiting → Alive` when a new process claims
-/// it; a `Rejoining` or `Waiting` seat whose process goes away is `Dead` again.
+/// process took at the start, or whose process went away before training started) through
+/// `Rejoining → Waiting → Alive` when a new process claims it; a `Rejoining` or `Waiting` seat
+/// whose process goes away is `Dead` again. Before training starts a vacant seat is taken
+/// straight back to `Starting`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Standing {
     /// Building its replica, not yet reported ready.
@@ -142,6 +144,13 @@ impl Roster {
         self.step(rank, Standing::is_joining, Standing::Dead)
     }
 
+    /// A new process took `rank`'s vacant seat before training started: it starts with the
+    /// others, `Vacant → Starting`. `None` unless the seat was vacant.
+    pub(crate) fn retake(&mut self, rank: usize) -> Option<Change> {
+        self.step(rank, |s| s == Standing::Vacant, Standing::Starting)
+            .then_some(Change::Joined { rank })
+    }
+
     /// Admits `rank`, waiting to join: `Waiting → Alive`. `None` unless it was waiting.
     pub(crate) fn admit(&mut self, rank: usize) -> Option<Change> {
         let admitted = self.step(rank, |s| s == Standing::Waiting, Standing::Alive);
@@ -175,7 +184,8 @@ mod tests {
     /// A seat's life, step by step, against the standing, live set, joining set, deaths and
     /// dead flag expected after each move: dead once, a claim of a live seat refused, a joiner
     /// that goes away leaves the seat dead, only a waiting seat is admitted (its flag cleared),
-    /// a vacant seat is no death until claimed, only a live seat is vacated (its flag untouched).
+    /// a vacant seat is no death until claimed, only a live seat is vacated (its flag untouched),
+    /// only a vacant one retaken.
     #[test]
     fn a_seat_dies_and_is_taken_again() -> Result<(), String> {
         #[derive(Debug, Clone, Copy)]
@@ -187,12 +197,13 @@ mod tests {
             Abandon,
             Admit,
             Vacate,
+            Retake,
         }
         use Move::*;
         /// A move on `rank`, whether it took, then: live ranks, joining ranks, deaths, the
         /// rank's dead flag.
         type Case = (Move, usize, bool, &'static [usize], &'static [usize], usize, bool);
-        let cases: [Case; 18] = [
+        let cases: [Case; 21] = [
             (Vacate, 2, true, &[0, 1], &[], 0, false),
             (Vacate, 2, false, &[0, 1], &[], 0, false),
             (Start, 0, true, &[0, 1], &[], 0, false),
@@ -211,6 +222,9 @@ mod tests {
             (Start, 2, false, &[0, 1], &[2], 1, false),
             (Vacate, 0, true, &[1], &[2], 1, false),
             (Vacate, 2, false, &[1], &[2], 1, false),
+            (Retake, 2, false, &[1], &[2], 1, false),
+            (Retake, 0, true, &[0, 1], &[2], 1, false),
+            (Retake, 0, false, &[0, 1], &[2], 1, false),
         ];
         let flags = DeadFlags::new(3);
         let mut roster = Roster::new(3, flags.clone());
@@ -224,6 +238,7 @@ mod tests {
                 Abandon => roster.abandon(rank),
                 Admit => roster.admit(rank).is_some(),
                 Vacate => roster.vacate(rank, Instant::now()).is_some(),
+                Retake => roster.retake(rank).is_some(),
             };
             let got = (did, roster.live(), roster.joining(), roster.deaths(), flags.is_dead(rank));
             if got != (took, live.to_vec(), joining.to_vec(), deaths, flagged) {

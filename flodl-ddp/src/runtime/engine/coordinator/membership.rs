@@ -76,7 +76,8 @@ impl Coordinator {
     }
 
     /// A new process for `rank` connected (the controller admitted it: same job CA, same run,
-    /// the rank's seat free). A dead rank's seat starts rejoining; it is turned away once the
+    /// the rank's seat free). Before training starts, a vacant seat's process starts with the
+    /// others (host backend); any other is closed. A dead rank's seat starts rejoining; it is turned away once the
     /// run finishes, and on the collective backend unless its groups are formed through the
     /// controller (an MPI world cannot grow).
     pub(super) fn joined(
@@ -85,6 +86,24 @@ impl Coordinator {
         frames: Arc<crate::link::frames::Frames>,
     ) -> Result<()> {
         if matches!(self.phase, Phase::Starting { .. }) {
+            // A vacant seat (no process at the rendezvous, or its process went away since) is
+            // taken before training starts: the process starts with the others, its `Ready`
+            // awaited like theirs. Host backend: a collective group forms with its members.
+            let vacant = self.roster.standing(rank)
+                == Some(crate::runtime::engine::roster::Standing::Vacant);
+            if vacant
+                && self.cfg.spec.backend == Backend::Host
+                && self.link.attach(rank, frames.clone())
+                && let Some(change) = self.roster.retake(rank)
+            {
+                tracing::info!(
+                    rank,
+                    "a process took rank {rank}'s vacant seat while the run is starting: it \
+                     starts with the others"
+                );
+                self.apply(&change)?;
+                return Ok(());
+            }
             // Not a refusal for good: closed without a Stop, the process ends with an error
             // and a launcher with restarts left starts it again, once the run may be training
             // (a controller that took over starts while restarted ranks connect).
