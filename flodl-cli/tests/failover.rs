@@ -4,7 +4,8 @@
 //! 0's seat is a dead rank's, and the run completes without a restart with every sample of
 //! every epoch once in the final model. A controller stopped (SIGSTOP) rather than killed is
 //! found silent, taken over and fenced, and a rank restarted after the takeover joins the
-//! controller of the new term.
+//! controller of the new term. A drill holds the controller inside a reduce and inside a
+//! checkpoint so that it is killed exactly there.
 
 use std::time::Duration;
 
@@ -240,6 +241,48 @@ fn a_controller_killed_in_a_four_process_job_saving_every_reduce_is_taken_over()
         located.checkpoint.epoch,
         located.skipped
     );
+    Ok(())
+}
+
+/// The controller killed at a chosen point of its work, where the hidden drill
+/// (`FLODL_CONTROLLER_DRILL`) holds it after the first epoch: with a host reduce in flight
+/// (every snapshot in, the ranks waiting for the update), then with a checkpoint captured and
+/// not yet written (a checkpoint every epoch). Each time the standby takes over from the last
+/// reduce it mirrored, the run completes with every sample once, and the checkpoint directory
+/// still gives an intact bundle.
+#[test]
+fn the_controller_killed_in_a_reduce_or_a_checkpoint_is_taken_over() -> Result {
+    for point in ["reduce", "checkpoint"] {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("run");
+        let ck = tmp.path().join("ck");
+        let ck_flag = ck.to_str().ok_or("a checkpoint path that is not UTF-8")?;
+        let mut flags: Vec<&str> = JOB.to_vec();
+        flags.extend(["--checkpoint-dir", ck_flag, "--checkpoint-every", "1"]);
+        let drill = format!("{point}:30000");
+        let env = [("FLODL_CONTROLLER_DRILL", drill.as_str())];
+        let mut job = Launched::start_with(3, &[], &flags, &dir, &env)?;
+        job.wait_for("controller drill: holding", Duration::from_secs(90))?;
+        kill9(job.pids[0])?;
+        let (code, out) = job.finish(Duration::from_secs(240))?;
+        assert_eq!(code, Some(0), "{point}: {out}");
+        for line in
+            ["rank 1 takes over as the controller of term 1", "rank 2: the controller is gone"]
+        {
+            assert!(out.contains(line), "{point}: {line:?} missing:\n{out}");
+        }
+        let taken = tmp.path().join("run-term1");
+        let s = summary(&taken)?;
+        assert_eq!(s["epochs_completed"].as_u64(), Some(EPOCHS as u64), "{point}: {out}");
+        println!("{point}: {}", audit(&taken, Some(&dir))?);
+        let located = flodl_ddp::checkpoint::locate(&ck)?;
+        println!(
+            "{point}: newest intact bundle {} (epoch {}); skipped {:?}",
+            located.path.display(),
+            located.checkpoint.epoch,
+            located.skipped
+        );
+    }
     Ok(())
 }
 

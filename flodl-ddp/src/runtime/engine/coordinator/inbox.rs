@@ -238,6 +238,9 @@ impl Coordinator {
                 if let Reduce::Host(hr) = &mut self.reduce
                     && let Some(job) = hr.collect(rank, round, attempt, state, steps)
                 {
+                    if let Some(drill) = &mut self.drill {
+                        drill.reach(super::drill::HoldAt::Reduce, self.dispatch.oldest());
+                    }
                     self.start_average(job)?;
                 }
             }

@@ -3,6 +3,7 @@
 //! [`Phase`], talking to the ranks only through their link.
 
 mod conduct;
+mod drill;
 mod inbox;
 mod membership;
 mod mirroring;
@@ -352,6 +353,8 @@ struct Coordinator {
     standby: Option<crate::runtime::engine::standby::StandbyLane>,
     /// Cluster runs: the lane's frames on their way to the standby rank's process.
     pump: Option<crate::runtime::engine::standby::Pump>,
+    /// The failover drill asked of this controller, if any (`drill.rs`).
+    drill: Option<drill::Drill>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -404,6 +407,7 @@ impl Coordinator {
         let placeholder = vec![Window { round: 1, target: 1, limit: 1, wall: None }; world];
         let slots = Slots::new(placeholder);
         let roster = Roster::new(world, outlets.dead.clone());
+        let drill = drill::Drill::from_env(cfg.spec.term);
         let mut coord = Coordinator {
             devices: cfg.spec.devices.iter().map(ToString::to_string).collect(),
             dispatch: Dispatcher::new(
@@ -450,6 +454,7 @@ impl Coordinator {
             trail: None,
             standby: None,
             pump: None,
+            drill,
         };
         coord.open_standby();
         if let Some(resumed) = coord.cfg.resume.clone() {

@@ -75,6 +75,9 @@ impl Coordinator {
             coverage,
         };
         let ckpt = assemble(&self.cfg, &self.shapes, &c.parts, consensus, outer, progress)?;
+        if let Some(drill) = &mut self.drill {
+            drill.reach(super::drill::HoldAt::Checkpoint, epoch);
+        }
         let bundle = save(plan, &ckpt, None)?;
         self.saves.epochs_saved = self.saves.epochs_saved.max(epoch);
         self.saves.last_bundle = Some(ckpt);
