@@ -40,18 +40,25 @@ impl Arrival {
     }
 }
 
-/// A lane's decoder that stamps [`Arrival`] whenever it is handed bytes of a data frame it
-/// cannot complete yet. A heartbeat or a handshake message never counts: a peer whose session
-/// tasks run while its program is stuck shows no progress.
+/// The bytes of a frame on its way that make one stamp: a peer that trickles a frame (an
+/// insider holding a reduce) must send this much per deadline to be heard, so it can hold one
+/// for at most the lane's cap over this many bytes per deadline.
+pub(crate) const STEP: usize = 64 * 1024;
+
+/// A lane's decoder that stamps [`Arrival`] whenever a data frame it cannot complete yet has
+/// grown by [`STEP`] bytes. A heartbeat or a handshake message never counts: a peer whose
+/// session tasks run while its program is stuck shows no progress.
 #[derive(Debug)]
 pub(crate) struct Watched<D> {
     inner: D,
     arrival: Arc<Arrival>,
+    /// The buffered length of the frame on its way at its last stamp (0: none yet).
+    stamped: usize,
 }
 
 impl<D> Watched<D> {
     pub(crate) fn new(inner: D, arrival: Arc<Arrival>) -> Watched<D> {
-        Watched { inner, arrival }
+        Watched { inner, arrival, stamped: 0 }
     }
 }
 
@@ -61,8 +68,13 @@ impl<D: Decoder<Item = BytesMut>> Decoder for Watched<D> {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, D::Error> {
         let decoded = self.inner.decode(src)?;
-        // What is left is the head of a message still on its way: length prefix, then kind.
-        if decoded.is_none() && src.get(4) == Some(&kind::DATA) {
+        if decoded.is_some() {
+            // What is left starts the next message.
+            self.stamped = 0;
+        } else if src.get(4) == Some(&kind::DATA) && src.len() >= self.stamped + STEP {
+            // The head of a data frame still on its way (length prefix, then kind), grown by
+            // a step since the last stamp.
+            self.stamped = src.len();
             self.arrival.stamp();
         }
         Ok(decoded)
@@ -75,31 +87,56 @@ mod tests {
     use crate::wire::{FrameDecoder, Message, codec, data_header};
     use tokio_util::codec::Encoder;
 
-    /// Only a data frame's incomplete bytes stamp: a whole frame, a heartbeat in pieces, or
-    /// a prefix alone do not.
+    /// Only a data frame's incomplete bytes stamp, once per step of growth: a whole frame, a
+    /// heartbeat in pieces, a prefix alone or less than a step of a frame do not.
     #[test]
     fn only_a_data_frame_on_its_way_is_progress() -> Result<(), String> {
         let mut beat = BytesMut::new();
         codec(1).encode(Message::Heartbeat.encode(), &mut beat).map_err(|e| e.to_string())?;
-        let header = data_header(7, 100).ok_or("no header")?;
+        let len = 3 * STEP;
+        let header = data_header(7, len).ok_or("no header")?;
         let mut data = header.to_vec();
-        data.extend_from_slice(&[1u8; 100]);
-        // (what arrives, whether it stamps)
-        let cases: Vec<(&str, Vec<u8>, bool)> = vec![
-            ("a prefix alone", data[..4].to_vec(), false),
-            ("a heartbeat in part", beat[..beat.len() - 1].to_vec(), false),
-            ("a whole heartbeat", beat.to_vec(), false),
-            ("a whole data frame", data.clone(), false),
-            ("a data frame's head", data[..5].to_vec(), true),
-            ("a data frame but its last byte", data[..data.len() - 1].to_vec(), true),
+        data.extend(std::iter::repeat_n(1u8, len));
+        let head = header.len();
+        /// A case: its name, what arrives piece by piece, the stamps made after each piece.
+        type Case = (&'static str, Vec<Vec<u8>>, Vec<usize>);
+        let cases: Vec<Case> = vec![
+            ("a prefix alone", vec![data[..4].to_vec()], vec![0]),
+            ("a heartbeat in part", vec![beat[..beat.len() - 1].to_vec()], vec![0]),
+            ("a whole heartbeat", vec![beat.to_vec()], vec![0]),
+            ("a whole data frame", vec![data.clone()], vec![0]),
+            ("a data frame's head", vec![data[..head + 10].to_vec()], vec![0]),
+            (
+                "a data frame in steps",
+                vec![
+                    data[..STEP].to_vec(),
+                    data[STEP..STEP + 10].to_vec(),
+                    data[STEP + 10..2 * STEP + 5].to_vec(),
+                    data[2 * STEP + 5..].to_vec(),
+                ],
+                vec![1, 1, 2, 2],
+            ),
         ];
-        for (name, bytes, stamps) in cases {
+        for (name, pieces, want) in cases {
             let arrival = Arrival::new();
-            let mut d = Watched::new(FrameDecoder::new(1 << 10), arrival.clone());
-            let mut src = BytesMut::from(&bytes[..]);
-            d.decode(&mut src).map_err(|e| format!("{name}: {e}"))?;
-            if arrival.last().is_some() != stamps {
-                return Err(format!("{name}: stamped {:?}", arrival.last()));
+            let mut d = Watched::new(FrameDecoder::new(len + 64), arrival.clone());
+            let mut src = BytesMut::new();
+            let mut last = None;
+            let mut stamps = 0;
+            for (i, piece) in pieces.iter().enumerate() {
+                src.extend_from_slice(piece);
+                d.decode(&mut src).map_err(|e| format!("{name}: {e}"))?;
+                if arrival.last() != last {
+                    stamps += 1;
+                    last = arrival.last();
+                }
+                if stamps != want[i] {
+                    return Err(format!(
+                        "{name}, piece {i}: {stamps} stamps, {} expected",
+                        want[i]
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
         Ok(())
