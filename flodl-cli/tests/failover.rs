@@ -12,8 +12,8 @@ use std::time::Duration;
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, in_process, kill9, median, records, signal, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, in_process, kill9, median, records, rejoined, signal,
+    summary, trains_as_well,
 };
 
 /// Epochs of the job.
@@ -168,10 +168,7 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
     let s = summary(&taken)?;
     assert_eq!(s["epochs_completed"].as_u64(), Some(12), "{out}");
     // Both came back into the run: the world is whole again.
-    let rejoined: Vec<u64> = s["rejoins"]
-        .as_array()
-        .map(|r| r.iter().filter_map(|e| e["rank"].as_u64()).collect())
-        .unwrap_or_default();
+    let rejoined = rejoined(&s);
     assert!(rejoined.contains(&0) && rejoined.contains(&2), "rejoins {rejoined:?}:\n{out}");
     println!("{}", audit(&taken, Some(&dir))?);
     Ok(())
@@ -234,13 +231,7 @@ fn a_controller_killed_in_a_four_process_job_saving_every_reduce_is_taken_over()
     let taken = tmp.path().join("run-term1");
     assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(8), "{out}");
     println!("{}", audit(&taken, Some(&dir))?);
-    let located = flodl_ddp::checkpoint::locate(&ck)?;
-    println!(
-        "newest intact bundle {} (epoch {}); skipped {:?}",
-        located.path.display(),
-        located.checkpoint.epoch,
-        located.skipped
-    );
+    println!("{}", newest_bundle(&ck)?);
     Ok(())
 }
 
@@ -275,15 +266,21 @@ fn the_controller_killed_in_a_reduce_or_a_checkpoint_is_taken_over() -> Result {
         let s = summary(&taken)?;
         assert_eq!(s["epochs_completed"].as_u64(), Some(EPOCHS as u64), "{point}: {out}");
         println!("{point}: {}", audit(&taken, Some(&dir))?);
-        let located = flodl_ddp::checkpoint::locate(&ck)?;
-        println!(
-            "{point}: newest intact bundle {} (epoch {}); skipped {:?}",
-            located.path.display(),
-            located.checkpoint.epoch,
-            located.skipped
-        );
+        println!("{point}: {}", newest_bundle(&ck)?);
     }
     Ok(())
+}
+
+/// The bundle a resume from the checkpoint directory `ck` takes (an error when none is intact),
+/// in words.
+fn newest_bundle(ck: &std::path::Path) -> Result<String> {
+    let located = flodl_ddp::checkpoint::locate(ck)?;
+    Ok(format!(
+        "newest intact bundle {} (epoch {}); skipped {:?}",
+        located.path.display(),
+        located.checkpoint.epoch,
+        located.skipped
+    ))
 }
 
 /// The job on 4 processes, every rank slowed 60× (an epoch lasts about a second), for `epochs`

@@ -16,8 +16,8 @@ mod support;
 
 use support::impostor::{FakeController, claim, run_hash};
 use support::launched::{
-    Launched, Result, accuracy, audit, by_hand, free_port, in_process, keys, own_key, records,
-    summary, trains_as_well,
+    Launched, Result, accuracy, audit, by_hand, free_port, in_process, keys, outcome, own_key,
+    records, summary, trains_as_well,
 };
 
 /// Training samples and epochs of each job.
@@ -204,12 +204,6 @@ fn copy_data(dir: &Path, alter: bool) -> Result {
     idx.extend(labels);
     std::fs::write(dir.join("t10k-labels-idx1-ubyte"), idx)?;
     Ok(())
-}
-
-/// Waits for `child` (at most a minute); its success and its stderr.
-fn outcome(child: std::process::Child) -> Result<(bool, String)> {
-    let o = child.wait_with_output()?;
-    Ok((o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned()))
 }
 
 /// Before the job forms, on its controller's port: a rank's key cannot serve as the controller;

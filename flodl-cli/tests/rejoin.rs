@@ -95,7 +95,9 @@ fn a_killed_rank_process_is_restarted_and_rejoins() -> Result {
 #[test]
 fn seats_left_and_taken_while_the_run_starts() -> Result {
     use support::impostor::run_hash;
-    use support::launched::{by_hand, free_port, keys, own_key};
+    use support::launched::{
+        by_hand, free_port, keys, outcome, own_key, rejoined, samples_by_rank,
+    };
 
     let tmp = tempfile::tempdir()?;
     let keydir = tmp.path().join("keys");
@@ -132,26 +134,16 @@ fn seats_left_and_taken_while_the_run_starts() -> Result {
     wait_line(&mut late_one, "joined the controller")?;
     for (child, who) in [(controller, "the controller"), (late_two, "rank 2"), (late_one, "rank 1")]
     {
-        let o = child.wait_with_output()?;
-        if !o.status.success() {
-            let said = String::from_utf8_lossy(&o.stderr);
+        let (ok, said) = outcome(child)?;
+        if !ok {
             return Err(format!("{who} failed:\n{said}").into());
         }
     }
     let s = summary(&out)?;
     assert_eq!(s["faults"].as_array().map_or(0, Vec::len), 0, "{s}");
     assert_eq!(s["epochs_completed"].as_u64(), Some(4), "{s}");
-    let rejoined: Vec<u64> = s["rejoins"]
-        .as_array()
-        .map(|r| r.iter().filter_map(|e| e["rank"].as_u64()).collect())
-        .unwrap_or_default();
-    assert_eq!(rejoined, vec![1], "{s}");
-    let samples: Vec<f64> = s["ranks"]
-        .as_array()
-        .ok_or("no ranks")?
-        .iter()
-        .map(|r| r["samples"].as_f64().unwrap_or(0.0))
-        .collect();
+    assert_eq!(rejoined(&s), vec![1], "{s}");
+    let samples = samples_by_rank(&s)?;
     assert!(samples.len() == 3 && samples.iter().all(|&n| n > 0.0), "{samples:?}");
     println!("{}", audit(&out, None)?);
     Ok(())

@@ -67,6 +67,30 @@ pub(crate) fn summary(dir: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?)
 }
 
+/// The ranks that joined the run again, in the order of a run summary's `rejoins`.
+pub(crate) fn rejoined(summary: &Value) -> Vec<u64> {
+    summary["rejoins"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|e| e["rank"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// The samples each rank trained, by rank, from a run summary.
+pub(crate) fn samples_by_rank(summary: &Value) -> Result<Vec<f64>> {
+    Ok(summary["ranks"]
+        .as_array()
+        .ok_or("no ranks")?
+        .iter()
+        .map(|r| r["samples"].as_f64().unwrap_or(0.0))
+        .collect())
+}
+
+/// Waits for `child` to end: whether it succeeded, and its stderr.
+pub(crate) fn outcome(child: std::process::Child) -> Result<(bool, String)> {
+    let o = child.wait_with_output()?;
+    Ok((o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned()))
+}
+
 /// The final test accuracy of a run directory.
 pub(crate) fn accuracy(dir: &Path) -> Result<f64> {
     summary(dir)?["test"]["accuracy"].as_f64().ok_or_else(|| "no test accuracy".into())

@@ -77,9 +77,9 @@ impl Coordinator {
 
     /// A new process for `rank` connected (the controller admitted it: same job CA, same run,
     /// the rank's seat free). Before training starts, a vacant seat's process starts with the
-    /// others (host backend); any other is closed. A dead rank's seat starts rejoining; it is turned away once the
-    /// run finishes, and on the collective backend unless its groups are formed through the
-    /// controller (an MPI world cannot grow).
+    /// others (host backend); any other is closed. A dead rank's seat starts rejoining; it is
+    /// turned away once the run finishes, and on the collective backend unless its groups are
+    /// formed through the controller (an MPI world cannot grow).
     pub(super) fn joined(
         &mut self,
         rank: usize,
