@@ -217,11 +217,12 @@ impl Dispatcher {
     /// with positions left.
     ///
     /// Static cut: the rest of the rank's share, then any dead rank's work. Progressive:
-    /// `counts` are ElChe's batches per window; once `calibrated` a chunk is the rank's share of
-    /// what is left (`ceil(left × counts[r] / Σcounts)`) but at most two of its windows, so
-    /// most of an epoch stays in the pool to follow a change of speed or a death; before, a
-    /// probe of `batches / (world × 10)`. Never under `min_chunk` batches, unless less is left
-    /// in the span it is cut from.
+    /// `counts` are ElChe's batches per window; once `calibrated` a chunk is the rank's
+    /// [`share`] of what is left, counting what every live rank still holds untrained, but at
+    /// most two of its windows, so most of an epoch stays in the pool to follow a change of
+    /// speed or a death (nothing, for now, when it holds its part already); before, a probe of
+    /// `batches / (world × 10)`. Never under `min_chunk` batches, unless less is left in the
+    /// span it is cut from.
     ///
     /// `now` is when it is handed out: the first chunk of an epoch starts the epoch's clock.
     pub fn next_chunk(
@@ -238,6 +239,8 @@ impl Dispatcher {
         let (world, batches) = (self.world, self.batches);
         let cutting = self.cutting;
         let first = self.handed[rank];
+        let live = self.live.clone();
+        let ahead_of = self.untrained();
         for epoch in self.oldest..(self.oldest + 2).min(self.epochs) {
             let Some(pool) = self.pool_mut(epoch) else { continue };
             let span = match cutting {
@@ -249,11 +252,13 @@ impl Dispatcher {
                     if left == 0 {
                         continue;
                     }
-                    let mine = counts.get(rank).copied().unwrap_or(1).max(1);
                     let size = if calibrated {
-                        let total: usize = counts.iter().sum::<usize>().max(1);
-                        let fair = (left * mine).div_ceil(total);
-                        fair.min(2 * mine).max(min_chunk)
+                        match share(left, rank, counts, &live, &ahead_of) {
+                            // It holds its part of the end already: more would keep the
+                            // others waiting for it. It asks again when its work runs out.
+                            0 => return None,
+                            size => size.max(min_chunk),
+                        }
                     } else {
                         (batches / (world * 10)).max(min_chunk)
                     };
@@ -386,10 +391,12 @@ impl Dispatcher {
                         };
                         let remaining: usize = (end - start) / bs
                             + free.iter().map(|s| (s.1 - s.0) / bs).sum::<usize>();
-                        let mine = counts.get(q).copied().unwrap_or(1).max(1);
                         let size = if calibrated {
-                            let sum: usize = counts.iter().sum::<usize>().max(1);
-                            (remaining * mine).div_ceil(sum).min(2 * mine).max(min_chunk)
+                            // What each peer holds when `q` asks: its work past `q`'s clock.
+                            let held: Vec<usize> = (0..world)
+                                .map(|r| ((clock[r] - clock[q]).max(0.0) * speed(r)) as usize)
+                                .collect();
+                            share(remaining, q, counts, &self.live, &held).max(min_chunk)
                         } else {
                             (self.batches / (world * 10)).max(min_chunk)
                         }
@@ -406,6 +413,24 @@ impl Dispatcher {
                             }
                         }
                     }
+                }
+            }
+        }
+        out
+    }
+
+    /// Per rank, the batches it holds handed and not yet known trained: its handed chunks past
+    /// the batches completed reduces hold of them.
+    fn untrained(&self) -> Vec<usize> {
+        let bs = self.batch_size;
+        let mut out = vec![0; self.world];
+        for pool in &self.pools {
+            for (rank, held) in pool.held.iter().enumerate() {
+                let reduced = self.reduced.get(rank).copied().unwrap_or(0);
+                for h in held.iter().filter(|h| matches!(h.stage, Stage::Handed)) {
+                    let done =
+                        usize::try_from(reduced.saturating_sub(h.first)).unwrap_or(usize::MAX);
+                    out[rank] += h.chunk.batches(bs).saturating_sub(done);
                 }
             }
         }
@@ -648,4 +673,21 @@ impl Dispatcher {
         out.sort_by_key(|c| c.epoch);
         Ok(out)
     }
+}
+
+/// The batches a chunk for `rank` holds under the progressive cut, from `left` batches free:
+/// enough that every live rank, training at its `counts` (batches per window) through the
+/// `held` batches it has untrained and then its part of `left`, finishes at the same time
+/// (`ceil(counts[r] × (left + Σheld) / Σcounts) − held[r]`), at most two of the rank's windows;
+/// 0 when it holds that much already. Counting what the ranks hold keeps a slow rank that took
+/// chunks ahead, when the pool was full, from being handed more than its part of an epoch's
+/// end, where the fast ranks would wait for it.
+fn share(left: usize, rank: usize, counts: &[usize], live: &[bool], held: &[usize]) -> usize {
+    let count = |r: usize| counts.get(r).copied().unwrap_or(1).max(1);
+    let members = (0..live.len()).filter(|&r| live[r]);
+    let speed: usize = members.clone().map(count).sum::<usize>().max(1);
+    let backlog: usize = left + members.map(|r| held.get(r).copied().unwrap_or(0)).sum::<usize>();
+    let mine = count(rank);
+    let fair = (backlog.saturating_mul(mine)).div_ceil(speed);
+    fair.saturating_sub(held.get(rank).copied().unwrap_or(0)).min(2 * mine)
 }
