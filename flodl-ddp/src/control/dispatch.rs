@@ -218,11 +218,11 @@ impl Dispatcher {
     ///
     /// Static cut: the rest of the rank's share, then any dead rank's work. Progressive:
     /// `counts` are ElChe's batches per window; once `calibrated` a chunk is the rank's
-    /// [`share`] of what is left, counting what every live rank still holds untrained, but at
-    /// most two of its windows, so most of an epoch stays in the pool to follow a change of
-    /// speed or a death (nothing, for now, when it holds its part already); before, a probe of
-    /// `batches / (world × 10)`. Never under `min_chunk` batches, unless less is left in the
-    /// span it is cut from.
+    /// [`share`]: its part of what is left, but at most two of its windows, so most of an epoch
+    /// stays in the pool to follow a change of speed or a death, and for a rank that still holds
+    /// work no more than takes it to when all would finish together (nothing, for now, when it
+    /// holds that much already); before, a probe of `batches / (world × 10)`. Never under
+    /// `min_chunk` batches, unless less is left in the span it is cut from.
     ///
     /// `now` is when it is handed out: the first chunk of an epoch starts the epoch's clock.
     pub fn next_chunk(
@@ -676,18 +676,20 @@ impl Dispatcher {
 }
 
 /// The batches a chunk for `rank` holds under the progressive cut, from `left` batches free:
-/// enough that every live rank, training at its `counts` (batches per window) through the
-/// `held` batches it has untrained and then its part of `left`, finishes at the same time
-/// (`ceil(counts[r] × (left + Σheld) / Σcounts) − held[r]`), at most two of the rank's windows;
-/// 0 when it holds that much already. Counting what the ranks hold keeps a slow rank that took
-/// chunks ahead, when the pool was full, from being handed more than its part of an epoch's
-/// end, where the fast ranks would wait for it.
+/// its part of `left` at its speed (`ceil(left × counts[r] / Σcounts)`, over the live ranks), at
+/// most two of its windows, and never more than takes it to when every live rank would finish
+/// together, counting the `held` batches each still has untrained (`ceil(counts[r] × (left +
+/// Σheld) / Σcounts) − held[r]`): 0 when it holds that much already. The last bound only ever
+/// trims the chunk of a rank that asks while it still holds one: a slow rank that took chunks
+/// ahead into an epoch's pool while it was full would otherwise train them at the end while
+/// the fast ranks wait.
 fn share(left: usize, rank: usize, counts: &[usize], live: &[bool], held: &[usize]) -> usize {
     let count = |r: usize| counts.get(r).copied().unwrap_or(1).max(1);
     let members = (0..live.len()).filter(|&r| live[r]);
     let speed: usize = members.clone().map(count).sum::<usize>().max(1);
     let backlog: usize = left + members.map(|r| held.get(r).copied().unwrap_or(0)).sum::<usize>();
     let mine = count(rank);
-    let fair = (backlog.saturating_mul(mine)).div_ceil(speed);
-    fair.saturating_sub(held.get(rank).copied().unwrap_or(0)).min(2 * mine)
+    let of_left = left.saturating_mul(mine).div_ceil(speed);
+    let together = backlog.saturating_mul(mine).div_ceil(speed);
+    of_left.min(together.saturating_sub(held.get(rank).copied().unwrap_or(0))).min(2 * mine)
 }
