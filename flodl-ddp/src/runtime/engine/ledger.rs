@@ -80,8 +80,10 @@ mod tests {
         let b = ledger.close();
         let total = t0.elapsed().as_secs_f64() * 1000.0;
         let sum = a.wall_ms() + b.wall_ms();
-        if a.data_ms < 4.0 || b.compute_ms != 1.0 || b.other_ms < 2.0 || sum > total {
-            return Err(format!("{a:?} {b:?}"));
+        // Clock reads on different cores of a virtual machine can disagree by microseconds (seen:
+        // the spans 4 µs longer than `t0`'s elapsed time read after them).
+        if a.data_ms < 4.0 || b.compute_ms != 1.0 || b.other_ms < 2.0 || sum > total + 0.05 {
+            return Err(format!("{a:?} {b:?}: {sum} ms of {total} ms"));
         }
         // The spans cover all but the instant before `start` (a few microseconds).
         if total - sum > 1.0 {
