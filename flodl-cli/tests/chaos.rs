@@ -20,8 +20,8 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, env_secs, in_process, kill9, median, records, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, records, soak_flags,
+    summary, trains_as_well,
 };
 
 const TRAIN: usize = 16384;
@@ -63,28 +63,11 @@ fn ranks_killed_at_random_moments_at_a_rate() -> Result {
     let epochs = (total.as_secs() / 2 + 10).max(20);
     let kills_max: u64 = phases.iter().map(|(r, d)| d.as_secs() / r.as_secs().max(1) + 1).sum();
     let restarts = (kills_max + 4).to_string();
-    let (epochs_s, train) = (epochs.to_string(), TRAIN.to_string());
-    let flags: Vec<&str> = vec![
-        "--backend",
-        "host",
-        "--policy",
-        "cadence",
-        "--train-subset",
-        &train,
-        "--test-subset",
-        "1000",
-        "--epochs",
-        &epochs_s,
-        "--hidden",
-        "64",
-        "--watchdog",
-        "10",
-    ];
+    let owned = soak_flags(TRAIN, epochs);
+    let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
     let tmp = tempfile::tempdir()?;
     let clean = tmp.path().join("clean");
-    let timed = Instant::now();
-    in_process(&flags, &clean)?;
-    let clean_epoch = timed.elapsed().as_secs_f64() / epochs as f64;
+    let clean_epoch = clean_epoch(&flags, &clean, epochs)?;
     // Measured: at 6 / clean epoch a 25-epoch job ended in 14 s under load 13, so 4 times it.
     // On a quiet machine that sizing gives ~9 s an epoch (880 at load 0.5-2.5), which stretches
     // the long form's job to four times its chaos: `FLODL_CHAOS_SLOWDOWN` sets it instead.
@@ -166,7 +149,7 @@ fn ranks_killed_at_random_moments_at_a_rate() -> Result {
                 .map(|j| j - t)
         })
         .collect();
-    let audited = audit(&dir, None);
+    let audited = audit(&dir, &[]);
     let (a, c) = (accuracy(&clean)?, accuracy(&dir)?);
     let relative = match calm {
         Some(calm) => format!("{:.3}", throughput(&dir)? / calm),

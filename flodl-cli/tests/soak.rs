@@ -15,8 +15,8 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, env_secs, in_process, kill9, median, records, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, records, soak_flags,
+    summary, trains_as_well,
 };
 
 const TRAIN: usize = 16384;
@@ -53,32 +53,14 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     // the machine is quiet or loaded.
     let epochs = (soak.as_secs() / 2).max(20);
     let restarts = (soak.as_secs() / every.as_secs().max(1) + 4).to_string();
-    let epochs_s = epochs.to_string();
-    let train = TRAIN.to_string();
-    let flags: Vec<&str> = vec![
-        "--backend",
-        "host",
-        "--policy",
-        "cadence",
-        "--train-subset",
-        &train,
-        "--test-subset",
-        "1000",
-        "--epochs",
-        &epochs_s,
-        "--hidden",
-        "64",
-        "--watchdog",
-        "10",
-    ];
+    let owned = soak_flags(TRAIN, epochs);
+    let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
     let tmp = tempfile::tempdir()?;
     let clean = tmp.path().join("clean");
-    let timed = Instant::now();
-    in_process(&flags, &clean)?;
     // The launched job's epoch lasts about half the slowdown times the clean run's epoch
     // (measured: 0.02 s a clean epoch and 0.4 s a launched one at 40 on a quiet machine, where
     // a fixed 40 ended the job in 12 s, before the first kill).
-    let clean_epoch = timed.elapsed().as_secs_f64() / epochs as f64;
+    let clean_epoch = clean_epoch(&flags, &clean, epochs)?;
     let slowdown = (6.0 / clean_epoch.max(1e-3)).clamp(40.0, 1000.0).round();
     let slowdowns = format!("{slowdown},{slowdown},{slowdown}");
     let dir = tmp.path().join("soak");
@@ -94,7 +76,7 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
         "10",
         "--quiet",
     ]);
-    let log = ("RUST_LOG", "warn,flodl_ddp::runtime::coordinator=debug");
+    let log = ("RUST_LOG", "warn,flodl_ddp::runtime::engine::coordinator=debug");
     let launcher = ["--max-restarts", restarts.as_str()];
     let started = Instant::now();
     let mut job = Launched::start_with(3, &launcher, &args, &dir, &[log])?;
@@ -173,7 +155,7 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     let requeued: u64 = faults.iter().filter_map(|f| f["requeued_samples"].as_u64()).sum();
     let epochs_rec = records(&dir, "epoch")?;
     // Every sample once in the final model: `fdl audit` of the run's ledger.
-    let audited = audit(&dir, None);
+    let audited = audit(&dir, &[]);
     let (a, c) = (accuracy(&clean)?, accuracy(&dir)?);
     let by_moment = |m: Moment| kills.iter().filter(|k| k.1 == m).count();
     println!(

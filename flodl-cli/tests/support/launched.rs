@@ -106,12 +106,43 @@ pub(crate) fn records(dir: &Path, kind: &str) -> Result<Vec<Value>> {
         .collect())
 }
 
-/// `fdl audit dir` (through the run it resumed, when given): its report when it exits 0, every
+/// The job the soaks and the chaos run share: host backend, Cadence, `train` samples of a
+/// 64-wide MLP for `epochs` epochs, 1,000 test samples, a 10 s watchdog.
+pub(crate) fn soak_flags(train: usize, epochs: u64) -> Vec<String> {
+    let (train, epochs) = (train.to_string(), epochs.to_string());
+    let flags = [
+        "--backend",
+        "host",
+        "--policy",
+        "cadence",
+        "--train-subset",
+        &train,
+        "--test-subset",
+        "1000",
+        "--epochs",
+        &epochs,
+        "--hidden",
+        "64",
+        "--watchdog",
+        "10",
+    ];
+    flags.iter().map(|f| f.to_string()).collect()
+}
+
+/// Runs `flags` in-process into `out` ([`in_process`]) and returns the seconds one of its
+/// `epochs` epochs took: what a soak sizes its ranks' slowdown from.
+pub(crate) fn clean_epoch(flags: &[&str], out: &Path, epochs: u64) -> Result<f64> {
+    let timed = Instant::now();
+    in_process(flags, out)?;
+    Ok(timed.elapsed().as_secs_f64() / epochs as f64)
+}
+
+/// `fdl audit dir` (through the runs it resumed, nearest first, when given): its report when it exits 0, every
 /// sample of every epoch in the final model exactly once; its output as the error otherwise.
-pub(crate) fn audit(dir: &Path, resumed_from: Option<&Path>) -> Result<String> {
+pub(crate) fn audit(dir: &Path, resumed_from: &[&Path]) -> Result<String> {
     let mut command = Command::new(FDL);
     command.arg("audit").arg(dir);
-    if let Some(earlier) = resumed_from {
+    for earlier in resumed_from {
         command.arg("--resumed-from").arg(earlier);
     }
     let run = command.output()?;
