@@ -302,8 +302,10 @@ pub(crate) struct AuditArgs {
     pub(crate) run_dir: PathBuf,
     /// The run directory of the run whose checkpoint RUN_DIR resumed: its consensus at the
     /// checkpoint's cut stands for the restored epochs, and must equal the checkpoint's coverage.
+    /// Repeat it for a chain (a run after several takeovers), nearest first: each names the run
+    /// the one before it resumed.
     #[arg(long, value_name = "DIR")]
-    pub(crate) resumed_from: Option<PathBuf>,
+    pub(crate) resumed_from: Vec<PathBuf>,
 }
 
 /// `fdl report`.

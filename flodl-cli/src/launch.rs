@@ -166,18 +166,20 @@ struct RankCommand {
     world: usize,
     listener: std::net::TcpListener,
     keys: JobKeys,
-    /// The standby's rank and the listener of its address, bound here for it.
-    standby: Option<(usize, std::net::TcpListener)>,
-    /// The pipe the standby's process announces its takeover on (with a standby only).
+    /// The standby chain, with a standby only: which rank hosts each term, and per rank the
+    /// listener of the address its process takes over at, bound here for it (each incarnation
+    /// of that rank's process inherits it).
+    chain: Option<(flodl_ddp::Standby, Vec<std::net::TcpListener>)>,
+    /// The pipe a standby's process announces its takeover on (with a standby only).
     notices: Option<crate::term_notice::NoticeWriter>,
-    /// How long a rank restarted before any takeover waits for the first controller before it
-    /// follows the standby (the job's watchdog: the standby takes over within it).
+    /// How long a restarted rank waits for its term's controller before it follows the next
+    /// term's (the job's watchdog: a standby takes over within it).
     rejoin_wait: Duration,
 }
 
 impl RankCommand {
     /// Starts rank `rank`'s process, its output relayed with the rank's tag; restarted after a
-    /// takeover (a term above 0) it joins the controller of that term at the standby's address.
+    /// takeover (a term above 0) it joins the controller of that term at its host's address.
     fn spawn(
         &self,
         rank: usize,
@@ -188,9 +190,9 @@ impl RankCommand {
             Start::First => (0, false),
             Start::Restart { term } => (term, true),
         };
-        let port = match &self.standby {
-            Some((_, listener)) if term > 0 => listener.local_addr()?.port(),
-            _ => self.listener.local_addr()?.port(),
+        let port = match self.host_listener(term) {
+            Some(listener) => listener.local_addr()?.port(),
+            None => self.listener.local_addr()?.port(),
         };
         let mut cmd = Command::new(&self.exe);
         cmd.args(&self.train)
@@ -205,31 +207,33 @@ impl RankCommand {
             // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
             // forwards it once.
             .process_group(0);
-        // Rank 0's process hosts the controller: it gets the controller's key and listener; every
-        // other rank its own key only (rank 0's too, restarted after a takeover: a rank then).
+        // Rank 0's process hosts the first controller: it gets the controller's key and
+        // listener; every other rank its own key only (rank 0's too, restarted after a
+        // takeover: a rank then), and the listener and standby key its process takes over with.
         let files = if rank == 0 && term == 0 {
             hand_listener(&mut cmd, &self.listener);
             self.keys.controller()
         } else {
-            self.keys.rank(rank)
-        };
-        // Every rank is told the standby's address; the standby's process gets its listener
-        // and its own controller certificate.
-        if let Some((standby, listener)) = &self.standby {
-            let addr = listener.local_addr()?;
-            cmd.env(crate::takeover::STANDBY_ADDR, addr.to_string());
-            if *standby == rank {
-                hand_listener(&mut cmd, listener);
-                let files = self.keys.standby();
+            if let Some((_, listeners)) = &self.chain {
+                hand_listener(&mut cmd, &listeners[rank]);
+                let files = self.keys.standby(rank);
                 cmd.env(crate::takeover::STANDBY_CERT, &files.cert)
                     .env(crate::takeover::STANDBY_KEY, &files.key);
-                if let Some(notices) = &self.notices {
-                    notices.hand(&mut cmd);
-                }
+            }
+            self.keys.rank(rank)
+        };
+        // Every rank is told where each rank's process takes over, and may announce a takeover.
+        if let Some((_, listeners)) = &self.chain {
+            let addrs =
+                listeners.iter().map(|l| l.local_addr()).collect::<std::io::Result<Vec<_>>>()?;
+            cmd.env(crate::takeover::STANDBY_ADDRS, crate::takeover::Chain::text(&addrs));
+            if let Some(notices) = &self.notices {
+                notices.hand(&mut cmd);
             }
             if term > 0 {
                 cmd.env(crate::takeover::TERM, term.to_string());
-            } else if restart {
+            }
+            if restart {
                 cmd.env(crate::takeover::REJOIN_WAIT, self.rejoin_wait.as_secs_f64().to_string());
             }
         }
@@ -246,6 +250,19 @@ impl RankCommand {
             relays.push(relay(err, tag, true));
         }
         Ok(child)
+    }
+}
+
+impl RankCommand {
+    /// The rank whose process hosts the controller of `term` (rank 0 for the first).
+    fn host(&self, term: u64) -> usize {
+        self.chain.as_ref().and_then(|(s, _)| s.host(term, self.world)).unwrap_or(0)
+    }
+
+    /// The listener of the controller of `term` when a standby hosts it (`None` for the first).
+    fn host_listener(&self, term: u64) -> Option<&std::net::TcpListener> {
+        let (standby, listeners) = self.chain.as_ref().filter(|_| term > 0)?;
+        listeners.get(standby.host(term, self.world)?)
     }
 }
 
@@ -279,18 +296,26 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
     }
     let (temp, keys, listener) = job_keys(args.nproc)?;
     let exe = std::env::current_exe().context("cannot find this fdl binary")?;
-    // The standby's address, bound now like the controller's (host backend only).
-    let standby = match cfg.run.standby.unwrap_or_default().rank(args.nproc) {
-        Some(rank) if cfg.run.backend.unwrap_or_default() == flodl_ddp::Backend::Host => {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")
-                .context("cannot bind a loopback port for the standby")?;
-            println!("[launch] standby: rank {rank}, taking over at {}", l.local_addr()?);
-            Some((rank, l))
+    // Where each rank's process takes over, bound now like the controller's (host backend with
+    // a standby only).
+    let standby = cfg.run.standby.unwrap_or_default();
+    let chain = match standby.rank(args.nproc) {
+        Some(first) if cfg.run.backend.unwrap_or_default() == flodl_ddp::Backend::Host => {
+            let listeners = (0..args.nproc)
+                .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+                .collect::<std::io::Result<Vec<_>>>()
+                .context("cannot bind a loopback port per rank for the standbys")?;
+            let at = |r: usize| listeners[r].local_addr().map(|a| a.to_string());
+            println!(
+                "[launch] standby: rank {first} takes over first (at {}), then the next rank \
+                 round the world for each later term",
+                at(first)?
+            );
+            Some((standby, listeners))
         }
         _ => None,
     };
-    let standby_rank = standby.as_ref().map(|(rank, _)| *rank);
-    let (notices, writer) = match standby {
+    let (notices, writer) = match chain {
         Some(_) => {
             let (notices, writer) = crate::term_notice::pipe()?;
             (Some(notices), Some(writer))
@@ -303,7 +328,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         world: args.nproc,
         listener,
         keys,
-        standby,
+        chain,
         notices: writer,
         rejoin_wait: job_watchdog(&cfg),
     };
@@ -341,8 +366,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
         command: &command,
         pids: &pids,
     };
-    let standby = standby_rank.zip(notices);
-    let status = wait_job(&mut children, watchdog + GRACE, restarts, standby, &mut relays);
+    let status = wait_job(&mut children, watchdog + GRACE, restarts, notices, &mut relays);
     handle.close();
     let _ = forwarder.join();
     for relay in relays {
@@ -360,15 +384,15 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<()> {
 struct Restarts<'a> {
     left: usize,
     total: usize,
-    /// The controller's term: a rank restarted after a takeover joins the standby's controller.
+    /// The controller's term: a rank restarted after a takeover joins that term's controller.
     term: u64,
     command: &'a RankCommand,
     pids: &'a Pids,
 }
 
 impl Restarts<'_> {
-    /// Restarts `rank`, which ended with `status`, when it died (not a clean exit), is not rank
-    /// 0 and restarts are left; true when it runs again.
+    /// Restarts `rank`, which ended with `status`, when it died (not a clean exit), does not
+    /// host the controller of the job's term and restarts are left; true when it runs again.
     fn restart(
         &mut self,
         rank: usize,
@@ -376,8 +400,8 @@ impl Restarts<'_> {
         children: &mut [Child],
         relays: &mut Vec<std::thread::JoinHandle<()>>,
     ) -> bool {
-        // Rank 0's process hosts the first controller; after a takeover it is a rank like any.
-        if (rank == 0 && self.term == 0) || status.success() || self.left == 0 {
+        // The controller's process decides the job; after a takeover it is a rank like any.
+        if rank == self.command.host(self.term) || status.success() || self.left == 0 {
             return false;
         }
         let n = self.total - self.left + 1;
@@ -403,55 +427,62 @@ impl Restarts<'_> {
 }
 
 /// Waits for the children, restarting dead ones while `restarts` allows and the controller's
-/// process runs. The job's status is the controller's process's: rank 0's, or the `standby`'s
-/// once it announced its takeover on its notices (or once rank 0's process was killed by a
-/// signal with the standby alive: it is about to take over). A takeover fences the old
-/// controller: rank 0's process, if still there (stopped, or alive but cut off from its
-/// ranks), is killed, and restarted as a rank of the new term while restarts are left. Once
-/// the deciding process has ended, the others get `grace` to end on their own before they are
-/// killed.
+/// process runs. The job's status is the controller's process's: rank 0's, then the process of
+/// each standby once it announced its takeover on the `notices` (or once the controller's
+/// process was killed by a signal with the next term's host alive: it is about to take over).
+/// A takeover fences the old controller: its process, if still there (stopped, or alive but cut
+/// off from its ranks), is killed, and restarted as a rank of the new term while restarts are
+/// left. Once the deciding process has ended, the others get `grace` to end on their own before
+/// they are killed.
 fn wait_job(
     children: &mut [Child],
     grace: Duration,
     mut restarts: Restarts<'_>,
-    mut standby: Option<(usize, crate::term_notice::TermNotices)>,
+    mut notices: Option<crate::term_notice::TermNotices>,
     relays: &mut Vec<std::thread::JoinHandle<()>>,
 ) -> Option<ExitStatus> {
+    let command = restarts.command;
+    let chained = command.chain.is_some();
     let mut ended: Vec<Option<ExitStatus>> = children.iter().map(|_| None).collect();
     let mut decider = 0;
     let mut since_decider: Option<Instant> = None;
     loop {
-        if let Some((s, notices)) = &mut standby {
-            let term = notices.poll();
-            if term > restarts.term {
-                restarts.term = term;
-                println!(
-                    "[launch] rank {s} took over as the controller of term {term}: its status is \
-                     the job's; ranks restarted from now on join it"
-                );
-                if ended[*s].is_none() {
-                    decider = *s;
-                    since_decider = None;
+        let announced = notices.as_mut().map_or(0, crate::term_notice::TermNotices::poll);
+        if announced > restarts.term {
+            let old = restarts.term;
+            restarts.term = announced;
+            let host = command.host(announced);
+            println!(
+                "[launch] rank {host} took over as the controller of term {announced}: its status \
+                 is the job's; ranks restarted from now on join it"
+            );
+            if ended[host].is_none() {
+                decider = host;
+                since_decider = None;
+            }
+            // Fencing: an old controller still there (stopped, or cut off from its ranks) would
+            // go on training for a term nobody follows; this job has one controller.
+            for term in old..announced {
+                let fenced = command.host(term);
+                if fenced == host {
+                    continue;
                 }
-                // Fencing: an old controller still there (stopped, or cut off from its ranks)
-                // would go on training for a term nobody follows; this job has one controller.
-                if ended[0].is_none() {
+                if ended[fenced].is_none() {
                     println!(
-                        "[launch] rank 0's process (the controller of the earlier term) is still \
-                         there: killing it"
+                        "[launch] rank {fenced}'s process (the controller of term {term}) is \
+                         still there: killing it"
                     );
-                    let _ = children[0].kill();
-                    ended[0] = children[0].wait().ok();
+                    let _ = children[fenced].kill();
+                    ended[fenced] = children[fenced].wait().ok();
                 }
-                // Rank 0's seat is a rank's now: restarts bring it back into the new term.
-                if let Some(status) = ended[0]
-                    && restarts.restart(0, status, children, relays)
+                // Its seat is a rank's now: restarts bring it back into the new term.
+                if let Some(status) = ended[fenced]
+                    && restarts.restart(fenced, status, children, relays)
                 {
-                    ended[0] = None;
+                    ended[fenced] = None;
                 }
             }
         }
-        let standby_rank = standby.as_ref().map(|(s, _)| *s);
         for rank in 0..children.len() {
             if ended[rank].is_some() {
                 continue;
@@ -466,12 +497,13 @@ fn wait_job(
                 continue;
             }
             // Killed (crash-stop), not a run that failed: its ranks were told to stop.
-            let killed = rank == 0 && status.signal().is_some();
-            match standby_rank.filter(|&s| killed && ended[s].is_none()) {
+            let killed = chained && status.signal().is_some();
+            let next = command.host(restarts.term + 1);
+            match Some(next).filter(|&s| killed && s != rank && ended[s].is_none()) {
                 Some(s) => {
                     println!(
-                        "[launch] the controller's process (rank 0) died: the standby (rank \
-                         {s}) takes over, and its status is the job's"
+                        "[launch] the controller's process (rank {rank}) died: the standby \
+                         (rank {s}) takes over, and its status is the job's"
                     );
                     decider = s;
                 }
@@ -535,6 +567,14 @@ pub(crate) fn keys(args: &crate::args::KeysArgs) -> Result<()> {
                  on its host, else `rank-R`; a --controller N process: controller.pem/.key):"
             );
             rank_files(&keys.seats());
+            let standbys = keys.standbys();
+            println!(
+                "# every rank process as a standby (a takeover chain also needs {}: where each \
+                 rank's process takes over, host:port per rank in rank order):",
+                crate::takeover::STANDBY_ADDRS
+            );
+            println!("{}={}", crate::takeover::STANDBY_CERT, standbys.cert.display());
+            println!("{}={}", crate::takeover::STANDBY_KEY, standbys.key.display());
             println!(
                 "copy to each host ca.pem and only the certificate and key of the processes it \
                  runs; keep {} on this host (it issues ranks: fdl cluster keys {} --rank R)",
@@ -545,6 +585,9 @@ pub(crate) fn keys(args: &crate::args::KeysArgs) -> Result<()> {
         (None, Some(rank)) => {
             let files = JobKeys::issue(&args.dir, rank).context("cannot issue the rank's key")?;
             rank_files(&files);
+            let standby = JobKeys::at(&args.dir).standby(rank);
+            println!("{}={}", crate::takeover::STANDBY_CERT, standby.cert.display());
+            println!("{}={}", crate::takeover::STANDBY_KEY, standby.key.display());
         }
         _ => bail!(
             "fdl cluster keys DIR needs --world N (a new job's keys) or --rank R (one more \

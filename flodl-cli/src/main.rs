@@ -111,7 +111,7 @@ fn run(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Report(args) => regenerate_report(&args.run_dir),
-        Command::Audit(args) => audit::run(&args.run_dir, args.resumed_from.as_deref()),
+        Command::Audit(args) => audit::run(&args.run_dir, &args.resumed_from),
         Command::Train(args) => {
             interrupt::install();
             train::run(&args)

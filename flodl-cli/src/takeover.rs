@@ -1,13 +1,15 @@
-//! A cluster job's rank process, and what it does when its controller dies: the standby rank's
-//! process takes over (a controller of the next term at the standby's address, resumed from
-//! the last reduce its mirror holds, writing a run directory of its own), every other rank
-//! follows it there. Host backend; one takeover per job (the new controller has no standby).
+//! A cluster job's rank process, and what it does when its controller dies: the standby's
+//! process takes over (a controller of the next term at the address its rank was told, resumed
+//! from the last reduce its mirror holds, writing a run directory of its own), every other rank
+//! follows it there. Host backend. Takeovers chain: the controller of term `t` runs on rank
+//! `RunSpec::term_host(t)`'s process and mirrors its state to the next term's host, so the run
+//! survives a controller death per term for as long as the next host's process is alive.
 //!
-//! The standby's address is the one every process was told at launch, `FLODL_STANDBY_ADDR`
-//! (`host:port`; `fdl launch` binds a loopback port for it and hands the socket to the
-//! standby's process); the standby's controller certificate is `FLODL_STANDBY_CERT` and
-//! `FLODL_STANDBY_KEY` (the job's CA is `FLODL_TLS_CA`; `fdl cluster keys` makes
-//! `standby.pem`/`standby.key`).
+//! Where each rank's process takes over is `FLODL_STANDBY_ADDRS` (`host:port` per rank, in rank
+//! order, comma-separated; `fdl launch` binds a loopback port per rank and hands each process
+//! its own); a process's standby certificate is `FLODL_STANDBY_CERT` and `FLODL_STANDBY_KEY`
+//! (the job's CA is `FLODL_TLS_CA`; `fdl cluster keys` makes `standby-<r>.pem`/`.key` per rank,
+//! naming that rank's standby: a rank joining term `t` verifies the name of term `t`'s host).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,18 +23,18 @@ use crate::config::TrainConfig;
 use crate::resume::ResumePoint;
 use crate::train::{Controller, Data};
 
-/// The address the standby binds at a takeover and every rank follows to.
-pub(crate) const STANDBY_ADDR: &str = "FLODL_STANDBY_ADDR";
-/// The standby's controller certificate.
+/// Where each rank's process takes over: `host:port` per rank, in rank order, comma-separated.
+pub(crate) const STANDBY_ADDRS: &str = "FLODL_STANDBY_ADDRS";
+/// This process's standby certificate (a server certificate naming its rank's standby).
 pub(crate) const STANDBY_CERT: &str = "FLODL_STANDBY_CERT";
-/// The standby's controller key.
+/// This process's standby key.
 pub(crate) const STANDBY_KEY: &str = "FLODL_STANDBY_KEY";
-/// The term of the controller a rank process started after a takeover joins (at the standby's
-/// address): `fdl launch` sets it for a rank it restarts once the standby announced its term.
+/// The term of the controller a rank process started after a takeover joins (at its host's
+/// address): `fdl launch` sets it for a rank it restarts once a standby announced its term.
 pub(crate) const TERM: &str = "FLODL_TERM";
-/// How long (seconds) a rank process restarted before any takeover waits for the first
-/// controller before it follows the standby: `fdl launch` sets the job's watchdog, within
-/// which the standby takes over from a controller that died.
+/// How long (seconds) a restarted rank process waits for its term's controller before it
+/// follows the next term's: `fdl launch` sets the job's watchdog, within which a standby takes
+/// over from a controller that died.
 pub(crate) const REJOIN_WAIT: &str = "FLODL_REJOIN_WAIT";
 
 /// A rank process of a cluster job, with what it needs to take over or follow.
@@ -47,7 +49,7 @@ pub(crate) struct Rank<'a> {
 impl Rank<'_> {
     /// Joins the controller with `trainer` (of `spec`), trains this rank's share and says how it
     /// ended; when the controller dies (its connection gone, or silent past the deadlines) in
-    /// a job with a standby address, takes over (the standby) or follows the standby.
+    /// a job with a standby chain, takes over (the next term's host) or follows it.
     ///
     /// # Errors
     /// The rank was refused, its replica failed, the controller is gone with no standby to go
@@ -59,27 +61,29 @@ impl Rank<'_> {
         // The controller's process stops the run at the first Ctrl-C; a second one ends this
         // process even when its rank is stuck inside a step.
         crate::interrupt::exit_on_second();
-        let standby = standby_addr()?;
-        // A rank process restarted into a job with a standby waits a bounded time for the
-        // first controller: it may have died while this process started (the ranks that were
-        // running follow the standby on their own).
-        let fallback =
-            rejoin_wait()?.filter(|_| spec.standby_rank().is_some_and(|s| s != rank)).zip(standby);
+        let term = spec.term + 1;
+        // The next term's controller: its host's rank and address.
+        let next = Chain::from_env()?.and_then(|c| c.of(spec, term));
+        // A rank process restarted into a job with a standby waits a bounded time for its
+        // term's controller: it may have died while this process started (the ranks that were
+        // running follow the next host on their own).
+        let fallback = rejoin_wait()?.filter(|_| spec.standby_rank() != Some(rank)).zip(next);
         let trainer = match fallback {
-            Some((wait, _)) => self.trainer(None, cluster.clone().join_timeout(wait))?,
+            Some((wait, _)) => {
+                self.trainer(None, cluster.clone().join_timeout(wait))?.term(spec.term)
+            }
             None => trainer,
         };
         let handle = match trainer.start() {
             Ok(Started::Rank(handle)) => handle,
             Ok(Started::Coordinator(_)) => bail!("rank {rank} started a controller"),
             Err(error) => match fallback.filter(|_| unanswered(&error)) {
-                Some((wait, addr)) => {
+                Some((wait, (host, addr))) => {
                     println!(
                         "rank {rank}: no controller answered within {wait:?} ({error}); \
-                         following the standby at {addr} (term {})",
-                        spec.term + 1
+                         following rank {host}'s standby at {addr} (term {term})"
                     );
-                    return self.follow(cluster, addr, spec.term + 1);
+                    return self.follow(cluster, addr, host, term);
                 }
                 None => return Err(error.into()),
             },
@@ -91,7 +95,10 @@ impl Rank<'_> {
             println!("rank {rank}: the controller is of term {}", spec.term);
         }
         if spec.standby_rank() == Some(rank) {
-            println!("rank {rank}: the standby (it takes over if the controller's process dies)");
+            println!(
+                "rank {rank}: the standby (it takes over as the controller of term {term} if the \
+                 controller's process dies)"
+            );
         }
         let mirror = handle.standby_mirror();
         let error = match handle.join() {
@@ -106,26 +113,30 @@ impl Rank<'_> {
             flodl_ddp::Error::Rank { failure, .. }
                 if matches!(failure.kind, FailureKind::PeerGone | FailureKind::Timeout)
         );
-        // One takeover per job: the first controller's standby, the ranks that followed it.
-        let Some(addr) = standby.filter(|_| gone && spec.standby_rank().is_some()) else {
+        let Some((host, addr)) = next.filter(|_| gone) else {
             return Err(error.into());
         };
-        let term = spec.term + 1;
         match mirror {
-            Some(mirror) => self.take_over(&mirror, cluster, addr, &error),
-            None => {
+            Some(mirror) if host == rank => self.take_over(&mirror, cluster, addr, &error),
+            None if host == rank => {
+                bail!(
+                    "the controller is gone ({error}) and this standby (rank {rank}) has no mirror"
+                )
+            }
+            _ => {
                 println!(
-                    "rank {rank}: the controller is gone ({error}); following the standby at \
-                     {addr} (term {term})"
+                    "rank {rank}: the controller is gone ({error}); following rank {host}'s \
+                     standby at {addr} (term {term})"
                 );
-                self.follow(cluster, addr, term)
+                self.follow(cluster, addr, host, term)
             }
         }
     }
 
-    /// Joins the controller of `term` at the standby's address `addr` and runs there.
-    fn follow(&self, cluster: &Cluster, addr: SocketAddr, term: u64) -> Result<()> {
-        let place = cluster.clone().follow(addr);
+    /// Joins the controller of `term` that rank `host`'s process started at `addr`, and runs
+    /// there.
+    fn follow(&self, cluster: &Cluster, addr: SocketAddr, host: usize, term: u64) -> Result<()> {
+        let place = cluster.clone().follow(addr, host);
         let trainer = self.trainer(None, place.clone())?.term(term);
         let spec = trainer.spec().map_err(|e| anyhow!(e))?;
         self.run(trainer, &spec, &place)
@@ -155,27 +166,35 @@ impl Rank<'_> {
             takeover.term, takeover.reduces, takeover.survivors
         );
         let (_, stamp) = crate::run_dir::utc_now();
-        let earlier = crate::train::run_path(self.opts, &stamp);
-        let mut name = earlier.file_name().unwrap_or_default().to_os_string();
-        name.push(format!("-term{}", takeover.term));
-        let path = earlier.with_file_name(name);
+        let first = crate::train::run_path(self.opts, &stamp);
+        // The run directory of each term: the first's, then `-term<t>` beside it.
+        let of_term = |t: u64| {
+            let mut name = first.file_name().unwrap_or_default().to_os_string();
+            if t > 0 {
+                name.push(format!("-term{t}"));
+            }
+            first.with_file_name(name)
+        };
+        let path = of_term(takeover.term);
         std::fs::create_dir_all(&path)
             .with_context(|| format!("cannot create the run directory {}", path.display()))?;
         let bundle = path.join("takeover.fdlck");
         takeover.bundle.save(&bundle)?;
         let point = ResumePoint::locate(&bundle)?;
-        let files = standby_files()?;
+        let files = standby_files(rank)?;
         let place = cluster.clone().take_over(&files, addr, takeover.survivors.len())?;
         let trainer = self.trainer(Some(&point), place)?.term(takeover.term);
         let spec = trainer.spec().map_err(|e| anyhow!(e))?;
         crate::term_notice::announce(takeover.term);
+        let earlier: String = (0..takeover.term)
+            .rev()
+            .map(|t| format!(" --resumed-from {}", of_term(t).display()))
+            .collect();
         println!(
-            "[standby] the run goes on in {} (its ledger continues {}'s: fdl audit {} \
-             --resumed-from {})",
+            "[standby] the run goes on in {} (its ledger continues the earlier terms': fdl audit \
+             {}{earlier})",
             path.display(),
-            earlier.display(),
             path.display(),
-            earlier.display()
         );
         let controller =
             Controller { args: self.args, cfg: self.cfg, opts: self.opts, data: self.data };
@@ -215,59 +234,116 @@ fn rejoin_wait() -> Result<Option<std::time::Duration>> {
     Ok(Some(std::time::Duration::from_secs_f64(secs)))
 }
 
-/// The controller a rank process started after a takeover joins: the term from [`TERM`] and
-/// the standby's address (`None` without [`TERM`]: the first controller's).
+/// The controller a rank process started after a takeover joins: the term from [`TERM`], its
+/// host's rank under `standby` in a world of `world`, and that host's address (`None` without
+/// [`TERM`], or at term 0: the first controller's).
 ///
 /// # Errors
-/// A term that is not a number, or one without a standby's address.
-pub(crate) fn joined_term() -> Result<Option<(u64, SocketAddr)>> {
+/// A term that is not a number, or one whose host has no address in [`STANDBY_ADDRS`].
+pub(crate) fn joined_term(
+    standby: flodl_ddp::Standby,
+    world: usize,
+) -> Result<Option<(u64, usize, SocketAddr)>> {
     let Ok(text) = std::env::var(TERM) else { return Ok(None) };
     let term: u64 =
         text.trim().parse().with_context(|| format!("{TERM}={text} is not a term number"))?;
     if term == 0 {
         return Ok(None);
     }
-    let addr = standby_addr()?
-        .ok_or_else(|| anyhow!("{TERM}={term} needs the standby's address in {STANDBY_ADDR}"))?;
-    Ok(Some((term, addr)))
+    let host = standby
+        .host(term, world)
+        .ok_or_else(|| anyhow!("{TERM}={term} in a job without a standby"))?;
+    let addr = Chain::from_env()?
+        .and_then(|c| c.addrs.get(host).copied())
+        .ok_or_else(|| anyhow!("{TERM}={term} needs rank {host}'s address in {STANDBY_ADDRS}"))?;
+    Ok(Some((term, host, addr)))
 }
 
-/// The standby's address from [`STANDBY_ADDR`] (`None` when unset: the job has none).
-///
-/// # Errors
-/// A value that is not `host:port`.
-pub(crate) fn standby_addr() -> Result<Option<SocketAddr>> {
-    match std::env::var(STANDBY_ADDR) {
-        Ok(text) => {
-            use std::net::ToSocketAddrs;
-            let addr = text
-                .trim()
-                .to_socket_addrs()
-                .with_context(|| format!("{STANDBY_ADDR}={text} is not host:port"))?
-                .next()
-                .ok_or_else(|| anyhow!("{STANDBY_ADDR}={text} names no address"))?;
-            Ok(Some(addr))
+/// Where each rank's process takes over, as this process was told ([`STANDBY_ADDRS`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Chain {
+    /// By rank.
+    addrs: Vec<SocketAddr>,
+}
+
+impl Chain {
+    /// The chain from [`STANDBY_ADDRS`] (`None` when unset: the job has no standby).
+    ///
+    /// # Errors
+    /// An entry that is not `host:port`.
+    pub(crate) fn from_env() -> Result<Option<Chain>> {
+        match std::env::var(STANDBY_ADDRS) {
+            Ok(text) => Chain::parse(&text).map(Some),
+            Err(_) => Ok(None),
         }
-        Err(_) => Ok(None),
+    }
+
+    /// The chain from its text: `host:port` per rank, comma-separated.
+    fn parse(text: &str) -> Result<Chain> {
+        use std::net::ToSocketAddrs;
+        let addrs = text
+            .split(',')
+            .map(|entry| {
+                entry
+                    .trim()
+                    .to_socket_addrs()
+                    .with_context(|| format!("{STANDBY_ADDRS}: {entry:?} is not host:port"))?
+                    .next()
+                    .ok_or_else(|| anyhow!("{STANDBY_ADDRS}: {entry:?} names no address"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Chain { addrs })
+    }
+
+    /// The text [`Chain::parse`] reads.
+    pub(crate) fn text(addrs: &[SocketAddr]) -> String {
+        addrs.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(",")
+    }
+
+    /// The host and address of the controller of `term` (above 0) in a run of `spec`: `None`
+    /// without a standby, or when that host has no address.
+    fn of(&self, spec: &RunSpec, term: u64) -> Option<(usize, SocketAddr)> {
+        spec.standby_rank()?;
+        let host = spec.term_host(term)?;
+        Some((host, *self.addrs.get(host)?))
     }
 }
 
-/// The standby's controller certificate: [`STANDBY_CERT`] and [`STANDBY_KEY`], with the job's
-/// CA from `FLODL_TLS_CA`.
-fn standby_files() -> Result<flodl_cluster::TlsFiles> {
+/// Rank `rank`'s standby certificate: [`STANDBY_CERT`] and [`STANDBY_KEY`] (`{rank}` in them
+/// filled in), with the job's CA from `FLODL_TLS_CA`.
+fn standby_files(rank: usize) -> Result<flodl_cluster::TlsFiles> {
     let var = |name: &str| {
         std::env::var_os(name).map(PathBuf::from).ok_or_else(|| {
             anyhow!(
-                "the standby needs its controller certificate to take over: {STANDBY_CERT}, \
-                 {STANDBY_KEY} and {} ({name} is not set; fdl cluster keys makes standby.pem \
-                 and standby.key)",
+                "the standby needs its certificate to take over: {STANDBY_CERT}, \
+                 {STANDBY_KEY} and {} ({name} is not set; fdl cluster keys makes \
+                 standby-<rank>.pem and standby-<rank>.key)",
                 flodl_cluster::TlsFiles::CA_VAR
             )
         })
     };
-    Ok(flodl_cluster::TlsFiles {
+    let files = flodl_cluster::TlsFiles {
         ca: var(flodl_cluster::TlsFiles::CA_VAR)?,
         cert: var(STANDBY_CERT)?,
         key: var(STANDBY_KEY)?,
-    })
+    };
+    Ok(files.for_rank(rank))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chain;
+
+    /// The chain's text reads back, and entries that are not addresses are refused.
+    #[test]
+    fn the_chain_reads_back() -> anyhow::Result<()> {
+        let addrs: Vec<std::net::SocketAddr> =
+            vec!["127.0.0.1:4100".parse()?, "127.0.0.1:4101".parse()?, "[::1]:7".parse()?];
+        let text = Chain::text(&addrs);
+        anyhow::ensure!(Chain::parse(&text)? == Chain { addrs }, "{text} does not read back");
+        for bad in ["", "127.0.0.1", "127.0.0.1:1,,127.0.0.1:2", "x:y"] {
+            anyhow::ensure!(Chain::parse(bad).is_err(), "{bad:?} was read");
+        }
+        Ok(())
+    }
 }

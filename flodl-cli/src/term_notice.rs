@@ -1,5 +1,5 @@
-//! The pipe on which the standby's process tells `fdl launch` that it took over: the launcher
-//! keeps the read end, the standby's process inherits the write end (named by
+//! The pipe on which a standby's process tells `fdl launch` that it took over: the launcher
+//! keeps the read end, every rank process inherits the write end (named by
 //! `FLODL_TAKEOVER_FD`) and writes `term N` once it is the controller of term N. The launcher
 //! then takes the job's status from the standby's process however the old controller ended —
 //! killed, stopped and never resumed, or resumed and ending on its own later — and starts a rank

@@ -31,11 +31,11 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     let cluster = crate::launch::place(&args.cluster, &cfg)?;
     // A rank started after a takeover joins the controller of the new term at its address.
     let joined = match &cluster {
-        Some(_) => crate::takeover::joined_term()?,
+        Some(c) => crate::takeover::joined_term(cfg.run.standby.unwrap_or_default(), c.world())?,
         None => None,
     };
     let cluster = match (cluster, joined) {
-        (Some(c), Some((_, addr))) => Some(c.follow(addr)),
+        (Some(c), Some((_, host, addr))) => Some(c.follow(addr, host)),
         (cluster, _) => cluster,
     };
     let devices = match &cluster {
@@ -63,7 +63,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<()> {
     if let Some(c) = &cluster {
         trainer = crate::launch::cluster_trainer(trainer, &devices, c.clone());
     }
-    if let Some((term, _)) = joined {
+    if let Some((term, _, _)) = joined {
         trainer = trainer.term(term);
     }
     let spec = trainer.spec().map_err(|e| explain(e, &cfg, resume.as_ref()))?;

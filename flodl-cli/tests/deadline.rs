@@ -74,7 +74,7 @@ fn a_stopped_rank_process_is_declared_silent_within_its_windows() -> Result {
     assert_eq!(faults[0]["rank"].as_u64(), Some(1), "{s}");
     let epochs = records(&dir, "epoch")?;
     assert_eq!(epochs.len(), 8, "every epoch recorded");
-    println!("{}", audit(&dir, None)?);
+    println!("{}", audit(&dir, &[])?);
     Ok(())
 }
 

@@ -4,8 +4,9 @@
 //! 0's seat is a dead rank's, and the run completes without a restart with every sample of
 //! every epoch once in the final model. A controller stopped (SIGSTOP) rather than killed is
 //! found silent, taken over and fenced, and a rank restarted after the takeover joins the
-//! controller of the new term. A drill holds the controller inside a reduce and inside a
-//! checkpoint so that it is killed exactly there.
+//! controller of the new term. Takeovers chain: the controller of term 1 is taken over in turn.
+//! A drill holds the controller inside a reduce and inside a checkpoint so that it is killed
+//! exactly there.
 
 use std::time::Duration;
 
@@ -89,7 +90,7 @@ fn the_standby_takes_over_when_the_controller_is_killed() -> Result {
         first / 1000.0,
         round.unwrap_or(f64::NAN)
     );
-    let report = audit(&taken, Some(&dir))?;
+    let report = audit(&taken, &[&dir])?;
     println!("{report}");
     let (a, b) = (accuracy(&clean)?, accuracy(&taken)?);
     trains_as_well("clean against taken over", a, b, 0.8)?;
@@ -115,7 +116,7 @@ fn a_killed_standby_leaves_the_run_going_without_one() -> Result {
     assert_eq!(faults, 1, "{out}");
     let epochs = records(&dir, "epoch")?;
     assert_eq!(epochs.len(), EPOCHS, "{out}");
-    println!("{}", audit(&dir, None)?);
+    println!("{}", audit(&dir, &[])?);
     Ok(())
 }
 
@@ -144,7 +145,7 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
     for line in [
         "rank 1 takes over as the controller of term 1",
         "[launch] rank 1 took over as the controller of term 1",
-        "(the controller of the earlier term) is still there: killing it",
+        "rank 0's process (the controller of term 0) is still there: killing it",
         "[standby] the run goes on in",
     ] {
         assert!(
@@ -170,7 +171,51 @@ fn a_stopped_controller_is_taken_over_and_fenced_and_a_restarted_rank_joins_the_
     // Both came back into the run: the world is whole again.
     let rejoined = rejoined(&s);
     assert!(rejoined.contains(&0) && rejoined.contains(&2), "rejoins {rejoined:?}:\n{out}");
-    println!("{}", audit(&taken, Some(&dir))?);
+    println!("{}", audit(&taken, &[&dir])?);
+    Ok(())
+}
+
+/// Takeovers chain: in a 4-process job with `--max-restarts 2`, `kill -9` of rank 0's process
+/// (the controller of term 0) makes rank 1's the controller of term 1, mirroring to rank 2's;
+/// once that controller trains, `kill -9` of rank 1's process makes rank 2's the controller of
+/// term 2. Both killed processes come back as ranks of the newest term; the run completes in
+/// `run-term2`, and `fdl audit` through the chain (term 1's ledger, then term 0's) finds every
+/// sample once.
+#[test]
+fn takeovers_chain_when_each_new_controller_is_killed_in_turn() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let mut job = four_processes("16", 2, &dir)?;
+    job.wait_for("epoch 1/16", Duration::from_secs(90))?;
+    kill9(job.pids[0])?;
+    job.wait_for("[launch] rank 1 took over as the controller of term 1", Duration::from_secs(60))?;
+    // Killed once the new controller trains and its standby heard of a reduce: an epoch it
+    // trained itself has an ETA.
+    let trained = |line: &str| line.starts_with("[rank 1] epoch") && line.contains("ETA");
+    job.wait_until("epoch the term-1 controller trained", trained, Duration::from_secs(90))?;
+    kill9(job.pids[1])?;
+    job.wait_for("[launch] rank 2 took over as the controller of term 2", Duration::from_secs(60))?;
+    let (code, out) = job.finish(Duration::from_secs(300))?;
+    assert_eq!(code, Some(0), "{out}");
+    for line in [
+        "rank 1 takes over as the controller of term 1",
+        "the standby (it takes over as the controller of term 2",
+        "rank 2 takes over as the controller of term 2",
+        "[launch] the controller's process (rank 1) died: the standby (rank 2) takes over",
+        "rank 3: the controller is of term 2",
+        "[rank 3] rank 3: finished",
+    ] {
+        assert!(out.contains(line), "{line:?} missing:\n{out}");
+    }
+    // Both killed processes came back as ranks of a later term and trained to the end.
+    for rank in [0, 1] {
+        let back =
+            out.split(&format!("[launch] restarting rank {rank}")).nth(1).unwrap_or_default();
+        assert!(back.contains(&format!("[rank {rank}] rank {rank}: finished")), "{out}");
+    }
+    let (term1, term2) = (tmp.path().join("run-term1"), tmp.path().join("run-term2"));
+    assert_eq!(summary(&term2)?["epochs_completed"].as_u64(), Some(16), "{out}");
+    println!("{}", audit(&term2, &[&term1, &dir])?);
     Ok(())
 }
 
@@ -198,7 +243,7 @@ fn a_rank_joining_when_the_controller_is_killed_follows_the_standby() -> Result 
     assert!(restarted.contains("[rank 2] rank 2: finished"), "{out}");
     let taken = tmp.path().join("run-term1");
     assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(24), "{out}");
-    println!("{}", audit(&taken, Some(&dir))?);
+    println!("{}", audit(&taken, &[&dir])?);
     Ok(())
 }
 
@@ -230,7 +275,7 @@ fn a_controller_killed_in_a_four_process_job_saving_every_reduce_is_taken_over()
     }
     let taken = tmp.path().join("run-term1");
     assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(8), "{out}");
-    println!("{}", audit(&taken, Some(&dir))?);
+    println!("{}", audit(&taken, &[&dir])?);
     println!("{}", newest_bundle(&ck)?);
     Ok(())
 }
@@ -265,7 +310,7 @@ fn the_controller_killed_in_a_reduce_or_a_checkpoint_is_taken_over() -> Result {
         let taken = tmp.path().join("run-term1");
         let s = summary(&taken)?;
         assert_eq!(s["epochs_completed"].as_u64(), Some(EPOCHS as u64), "{point}: {out}");
-        println!("{point}: {}", audit(&taken, Some(&dir))?);
+        println!("{point}: {}", audit(&taken, &[&dir])?);
         println!("{point}: {}", newest_bundle(&ck)?);
     }
     Ok(())

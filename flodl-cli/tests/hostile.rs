@@ -129,7 +129,7 @@ fn attacked(attack: &str, misconduct: Option<&str>, dir: &Path) -> Result<f64> {
         }
     }
     // An evicted rank's unreduced work goes back like a dead rank's: exactly once still.
-    audit(dir, None)?;
+    audit(dir, &[])?;
     let recorded = records(dir, "epoch")?;
     if recorded.len() != epochs {
         return Err(format!("{attack}: {} epochs recorded", recorded.len()).into());
@@ -352,7 +352,7 @@ fn a_members_key_used_by_hand_poses_as_no_controller_and_takes_no_seat() -> Resu
     if acc < 0.5 {
         return Err(format!("the job's accuracy {acc}").into());
     }
-    audit(&out, None)?;
+    audit(&out, &[])?;
     eprintln!("{refused_while_running} claims refused while rank 1 ran; accuracy {acc:.3}");
     Ok(())
 }

@@ -128,7 +128,7 @@ fn launched_jobs_resume_onto_another_world() -> Result {
         assert_eq!(samples(0), Some(left(0) as u64), "{from} → {to}: the rest of epoch 0");
         assert_eq!(samples(1), Some(left(1) as u64), "{from} → {to}: the rest of epoch 1");
         // Every sample once in the resumed model, through the saving job's ledger.
-        println!("{}", audit(&resumed, Some(&saved))?);
+        println!("{}", audit(&resumed, &[&saved])?);
         let (a, b) = (accuracy(&saved)?, accuracy(&resumed)?);
         trains_as_well(&format!("{from} → {to}: saved against resumed"), a, b, 0.75)?;
     }
@@ -235,7 +235,7 @@ fn a_killed_rank_process_leaves_the_run_to_the_survivors() -> Result {
         .filter(|v| v["kind"] == "epoch")
         .collect();
     assert_eq!(epochs.len(), 6, "{metrics}");
-    println!("{}", audit(&dir, None)?);
+    println!("{}", audit(&dir, &[])?);
     let last = epochs.last().ok_or("no epoch")?;
     let ranks = last["ranks"].as_array().ok_or("no ranks")?;
     assert_eq!(

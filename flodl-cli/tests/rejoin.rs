@@ -41,7 +41,7 @@ fn check_coverage(dir: &std::path::Path) -> Result<Vec<Value>> {
     if epochs.len() != EPOCHS {
         return Err(format!("{} epochs recorded, {EPOCHS} expected", epochs.len()).into());
     }
-    let report = audit(dir, None)?;
+    let report = audit(dir, &[])?;
     println!("{report}");
     Ok(epochs)
 }
@@ -145,7 +145,7 @@ fn seats_left_and_taken_while_the_run_starts() -> Result {
     assert_eq!(rejoined(&s), vec![1], "{s}");
     let samples = samples_by_rank(&s)?;
     assert!(samples.len() == 3 && samples.iter().all(|&n| n > 0.0), "{samples:?}");
-    println!("{}", audit(&out, None)?);
+    println!("{}", audit(&out, &[])?);
     Ok(())
 }
 

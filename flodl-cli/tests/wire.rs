@@ -132,7 +132,7 @@ fn a_fragmented_q4_job_trains_as_well_as_f32() -> Result {
     launch("f32", &[], &full)?;
     launch("q4", &["--fragments", "4"], &fragmented)?;
     assert_eq!(epoch_samples(&fragmented)?, vec![4096, 4096], "every sample once per epoch");
-    audit(&fragmented, None)?;
+    audit(&fragmented, &[])?;
     let s = summary(&fragmented)?;
     assert_eq!(s["spec"]["fragments"], 4, "{s}");
     let (a, b) = (accuracy(&full)?, accuracy(&fragmented)?);
@@ -195,6 +195,6 @@ fn a_q4_job_resumes_with(extra: &[&str]) -> Result {
     );
     let (a, b) = (accuracy(&saved)?, accuracy(&resumed)?);
     assert!((a - b).abs() <= 0.02, "{extra:?}: saved {a} against resumed {b}");
-    audit(&resumed, Some(&saved))?;
+    audit(&resumed, &[&saved])?;
     Ok(())
 }

@@ -124,7 +124,7 @@ impl Controller {
         if world == 0 {
             return Err(NetError::Config("a world of zero ranks".into()));
         }
-        if cfg.tls.role() != Role::Controller {
+        if !cfg.tls.role().serves() {
             return Err(NetError::WrongKey { holds: cfg.tls.role(), wants: Role::Controller });
         }
         Ok(())

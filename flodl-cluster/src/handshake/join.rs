@@ -67,15 +67,15 @@ async fn connect(
     let mut backoff = FIRST_BACKOFF;
     loop {
         let attempt_deadline = deadline.min(Instant::now() + cfg.handshake);
-        let error =
-            match tokio::time::timeout_at(attempt_deadline, attempt(addr, hello, &cfg.tls)).await {
-                Ok(Ok(lanes)) => return Ok(lanes),
-                Ok(Err(Failure::Fatal(e))) => return Err(e),
-                Ok(Err(Failure::Retry(e))) => e,
-                Err(_) => {
-                    NetError::Handshake(format!("no answer from {addr} within {:?}", cfg.handshake))
-                }
-            };
+        let error = match tokio::time::timeout_at(attempt_deadline, attempt(addr, hello, cfg)).await
+        {
+            Ok(Ok(lanes)) => return Ok(lanes),
+            Ok(Err(Failure::Fatal(e))) => return Err(e),
+            Ok(Err(Failure::Retry(e))) => e,
+            Err(_) => {
+                NetError::Handshake(format!("no answer from {addr} within {:?}", cfg.handshake))
+            }
+        };
         if Instant::now() + backoff >= deadline {
             return Err(error);
         }
@@ -89,7 +89,7 @@ async fn connect(
 async fn attempt(
     addr: &ControllerAddr,
     hello: Hello,
-    tls: &Tls,
+    cfg: &SessionConfig,
 ) -> Result<[Conn<TlsStream<TcpStream>>; 2], Failure> {
     let targets: Vec<SocketAddr> = tokio::net::lookup_host((addr.host.as_str(), addr.port))
         .await
@@ -100,9 +100,10 @@ async fn attempt(
     let control = TcpStream::connect(&targets[..]).await.map_err(|e| Failure::Retry(e.into()))?;
     let bulk = TcpStream::connect(&targets[..]).await.map_err(|e| Failure::Retry(e.into()))?;
     let token = join_token();
-    let connector = TlsConnector::from(tls.client.clone());
-    let name =
-        Tls::server_name().map_err(|e| Failure::Fatal(NetError::Handshake(e.to_string())))?;
+    let connector = TlsConnector::from(cfg.tls.client.clone());
+    let name = Tls::server_name(cfg.serving).ok_or_else(|| {
+        Failure::Fatal(NetError::Config(format!("{} serves no controller", cfg.serving)))
+    })?;
     let mut lanes = Vec::with_capacity(2);
     for (lane, tcp) in [(Lane::Control, control), (Lane::Bulk, bulk)] {
         let _ = tcp.set_nodelay(true);

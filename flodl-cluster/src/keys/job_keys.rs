@@ -1,4 +1,5 @@
-//! Making a job's CA and its certificates: one for the controller, one per rank.
+//! Making a job's CA and its certificates: one for the controller, and per rank one for the
+//! rank and one for its process as a standby.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,8 +43,9 @@ pub enum KeyError {
     EmptyWorld,
 }
 
-/// A job's key directory: the CA's certificate, the controller's certificate and key, and one
-/// certificate and key per rank (`rank-<r>.pem`, `rank-<r>.key`).
+/// A job's key directory: the CA's certificate, the controller's certificate and key, and per
+/// rank a certificate and key (`rank-<r>.pem`, `rank-<r>.key`) and its process's as a standby
+/// (`standby-<r>.pem`, `standby-<r>.key`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobKeys {
     dir: PathBuf,
@@ -61,8 +63,9 @@ impl JobKeys {
     }
 
     /// Makes a fresh CA in `dir` and signs with it the controller's certificate (server use only,
-    /// naming [`JOB_SERVER_NAME`] and `hosts`) and one certificate per rank of `world` (client
-    /// use only, each naming its rank), all written with mode 0600 in a private `dir` (made 0700
+    /// naming [`JOB_SERVER_NAME`] and `hosts`) and per rank of `world` two: the rank's (client
+    /// use only, naming its rank) and its process's as a standby (server use only, naming
+    /// [`Role::standby_name`]), all written with mode 0600 in a private `dir` (made 0700
     /// when missing; an existing one must not be readable by others). With `keep_ca`, the CA's
     /// key is written too ([`JobKeys::CA_KEY_FILE`]) so [`JobKeys::issue`] can add a rank later;
     /// without it the key is dropped and nobody can add a certificate to the job.
@@ -96,17 +99,15 @@ impl JobKeys {
         let issuer = Issuer::new(ca, ca_key);
         let keys = JobKeys { dir: dir.to_owned() };
         keys.sign(&private, &issuer, Role::Controller, hosts, &keys.controller())?;
-        // The standby's controller certificate: the same role, a key of its own, so the
-        // controller's key never leaves the controller's process.
-        keys.sign(&private, &issuer, Role::Controller, hosts, &keys.standby())?;
         for rank in 0..world {
-            keys.sign(&private, &issuer, Role::Rank(rank), &[], &keys.rank(rank))?;
+            keys.issue_seat(&private, &issuer, rank, hosts)?;
         }
         Ok(keys)
     }
 
-    /// Issues rank `rank`'s certificate with the CA key kept in `dir` (a host that joins a job
-    /// later, or a seat beyond the world the keys were first made for).
+    /// Issues rank `rank`'s certificates (the rank's and its standby's) with the CA key kept in
+    /// `dir` (a host that joins a job later, or a seat beyond the world the keys were first made
+    /// for); returns the rank's.
     pub fn issue(dir: &Path, rank: usize) -> Result<TlsFiles, KeyError> {
         let private = PrivateDir::open(dir)?;
         let read = |name: &str| {
@@ -122,8 +123,22 @@ impl JobKeys {
         let ca_key = KeyPair::from_pem(&read(Self::CA_KEY_FILE)?)?;
         let issuer = Issuer::from_ca_cert_pem(&read(Self::CA_FILE)?, ca_key)?;
         let keys = JobKeys { dir: dir.to_owned() };
-        keys.sign(&private, &issuer, Role::Rank(rank), &[], &keys.rank(rank))?;
+        keys.issue_seat(&private, &issuer, rank, &[])?;
         Ok(keys.rank(rank))
+    }
+
+    /// Signs seat `rank`'s two certificates: the rank's (client use) and its process's as a
+    /// standby (server use, naming [`Role::standby_name`]: the controller's key never leaves
+    /// the controller's process, and a standby's serves only the terms its rank takes over).
+    fn issue_seat(
+        &self,
+        private: &PrivateDir,
+        issuer: &Issuer<'_, KeyPair>,
+        rank: usize,
+        hosts: &[String],
+    ) -> Result<(), KeyError> {
+        self.sign(private, issuer, Role::Rank(rank), &[], &self.rank(rank))?;
+        self.sign(private, issuer, Role::Standby(rank), hosts, &self.standby(rank))
     }
 
     /// The files of the controller: the CA, its certificate and its key.
@@ -131,10 +146,16 @@ impl JobKeys {
         self.files("controller")
     }
 
-    /// The files of the standby controller (the process of the run's standby rank, which
-    /// takes over when the controller's process dies): a controller certificate of its own.
-    pub fn standby(&self) -> TlsFiles {
-        self.files("standby")
+    /// The files of rank `rank`'s process as a standby (it takes over when the controller's
+    /// process dies and its rank is next in the chain): a server certificate of its own.
+    pub fn standby(&self, rank: usize) -> TlsFiles {
+        self.files(&format!("standby-{rank}"))
+    }
+
+    /// Every rank's standby files at once, as [`JobKeys::ranks`] (the paths hold
+    /// [`TlsFiles::RANK_PLACEHOLDER`]).
+    pub fn standbys(&self) -> TlsFiles {
+        self.files(&format!("standby-{}", TlsFiles::RANK_PLACEHOLDER))
     }
 
     /// The files of rank `rank`: the CA, its certificate and its key.
@@ -180,10 +201,15 @@ impl JobKeys {
     ) -> Result<(), KeyError> {
         let now = time::OffsetDateTime::now_utc();
         let (names, usage, common) = match role {
-            Role::Controller => {
-                let mut names = vec![JOB_SERVER_NAME.to_owned()];
-                names.extend(hosts.iter().filter(|h| h.as_str() != JOB_SERVER_NAME).cloned());
-                (names, ExtendedKeyUsagePurpose::ServerAuth, "flodl job controller".to_owned())
+            Role::Controller | Role::Standby(_) => {
+                let name = role.server_name().unwrap_or_else(|| JOB_SERVER_NAME.to_owned());
+                let mut names = vec![name];
+                names.extend(hosts.iter().filter(|h| !h.ends_with(JOB_SERVER_NAME)).cloned());
+                let common = match role {
+                    Role::Standby(rank) => format!("flodl job standby of rank {rank}"),
+                    _ => "flodl job controller".to_owned(),
+                };
+                (names, ExtendedKeyUsagePurpose::ServerAuth, common)
             }
             Role::Rank(rank) => (
                 vec![Role::rank_name(rank)],

@@ -92,16 +92,18 @@ impl Tls {
     }
 
     /// The client configuration: it presents this member's certificate and trusts the job's CA
-    /// alone, verifying the controller's name [`JOB_SERVER_NAME`] (a rank's certificate, issued
-    /// for client use only and without that name, cannot serve).
+    /// alone, verifying the name of the controller it joins ([`JOB_SERVER_NAME`], or a standby's
+    /// that took over: a rank's certificate, issued for client use only and without either name,
+    /// cannot serve).
     pub fn client(&self) -> Arc<ClientConfig> {
         self.client.clone()
     }
 
-    /// The name a client verifies on the controller's certificate.
-    pub(crate) fn server_name() -> Result<ServerName<'static>, rustls_pki_types::InvalidDnsNameError>
-    {
-        ServerName::try_from(JOB_SERVER_NAME)
+    /// The name a client verifies on the certificate of the controller `serving` (the first
+    /// controller's [`JOB_SERVER_NAME`], or a standby's [`Role::standby_name`]); `None` for a
+    /// rank, which serves nothing.
+    pub(crate) fn server_name(serving: Role) -> Option<ServerName<'static>> {
+        ServerName::try_from(serving.server_name()?).ok()
     }
 }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::NetError;
-use crate::keys::Tls;
+use crate::keys::{Role, Tls};
 use crate::session::Lane;
 use crate::wire::DATA_HEADER;
 
@@ -50,6 +50,10 @@ pub struct SessionConfig {
     pub silence: Duration,
     /// The deadline for TCP connect, TLS handshake and hello of one connection.
     pub handshake: Duration,
+    /// The controller a rank joins, whose name it verifies on the controller's certificate:
+    /// [`Role::Controller`] (the first one, the default), or [`Role::Standby`] of the rank whose
+    /// process took over.
+    pub serving: Role,
 }
 
 impl SessionConfig {
@@ -68,6 +72,7 @@ impl SessionConfig {
             heartbeat: Self::HEARTBEAT,
             silence: Self::SILENCE,
             handshake: Self::HANDSHAKE,
+            serving: Role::Controller,
         }
     }
 
@@ -79,6 +84,9 @@ impl SessionConfig {
     /// Refuses configurations that cannot work.
     pub fn check(&self) -> Result<(), NetError> {
         check(self.caps, self.liveness())?;
+        if !self.serving.serves() {
+            return Err(NetError::Config(format!("{} serves no controller", self.serving)));
+        }
         if self.handshake.is_zero() {
             return Err(NetError::Config("the handshake deadline is zero".into()));
         }

@@ -147,26 +147,56 @@ fn the_controller_key_cannot_join_as_a_rank() -> TestResult {
     Ok(())
 }
 
-/// The standby's certificate is a controller's (it serves, a rank's key can join it) with a key
-/// of its own: the controller's key never has to leave the controller's process.
+/// Each rank's process holds a standby certificate of its own (it serves, a rank's key can
+/// join it, its key is neither the controller's nor another standby's), and a rank joins a
+/// server only under the name it expects: a standby's key cannot pose as the first controller
+/// nor as another rank's standby, and the controller's cannot pose as a standby.
 #[test]
-fn the_standby_holds_a_controller_identity_of_its_own() -> TestResult {
+fn each_standby_holds_a_controller_identity_of_its_own() -> TestResult {
     let dir = tempfile::tempdir()?;
     let job = keys(dir.path())?;
-    let (standby, controller_files) = (job.standby(), job.controller());
-    if Tls::load(&standby)?.role() != Role::Controller {
-        return Err("the standby's certificate is not a controller's".into());
+    let key = |files: &flodl_cluster::TlsFiles| std::fs::read(&files.key);
+    for rank in 0..3 {
+        if Tls::load(&job.standby(rank))?.role() != Role::Standby(rank) {
+            return Err(format!("standby {rank}'s certificate is not rank {rank}'s standby").into());
+        }
+        if key(&job.standby(rank))? == key(&job.controller())? {
+            return Err(format!("standby {rank} shares the controller's key").into());
+        }
+        if rank > 0 && key(&job.standby(rank))? == key(&job.standby(rank - 1))? {
+            return Err(format!("standbys {rank} and {} share a key", rank - 1).into());
+        }
     }
-    if std::fs::read(&standby.key)? == std::fs::read(&controller_files.key)? {
-        return Err("the standby shares the controller's key".into());
-    }
-    // Serving with it, the standby admits rank 1's own key.
-    let mut cfg = config(&job)?;
-    cfg.tls = Tls::load(&standby)?;
-    let server = controller(&cfg, 2)?;
-    let (at_standby, _at_rank) = joined(&server, &cfg, 1, 2)?;
-    if at_standby.rank() != 1 {
-        return Err("rank 1 did not join the standby".into());
+    // (server's key, the controller the rank expects, joins)
+    let cases = [
+        (job.standby(1), Role::Standby(1), true),
+        (job.standby(2), Role::Standby(2), true),
+        (job.controller(), Role::Controller, true),
+        (job.standby(1), Role::Controller, false),
+        (job.standby(2), Role::Standby(1), false),
+        (job.controller(), Role::Standby(1), false),
+    ];
+    for (files, serving, joins) in cases {
+        let mut cfg = config(&job)?;
+        cfg.tls = Tls::load(&files)?;
+        cfg.serving = serving;
+        let server = controller(&cfg, 3)?;
+        let mut rank = cfg.rank(0)?;
+        rank.handshake = Duration::from_secs(3);
+        let addr = target(server.local_addr());
+        let joiner = std::thread::spawn(move || {
+            join(&addr, Hello::new(RUN, 0, 3), rank, Duration::from_secs(3))
+        });
+        let accepted = server.accept(Duration::from_secs(4));
+        let outcome = joiner.join().map_err(|_| "the joining thread panicked")?;
+        let case = format!("{} serving, the rank expecting {serving}", files.cert.display());
+        match (joins, outcome, accepted) {
+            (true, Ok(_), Ok(at_server)) if at_server.rank() == 0 => {}
+            (false, Err(NetError::Handshake(reason)), Err(_)) if reason.contains("TLS") => {}
+            (_, outcome, accepted) => {
+                return Err(format!("{case}: joined {outcome:?}, accepted {accepted:?}").into());
+            }
+        }
     }
     Ok(())
 }

@@ -7,7 +7,8 @@ use std::thread;
 use std::time::Duration;
 
 use flodl_cluster::{
-    Caps, Controller, ControllerAddr, Hello, JobKeys, Session, SessionConfig, Tls, TlsFiles, join,
+    Caps, Controller, ControllerAddr, Hello, JobKeys, Role, Session, SessionConfig, Tls, TlsFiles,
+    join,
 };
 
 pub(crate) type TestResult = Result<(), Box<dyn Error>>;
@@ -70,6 +71,7 @@ pub(crate) fn config(keys: &JobKeys) -> Result<JobConfig, Box<dyn Error>> {
             heartbeat: Duration::from_millis(100),
             silence: Duration::from_millis(800),
             handshake: Duration::from_secs(2),
+            serving: Role::Controller,
         },
         keys: keys.clone(),
     })

@@ -1,4 +1,5 @@
-//! Which process holds a cluster run's standby controller: a rank's, or none.
+//! Which process holds a cluster run's standby controller: a rank's, or none; and the chain of
+//! processes that host the controller term after term.
 
 use serde::{Deserialize, Serialize};
 
@@ -7,7 +8,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Standby {
-    /// This rank's process (not rank 0's, which hosts the controller).
+    /// This rank's process (not rank 0's, which hosts the first controller) is the first
+    /// controller's standby; the ranks after it, round the world, are the later terms'.
     Rank(usize),
     /// No standby: the run ends when the controller's process dies.
     None,
@@ -28,6 +30,20 @@ impl Standby {
             Standby::Rank(rank) if world >= 2 && rank < world => Some(rank),
             _ => None,
         }
+    }
+
+    /// The rank whose process hosts the controller of `term` in a world of `world`: rank 0's
+    /// for the first (term 0), the standby's for term 1, then the next rank's round the world
+    /// (term `t`: `(s + t − 1) mod world` for a standby `s`), so each term's standby is the
+    /// next term's host and no host is its own successor. `None` for a term above 0 without a
+    /// standby.
+    pub fn host(self, term: u64, world: usize) -> Option<usize> {
+        if term == 0 {
+            return Some(0);
+        }
+        let first = self.rank(world)?;
+        let step = usize::try_from((term - 1) % world as u64).ok()?;
+        Some((first + step) % world)
     }
 }
 
@@ -59,6 +75,37 @@ impl std::str::FromStr for Standby {
 #[cfg(test)]
 mod tests {
     use super::Standby;
+
+    /// The chain of hosts: term 0 on rank 0, term 1 on the standby, each term's host differs
+    /// from the last one's and every rank hosts in turn.
+    #[test]
+    fn the_hosts_go_round_the_world_from_the_standby() -> Result<(), String> {
+        let cases: [(Standby, usize, &[usize]); 4] = [
+            (Standby::Rank(1), 4, &[0, 1, 2, 3, 0, 1, 2, 3, 0]),
+            (Standby::Rank(2), 3, &[0, 2, 0, 1, 2, 0]),
+            (Standby::Rank(1), 2, &[0, 1, 0, 1]),
+            (Standby::Rank(3), 4, &[0, 3, 0, 1, 2, 3]),
+        ];
+        for (standby, world, hosts) in cases {
+            let got: Vec<Option<usize>> =
+                (0..hosts.len() as u64).map(|t| standby.host(t, world)).collect();
+            let want: Vec<Option<usize>> = hosts.iter().map(|&h| Some(h)).collect();
+            if got != want {
+                return Err(format!("{standby} in a world of {world}: {got:?}, want {want:?}"));
+            }
+        }
+        for term in [0, 1, 7, u64::MAX] {
+            let got = Standby::Rank(1).host(term, 5).filter(|_| term > 0);
+            let next = Standby::Rank(1).host(term.saturating_add(1), 5);
+            if term > 0 && term < u64::MAX && got == next {
+                return Err(format!("term {term}'s host {got:?} succeeds itself"));
+            }
+            if Standby::None.host(term, 5) != (term == 0).then_some(0) {
+                return Err(format!("no standby still hosts term {term}"));
+            }
+        }
+        Ok(())
+    }
 
     /// Text round trips and the rank a world gets, by cases.
     #[test]

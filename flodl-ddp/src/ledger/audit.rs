@@ -24,7 +24,8 @@ pub struct EpochAudit {
     /// in: the dispatcher counts such a chunk done).
     pub dropped: usize,
     /// Positions handed to ranks that died and not in the consensus when they died (the work
-    /// their deaths threw away, at most).
+    /// their deaths threw away, at most), and in a chain of runs the positions a run reduced
+    /// past the cut the next one resumed from.
     pub lost: usize,
     /// Positions the dispatcher handed out again after deaths.
     pub requeued: usize,
@@ -76,52 +77,87 @@ impl Audit {
     }
 
     /// Audits a resumed run's ledger (`file`, `entries`) through the ledger of the run whose
-    /// checkpoint it resumed (`earlier_file`, `earlier`): what that run's consensus held at the
-    /// checkpoint's cut (its reduces up to the cut's) in place of the restored epochs and the
-    /// checkpoint's coverage, which must equal it (epochs where it does not are listed in
-    /// [`Audit::cut_mismatch`]).
+    /// checkpoint it resumed (`earlier_file`, `earlier`): [`Audit::chained`] of the two.
     ///
     /// # Errors
-    /// As [`Audit::of`] for either ledger; [`LedgerError::Unrelated`] when the later run did not
-    /// resume, or the two runs' epochs differ.
+    /// As [`Audit::chained`].
     pub fn resumed(
         earlier_file: &Path,
         earlier: &[Entry],
         file: &Path,
         entries: &[Entry],
     ) -> Result<Audit, LedgerError> {
-        let (header, mut t) = tally(file, entries, None)?;
-        let unrelated = |reason: &str| LedgerError::Unrelated {
-            earlier: earlier_file.to_owned(),
-            later: file.to_owned(),
-            reason: reason.to_owned(),
+        Audit::chained(&[(earlier_file, earlier), (file, entries)])
+    }
+
+    /// Audits a chain of runs, oldest first, each of which resumed the one before it (a run
+    /// resumed by hand, or a standby's run after each takeover): what each run's consensus held
+    /// at the cut the next one resumed from (its reduces up to that cut) stands in for the next
+    /// run's restored epochs and coverage, which must equal it (epochs where one does not are
+    /// listed in [`Audit::cut_mismatch`]); the last run's whole ledger follows. What a run
+    /// reduced past that cut (a dead controller's reduces its standby never heard of) counts as
+    /// lost to deaths. A chain of one is [`Audit::of`].
+    ///
+    /// # Errors
+    /// As [`Audit::of`] for any ledger; [`LedgerError::Unrelated`] when a run after the first
+    /// did not resume, or its epochs differ from the run before it.
+    pub fn chained(runs: &[(&Path, &[Entry])]) -> Result<Audit, LedgerError> {
+        let Some((&(last_file, last), earlier)) = runs.split_last() else {
+            return Err(LedgerError::inconsistent(Path::new(""), 0, "no ledger to audit".into()));
         };
-        let Some(r) = &header.resumed else {
-            return Err(unrelated("the later run did not resume"));
+        let Some(&(first_file, first)) = earlier.first() else {
+            return Audit::of(last_file, last);
         };
-        let (before, e) = tally(earlier_file, earlier, Some(r.reduces))?;
-        if (before.epochs, before.batches, before.batch_size)
-            != (header.epochs, header.batches, header.batch_size)
-        {
-            return Err(unrelated("their epochs differ"));
-        }
+        // Each link: the run before, tallied up to the cut the next one resumed from.
+        let cut_of = |file: &Path, entries: &[Entry], earlier_file: &Path| {
+            let header = header_of(file, entries)?;
+            header.resumed.clone().map(|r| (header, r)).ok_or_else(|| LedgerError::Unrelated {
+                earlier: earlier_file.to_owned(),
+                later: file.to_owned(),
+                reason: "the later run did not resume".to_owned(),
+            })
+        };
+        let (_, first_cut) = cut_of(runs[1].0, runs[1].1, first_file)?;
+        let (mut before_header, mut acc) = tally(first_file, first, Some(first_cut.reduces))?;
         let mut cut_mismatch = Vec::new();
-        for epoch in r.epoch..header.epochs {
-            let said: Vec<Span> = r.coverage.iter().filter(|s| s.epoch == epoch).copied().collect();
-            if merged(&said) != merged(&e.held[epoch]) {
-                cut_mismatch.push(epoch);
+        for (k, &(file, entries)) in runs.iter().enumerate().skip(1) {
+            let earlier_file = runs[k - 1].0;
+            let (header, r) = cut_of(file, entries, earlier_file)?;
+            if (before_header.epochs, before_header.batches, before_header.batch_size)
+                != (header.epochs, header.batches, header.batch_size)
+            {
+                return Err(LedgerError::Unrelated {
+                    earlier: earlier_file.to_owned(),
+                    later: file.to_owned(),
+                    reason: "their epochs differ".to_owned(),
+                });
             }
+            for epoch in r.epoch..header.epochs {
+                let said: Vec<Span> =
+                    r.coverage.iter().filter(|s| s.epoch == epoch).copied().collect();
+                if merged(&said) != merged(&acc.held[epoch]) && !cut_mismatch.contains(&epoch) {
+                    cut_mismatch.push(epoch);
+                }
+            }
+            let until = match runs.get(k + 1) {
+                Some(&(next_file, next)) => Some(cut_of(next_file, next, file)?.1.reduces),
+                None => None,
+            };
+            let (header, mut t) = tally(file, entries, until)?;
+            for (epoch, spans) in acc.held.into_iter().enumerate() {
+                t.held[epoch].extend(spans);
+                t.unreduced[epoch].extend(acc.unreduced[epoch].iter().copied());
+                t.requeued_spans[epoch].extend(acc.requeued_spans[epoch].iter().copied());
+                // What the run before reduced past the cut was thrown away with it.
+                t.lost[epoch] += acc.lost[epoch] + acc.past_cut[epoch];
+                t.requeued[epoch] += acc.requeued[epoch];
+            }
+            t.deaths += acc.deaths;
+            t.trained += acc.trained;
+            (before_header, acc) = (header, t);
         }
-        for (epoch, spans) in e.held.into_iter().enumerate() {
-            t.held[epoch].extend(spans);
-            t.unreduced[epoch].extend(e.unreduced[epoch].iter().copied());
-            t.requeued_spans[epoch].extend(e.requeued_spans[epoch].iter().copied());
-            t.lost[epoch] += e.lost[epoch];
-            t.requeued[epoch] += e.requeued[epoch];
-        }
-        t.deaths += e.deaths;
-        t.trained += e.trained;
-        let mut audit = t.audit(header, 0);
+        cut_mismatch.sort_unstable();
+        let mut audit = acc.audit(before_header, 0);
         audit.cut_mismatch = cut_mismatch;
         Ok(audit)
     }
@@ -163,6 +199,9 @@ struct Tally {
     requeued_spans: Vec<Vec<Span>>,
     lost: Vec<usize>,
     requeued: Vec<usize>,
+    /// Per epoch: positions reduced past the cut the tally stops at (a dead controller's
+    /// reduces its standby never heard of: thrown away with it).
+    past_cut: Vec<usize>,
     reduces: u64,
     deaths: usize,
     trained: usize,
@@ -215,6 +254,14 @@ impl Tally {
 
 /// The header of `entries` (read from `file`) and what they say up to reduce `until` (all of
 /// them when `None`; a death's part of the reduce in progress counts when that reduce does).
+/// The header a ledger starts with.
+fn header_of(file: &Path, entries: &[Entry]) -> Result<Header, LedgerError> {
+    match entries.first() {
+        Some(Entry::Run(header)) => Ok(header.clone()),
+        _ => Err(LedgerError::inconsistent(file, 1, "no run header".into())),
+    }
+}
+
 fn tally(
     file: &Path,
     entries: &[Entry],
@@ -230,6 +277,7 @@ fn tally(
         requeued_spans: vec![Vec::new(); epochs],
         lost: vec![0; epochs],
         requeued: vec![0; epochs],
+        past_cut: vec![0; epochs],
         reduces: header.resumed.as_ref().map_or(0, |r| r.reduces),
         deaths: 0,
         trained: 0,
@@ -254,6 +302,10 @@ fn tally(
                     for r in spans {
                         t.held[r.span.epoch].push(r.span);
                         t.trained += r.span.len;
+                    }
+                } else {
+                    for r in spans {
+                        t.past_cut[r.span.epoch] += r.span.len;
                     }
                 }
             }
@@ -658,6 +710,89 @@ mod tests {
         match Audit::resumed(a, &saving(sp(0, 0, 8)), b, &saving(sp(0, 0, 8))) {
             Err(LedgerError::Unrelated { .. }) => Ok(()),
             other => Err(format!("not a resumption: {other:?}").into()),
+        }
+    }
+
+    /// A chain of three runs (two takeovers): each middle run counts only up to the cut the
+    /// next resumed from, whatever it trained after; a link whose coverage differs from what the
+    /// run before held is named, and a chain of one is the plain audit.
+    #[test]
+    fn a_chain_of_runs_is_audited_link_by_link() -> Result<(), Box<dyn std::error::Error>> {
+        let header = |resumed| Header {
+            version: 1,
+            world: 3,
+            epochs: 2,
+            batch_size: 2,
+            batches: 4,
+            resumed,
+        };
+        let reduce = |n, span: Span| Entry::Reduce { n, spans: vec![RankSpan { rank: 1, span }] };
+        let first = vec![
+            Entry::Run(header(None)),
+            reduce(1, sp(0, 0, 8)),
+            reduce(2, sp(1, 0, 2)),
+            // Past the first takeover's cut (2): thrown away with the dead controller.
+            reduce(3, sp(1, 2, 2)),
+        ];
+        let middle = |coverage: Vec<Span>| {
+            vec![
+                Entry::Run(header(Some(Resume { epoch: 1, reduces: 2, coverage }))),
+                reduce(3, sp(1, 2, 2)),
+                // Past the second takeover's cut (3).
+                reduce(4, sp(1, 4, 4)),
+            ]
+        };
+        let last = |coverage: Vec<Span>| {
+            vec![
+                Entry::Run(header(Some(Resume { epoch: 1, reduces: 3, coverage }))),
+                reduce(4, sp(1, 4, 4)),
+                Entry::End { reduces: 4 },
+            ]
+        };
+        let files =
+            [Path::new("a/ledger.jsonl"), Path::new("b/ledger.jsonl"), Path::new("c/ledger.jsonl")];
+        // (what, the middle run's coverage, the last run's, in model per epoch, mismatch, exact)
+        type Case = (&'static str, Vec<Span>, Vec<Span>, [usize; 2], Vec<usize>, bool);
+        let cases: Vec<Case> = vec![
+            ("exact", vec![sp(1, 0, 2)], vec![sp(1, 0, 4)], [8, 8], vec![], true),
+            (
+                "the second link claims less",
+                vec![sp(1, 0, 2)],
+                vec![sp(1, 0, 2)],
+                [8, 8],
+                vec![1],
+                false,
+            ),
+            (
+                "the first link claims more",
+                vec![sp(1, 0, 4)],
+                vec![sp(1, 0, 4)],
+                [8, 8],
+                vec![1],
+                false,
+            ),
+        ];
+        for (what, mid, end, want, mismatch, exact) in cases {
+            let (a, b, c) = (first.clone(), middle(mid), last(end));
+            let audit = Audit::chained(&[(files[0], &a), (files[1], &b), (files[2], &c)])?;
+            let got: Vec<usize> = audit.epochs.iter().map(|e| e.in_model).collect();
+            let dup: usize = audit.epochs.iter().map(|e| e.duplicated).sum();
+            if got != want
+                || dup != 0
+                || audit.cut_mismatch != mismatch
+                || audit.exactly_once() != exact
+            {
+                return Err(format!("{what}: {got:?} {:?}\n{audit}", audit.cut_mismatch).into());
+            }
+        }
+        // A chain of one is the plain audit; a link that did not resume is no chain.
+        let c = last(vec![sp(1, 0, 4)]);
+        if Audit::chained(&[(files[2], &c)])?.epochs != Audit::of(files[2], &c)?.epochs {
+            return Err("a chain of one differs from the plain audit".into());
+        }
+        match Audit::chained(&[(files[0], &first), (files[1], &first), (files[2], &c)]) {
+            Err(LedgerError::Unrelated { .. }) => Ok(()),
+            other => Err(format!("not a chain: {other:?}").into()),
         }
     }
 

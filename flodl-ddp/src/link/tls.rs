@@ -156,6 +156,9 @@ pub(crate) struct TlsRendezvous {
     /// A listening socket the launcher bound and handed down, used instead of binding `bind`.
     pub(crate) inherited: Arc<Mutex<Option<std::net::TcpListener>>>,
     pub(crate) bulk_cap: usize,
+    /// The controller a rank joins (whose name it verifies): the first one, or the standby of
+    /// the rank whose process took over.
+    pub(crate) serving: flodl_cluster::Role,
 }
 
 impl TlsRendezvous {
@@ -166,6 +169,7 @@ impl TlsRendezvous {
         );
         cfg.silence = silence;
         cfg.heartbeat = (silence / 5).min(SessionConfig::HEARTBEAT);
+        cfg.serving = self.serving;
         cfg
     }
 }

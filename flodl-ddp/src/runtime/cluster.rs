@@ -325,6 +325,7 @@ impl Cluster {
             bind,
             inherited: inherited()?,
             bulk_cap: DEFAULT_BULK_CAP,
+            serving: flodl_cluster::Role::Controller,
         };
         let mut cluster = Cluster::with(
             Seat::Rank(identity.rank),
@@ -357,6 +358,7 @@ impl Cluster {
             bind,
             inherited: inherited()?,
             bulk_cap: DEFAULT_BULK_CAP,
+            serving: flodl_cluster::Role::Controller,
         };
         Cluster::with(Seat::Controller, world, 0, Arc::new(Rendezvous::tls(rendezvous)))
     }
@@ -370,6 +372,7 @@ impl Cluster {
                 bind: r.bind,
                 inherited: r.inherited.clone(),
                 bulk_cap: r.bulk_cap,
+                serving: r.serving,
             };
             f(&mut r);
             self.rendezvous = Arc::new(Rendezvous::tls(r));
@@ -410,17 +413,22 @@ impl Cluster {
             r.tls = tls;
             r.controller = controller;
             r.bind = addr;
+            r.serving = flodl_cluster::Role::Standby(rank);
         });
         cluster.controller_rank = Some(rank);
         Ok(cluster.quorum(quorum))
     }
 
-    /// This place as a rank following a standby that took over: it joins the controller at
-    /// `addr` (the standby's address, told at launch) from now on.
-    pub fn follow(self, addr: std::net::SocketAddr) -> Cluster {
+    /// This place as a rank following a standby that took over: it joins the controller that
+    /// rank `host`'s process started at `addr` (the address that process takes over at, told
+    /// at launch), verifying that standby's certificate, from now on.
+    pub fn follow(self, addr: std::net::SocketAddr, host: usize) -> Cluster {
         let controller =
             flodl_cluster::ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
-        let mut cluster = self.retls(|r| r.controller = controller);
+        let mut cluster = self.retls(|r| {
+            r.controller = controller;
+            r.serving = flodl_cluster::Role::Standby(host);
+        });
         // Whatever its rank (rank 0's process restarted after a takeover too), a follower
         // hosts no controller.
         cluster.controller_rank = None;

@@ -799,14 +799,18 @@ impl RunSpec {
         self.collective_engine() == Some(CollectiveEngine::Mpi)
     }
 
-    /// The rank whose process holds the standby controller: a cluster run of processes on the
-    /// host backend whose first controller speaks (a standby that took over runs without one),
-    /// with a [`Standby`] rank of the world.
+    /// The rank whose process holds the standby controller of this run's term: in a cluster
+    /// run of processes on the host backend with a [`Standby`], the host of the next term
+    /// ([`RunSpec::term_host`]).
     pub fn standby_rank(&self) -> Option<usize> {
-        let eligible = self.placement == Placement::Processes
-            && self.backend == Backend::Host
-            && self.term == 0;
-        self.standby.rank(self.world()).filter(|_| eligible)
+        let eligible = self.placement == Placement::Processes && self.backend == Backend::Host;
+        self.term_host(self.term.checked_add(1)?).filter(|_| eligible)
+    }
+
+    /// The rank whose process hosts the controller of `term`: rank 0's for the first, then the
+    /// chain of standbys ([`Standby::host`]).
+    pub fn term_host(&self, term: u64) -> Option<usize> {
+        self.standby.host(term, self.world())
     }
 
     /// The engine of the collective backend, `None` on the host backend: MPI for CPU rank

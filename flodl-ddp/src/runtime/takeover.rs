@@ -35,8 +35,8 @@ pub struct Takeover {
     pub term: u64,
     /// Reduces the bundle's consensus holds.
     pub reduces: u64,
-    /// The ranks alive when the controller was last heard, other than rank 0 (whose process
-    /// hosted it): the ranks the new controller waits for.
+    /// The ranks alive when the controller was last heard, other than the one whose process
+    /// hosted it: the ranks the new controller waits for.
     pub survivors: Vec<usize>,
 }
 
@@ -56,7 +56,10 @@ impl StandbyMirror {
         let Some(state) = self.shared.state() else { return Ok(None) };
         let Some(cut) = &state.cut else { return Ok(None) };
         let bundle = takeover_bundle(spec, cut)?;
-        let survivors = (1..state.seats.len()).filter(|&r| state.seats[r].is_live()).collect();
+        let dead = spec.term_host(state.term.0);
+        let survivors = (0..state.seats.len())
+            .filter(|&r| Some(r) != dead && state.seats[r].is_live())
+            .collect();
         Ok(Some(Takeover { bundle, term: state.term.next().0, reduces: cut.reduces, survivors }))
     }
 }
