@@ -105,8 +105,9 @@ pub(crate) struct LaunchArgs {
     #[arg(long)]
     pub(crate) mpi: bool,
     /// Restarts after a death, at most N over the job (default 0). Host backend: a rank process
-    /// other than rank 0 (whose process hosts the controller) that dies is restarted and joins
-    /// the running job at its next reduce. With --mpi, where a death ends the MPI job: the job
+    /// other than the one hosting the current controller that dies is restarted and joins the
+    /// running job at its next reduce; with a standby (`--standby`), a controller's death is a
+    /// takeover and the old host's process restarts as a rank of the new term. With --mpi, where a death ends the MPI job: the job
     /// is restarted from its last checkpoint bundle.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) max_restarts: usize,

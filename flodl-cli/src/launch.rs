@@ -5,11 +5,11 @@
 //! controller's to rank 0, rank r's to rank r), each output line prefixed with its rank, Ctrl-C and
 //! SIGTERM forwarded to the ranks by pid, and the job's status (rank 0's, whose process hosts
 //! the controller and decides the run; the standby's after a takeover, `term_notice`) returned.
-//! With `--max-restarts N`, a rank process other than rank 0 that dies (exits non-zero or is
-//! killed) is started again with the same rank, at most N times over the job; it joins the
+//! With `--max-restarts N`, a rank process other than the current controller's host that dies
+//! (exits non-zero or is killed) is started again with the same rank, at most N times over the job; it joins the
 //! running job at its next reduce (host backend, and NCCL across GPU processes; an MPI world
-//! cannot grow, see `mpi_job`). After a takeover rank 0's process is a rank like the others,
-//! restarted the same way into the new term.
+//! cannot grow, see `mpi_job`). After a takeover the old host's process is a rank like the
+//! others, restarted the same way into the new term.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -152,6 +152,8 @@ impl Audit {
                 t.lost[epoch] += acc.lost[epoch] + acc.past_cut[epoch];
                 t.requeued[epoch] += acc.requeued[epoch];
             }
+            // A link is not counted as a death: a run resumed by hand may have stopped on
+            // purpose, and a dead controller's ranks' work since its last reduce is in no ledger.
             t.deaths += acc.deaths;
             t.trained += acc.trained;
             (before_header, acc) = (header, t);
