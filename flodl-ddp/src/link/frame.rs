@@ -209,7 +209,8 @@ impl Framed for ToWorker {
     fn lane(&self) -> Lane {
         match self {
             ToWorker::Init { .. } | ToWorker::Update { .. } => Lane::Bulk,
-            // The whole state holds the host consensus: model-sized.
+            // Behind the update it may name by digest (so it arrives after it), and model-sized
+            // when it carries the consensus.
             ToWorker::Mirror { .. } => Lane::Bulk,
             _ => Lane::Control,
         }

@@ -151,8 +151,9 @@ partial! {
         #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub max_failures: Option<usize>,
-        /// Cluster jobs (host backend): the rank whose process holds the standby controller,
-        /// which takes over when rank 0's process dies (default 1), or none.
+        /// Cluster jobs (host backend): the rank whose process holds the first standby
+        /// controller, which takes over when rank 0's process dies (default 1; after each
+        /// takeover the next rank's process is the standby), or none.
         #[cfg_attr(feature = "clap", arg(long, value_name = "RANK"))]
         #[serde(default, skip_serializing_if = "Option::is_none", with = "as_text::optional")]
         pub standby: Option<Standby>,

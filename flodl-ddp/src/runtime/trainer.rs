@@ -559,9 +559,9 @@ impl Trainer {
         self
     }
 
-    /// Cluster runs (host backend): the rank whose process holds the standby controller, which
-    /// mirrors the controller's state and takes over when rank 0's process dies (default rank
-    /// 1; see [`crate::StandbyMirror`]).
+    /// Cluster runs (host backend): the rank whose process holds the first standby controller,
+    /// which mirrors the controller's state and takes over when rank 0's process dies (default
+    /// rank 1; each later term's standby is the next rank's, see [`crate::Standby::host`]).
     pub fn standby(mut self, standby: crate::Standby) -> Trainer {
         self.draft.standby = standby;
         self

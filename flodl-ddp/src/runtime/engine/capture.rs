@@ -277,11 +277,11 @@ pub(crate) fn assemble_for(
 ///
 /// # Errors
 /// [`Error::Protocol`] when the cut holds no consensus (the collective backend's is on the
-/// ranks only); a checkpoint error when the cut's shapes do not fit its consensus.
+/// ranks only; the standby's mirror resolves one named by digest before it keeps a cut); a checkpoint error when the cut's shapes do not fit its consensus.
 pub(crate) fn takeover_bundle(spec: &RunSpec, cut: &Cut) -> Result<Checkpoint> {
     let consensus = cut
         .consensus
-        .as_ref()
+        .carried()
         .ok_or_else(|| Error::protocol("the mirrored cut holds no consensus"))?;
     let progress = Progress {
         reason: SaveReason::Fault {

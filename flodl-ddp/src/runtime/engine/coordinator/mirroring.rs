@@ -3,6 +3,7 @@
 //! frames carried to the standby rank's process over its link.
 
 use super::*;
+use crate::link::frame::WireFormat;
 use crate::runtime::engine::standby::{
     ControllerState, Cut, CutParts, MirrorBody, Pump, Reach, StandbyLane, Term,
 };
@@ -86,6 +87,13 @@ impl Coordinator {
         }
         let mut epochs = self.epochs.emitted.clone();
         epochs.extend(self.epochs.held.iter().map(|h| h.metrics.clone()));
+        // Over an f32 wire the standby's rank was just sent this very consensus (an update
+        // goes to every live rank before the cut is published, and the mirror's frames follow
+        // it on the same bulk lane): the cut names it by digest. The standby's mirror checks
+        // the digest, so an update that overtook its frame is caught, never taken for it.
+        let sent = self.pump.as_ref().is_some_and(|pump| {
+            self.cfg.spec.wire == WireFormat::F32 && self.roster.live().contains(&pump.rank)
+        });
         let parts = CutParts {
             reduces: self.rounds.reduces,
             global_step: self.rounds.global_step,
@@ -93,6 +101,7 @@ impl Coordinator {
             guard: &self.cadence.guard,
             outer: outer_state(&self.outer.optimizer, &self.outer.cpu)?,
             consensus: self.consensus.as_ref(),
+            sent,
             epochs,
             shapes: &self.shapes,
         };

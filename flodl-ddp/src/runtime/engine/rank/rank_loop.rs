@@ -251,6 +251,14 @@ impl<'a> RankLoop<'a> {
         }
     }
 
+    /// In the standby's process: keeps `state`, the whole state the controller just sent this
+    /// rank, for the mirror's next cut, which names it by digest rather than carrying it.
+    fn hold_for_mirror(&self, state: HostState) {
+        if let Some(mirror) = &self.cfg.mirror {
+            mirror.hold(state);
+        }
+    }
+
     fn send(&self, msg: ToCoordinator) -> Result<()> {
         let stall = self.cfg.spec.stall_timeout;
         let Some(attacker) = &self.attacker else {
@@ -486,6 +494,7 @@ impl<'a> RankLoop<'a> {
                     self.global_step = restore.global_step;
                 }
                 self.stage = Stage::Training;
+                self.hold_for_mirror(state);
             }
             ToWorker::Join { window, global_step } => {
                 // Nothing to train until the reduce that brings the consensus: its window
@@ -595,6 +604,9 @@ impl<'a> RankLoop<'a> {
                 let tensors = cut.as_ref().map(|(k, cut)| cut.tensors(*k));
                 self.worker.take_average(&state, params.as_deref(), blend, tensors)?;
                 self.ledger.charge(Activity::Reduce, t);
+                if fragment.is_none() {
+                    self.hold_for_mirror(state);
+                }
                 self.start_window(next, carried)?;
                 self.evaluate_for(eval)?;
             }

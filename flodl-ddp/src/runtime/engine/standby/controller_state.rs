@@ -35,13 +35,40 @@ pub(crate) struct Cut {
     pub(crate) guard: Guard,
     /// Host backend: the outer optimizer's previous consensus and velocity, once it has run.
     pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
-    /// Host backend: the consensus the reduce produced (the collective backend's lives on the
-    /// ranks only).
-    pub(crate) consensus: Option<HostState>,
+    /// Host backend: the consensus the reduce produced, or where the standby finds it.
+    pub(crate) consensus: CutConsensus,
     /// The epochs completed, with their metrics.
     pub(crate) epochs: Vec<EpochMetrics>,
     /// The shapes of the replica's parameters then buffers (the consensus is flat).
     pub(crate) shapes: Vec<Vec<usize>>,
+}
+
+/// Where a cut's consensus is.
+///
+/// Carrying it costs a whole model's bytes on the controller's link, and their copies and
+/// encoding on its thread, per reduce (measured at 80 MB: BENCHMARKS, "the standby's mirror"),
+/// while over an f32 wire the
+/// standby's process already holds those exact bits: its rank was just sent them as its
+/// update (or, joining, as its starting state). A cut then names them by digest, and the
+/// standby's mirror takes its rank's copy when the digests agree (`Mirror::accept`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) enum CutConsensus {
+    /// None: the collective backend's consensus lives on the ranks only.
+    Absent,
+    /// In the cut.
+    Carried(HostState),
+    /// The state last sent to the standby's rank, whose [`HostState::digest`] this is.
+    Sent { digest: [u8; 32] },
+}
+
+impl CutConsensus {
+    /// The consensus, when the cut carries it.
+    pub(crate) fn carried(&self) -> Option<&HostState> {
+        match self {
+            CutConsensus::Carried(state) => Some(state),
+            CutConsensus::Absent | CutConsensus::Sent { .. } => None,
+        }
+    }
 }
 
 /// What the books a cut is read from hold beyond the dispatcher and ElChe.
@@ -54,6 +81,9 @@ pub(crate) struct CutParts<'a> {
     pub(crate) guard: &'a Guard,
     pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
     pub(crate) consensus: Option<&'a HostState>,
+    /// The standby's rank was sent exactly `consensus` (an f32 wire): the cut names it by
+    /// digest rather than carrying it ([`CutConsensus::Sent`]).
+    pub(crate) sent: bool,
     pub(crate) epochs: Vec<EpochMetrics>,
     pub(crate) shapes: &'a [Vec<usize>],
 }
@@ -77,7 +107,11 @@ impl Cut {
             elche: elche.map(ElChe::state),
             guard: parts.guard.clone(),
             outer: parts.outer,
-            consensus: parts.consensus.cloned(),
+            consensus: match parts.consensus {
+                None => CutConsensus::Absent,
+                Some(state) if parts.sent => CutConsensus::Sent { digest: state.digest() },
+                Some(state) => CutConsensus::Carried(state.clone()),
+            },
             epochs: parts.epochs,
             shapes: parts.shapes.to_vec(),
         })

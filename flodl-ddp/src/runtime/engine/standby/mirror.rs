@@ -1,9 +1,10 @@
 //! The standby's mirror: the controller's state as the lane's frames rebuild it, checked
 //! frame by frame (term, order, size), so a forged or stale frame changes nothing.
 
-use crate::runtime::engine::standby::controller_state::ControllerState;
+use crate::runtime::engine::standby::controller_state::{ControllerState, CutConsensus};
 use crate::runtime::engine::standby::lane::{MirrorBody, MirrorFrame, config, fold};
 use crate::runtime::engine::standby::term::{StaleTerm, Term, TermGate};
+use crate::state::HostState;
 
 /// Why the mirror refused a frame (the mirror is unchanged).
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +27,10 @@ pub(crate) enum MirrorError {
     /// The frame names another number of seats than the run has.
     #[error("a mirror frame names {got} seats, the run has {world}")]
     Seats { got: usize, world: usize },
+    /// The frame's cut names a consensus by digest that is not the state the standby's rank
+    /// holds (an update overtook the frame, or none came): the mirror keeps its last cut.
+    #[error("mirror frame {seq}'s cut names a consensus this process's rank does not hold")]
+    Unresolved { seq: u64 },
 }
 
 /// The standby's copy of the controller's state.
@@ -35,13 +40,22 @@ pub(crate) struct Mirror {
     gate: TermGate,
     /// The last frame folded in, of the gate's term.
     last: Option<u64>,
+    /// Every cut in it carries its consensus ([`CutConsensus::Sent`] is resolved on accept).
     state: Option<ControllerState>,
+    /// The state the standby's rank was last sent (its update, or its starting state), which
+    /// a cut may name by digest.
+    held: Option<HostState>,
 }
 
 impl Mirror {
     /// An empty mirror of a run of `world` seats, obeying controllers of `term` and later.
     pub(crate) fn new(world: usize, term: Term) -> Mirror {
-        Mirror { world, gate: TermGate::new(term), last: None, state: None }
+        Mirror { world, gate: TermGate::new(term), last: None, state: None, held: None }
+    }
+
+    /// Keeps `state`, the state the standby's rank was just sent, for a cut that names it.
+    pub(crate) fn hold(&mut self, state: HostState) {
+        self.held = Some(state);
     }
 
     /// The state mirrored so far (`None` before the first whole state).
@@ -49,19 +63,21 @@ impl Mirror {
         self.state.as_ref()
     }
 
-    /// Decodes and folds in one frame.
+    /// Decodes and folds in one frame. A cut naming its consensus by digest takes the state
+    /// held for the standby's rank ([`Mirror::hold`]), or the consensus the mirror's own cut
+    /// already carries, when the digest is theirs.
     ///
     /// # Errors
     /// [`MirrorError`] for bytes that are not a frame, a frame of an older term, a frame not
-    /// after the last of its term, a change before any whole state, or a wrong number of
-    /// seats; the mirror is then unchanged.
+    /// after the last of its term, a change before any whole state, a wrong number of seats,
+    /// or a cut whose consensus is nowhere here; the mirror is then unchanged.
     pub(crate) fn accept(&mut self, bytes: &[u8]) -> Result<(), MirrorError> {
         let (frame, read): (MirrorFrame, usize) =
             bincode::serde::decode_from_slice(bytes, config())?;
         if read != bytes.len() {
             return Err(MirrorError::Trailing(bytes.len() - read));
         }
-        let MirrorFrame { term, seq, body } = frame;
+        let MirrorFrame { term, seq, mut body } = frame;
         let mut gate = self.gate;
         gate.admit(term)?;
         let newer = term > self.gate.current();
@@ -77,22 +93,51 @@ impl Mirror {
         if let Some(got) = seats.filter(|&n| n != self.world) {
             return Err(MirrorError::Seats { got, world: self.world });
         }
+        let whole = matches!(body, MirrorBody::Whole(_));
+        if !whole && (self.state.is_none() || newer) {
+            return Err(MirrorError::NoBase { term, seq });
+        }
+        self.resolve(&mut body, seq)?;
         let mut state = match (body, self.state.take()) {
             (MirrorBody::Whole(whole), _) => whole,
-            (body, Some(mut state)) if !newer => {
+            (body, Some(mut state)) => {
                 fold(&mut state, body);
                 state
             }
-            (_, state) => {
-                self.state = state;
-                return Err(MirrorError::NoBase { term, seq });
-            }
+            (_, None) => return Err(MirrorError::NoBase { term, seq }),
         };
         state.term = term;
         self.state = Some(state);
         self.gate = gate;
         self.last = Some(seq);
         Ok(())
+    }
+
+    /// Makes `body`'s cut, if it names its consensus by digest, carry it: the held state or
+    /// the mirror's own cut's consensus, whichever has the digest (moved, never copied).
+    fn resolve(&mut self, body: &mut MirrorBody, seq: u64) -> Result<(), MirrorError> {
+        let cut = match body {
+            MirrorBody::Cut(cut) => Some(cut.as_mut()),
+            MirrorBody::Whole(whole) => whole.cut.as_deref_mut(),
+            MirrorBody::Seats(_) => None,
+        };
+        let Some(cut) = cut else { return Ok(()) };
+        let CutConsensus::Sent { digest } = cut.consensus else { return Ok(()) };
+        if self.held.as_ref().is_some_and(|held| held.digest() == digest)
+            && let Some(held) = self.held.take()
+        {
+            cut.consensus = CutConsensus::Carried(held);
+            return Ok(());
+        }
+        // The same cut again (a whole state after a catch-up): the consensus already kept.
+        let own = self.state.as_mut().and_then(|s| s.cut.as_deref_mut());
+        if let Some(own) =
+            own.filter(|own| own.consensus.carried().is_some_and(|c| c.digest() == digest))
+        {
+            cut.consensus = std::mem::replace(&mut own.consensus, CutConsensus::Sent { digest });
+            return Ok(());
+        }
+        Err(MirrorError::Unresolved { seq })
     }
 }
 
@@ -174,14 +219,26 @@ mod tests {
         /// A reduce completes: the books' cut, with a consensus and outer state of random
         /// values (bit patterns the encoding must keep).
         fn reduce(&mut self, rng: &mut Xoshiro256PlusPlus) -> crate::Result<Cut> {
+            Ok(self.reduce_sent(rng, false)?.0)
+        }
+
+        /// A reduce whose cut names its consensus by digest when `sent` (as over an f32
+        /// wire, the standby's rank being sent it), with the consensus.
+        fn reduce_sent(
+            &mut self,
+            rng: &mut Xoshiro256PlusPlus,
+            sent: bool,
+        ) -> crate::Result<(Cut, HostState)> {
             self.reduces += 1;
             self.global_step += rng.random_range(1..20u64);
             let tensor = |rng: &mut Xoshiro256PlusPlus| HostTensor {
                 shape: vec![3],
                 data: (0..3).map(|_| f32::from_bits(rng.random::<u32>() & 0x7f7f_ffff)).collect(),
             };
-            let consensus =
-                HostState { params: vec![vec![rng.random::<f32>(); 5]], buffers: vec![] };
+            let consensus = HostState {
+                params: vec![(0..5).map(|_| rng.random::<f32>()).collect()],
+                buffers: vec![],
+            };
             let parts = CutParts {
                 reduces: self.reduces,
                 global_step: self.global_step,
@@ -189,10 +246,11 @@ mod tests {
                 guard: &Guard::Off,
                 outer: Some((vec![tensor(rng)], vec![tensor(rng)])),
                 consensus: Some(&consensus),
+                sent,
                 epochs: Vec::new(),
                 shapes: &[vec![5]],
             };
-            Cut::of(&self.dispatch, Some(&self.elche), parts)
+            Ok((Cut::of(&self.dispatch, Some(&self.elche), parts)?, consensus))
         }
     }
 
@@ -338,6 +396,140 @@ mod tests {
 
     fn decode(bytes: &[u8]) -> std::result::Result<MirrorFrame, bincode::error::DecodeError> {
         Ok(bincode::serde::decode_from_slice(bytes, config())?.0)
+    }
+
+    /// What reaches the standby's process in the resolution test: a state its rank is sent,
+    /// or one of the lane's frames.
+    #[derive(Debug, Clone, Copy)]
+    enum Arrives {
+        /// The consensus of reduce `k` (1-based) as the rank's update.
+        Update(usize),
+        /// Another state than any consensus (an update of a later reduce, in effect).
+        Stranger,
+        /// The frame of reduce `k`'s cut.
+        Cut(usize),
+        /// The lane's whole state (the controller's as of its last reduce).
+        Whole,
+    }
+
+    /// A cut naming its consensus by digest is taken with the state the standby's rank holds
+    /// when the digests agree, and refused (the mirror keeping its last cut, with its
+    /// consensus) when the rank holds another state or none; a whole state naming the
+    /// consensus the mirror already carries is taken with it.
+    #[test]
+    fn a_cut_takes_its_consensus_from_the_rank_only_by_digest() -> TestResult {
+        use Arrives::{Cut as C, Stranger, Update as U, Whole};
+        // Each case: what arrives in order, and after each arrival the reduce whose cut the
+        // mirror holds (0: none), or `None` when that arrival must be refused.
+        type Steps = Vec<(Arrives, Option<usize>)>;
+        let cases: Vec<(&str, Steps)> = vec![
+            ("in order", vec![(U(1), Some(0)), (C(1), Some(1)), (U(2), Some(1)), (C(2), Some(2))]),
+            ("nothing held", vec![(C(1), None), (U(1), Some(0)), (C(1), Some(1))]),
+            (
+                "an update overtook the cut",
+                vec![
+                    (U(1), Some(0)),
+                    (C(1), Some(1)),
+                    (U(3), Some(1)),
+                    (C(2), None),
+                    (C(3), Some(3)),
+                ],
+            ),
+            ("another state held", vec![(U(1), Some(0)), (Stranger, Some(0)), (C(1), None)]),
+            (
+                "a whole state again",
+                vec![(U(2), Some(0)), (C(2), Some(2)), (Whole, Some(2)), (Whole, Some(2))],
+            ),
+        ];
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+        for (name, steps) in cases {
+            let world = 2;
+            let mut ctl = Controller::new(world, Policy::Cadence)?;
+            let start = ControllerState::new(Term(1), ctl.roster.standings());
+            let (tx, rx) = StandbyLane::channel();
+            let mut lane = StandbyLane::new(start.clone(), tx);
+            let mut mirror = Mirror::new(world, Term(1));
+            lane.flush();
+            for bytes in rx.try_iter() {
+                mirror.accept(&bytes)?;
+            }
+            // Three reduces, their frames kept to be delivered as the case says.
+            let mut cuts = Vec::new();
+            for _ in 0..3 {
+                let (cut, consensus) = ctl.reduce_sent(&mut rng, true)?;
+                lane.publish(MirrorBody::Cut(Box::new(cut.clone())));
+                let frame = rx.try_recv()?;
+                cuts.push((cut, consensus, frame));
+            }
+            let whole = bincode::serde::encode_to_vec(
+                &MirrorFrame {
+                    term: Term(1),
+                    seq: 100,
+                    body: MirrorBody::Whole(lane.state().clone()),
+                },
+                config(),
+            )?;
+            let mut seq_whole = 100;
+            for (i, (arrives, holds)) in steps.into_iter().enumerate() {
+                let outcome = match arrives {
+                    U(k) => {
+                        mirror.hold(cuts[k - 1].1.clone());
+                        Ok(())
+                    }
+                    Stranger => {
+                        mirror.hold(HostState { params: vec![vec![0.5; 5]], buffers: vec![] });
+                        Ok(())
+                    }
+                    C(k) => mirror.accept(&cuts[k - 1].2),
+                    Whole => {
+                        // The whole state of the third reduce's controller, renumbered.
+                        seq_whole += 1;
+                        let mut frame: MirrorFrame = decode(&whole)?;
+                        frame.seq = seq_whole;
+                        if let MirrorBody::Whole(w) = &mut frame.body
+                            && let Some(cut) = w.cut.as_deref_mut()
+                        {
+                            // As of the second reduce, whose consensus the mirror carries.
+                            *cut = cuts[1].0.clone();
+                        }
+                        mirror.accept(&bincode::serde::encode_to_vec(&frame, config())?)
+                    }
+                };
+                let at = format!("{name}, step {i} ({arrives:?})");
+                match (holds, outcome) {
+                    (None, Err(MirrorError::Unresolved { .. })) => continue,
+                    (None, other) => return Err(format!("{at}: {other:?}, not refused").into()),
+                    (Some(_), Err(e)) => return Err(format!("{at}: refused: {e}").into()),
+                    (Some(_), Ok(())) => {}
+                }
+                let held = mirror.state().and_then(|s| s.cut.as_deref());
+                let want = holds.unwrap_or(0);
+                match (held, want) {
+                    (None, 0) => {}
+                    (Some(cut), k) if k > 0 => {
+                        let (reference, consensus, _) = &cuts[k - 1];
+                        if cut.reduces != reference.reduces
+                            || cut.consensus.carried() != Some(consensus)
+                        {
+                            return Err(format!(
+                                "{at}: the mirror holds reduce {} with {:?}, not reduce {k}",
+                                cut.reduces,
+                                cut.consensus.carried().map(|c| &c.params)
+                            )
+                            .into());
+                        }
+                    }
+                    (cut, k) => {
+                        return Err(format!(
+                            "{at}: the mirror holds {:?}, not reduce {k}",
+                            cut.map(|c| c.reduces)
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The mirror against the controller: equal states; the cut reseeds a fresh book to the

@@ -28,6 +28,11 @@ impl SharedMirror {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).accept(bytes)
     }
 
+    /// Keeps the state the standby's rank was just sent ([`Mirror::hold`]).
+    pub(crate) fn hold(&self, state: crate::state::HostState) {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hold(state);
+    }
+
     /// The state mirrored so far (`None` before the first whole state).
     pub(crate) fn state(&self) -> Option<ControllerState> {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).state().cloned()
