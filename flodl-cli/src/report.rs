@@ -523,6 +523,7 @@ mod tests {
                     anchor: 10 + k,
                     counts: vec![10, 25],
                     steps: vec![10, 26],
+                    walls_ms: vec![20.0, 52.0],
                     sync_ms: 1.0 + k as f64,
                     wire: Vec::new(),
                 });

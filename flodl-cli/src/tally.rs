@@ -75,6 +75,7 @@ mod tests {
             anchor: 1,
             counts: steps.clone(),
             steps,
+            walls_ms: Vec::new(),
             sync_ms: 0.0,
             wire: Vec::new(),
         }

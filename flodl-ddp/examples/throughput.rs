@@ -29,7 +29,7 @@
 //! to 60% of the run, then back), prints the windows around each change and how many windows
 //! ElChe took to absorb it (from the window the change falls in, counted 1, to the first whose
 //! plan gives the rank a share within 25% of its share at the speeds in force; also counted from
-//! the window the rank itself first ran at the new speed in).
+//! the window the rank itself first ran at the new speed in, found from its own ms per batch).
 //!
 //! Each line reports samples/s over the training wall time, the test accuracy after the last
 //! epoch and each rank's time breakdown (compute, data, reduce, exchange, waiting, evaluation,
@@ -691,28 +691,60 @@ fn absorption(
                 .take_while(|&i| starts[i] < phase_end)
                 .find(|&i| (plan_share(&run.windows[i], c.rank) / target - 1.0).abs() <= 0.25);
             let absorbed = absorbed_at.map(|i| i - first + 1);
-            // A rank knows the run's cohort step at its window's start plus its own steps since,
-            // so it changes speed in the first window where that count passes the edge: the
-            // window the change falls in or, more often, the next.
-            let felt = (first..run.windows.len())
-                .find(|&i| {
-                    let own = run.windows[i].steps.get(c.rank).copied().unwrap_or(0);
-                    starts[i] + own as f64 / total > edge
+            // The first window the rank ran at the new speed: its own reading (ms per batch,
+            // from the event's walls) past the geometric middle of the old and the new speed,
+            // against its median over the three windows before the change. Without walls (an
+            // older run's events), by the rank's cohort step: a rank knows the cohort step of
+            // its last reduce plus its own steps since, so it changes speed once that count
+            // passes the edge (on the collective backend it may learn the step a window late).
+            let ms_per_batch = |i: usize| {
+                let w = &run.windows[i];
+                let (wall, n) = (w.walls_ms.get(c.rank).copied()?, w.steps.get(c.rank).copied()?);
+                (wall > 0.0 && n > 0).then(|| wall / n as f64)
+            };
+            let step = if edge == c.from { c.factor } else { 1.0 / c.factor };
+            let before: Vec<f64> =
+                (first.saturating_sub(3)..first).filter_map(ms_per_batch).collect();
+            let by_reading = (!before.is_empty())
+                .then(|| {
+                    let base = median(before);
+                    (first..run.windows.len()).find(|&i| {
+                        ms_per_batch(i).is_some_and(|ms| {
+                            let moved = (ms / base).ln() / step.ln();
+                            moved > 0.5
+                        })
+                    })
                 })
-                .unwrap_or(first);
+                .flatten();
+            let felt = by_reading.unwrap_or_else(|| {
+                (first..run.windows.len())
+                    .find(|&i| {
+                        let own = run.windows[i].steps.get(c.rank).copied().unwrap_or(0);
+                        starts[i] + own as f64 / total > edge
+                    })
+                    .unwrap_or(first)
+            });
             let shown: Vec<String> = (first.saturating_sub(1)..(first + 7).min(run.windows.len()))
                 .map(|i| {
                     let w = &run.windows[i];
                     let ms = w.at_ms - if i == 0 { 0.0 } else { run.windows[i - 1].at_ms };
-                    format!("#{} {:?} {:.0}ms {:.3}", w.round, w.counts, ms, plan_share(w, c.rank))
+                    let own = ms_per_batch(i).map_or(String::new(), |b| format!(" {b:.2}ms/b"));
+                    format!(
+                        "#{} {:?} {:.0}ms {:.3}{own}",
+                        w.round,
+                        w.counts,
+                        ms,
+                        plan_share(w, c.rank)
+                    )
                 })
                 .collect();
             let what = if edge == c.from { "slows" } else { "recovers" };
             println!(
-                "    rank {} {what} at {edge} of the run (in window #{}, the rank from #{}): plan share target {target:.3}, settled at {settled:.3}; absorbed (within 25% of the target) in {} windows ({} from the rank's)",
+                "    rank {} {what} at {edge} of the run (in window #{}, the rank from #{}{}): plan share target {target:.3}, settled at {settled:.3}; absorbed (within 25% of the target) in {} windows ({} from the rank's)",
                 c.rank,
                 run.windows.get(first).map_or(0, |w| w.round),
                 run.windows.get(felt).map_or(0, |w| w.round),
+                if by_reading.is_some() { ", by its reading" } else { ", by its step" },
                 absorbed.map_or("no".to_owned(), |k| k.to_string()),
                 absorbed_at.map_or("no".to_owned(), |i| (i + 1).saturating_sub(felt).to_string())
             );

@@ -330,6 +330,7 @@ pub(crate) mod tests {
             anchor: 4 + round as usize,
             counts: vec![4, 12],
             steps: steps.to_vec(),
+            walls_ms: Vec::new(),
             sync_ms: 2.0,
             wire: Vec::new(),
         });

@@ -129,6 +129,19 @@ enum Refresh {
     Forced,
 }
 
+/// One rank's window as ElChe reads it ([`ElChe::report_windows`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WindowReading {
+    /// The window's training time, ms.
+    pub wall_ms: f64,
+    /// Batches trained in it.
+    pub steps: u64,
+    /// The median ms of the window's last steps, when the rank measured it (see the rank's
+    /// `Progress`); a tail out of line with the rank's speed, on the reading's side, makes
+    /// a change of speed count at once.
+    pub tail_ms: Option<f64>,
+}
+
 /// ElChe's checkpointed state.
 ///
 /// Restoring seeds each rank's trust window with one sample equal to the saved mean. The guard's
@@ -393,16 +406,33 @@ impl ElChe {
     ) -> LogicResult<()> {
         self.check_len("wall_ms", wall_ms.len())?;
         self.check_len("steps", steps.len())?;
+        let windows: Vec<WindowReading> = (wall_ms.iter().zip(steps))
+            .map(|(&wall_ms, &steps)| WindowReading { wall_ms, steps, tail_ms: None })
+            .collect();
+        self.report_windows(&windows, exposure)
+    }
+
+    /// [`ElChe::report_exchange`] with each rank's window as a [`WindowReading`]: a reading
+    /// with a tail lets a change of speed that ended the window be followed at once.
+    ///
+    /// # Errors
+    /// As [`ElChe::report_timing`].
+    pub fn report_windows(
+        &mut self,
+        windows: &[WindowReading],
+        exposure: &Exposure,
+    ) -> LogicResult<()> {
+        self.check_len("windows", windows.len())?;
         // The slack reserved for the window that just ended is spent.
         self.consume_slack();
         let mut anchor_lost = false;
-        for r in 0..self.world() {
+        for (r, &reading) in windows.iter().enumerate() {
             if self.membership[r] == Membership::Retired {
                 continue;
             }
-            let (wall, n) = (wall_ms[r], steps[r]);
+            let WindowReading { wall_ms: wall, steps: n, tail_ms } = reading;
             if n > 0 && wall > 0.0 && wall.is_finite() {
-                self.windows[r].push(wall / n as f64);
+                self.windows[r].push_tail(wall / n as f64, tail_ms);
             } else if self.windows[r].miss() && self.anchor_rank == Some(r) {
                 anchor_lost = true;
             }

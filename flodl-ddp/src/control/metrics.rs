@@ -132,6 +132,10 @@ pub struct ReduceEvent {
     pub counts: Vec<usize>,
     /// Batches each rank actually trained in it (its averaging weight before normalisation).
     pub steps: Vec<usize>,
+    /// Each rank's training ms in it, as it reported them (ElChe's reading with `steps`; 0
+    /// for a rank that reported none).
+    #[serde(default)]
+    pub walls_ms: Vec<f64>,
     /// Duration of the reduce in milliseconds (collective: slowest rank's all-reduce; host:
     /// snapshot request to update sent).
     pub sync_ms: f64,

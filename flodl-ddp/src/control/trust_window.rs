@@ -14,12 +14,20 @@
 //!   deviations and [`LEAD_FACTOR`] off the median, without being out of line): a change that
 //!   began inside that window gives it a mixed reading.
 //!
+//! * by its own window's tail: a reading may come with the median ms of the window's last steps
+//!   (`tail`, measured by the rank over at least [`TAIL_MIN`] steps). A tail out of line on the
+//!   reading's side says the window ended at the new speed — most of its last steps, not one
+//!   stalled step, were off — and the change is followed at once, from the tail's speed. A
+//!   tail out of line under a reading that is not makes the reading lean that way (the change
+//!   began late in the window), so the next out-of-line reading confirms it.
+//!
 //! A held reading not confirmed joins the mean one window late, as every reading did before.
-//! So a change of speed of 2× or more is followed two windows after the window it begins in,
-//! while a loaded host's stalls — under 2×, or a single window — move the estimate no more
-//! than the plain mean lets them. A stall of two windows of 2× or more is indistinguishable from
-//! a change for two windows and is followed; the first normal reading after it is out of line
-//! again and the second restores the estimate.
+//! So a change of speed of 2× or more is followed by the plan of the window after the first one
+//! to end at the new speed (two windows after the one it begins in, with tails), while a
+//! loaded host's stalls — under 2×, a single window, or a few steps of a window — move the
+//! estimate no more than the plain mean lets them. A window slowed 2× or more through most of
+//! its last steps is indistinguishable from a change and is followed; the first normal window
+//! after it is followed back the same way.
 
 use std::collections::VecDeque;
 
@@ -38,6 +46,9 @@ pub(crate) const OUT_FACTOR: f64 = 2.0;
 pub(crate) const LEAD_DEVIATIONS: f64 = 2.0;
 /// Smallest factor off the median that leans towards a change, however quiet the readings.
 pub(crate) const LEAD_FACTOR: f64 = 1.25;
+/// Fewest steps a window's tail is measured over (fewer: no tail; one stalled step then
+/// cannot move its median).
+pub(crate) const TAIL_MIN: usize = 3;
 /// The median absolute deviation of a normal law, in standard deviations, inverted.
 const MAD_TO_SIGMA: f64 = 1.4826;
 
@@ -100,9 +111,17 @@ impl TrustWindow {
         w
     }
 
-    /// Judges a valid reading (positive and finite) and keeps, holds or follows it.
+    /// Judges a valid reading (positive and finite) with no tail: [`TrustWindow::push_tail`].
+    #[cfg(test)]
     pub(crate) fn push(&mut self, ms: f64) -> Judgement {
+        self.push_tail(ms, None)
+    }
+
+    /// Judges a valid reading (positive and finite), with the median ms of its window's last
+    /// steps when the rank measured one, and keeps, holds or follows it.
+    pub(crate) fn push_tail(&mut self, ms: f64, tail: Option<f64>) -> Judgement {
         self.misses = 0;
+        let tail = tail.filter(|t| *t > 0.0 && t.is_finite());
         let Some(band) = self.band() else {
             self.release_held();
             self.keep(ms);
@@ -111,11 +130,20 @@ impl TrustWindow {
         };
         let off = ms.ln() - band.center;
         let side = if off > 0.0 { Side::Slower } else { Side::Faster };
+        // The tail's side, when it is out of line itself.
+        let tail_out = tail.and_then(|t| {
+            let off = t.ln() - band.center;
+            let side = if off > 0.0 { Side::Slower } else { Side::Faster };
+            (off.abs() > band.out).then_some((side, t))
+        });
         if off.abs() <= band.out {
             self.release_held();
             self.keep(ms);
-            self.latest =
-                if off.abs() > band.lean { Latest::Leaning(side) } else { Latest::InLine };
+            self.latest = match tail_out {
+                Some((s, _)) => Latest::Leaning(s),
+                None if off.abs() > band.lean => Latest::Leaning(side),
+                None => Latest::InLine,
+            };
             return Judgement::Kept;
         }
         match self.latest {
@@ -133,6 +161,14 @@ impl TrustWindow {
             Latest::Leaning(s) if s == side => {
                 self.readings.clear();
                 self.readings.push_back(ms);
+                self.latest = Latest::InLine;
+                Judgement::Changed(side)
+            }
+            // The window ended at the new speed: followed now, from its tail (the reading's
+            // mean may still hold steps from before the change).
+            _ if tail_out.is_some_and(|(s, _)| s == side) => {
+                self.readings.clear();
+                self.readings.push_back(tail_out.map_or(ms, |(_, t)| t));
                 self.latest = Latest::InLine;
                 Judgement::Changed(side)
             }
@@ -280,6 +316,44 @@ mod tests {
             let mut w = TrustWindow::default();
             for (i, &(x, judged, mean)) in steady.iter().chain(steps.iter()).enumerate() {
                 assert_eq!(w.push(x), judged, "{name}: reading {i} ({x})");
+                assert!((w.mean() - mean).abs() < 1e-9, "{name}: reading {i}: mean {}", w.mean());
+            }
+        }
+    }
+
+    /// Readings with their windows' tails: what each was judged and the estimate after it.
+    #[test]
+    fn a_tail_at_the_new_speed_is_followed_at_once_and_a_stalled_step_is_not() {
+        use Judgement::{Changed, Held, Kept};
+        use Side::{Faster, Slower};
+        type Step = (f64, Option<f64>, Judgement, f64);
+        let steady = [(10.0, Some(10.0), Kept, 10.0); 3];
+        let cases: [(&str, &[Step]); 8] = [
+            // The window ran 3x from its start: followed by its own reading.
+            ("step x3 at a window's start", &[(30.0, Some(30.0), Changed(Slower), 30.0)]),
+            ("step /3 at a window's start", &[(2.5, Some(2.5), Changed(Faster), 2.5)]),
+            // Mixed, out of line, ending at the new speed: followed from the tail.
+            ("step x3 out of a mixed window", &[(22.0, Some(30.0), Changed(Slower), 30.0)]),
+            // Late in the window: the reading in line, its tail not; the next confirms.
+            (
+                "step x3 late in a window",
+                &[(12.0, Some(30.0), Kept, 10.5), (30.0, Some(30.0), Changed(Slower), 30.0)],
+            ),
+            // Stalled steps but a tail at the old speed: as without tails.
+            ("a stall, the tail steady", &[(30.0, Some(10.0), Held(Slower), 10.0)]),
+            (
+                "a stall then back",
+                &[(30.0, Some(10.0), Held(Slower), 10.0), (10.0, Some(10.0), Kept, 14.0)],
+            ),
+            // A tail the other way from its reading says nothing.
+            ("a tail against its reading", &[(30.0, Some(3.0), Held(Slower), 10.0)]),
+            // No tail (too few steps): the rule without tails.
+            ("no tail", &[(30.0, None, Held(Slower), 10.0), (30.0, None, Changed(Slower), 30.0)]),
+        ];
+        for (name, steps) in cases {
+            let mut w = TrustWindow::default();
+            for (i, &(x, tail, judged, mean)) in steady.iter().chain(steps.iter()).enumerate() {
+                assert_eq!(w.push_tail(x, tail), judged, "{name}: reading {i} ({x}, {tail:?})");
                 assert!((w.mean() - mean).abs() < 1e-9, "{name}: reading {i}: mean {}", w.mean());
             }
         }

@@ -112,6 +112,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
             wall_ms: 3.5,
             why: Readiness::Idle,
             works: 11,
+            tail_ms: Some(0.75),
         },
         ToCoordinator::Reduced {
             rank: 0,

@@ -222,6 +222,9 @@ pub(crate) enum Readiness {
     Idle,
 }
 
+/// Most steps a window's tail ([`ToCoordinator::Progress`]'s `tail_ms`) is measured over.
+pub(crate) const TAIL_STEPS: usize = 8;
+
 /// Rank → coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum ToCoordinator {
@@ -232,8 +235,18 @@ pub(crate) enum ToCoordinator {
     /// The rank is ready for the reduce of `round` (steps and training ms since the last reduce:
     /// its steps with their batches' fetch and upload, the pace ElChe sizes windows by).
     /// `works` counts the chunks the rank has received so far (an `Idle` report is stale when
-    /// more were sent).
-    Progress { rank: usize, round: u64, steps: usize, wall_ms: f64, why: Readiness, works: u64 },
+    /// more were sent). `tail_ms` is the median ms of the window's last steps (half of them,
+    /// at least `TAIL_MIN` and at most [`TAIL_STEPS`]; none from fewer), the speed the window
+    /// ended at.
+    Progress {
+        rank: usize,
+        round: u64,
+        steps: usize,
+        wall_ms: f64,
+        why: Readiness,
+        works: u64,
+        tail_ms: Option<f64>,
+    },
     /// Collective backend: the rank finished the reduce of `round`; `divergence` is its
     /// `‖W_pre − W_post‖ / ‖W_post‖` when measured (guard on, not `Sync`, the rank stepped).
     /// `capture` is the rank's checkpoint part when one was asked for.

@@ -30,6 +30,8 @@ pub(crate) struct Ready {
     pub(crate) wall_ms: f64,
     /// Why it said it is ready.
     pub(crate) why: Readiness,
+    /// The median ms of the window's last steps, when measured.
+    pub(crate) tail_ms: Option<f64>,
 }
 
 /// A rank's compute pace over its recent windows: a pace one preempted batch does not swing.

@@ -101,8 +101,11 @@ impl Coordinator {
                 }
                 Ok(())
             }
-            ToCoordinator::Progress { rank, round, steps, wall_ms, .. } => {
+            ToCoordinator::Progress { rank, round, steps, wall_ms, tail_ms, .. } => {
                 finite("window's wall time", *wall_ms)?;
+                if let Some(tail) = tail_ms {
+                    finite("window's tail", *tail)?;
+                }
                 self.conduct.steps(*rank, *round, *steps)
             }
             ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence, .. } => {
@@ -192,7 +195,7 @@ impl Coordinator {
                 }
                 self.aggregate();
             }
-            ToCoordinator::Progress { rank, round, steps, wall_ms, why, works } => {
+            ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms } => {
                 let current_round = self.rounds.round;
                 if let Some(slot) = self.slots.get_mut(rank) {
                     let current = why == Readiness::Reached || works == slot.works_sent;
@@ -202,7 +205,7 @@ impl Coordinator {
                         slot.windows.record(&DeadlineRule::default(), wall_ms);
                     }
                     if round == current_round && current {
-                        slot.ready = Some(Ready { steps, wall_ms, why });
+                        slot.ready = Some(Ready { steps, wall_ms, why, tail_ms });
                     }
                 }
                 if round == current_round && why == Readiness::Reached {

@@ -246,6 +246,8 @@ struct Rounds {
     last_sync_ms: f64,
     /// The bytes of each rank's exchange in the round being collected (for its event).
     wire: Vec<crate::control::metrics::Exchange>,
+    /// Each rank's training ms in the window of the round being collected (for its event).
+    walls: Vec<f64>,
 }
 
 /// An aggregated epoch waiting for its evaluation before it is emitted.
@@ -439,6 +441,7 @@ impl Coordinator {
                 stalled: 0,
                 last_sync_ms: 0.0,
                 wire: vec![Default::default(); world],
+                walls: vec![0.0; world],
             },
             reduce: Reduce::Idle,
             eval: Evaluation::Idle,

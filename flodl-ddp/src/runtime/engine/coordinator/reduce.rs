@@ -1,6 +1,7 @@
 //! The coordinator's reduces: when one is due, triggering it, the host backend's averaging rounds on a helper thread under a deadline, and completing it.
 
 use super::*;
+use crate::control::elche::WindowReading;
 
 impl Coordinator {
     /// Starts a reduce when every rank is ready for it; true when nothing is left to train
@@ -36,9 +37,14 @@ impl Coordinator {
     }
 
     pub(super) fn trigger(&mut self, steps: &[usize]) -> Result<()> {
-        let walls: Vec<f64> =
-            self.slots.iter().map(|s| s.ready.map_or(0.0, |r| r.wall_ms)).collect();
-        let steps64: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
+        let windows: Vec<WindowReading> = (self.slots.iter().zip(steps))
+            .map(|(s, &steps)| WindowReading {
+                wall_ms: s.ready.map_or(0.0, |r| r.wall_ms),
+                steps: steps as u64,
+                tail_ms: s.ready.and_then(|r| r.tail_ms),
+            })
+            .collect();
+        self.rounds.walls = windows.iter().map(|w| w.wall_ms).collect();
         let counts = self.planned_counts();
         // ElChe weighs the exchange the ranks cannot train through: under `--fragments` over a
         // cycle's sync times, under `--overlap` the part past the window trained meanwhile.
@@ -46,7 +52,7 @@ impl Coordinator {
         let syncs = self.staggered.as_ref().map_or_else(|| vec![last], |s| s.cycle_syncs_ms(last));
         let exposure = Exposure::new(syncs, self.cfg.spec.overlap.is_some());
         if let Some(e) = self.cadence.elche.as_mut() {
-            e.report_exchange(&walls, &steps64, &exposure)?;
+            e.report_windows(&windows, &exposure)?;
             // The guard's verdict on the last completed reduce.
             e.apply_verdict(std::mem::replace(&mut self.cadence.verdict, Verdict::Stable));
         }
@@ -375,6 +381,7 @@ impl Coordinator {
             anchor: self.cadence.elche.as_ref().map_or(1, ElChe::anchor),
             counts,
             steps,
+            walls_ms: std::mem::take(&mut self.rounds.walls),
             sync_ms,
             wire: {
                 let fresh = vec![Default::default(); self.rounds.wire.len()];

@@ -100,9 +100,12 @@ impl Attacker {
                 let initial = Some(HostState { params, buffers: Vec::new() });
                 vec![ToCoordinator::Ready { rank, shapes, initial }]
             }
-            (Attack::Steps, ToCoordinator::Progress { rank, round, wall_ms, why, works, .. }) => {
+            (
+                Attack::Steps,
+                ToCoordinator::Progress { rank, round, wall_ms, why, works, tail_ms, .. },
+            ) => {
                 let steps = 1_000_000_000;
-                vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works }]
+                vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms }]
             }
             (
                 Attack::Steps,
@@ -196,10 +199,10 @@ impl Attacker {
             }
             (
                 Attack::ForgedEval,
-                ToCoordinator::Progress { rank, round, steps, wall_ms, why, works },
+                ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms },
             ) => {
-                let wall_ms = wall_ms / 100.0;
-                vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works }]
+                let (wall_ms, tail_ms) = (wall_ms / 100.0, tail_ms.map(|t| t / 100.0));
+                vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms }]
             }
             (Attack::ForgedEval, ToCoordinator::Evaluated { rank, epoch, eval }) => {
                 let eval = eval.map(|e| EvalMetrics { accuracy: 0.003, loss: 9.0, ..e });
