@@ -1,9 +1,10 @@
-//! A rank: its replica, stream, prefetcher, batch buffers and communicator (`Worker`), and its
-//! loop (`rank_loop.rs`).
+//! A rank: its replica, stream, prefetcher, batch buffers and communicator (`Worker`), its
+//! loop (`rank_loop.rs`) and its position in the reduce window (`window_state.rs`).
 
 mod attack;
 mod emulation;
 pub(crate) mod rank_loop;
+mod window_state;
 
 use std::cell::Cell;
 use std::collections::VecDeque;

@@ -1,12 +1,9 @@
 //! A rank's loop: it trains the chunks it is handed in windows, reports at window ends, and
 //! obeys its coordinator's orders (reduce, regroup, evaluate, capture, stop) over its link.
 
-use std::collections::VecDeque;
-
 use super::attack::Attacker;
+use super::window_state::{Sent, WindowState};
 use super::*;
-use crate::control::trust_window::TAIL_MIN;
-use crate::link::wire::TAIL_STEPS;
 use crate::runtime::engine::scrutiny::check_order;
 
 /// Sends `msg` to the coordinator over `link` (waiting at most `wait` for room), noting when in
@@ -87,93 +84,6 @@ struct Current {
     chunk: Chunk,
     done: usize,
     work: WorkTally,
-}
-
-/// What a rank's last host snapshot carried, while the round that averages it runs.
-#[derive(Debug)]
-struct Sent {
-    /// Steps and ms of the window at the snapshot.
-    steps: usize,
-    wall_ms: f64,
-    /// The parameters it sent, kept when the rank may train on before the update (`Async`,
-    /// or any policy with `--overlap`): the update is merged with them.
-    params: Option<Vec<Vec<f32>>>,
-}
-
-/// A rank's position in its reduce window.
-#[derive(Debug)]
-struct WindowState {
-    window: Window,
-    steps: usize,
-    /// Time in training calls (steps with their batches' fetch and upload): the window's pace.
-    wall_ms: f64,
-    /// When the window opened, and the training ms carried into it from before.
-    opened: Instant,
-    carried_ms: f64,
-    reported: Option<Readiness>,
-    /// Host backend: the snapshot taken for the pending round.
-    sent: Option<Sent>,
-    /// The ms of this window's last steps (at most `2 × TAIL_STEPS`, oldest first), each with
-    /// the calls that waited for its batch: the window's tail (`WindowState::tail_ms`).
-    step_ms: VecDeque<f64>,
-    /// Ms of calls since the last step trained (a batch not ready yet), charged to the next.
-    pending_ms: f64,
-}
-
-impl WindowState {
-    /// The start of `window`, with `carried` steps and ms already in it.
-    fn new(window: Window, carried: (usize, f64)) -> WindowState {
-        WindowState {
-            window,
-            steps: carried.0,
-            wall_ms: carried.1,
-            opened: Instant::now(),
-            carried_ms: carried.1,
-            reported: None,
-            sent: None,
-            step_ms: VecDeque::with_capacity(2 * TAIL_STEPS),
-            pending_ms: 0.0,
-        }
-    }
-
-    /// Counts a training call of `ms`; `trained` when it trained a step.
-    fn call(&mut self, ms: f64, trained: bool) {
-        self.wall_ms += ms;
-        self.pending_ms += ms;
-        if trained {
-            if self.step_ms.len() == 2 * TAIL_STEPS {
-                self.step_ms.pop_front();
-            }
-            self.step_ms.push_back(self.pending_ms);
-            self.pending_ms = 0.0;
-        }
-    }
-
-    /// The median ms of the window's last steps: the last half of those it timed, at least
-    /// `TAIL_MIN` and at most `TAIL_STEPS`; none from fewer than `TAIL_MIN` (so one stalled
-    /// step cannot move it).
-    fn tail_ms(&self) -> Option<f64> {
-        let timed = self.step_ms.len();
-        if timed < TAIL_MIN {
-            return None;
-        }
-        let n = timed.div_ceil(2).clamp(TAIL_MIN, TAIL_STEPS);
-        let mut last: Vec<f64> = self.step_ms.iter().rev().take(n).copied().collect();
-        last.sort_by(f64::total_cmp);
-        Some(if n % 2 == 1 { last[n / 2] } else { (last[n / 2 - 1] + last[n / 2]) / 2.0 })
-    }
-
-    /// Whether the window is reached: by its count, or once its clock — the wall time since
-    /// it opened (plus what was carried in) — reaches the window's wall time.
-    ///
-    /// The clock is the rank's wall time, not its time in training calls: everything else the
-    /// rank did meanwhile (an evaluation, a checkpoint part, its loop, a descheduled moment)
-    /// delays it as much as a step would, and the anchor, whose window is that wall time
-    /// measured in its own steps, would otherwise wait for this rank at every reduce.
-    fn is_reached(&self) -> bool {
-        let clock_ms = self.carried_ms + self.opened.elapsed().as_secs_f64() * 1000.0;
-        self.window.is_reached(self.steps, clock_ms)
-    }
 }
 
 /// Where a rank's loop stands.
@@ -808,63 +718,6 @@ mod tests {
 
     const BEAT: Duration = Duration::from_millis(500);
     const STALL: Duration = Duration::from_secs(20);
-
-    /// A window's tail: the median of its last timed steps (the last half, at most
-    /// `TAIL_STEPS`), calls that waited for a batch charged to the step that trained it, none
-    /// from fewer than `TAIL_MIN` steps; a stalled last step does not move it.
-    #[test]
-    fn a_windows_tail_is_the_median_of_its_last_steps() -> std::result::Result<(), String> {
-        let window = Window { round: 1, target: 1, limit: 1, wall: None };
-        let steps = |ms: &[f64]| -> Vec<(f64, bool)> { ms.iter().map(|&m| (m, true)).collect() };
-        let mut long = vec![10.0; 40];
-        long.extend([30.0; 8]);
-        type Calls = Vec<(f64, bool)>;
-        let cases: Vec<(&str, Calls, Option<f64>)> = vec![
-            ("steady", steps(&[10.0; 5]), Some(10.0)),
-            (
-                "slower from step 6",
-                steps(&[10.0, 10.0, 10.0, 10.0, 10.0, 30.0, 30.0, 30.0]),
-                Some(30.0),
-            ),
-            (
-                "one stalled last step",
-                steps(&[10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 100.0]),
-                Some(10.0),
-            ),
-            ("four steps: the last three", steps(&[10.0, 30.0, 30.0, 100.0]), Some(30.0)),
-            ("too few steps", steps(&[10.0; 2]), None),
-            ("a long window ends slower", steps(&long), Some(30.0)),
-            (
-                "waits charged to the step after them",
-                vec![
-                    (4.0, false),
-                    (6.0, true),
-                    (10.0, true),
-                    (3.0, false),
-                    (7.0, true),
-                    (10.0, true),
-                    (10.0, true),
-                ],
-                Some(10.0),
-            ),
-            ("none trained", vec![(5.0, false); 6], None),
-        ];
-        for (name, calls, want) in cases {
-            let mut w = WindowState::new(window, (0, 0.0));
-            for &(ms, trained) in &calls {
-                w.call(ms, trained);
-            }
-            let wall: f64 = calls.iter().map(|c| c.0).sum();
-            if w.tail_ms() != want || (w.wall_ms - wall).abs() > 1e-9 {
-                return Err(format!(
-                    "{name}: tail {:?}, wall {}, want {want:?}, {wall}",
-                    w.tail_ms(),
-                    w.wall_ms
-                ));
-            }
-        }
-        Ok(())
-    }
 
     /// A rank quiet for a beat that finds the coordinator's ping waiting (as a loaded machine
     /// makes it, waking late) says it is alive before taking the ping; one that spoke within
