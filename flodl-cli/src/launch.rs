@@ -474,6 +474,11 @@ fn wait_job(
                     );
                     let _ = children[fenced].kill();
                     ended[fenced] = children[fenced].wait().ok();
+                    // How it ended: by the fence, or (killed just before the notice came) by
+                    // whatever had killed it.
+                    if let Some(status) = ended[fenced] {
+                        println!("[launch] rank {fenced} {}", describe(status));
+                    }
                 }
                 // Its seat is a rank's now: restarts bring it back into the new term.
                 if let Some(status) = ended[fenced]
