@@ -237,7 +237,7 @@ impl TrustWindow {
 }
 
 /// The median of a non-empty list (the mean of the middle two for an even length).
-fn median(mut xs: Vec<f64>) -> f64 {
+pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
     if n == 0 {

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::control::trust_window::TAIL_MIN;
+use crate::control::trust_window::{TAIL_MIN, median};
 use crate::link::wire::{Readiness, TAIL_STEPS, Window};
 
 /// What a rank's last host snapshot carried, while the round that averages it runs.
@@ -77,9 +77,7 @@ impl WindowState {
             return None;
         }
         let n = timed.div_ceil(2).clamp(TAIL_MIN, TAIL_STEPS);
-        let mut last: Vec<f64> = self.step_ms.iter().rev().take(n).copied().collect();
-        last.sort_by(f64::total_cmp);
-        Some(if n % 2 == 1 { last[n / 2] } else { (last[n / 2 - 1] + last[n / 2]) / 2.0 })
+        Some(median(self.step_ms.iter().rev().take(n).copied().collect()))
     }
 
     /// Whether the window is reached: by its count, or once its clock — the wall time since
