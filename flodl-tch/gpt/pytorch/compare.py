@@ -6,7 +6,8 @@ Modes, on `--ranks` processes of one libtorch thread each, the last `--slow` tim
   ddp       torch.nn.parallel.DistributedDataParallel over gloo: every step all-reduces gradients.
   localsgd  each rank steps alone on its half of the epoch, parameters averaged (gloo
             all-reduce) every `--sync-every` steps and at the end.
-Prints one JSON line: tokens/s (all ranks), training seconds, validation nats/byte.
+Prints one JSON line: tokens/s (all ranks), training seconds, validation nats/byte, the validation
+curve (after each epoch, seconds since the first step) and when it first reached `--target-loss`.
 
 Install (once; the full torch with its CUDA packages, ~3 GB, since `import torch` loads
 libtorch_cuda): python3 -m venv target/torch-venv && target/torch-venv/bin/pip install torch==2.13.0 numpy
@@ -108,6 +109,7 @@ def rank_main(rank, args):
     dist.barrier()
     t0 = time.perf_counter()
     step = 0
+    curve = []  # (seconds since the first step, validation nats/byte) after each epoch
     for epoch in range(args.epochs):
         g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
         order = torch.randperm(len(train), generator=g)
@@ -126,18 +128,33 @@ def rank_main(rank, args):
                 time.sleep((time.perf_counter() - s0) * (slow - 1.0))
             if args.mode == "localsgd" and step % args.sync_every == 0:
                 average(model, args.ranks)
-    if args.mode == "localsgd":
-        average(model, args.ranks)
+        if args.mode == "localsgd" and step % args.sync_every != 0:
+            average(model, args.ranks)  # the epoch's model is the average, as flodl's is
+        at = time.perf_counter() - t0
+        if epoch + 1 < args.epochs and rank == 0:
+            # As flodl does: one rank evaluates the epoch's model while the other goes on (and
+            # meets it at the next all-reduce); the evaluation is on the clock of later epochs.
+            curve.append((round(at, 2), round(evaluate(model, valid), 4)))
     train_s = time.perf_counter() - t0
     if rank == 0:
-        with torch.no_grad():
-            v = sum(loss_of(model, valid[i:i + 64]).item() * len(valid[i:i + 64])
-                    for i in range(0, len(valid), 64)) / len(valid)
+        v = evaluate(model, valid)
+        curve.append((round(train_s, 2), round(v, 4)))
         tokens = total * args.batch * context
+        reached = next((at for at, loss in curve if loss <= args.target_loss), None) \
+            if args.target_loss is not None else None
         print(json.dumps({"mode": args.mode, "size": args.size, "ranks": args.ranks,
                           "slow": args.slow, "tokens": tokens, "train_s": round(train_s, 2),
-                          "tokens_per_s": round(tokens / train_s), "valid_nats": round(v, 4)}))
+                          "tokens_per_s": round(tokens / train_s), "valid_nats": round(v, 4),
+                          "curve_s_nats": curve, "target_nats": args.target_loss,
+                          "target_reached_s": reached}))
+    dist.barrier()  # no rank leaves the group while the other still uses it
     dist.destroy_process_group()
+
+
+def evaluate(model, valid):
+    with torch.no_grad():
+        return sum(loss_of(model, valid[i:i + 64]).item() * len(valid[i:i + 64])
+                   for i in range(0, len(valid), 64)) / len(valid)
 
 
 def average(model, world):
@@ -162,6 +179,8 @@ def main():
     ap.add_argument("--sync-every", type=int, default=8)
     ap.add_argument("--seed", type=int, default=28)
     ap.add_argument("--port", type=int, default=29528)
+    ap.add_argument("--target-loss", type=float, default=None,
+                    help="report when the validation loss (after each epoch) first reached this")
     args = ap.parse_args()
     mp.spawn(rank_main, args=(args,), nprocs=args.ranks, join=True)
 

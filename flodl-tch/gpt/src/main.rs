@@ -57,6 +57,10 @@ struct Args {
     /// Outer momentum (with `--outer-lr`).
     #[arg(long, default_value_t = 0.0)]
     outer_momentum: f32,
+    /// Prints when the validation loss (evaluated after each epoch) first reached this many
+    /// nats per byte: the wall time to a target loss.
+    #[arg(long)]
+    target_loss: Option<f64>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -93,11 +97,19 @@ fn main() -> anyhow::Result<()> {
     };
     println!("{:?}, {} parameters", config, config.parameters());
     let out = train(&settings)?;
-    for (epoch, loss) in out.valid_losses.iter().enumerate() {
+    for (epoch, (loss, at)) in out.valid_losses.iter().zip(&out.valid_at_s).enumerate() {
         println!(
-            "epoch {epoch}: validation {loss:.4} nats/byte ({:.3} bits/byte)",
+            "epoch {epoch}: validation {loss:.4} nats/byte ({:.3} bits/byte), complete at {at:.2} s",
             loss / std::f64::consts::LN_2
         );
+    }
+    if let Some(target) = args.target_loss {
+        match out.valid_losses.iter().zip(&out.valid_at_s).find(|(loss, _)| **loss <= target) {
+            Some((loss, at)) => {
+                println!("target {target:.4} nats/byte reached at {at:.2} s (validation {loss:.4})")
+            }
+            None => println!("target {target:.4} nats/byte not reached"),
+        }
     }
     println!(
         "{} windows/epoch, {:.1} s, {:.0} tokens/s, {} reduces, {} deaths; unigram bound {:.4} nats/byte",

@@ -107,6 +107,10 @@ pub struct Outcome {
     pub valid_loss: f64,
     /// The validation loss after each epoch, nats per byte.
     pub valid_losses: Vec<f64>,
+    /// When each evaluated epoch was complete, seconds since the first batch went out
+    /// (evaluations of earlier epochs included, as a user's clock sees them): with
+    /// `valid_losses`, the curve that gives the wall time to a target loss.
+    pub valid_at_s: Vec<f64>,
     /// The unigram entropy of the validation targets: the loss floor of a model that predicts
     /// byte frequencies alone, nats per byte.
     pub unigram_bound: f64,
@@ -231,13 +235,19 @@ pub fn train(settings: &Settings) -> anyhow::Result<Outcome> {
         trainer = trainer.outer(outer);
     }
     let state = trainer.run()?.join()?;
+    let evaluated = state.epochs.iter().filter(|e| e.eval.is_some());
     let valid_losses: Vec<f64> =
-        state.epochs.iter().filter_map(|e| e.eval.as_ref().map(|v| v.loss)).collect();
+        evaluated.clone().filter_map(|e| e.eval.as_ref()).map(|v| v.loss).collect();
+    // `at_ms` counts from the run's start (replicas built, threads spawned); the last epoch
+    // completes where training ends, so their difference from `train_ms` is that start-up.
+    let startup_ms = state.epochs.last().map_or(0.0, |e| (e.at_ms - state.train_ms).max(0.0));
+    let valid_at_s: Vec<f64> = evaluated.map(|e| (e.at_ms - startup_ms) / 1000.0).collect();
     let valid_loss = *valid_losses.last().context("the run made no evaluation")?;
     Ok(Outcome {
         train_windows,
         valid_loss,
         valid_losses,
+        valid_at_s,
         unigram_bound,
         train_s: state.train_ms / 1000.0,
         tokens_per_s: state.throughput() * settings.config.context as f64,
