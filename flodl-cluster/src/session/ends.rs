@@ -150,7 +150,8 @@ impl Session {
     }
 
     /// The next frame in send order, waiting up to `wait`; [`NetError::Gone`] once the session has
-    /// ended and every frame that arrived has been received.
+    /// ended and every frame that arrived has been received. A large frame is copied into the
+    /// `Vec`: take large frames with [`recv_bytes`](Session::recv_bytes).
     pub fn recv(&self, wait: Duration) -> Result<Vec<u8>, NetError> {
         self.receiver.recv(wait)
     }
@@ -160,7 +161,10 @@ impl Session {
         self.receiver.try_recv()
     }
 
-    /// [`recv`](Session::recv) without the conversion to a `Vec` (no copy at all).
+    /// [`recv`](Session::recv) without the conversion to a `Vec`: no copy at all, the frame is the
+    /// lane reader's own buffer. Drop it before the next large frame arrives and the lane reads
+    /// that one into the same pages (no allocation, no page faults); hold it and the lane grows
+    /// a buffer of its own meanwhile.
     pub fn recv_bytes(&self, wait: Duration) -> Result<Bytes, NetError> {
         self.receiver.recv_bytes(wait)
     }

@@ -232,13 +232,11 @@ async fn read_lane<R, D>(
         match Message::decode(bytes) {
             Ok(Message::Heartbeat) => {}
             Ok(Message::Data { seq, frame }) => {
-                if frame.len() > SMALL_FRAME {
-                    // The frame shares its allocation with the read buffer's tail; give the tail
-                    // (a few bytes) a buffer of its own so the user can take the frame as a
-                    // `Vec` without a fresh allocation.
-                    let rest = BytesMut::from(&input.read_buffer()[..]);
-                    *input.read_buffer_mut() = rest;
-                }
+                // The frame shares its allocation with the read buffer's tail. Once the user has
+                // dropped it, the buffer is the allocation's only owner and reads the next frames
+                // into the same pages (`BytesMut::reserve` reclaims it): no fresh allocation and
+                // no page faults per large frame. Where the user still holds it, the buffer grows
+                // a new one as before.
                 if last.is_some_and(|l| seq <= l) {
                     break Ending::Failed(format!("frame {seq} after frame {}", last.unwrap_or(0)));
                 }

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use super::frame::Lane;
 use super::link_error::LinkError;
 use super::memory::{self, MemFrames};
@@ -75,13 +77,15 @@ impl Frames {
         }
     }
 
-    /// The next frame, waiting at most `wait`.
+    /// The next frame, waiting at most `wait`. A connection's frame is its reader's own buffer:
+    /// drop it before the next large frame arrives and the reader receives that one into the
+    /// same pages.
     ///
     /// # Errors
     /// [`LinkError::Timeout`] when none came, [`LinkError::Gone`] when the connection ended.
-    pub(crate) fn recv(&self, wait: Duration) -> Result<Vec<u8>, LinkError> {
+    pub(crate) fn recv(&self, wait: Duration) -> Result<Bytes, LinkError> {
         match &self.flavor {
-            FramesFlavor::Memory(m) => m.recv(wait),
+            FramesFlavor::Memory(m) => m.recv(wait).map(Bytes::from),
             #[cfg(feature = "cluster")]
             FramesFlavor::Session(s) => s.recv(wait),
         }

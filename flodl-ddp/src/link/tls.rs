@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use flodl_cluster::{
     Arrival, Caps, Controller, ControllerAddr, Hello, Lane as NetLane, NetError, SessionConfig,
     SessionReceiver, SessionSender, Tls,
@@ -104,9 +106,9 @@ impl SessionFrames {
     }
 
     /// As [`Frames::recv`](super::frames::Frames::recv).
-    pub(crate) fn recv(&self, wait: Duration) -> std::result::Result<Vec<u8>, LinkError> {
+    pub(crate) fn recv(&self, wait: Duration) -> std::result::Result<Bytes, LinkError> {
         match lock(&self.receiver).as_ref() {
-            Some(r) => r.recv(wait).map_err(link_error),
+            Some(r) => r.recv_bytes(wait).map_err(link_error),
             None => Err(LinkError::Gone),
         }
     }

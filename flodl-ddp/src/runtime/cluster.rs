@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use flodl_tensor::Device;
 
-use crate::config_error::{ConfigError, Field, Problem};
+#[cfg(feature = "cluster")]
+use crate::config_error::Problem;
+use crate::config_error::{ConfigError, Field};
 use crate::link::failure::RankFailure;
 use crate::link::frames::Frames;
 use crate::link::rendezvous::Rendezvous;
