@@ -37,6 +37,12 @@ pub(crate) const TERM: &str = "FLODL_TERM";
 /// over from a controller that died.
 pub(crate) const REJOIN_WAIT: &str = "FLODL_REJOIN_WAIT";
 
+/// How long a restarted rank process first tries one of the two controllers it may join (its
+/// term's and the next's) before it tries the other; each round doubles it.
+const JOIN_SLICE: std::time::Duration = std::time::Duration::from_secs(1);
+/// The shortest try: a connection and a handshake on a loaded machine.
+const MIN_SLICE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A rank process of a cluster job, with what it needs to take over or follow.
 pub(crate) struct Rank<'a> {
     pub(crate) args: &'a TrainArgs,
@@ -68,26 +74,71 @@ impl Rank<'_> {
         // term's controller: it may have died while this process started (the ranks that were
         // running follow the next host on their own).
         let fallback = rejoin_wait()?.filter(|_| spec.standby_rank() != Some(rank)).zip(next);
-        let trainer = match fallback {
-            Some((wait, _)) => {
-                self.trainer(None, cluster.clone().join_timeout(wait))?.term(spec.term)
-            }
-            None => trainer,
+        let Some((wait, (host, addr))) = fallback else {
+            return match trainer.start()? {
+                Started::Rank(handle) => self.serve(handle, spec, cluster, next),
+                Started::Coordinator(_) => bail!("rank {rank} started a controller"),
+            };
         };
-        let handle = match trainer.start() {
-            Ok(Started::Rank(handle)) => handle,
-            Ok(Started::Coordinator(_)) => bail!("rank {rank} started a controller"),
-            Err(error) => match fallback.filter(|_| unanswered(&error)) {
-                Some((wait, (host, addr))) => {
-                    println!(
-                        "rank {rank}: no controller answered within {wait:?} ({error}); \
-                         following rank {host}'s standby at {addr} (term {term})"
-                    );
-                    return self.follow(cluster, addr, host, term);
+        // Both controllers in turn, a slice each: the term's own (alive unless it died while
+        // this process started) and the next term's, which answers once its host has taken
+        // over, so a rank that started into a dying term joins the next as soon as it is up.
+        // The slices double, so a controller slow to answer (a loaded machine) still gets a try
+        // long enough for its handshake.
+        let deadline = std::time::Instant::now() + wait;
+        let next_place = cluster.clone().follow(addr, host);
+        let mut slice = JOIN_SLICE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            slice = slice.min(left).max(MIN_SLICE);
+            let own = self.trainer(None, cluster.clone().join_timeout(slice))?.term(spec.term);
+            match own.start() {
+                Ok(Started::Rank(handle)) => return self.serve(handle, spec, cluster, next),
+                Ok(Started::Coordinator(_)) => bail!("rank {rank} started a controller"),
+                Err(error) if unanswered(&error) => {
+                    let ahead =
+                        self.trainer(None, next_place.clone().join_timeout(slice))?.term(term);
+                    let ahead_spec = ahead.spec().map_err(|e| anyhow!(e))?;
+                    match ahead.start() {
+                        Ok(Started::Rank(handle)) => {
+                            println!(
+                                "rank {rank}: no controller answered within {slice:?} ({error}); \
+                                 joined rank {host}'s standby at {addr} (term {term})"
+                            );
+                            let after =
+                                Chain::from_env()?.and_then(|c| c.of(&ahead_spec, term + 1));
+                            return self.serve(handle, &ahead_spec, &next_place, after);
+                        }
+                        Ok(Started::Coordinator(_)) => bail!("rank {rank} started a controller"),
+                        Err(ahead_error) if unanswered(&ahead_error) => {}
+                        Err(ahead_error) => return Err(ahead_error.into()),
+                    }
+                    slice *= 2;
+                    if std::time::Instant::now() >= deadline {
+                        println!(
+                            "rank {rank}: no controller answered within {wait:?} ({error}); \
+                             following rank {host}'s standby at {addr} (term {term})"
+                        );
+                        return self.follow(cluster, addr, host, term);
+                    }
                 }
-                None => return Err(error.into()),
-            },
-        };
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Trains this rank's share with `handle`, joined to the controller of `spec`'s term at
+    /// `cluster`'s place, and says how it ended; when that controller dies in a job with a
+    /// standby chain, takes over (`next` is this process) or follows `next`.
+    fn serve(
+        &self,
+        handle: flodl_ddp::RankHandle,
+        spec: &RunSpec,
+        cluster: &Cluster,
+        next: Option<(usize, SocketAddr)>,
+    ) -> Result<()> {
+        let rank = handle.rank();
+        let term = spec.term + 1;
         let pid = std::process::id();
         let world = cluster.world();
         println!("rank {rank} of {world}: joined the controller (pid {pid})");

@@ -193,10 +193,9 @@ fn takeovers_chain_when_each_new_controller_is_killed_in_turn() -> Result {
     job.wait_for("[launch] rank 1 took over as the controller of term 1", Duration::from_secs(60))?;
     // Killed once the new controller trains and its standby heard of a reduce: an epoch it
     // trained itself has an ETA.
-    // And once the restarted rank 0 is back in the run (in either order): killed while it is
-    // still joining, it would wait out the watchdog for the dead term before following the
-    // next, and a run this short can end meanwhile (a case of its own:
-    // a_rank_joining_when_the_controller_is_killed_follows_the_standby).
+    // And once the restarted rank 0 is back in the run (in either order): the case of a rank
+    // still joining when its term's controller dies has a test of its own
+    // (a_rank_joining_a_dying_term_joins_the_next_and_stands_by_for_the_one_after).
     let (trained, rejoined) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
     let both = |line: &str| {
         trained.set(trained.get() || line.starts_with("[rank 1] epoch") && line.contains("ETA"));
@@ -234,30 +233,50 @@ fn takeovers_chain_when_each_new_controller_is_killed_in_turn() -> Result {
 }
 
 /// `kill -9` of the controller's process while a restarted rank is joining it (4 processes,
-/// `--max-restarts 1`): rank 2's process is killed, and the controller's right after the
-/// launcher restarts it. The joiner finds its controller gone and follows the standby like the
-/// ranks that were running; the run completes in the standby's directory with rank 2 back and
-/// every sample once.
+/// `--max-restarts 2`): rank 2's process is killed, and the controller's right after the
+/// launcher restarts it. The joiner finds its term's controller gone and joins the next term's
+/// as soon as rank 1's standby has taken over (it tries both in turn). Rank 2 is the standby of
+/// term 2: the term-1 controller sends the new process the whole state when it is admitted, so
+/// when rank 1's process is killed in turn, rank 2 takes over. The run completes in term 2's
+/// directory with every sample once across the three.
 #[test]
-fn a_rank_joining_when_the_controller_is_killed_follows_the_standby() -> Result {
+fn a_rank_joining_a_dying_term_joins_the_next_and_stands_by_for_the_one_after() -> Result {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
-    // The restarted process waits out the watchdog (10 s) before it follows: the run lasts longer.
-    let mut job = four_processes("24", 1, &dir)?;
+    let mut job = four_processes("24", 2, &dir)?;
     job.wait_for("epoch 1/24", Duration::from_secs(90))?;
     kill9(job.pids[2])?;
     job.wait_for("[launch] restarting rank 2", Duration::from_secs(30))?;
     kill9(job.pids[0])?;
+    // Rank 2 back at term 1, then a reduce after it (its mirror has a cut to take over from).
+    let rejoined = std::cell::Cell::new(false);
+    let then_a_reduce = |line: &str| {
+        let reduced = rejoined.get() && line.starts_with("[rank 1] epoch");
+        rejoined.set(rejoined.get() || line.contains("rank 2 rejoined at reduce"));
+        reduced
+    };
+    let what = "rank 2 rejoined at term 1, then an epoch";
+    job.wait_until(what, then_a_reduce, Duration::from_secs(90))?;
+    kill9(job.pids[1])?;
+    job.wait_for("[launch] rank 2 took over as the controller of term 2", Duration::from_secs(60))?;
     let (code, out) = job.finish(Duration::from_secs(300))?;
     assert_eq!(code, Some(0), "{out}");
     let restarted = out.split("[launch] restarting rank 2").nth(1).unwrap_or_default();
-    // The new process starts after the controller's kill: it finds no controller answering.
-    assert!(restarted.contains("rank 2: no controller answered within"), "{out}");
-    assert!(restarted.contains("rank 2: the controller is of term 1"), "{out}");
-    assert!(restarted.contains("[rank 2] rank 2: finished"), "{out}");
-    let taken = tmp.path().join("run-term1");
-    assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(24), "{out}");
-    println!("{}", audit(&taken, &[&dir])?);
+    // The new process starts after the controller's kill: it finds no controller answering,
+    // and joins the next term's without waiting out the watchdog.
+    for line in [
+        "rank 2: no controller answered within",
+        "joined rank 1's standby at",
+        "rank 2: the controller is of term 1",
+        "rank 2: the standby (it takes over as the controller of term 2",
+        "rank 2 takes over as the controller of term 2",
+    ] {
+        assert!(restarted.contains(line), "{line:?} missing:\n{out}");
+    }
+    assert!(!out.contains("a mirror frame refused"), "{out}");
+    let (term1, term2) = (tmp.path().join("run-term1"), tmp.path().join("run-term2"));
+    assert_eq!(summary(&term2)?["epochs_completed"].as_u64(), Some(24), "{out}");
+    println!("{}", audit(&term2, &[&term1, &dir])?);
     Ok(())
 }
 

@@ -40,15 +40,27 @@ impl Coordinator {
 
     /// Forwards the lane's queued frames to the standby rank's process. A standby whose link is
     /// gone is sent nothing (the run goes on with no standby, and says so) until a process for
-    /// its seat is admitted again, which is sent the whole state.
+    /// its seat is admitted again, which is sent the whole state; so is a seat with no process
+    /// taking part yet (one that died before a takeover joins the new term later).
     pub(super) fn pump_standby(&mut self) {
         let Some(pump) = &mut self.pump else { return };
+        let standing = self.roster.standing(pump.rank);
+        let alive = standing == Some(crate::runtime::engine::roster::Standing::Alive);
+        if pump.reach == Reach::Up && !alive {
+            // Its frames would reach no process, or one that missed the whole state.
+            if standing == Some(crate::runtime::engine::roster::Standing::Dead) {
+                standby_gone(pump.rank);
+            }
+            pump.reach = Reach::Lost { down: true };
+        }
         if let Reach::Lost { down } = pump.reach {
-            let standing = self.roster.standing(pump.rank);
-            let alive = standing == Some(crate::runtime::engine::roster::Standing::Alive);
             if down && alive {
                 tracing::warn!(rank = pump.rank, "the standby is back: it is sent the whole state");
                 pump.reach = Reach::Up;
+                // The whole state supersedes the changes queued meanwhile (the one announcing
+                // this very admission among them), which would otherwise reach the process first.
+                pump.held = None;
+                pump.rx.drain().for_each(drop);
                 if let Some(lane) = &mut self.standby {
                     lane.resync();
                 }
@@ -67,8 +79,7 @@ impl Coordinator {
                     return;
                 }
                 Err(LinkError::Gone) => {
-                    let rank = pump.rank;
-                    tracing::warn!(rank, "the standby is gone: the run goes on with no standby");
+                    standby_gone(pump.rank);
                     pump.reach = Reach::Lost { down: false };
                     pump.rx.drain().for_each(drop);
                     return;
@@ -112,4 +123,9 @@ impl Coordinator {
         self.pump_standby();
         Ok(())
     }
+}
+
+/// Says that the standby rank's process is gone and the run goes on without one.
+fn standby_gone(rank: usize) {
+    tracing::warn!(rank, "the standby is gone: the run goes on with no standby");
 }
