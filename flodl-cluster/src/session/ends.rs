@@ -164,7 +164,8 @@ impl Session {
     /// [`recv`](Session::recv) without the conversion to a `Vec`: no copy at all, the frame is the
     /// lane reader's own buffer. Drop it before the next large frame arrives and the lane reads
     /// that one into the same pages (no allocation, no page faults); hold it and the lane grows
-    /// a buffer of its own meanwhile.
+    /// a buffer of its own meanwhile. A frame kept for long keeps its whole buffer (the size of
+    /// the largest frame read into it): copy out what you keep.
     pub fn recv_bytes(&self, wait: Duration) -> Result<Bytes, NetError> {
         self.receiver.recv_bytes(wait)
     }
