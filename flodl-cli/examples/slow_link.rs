@@ -15,13 +15,15 @@
 //! ```text
 //! cargo build --release -p flodl-cli --bin fdl --example slow_link
 //! target/release/examples/slow_link [--samples N] [--links loopback,100,1000]
-//!     [--wires f32,bf16,int8,q4] [--repeats R] [-- EXTRA FDL FLAGS...]
+//!     [--wires f32,bf16,int8,q4] [--repeats R] [--keep] [-- EXTRA FDL FLAGS...]
 //! ```
 //! Needs root (`ip netns`). Columns: samples/s of the whole job and its ratio to the same
 //! format on loopback; each remote rank's exchange (encoding and handing its frame over) and
 //! its whole host round trip (exchange + reduce: the time it could not train because of the
 //! averaging, as the ranks do not yet overlap it) as shares of its wall; the final training
-//! loss at equal samples and its relative gap to loopback f32. Repeats run round-robin.
+//! loss at equal samples and its relative gap to loopback f32; the job's whole wall (start-up,
+//! training and the end: what a user waits for). Repeats run round-robin; each cell is their
+//! median. `--keep` keeps the jobs' output directories and prints where.
 
 mod bench_kit;
 
@@ -50,6 +52,8 @@ const AC: (Ipv4Addr, Ipv4Addr) = (Ipv4Addr::new(10, 214, 2, 1), Ipv4Addr::new(10
 /// What one run came to.
 struct Outcome {
     rate: f64,
+    /// The job's wall, start to end (`run_wall_s`).
+    job_wall: f64,
     loss: f64,
     reduces: f64,
     /// Per remote rank (1, 2): (exchange, exchange + reduce) as shares of its wall.
@@ -80,6 +84,7 @@ fn outcome(dir: &Path) -> Result<Outcome> {
             .map(|f| f.iter().map(|f| format!("rank {} {}", f["rank"], f["cause"])).collect())
             .unwrap_or_default(),
         rate: samples / wall,
+        job_wall: s["run_wall_s"].as_f64().unwrap_or(f64::NAN),
         loss: s["final_train_loss"].as_f64().unwrap_or(f64::NAN),
         reduces: s["syncs"].as_f64().unwrap_or(f64::NAN),
         shares,
@@ -92,6 +97,7 @@ fn main() -> Result {
     let mut links = "loopback,100,1000".to_string();
     let mut wires = "f32,bf16,int8,q4".to_string();
     let mut repeats = 1usize;
+    let mut keep = false;
     let mut extra = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -100,11 +106,16 @@ fn main() -> Result {
             "--links" => links = args.next().ok_or("--links L,..")?,
             "--wires" => wires = args.next().ok_or("--wires W,..")?,
             "--repeats" => repeats = args.next().ok_or("--repeats R")?.parse()?,
+            "--keep" => keep = true,
             "--" => extra.extend(args.by_ref()),
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
     let tmp = tempfile::tempdir()?;
+    let tmp = std::mem::ManuallyDrop::new(tmp);
+    if keep {
+        eprintln!("the jobs' directories are kept in {}", tmp.path().display());
+    }
     let keys = tmp.path().join("keys");
     let out =
         Command::new(&fdl).args(["cluster", "keys"]).arg(&keys).args(["--world", "3"]).output()?;
@@ -179,35 +190,41 @@ fn main() -> Result {
         }
     }
     drop(hosts);
-    let mean = |link: &str, wire: &str, f: &dyn Fn(&Outcome) -> f64| {
-        let v: Vec<f64> =
+    if !keep {
+        std::mem::ManuallyDrop::into_inner(tmp).close()?;
+    }
+    // The median of the repeats (the upper one of an even count).
+    let median = |link: &str, wire: &str, f: &dyn Fn(&Outcome) -> f64| {
+        let mut v: Vec<f64> =
             results.iter().filter(|r| r.0 == link && r.1 == wire).map(|r| f(&r.2)).collect();
-        v.iter().sum::<f64>() / v.len().max(1) as f64
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let base_loss = mean("loopback", "f32", &|o| o.loss);
+    let base_loss = median("loopback", "f32", &|o| o.loss);
     println!(
         "| link | wire | samples/s | × loopback | reduces | exchange % of wall (r1, r2) | \
-         exchange+reduce % of wall (r1, r2) | final loss | loss vs loopback f32 |"
+         exchange+reduce % of wall (r1, r2) | final loss | loss vs loopback f32 | job wall (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for link in links.split(',') {
         for wire in wires.split(',') {
-            let rate = mean(link, wire, &|o| o.rate);
+            let rate = median(link, wire, &|o| o.rate);
             let share = |i: usize, j: bool| {
-                mean(link, wire, &|o| {
+                median(link, wire, &|o| {
                     o.shares.get(i).map_or(f64::NAN, |s| if j { s.1 } else { s.0 })
                 })
             };
-            let loss = mean(link, wire, &|o| o.loss);
+            let loss = median(link, wire, &|o| o.loss);
             println!(
-                "| {link} | {wire} | {rate:.0} | {:.2} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {:+.2}% |",
-                rate / mean("loopback", wire, &|o| o.rate),
-                mean(link, wire, &|o| o.reduces),
+                "| {link} | {wire} | {rate:.0} | {:.2} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {:+.2}% | {:.1} |",
+                rate / median("loopback", wire, &|o| o.rate),
+                median(link, wire, &|o| o.reduces),
                 100.0 * share(0, false),
                 100.0 * share(1, false),
                 100.0 * share(0, true),
                 100.0 * share(1, true),
                 100.0 * (loss / base_loss - 1.0),
+                median(link, wire, &|o| o.job_wall),
             );
         }
     }

@@ -83,6 +83,11 @@ impl Fragments {
         (k % self.len().max(1) as u64) as usize
     }
 
+    /// The values of every fragment together: the model's parameter count.
+    pub(crate) fn total(&self) -> usize {
+        self.sizes.iter().sum()
+    }
+
     /// The values of fragment `k`.
     #[cfg(test)]
     pub(crate) fn values(&self, k: usize) -> usize {
@@ -140,6 +145,23 @@ impl Fragments {
         }
         into.buffers = part.buffers;
         Ok(())
+    }
+
+    /// Checks that `params` are a whole state's parameters of the cut model's layout.
+    ///
+    /// # Errors
+    /// [`LogicError::FragmentShape`] naming `what` when a count or a size disagrees.
+    pub(crate) fn fits(&self, params: &[Vec<f32>], what: &'static str) -> LogicResult<()> {
+        if params.len() != self.sizes.len() {
+            let (expected, got) = (self.sizes.len(), params.len());
+            return Err(LogicError::FragmentShape { what, expected, got });
+        }
+        match params.iter().zip(&self.sizes).find(|(p, size)| p.len() != **size) {
+            Some((p, size)) => {
+                Err(LogicError::FragmentShape { what, expected: *size, got: p.len() })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Checks `k`, that `params` holds `tensors` tensors, and the sizes of fragment `k`'s.

@@ -17,6 +17,7 @@ use super::net::{NetCoordinator, NetRank};
 use super::route::{Route, Routed};
 use super::wire::{ToCoordinator, ToWorker};
 use crate::Result;
+use crate::state::HostState;
 
 /// The coordinator's end of the link: one send queue per rank.
 #[derive(Debug)]
@@ -196,6 +197,23 @@ impl RankLink {
         match &self.flavor {
             RankFlavor::Local(l) => l.try_recv(),
             RankFlavor::Net(n) => n.try_recv(),
+        }
+    }
+
+    /// Offers the starting state this rank built (made by `state`, only when it can serve) to
+    /// its end of a connection, so that an `Init` of the same state names it instead of
+    /// carrying it ([`super::held`]); returns its digest for `Ready`. `None` in the
+    /// coordinator's process, where nothing is carried.
+    ///
+    /// # Errors
+    /// What `state` returns.
+    pub(crate) fn offer(
+        &self,
+        state: impl FnOnce() -> Result<HostState>,
+    ) -> Result<Option<[u8; 32]>> {
+        match &self.flavor {
+            RankFlavor::Local(_) => Ok(None),
+            RankFlavor::Net(n) => Ok(Some(n.offer(state()?))),
         }
     }
 

@@ -5,9 +5,11 @@
 //! [`WireFormat::Bf16`], the values of the model states it carries taken out of it and packed
 //! as bf16 (half the bytes; the lengths of the emptied vectors travel with them). Under the
 //! quantized formats ([`WireFormat::Int8`], [`WireFormat::Q4`]) the consensus updates and the
-//! snapshots travel as blockwise-quantized deltas from the view both ends of the connection
-//! keep ([`super::delta`]); every other state travels whole in f32. Checkpoint parts
-//! (optimizer state, positions) always travel in f32, so a bundle is exact.
+//! snapshots travel as blockwise-quantized deltas from the views both ends of the connection
+//! keep ([`super::views`]; the whole state of a model cut into fragments as one delta per
+//! fragment); every other state travels whole in f32. In every format, a starting state the
+//! receiver holds already travels as its digest ([`super::held`]). Checkpoint parts (optimizer
+//! state, positions) always travel in f32, so a bundle is exact.
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,6 +18,7 @@ use half::bf16;
 use serde::{Deserialize, Serialize};
 
 use super::delta::{Carries, Delta, DeltaError};
+use super::held::Held;
 use super::views::Views;
 use super::wire::{ToCoordinator, ToWorker};
 use crate::control::logic_error::{LogicError, LogicResult};
@@ -140,6 +143,12 @@ pub(crate) enum FrameError {
         /// What went wrong.
         source: DeltaError,
     },
+    /// A frame names a starting state by a digest this end does not hold.
+    #[error("a {what} frame names a starting state this end does not hold")]
+    Named {
+        /// The message's direction.
+        what: &'static str,
+    },
     /// A snapshot made from an older view than the controller's: it arrived after the round it
     /// was meant for had ended (the update that followed is on its way to the rank). It is
     /// stale, as it would be in any format; the connection stays.
@@ -161,8 +170,8 @@ impl FrameError {
     }
 }
 
-/// A message as it travels: the message and, under bf16, its states' values, or under a
-/// quantized format its state's delta.
+/// A message as it travels: the message and, under bf16, its states' values, under a
+/// quantized format its state's deltas, or the digest of a starting state the receiver holds.
 #[derive(Serialize, Deserialize)]
 struct Packed<M> {
     msg: M,
@@ -170,8 +179,12 @@ struct Packed<M> {
     lens: Vec<u64>,
     /// Their values, bf16 little-endian, in order.
     bf16: Vec<u8>,
-    /// Their values as a quantized delta from the connection's view.
-    delta: Option<Delta>,
+    /// Their values as quantized deltas from the connection's views: one (a fragment, or a
+    /// model not cut), or one per fragment in order (the whole state of a cut model).
+    deltas: Vec<Delta>,
+    /// The digest of the starting state the receiver holds already ([`super::held`]): its
+    /// values are not here.
+    named: Option<[u8; 32]>,
 }
 
 /// A message that may carry model states: the lane it takes and its states, for packing.
@@ -186,21 +199,6 @@ pub(crate) trait Framed: Serialize + serde::de::DeserializeOwned {
     fn carries(&self) -> Carries;
     /// The fragment its state is the part of (`None`: the whole state).
     fn fragment(&self) -> Option<usize>;
-    /// What a message that [`Framed::carries`] a delta of the whole state is under a cut into
-    /// fragments (the views are per fragment): the controller's update becomes every view, a
-    /// rank's snapshot travels whole.
-    const WHOLE_UNDER_CUT: Carries;
-}
-
-/// What `msg`'s state is to `views`: [`Framed::carries`], except a delta of the whole state
-/// under a cut into fragments ([`Framed::WHOLE_UNDER_CUT`]).
-fn carried<M: Framed>(msg: &M, views: Option<&Views>) -> Carries {
-    match msg.carries() {
-        Carries::Delta if msg.fragment().is_none() && views.is_some_and(Views::is_cut) => {
-            M::WHOLE_UNDER_CUT
-        }
-        carries => carries,
-    }
 }
 
 impl Framed for ToWorker {
@@ -237,8 +235,6 @@ impl Framed for ToWorker {
             _ => None,
         }
     }
-
-    const WHOLE_UNDER_CUT: Carries = Carries::Base;
 }
 
 impl Framed for ToCoordinator {
@@ -256,10 +252,9 @@ impl Framed for ToCoordinator {
 
     fn states_mut(&mut self) -> Vec<&mut HostState> {
         match self {
-            ToCoordinator::Snapshot { state, .. } | ToCoordinator::Final { state, .. } => {
-                vec![state]
-            }
-            ToCoordinator::Ready { initial: Some(state), .. } => vec![state],
+            ToCoordinator::Snapshot { state, .. } => vec![state],
+            ToCoordinator::Final { state: Some(state), .. }
+            | ToCoordinator::Ready { initial: Some(state), .. } => vec![state],
             _ => Vec::new(),
         }
     }
@@ -277,8 +272,6 @@ impl Framed for ToCoordinator {
             _ => None,
         }
     }
-
-    const WHOLE_UNDER_CUT: Carries = Carries::Whole;
 }
 
 /// The bincode configuration of frames.
@@ -289,47 +282,49 @@ fn config() -> bincode::config::Configuration {
 /// Encodes `msg` as one frame in `format` with no view (f32 and bf16, or a message that
 /// carries no delta); returns its lane and bytes.
 pub(crate) fn encode<M: Framed>(msg: M, format: WireFormat) -> Result<(Lane, Vec<u8>), FrameError> {
-    encode_with(msg, format, None)
+    encode_with(msg, format, None, None)
 }
 
-/// The vectors of `msg`'s states, in order (end to end they are the state a coder sees).
-fn parts<M: Framed>(msg: &mut M) -> Vec<&[f32]> {
-    msg.states_mut()
-        .into_iter()
-        .flat_map(|state| {
-            let state: &HostState = state;
-            state.params.iter().chain(state.buffers.iter()).map(Vec::as_slice)
-        })
-        .collect()
+/// The first state of a message: the one a `Base` or a `Delta` message carries.
+fn first_state<M: Framed>(msg: &mut M) -> Option<&mut HostState> {
+    msg.states_mut().into_iter().next()
 }
 
-/// The vectors of `msg`'s states, in order, to be written.
-fn parts_mut<M: Framed>(msg: &mut M) -> Vec<&mut [f32]> {
-    msg.states_mut()
-        .into_iter()
-        .flat_map(|state| {
-            state.params.iter_mut().chain(state.buffers.iter_mut()).map(Vec::as_mut_slice)
-        })
-        .collect()
-}
-
-/// The whole state of a message that carries a base state (`Init`: one state).
-fn base_state<M: Framed>(msg: &mut M) -> Option<&HostState> {
-    msg.states_mut().into_iter().next().map(|s| &*s)
+/// Empties every state vector of `msg`, keeping their lengths in `lens`, in order.
+fn empty_states<M: Framed>(msg: &mut M, lens: &mut Vec<u64>) {
+    for state in msg.states_mut() {
+        for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
+            lens.push(values.len() as u64);
+            *values = Vec::new();
+        }
+    }
 }
 
 /// Encodes `msg` as one frame in `format`, through `views` (this end's views) under a
-/// quantized format; returns its lane and bytes.
+/// quantized format, naming its starting state when it is the one `held` says the receiver
+/// holds; returns its lane and bytes.
 pub(crate) fn encode_with<M: Framed>(
     mut msg: M,
     format: WireFormat,
     views: Option<&mut Views>,
+    held: Option<&Held>,
 ) -> Result<(Lane, Vec<u8>), FrameError> {
     let lane = msg.lane();
-    let (mut lens, mut bf16, mut delta) = (Vec::new(), Vec::new(), None);
+    let (mut lens, mut bf16, mut deltas, mut named) = (Vec::new(), Vec::new(), Vec::new(), None);
     let delta_error = |source| FrameError::Delta { what: M::WHAT, source };
-    let carries = carried(&msg, views.as_deref());
+    let carries = msg.carries();
+    let named_here = carries == Carries::Base
+        && held.is_some_and(|held| first_state(&mut msg).is_some_and(|s| held.is(s)));
     match (format, carries) {
+        _ if named_here => {
+            if let Some(views) = views
+                && let Some(state) = first_state(&mut msg)
+            {
+                views.set_base(state).map_err(delta_error)?;
+            }
+            named = held.map(Held::digest);
+            empty_states(&mut msg, &mut lens);
+        }
         (WireFormat::Bf16, _) => {
             for state in msg.states_mut() {
                 for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
@@ -344,24 +339,21 @@ pub(crate) fn encode_with<M: Framed>(
         (WireFormat::F32, _) | (_, Carries::Whole) => {}
         (_, Carries::Base) => {
             if let Some(views) = views
-                && let Some(state) = base_state(&mut msg)
+                && let Some(state) = first_state(&mut msg)
             {
                 views.set_base(state).map_err(delta_error)?;
             }
         }
         (_, Carries::Delta) => {
             let views = views.ok_or(delta_error(DeltaError::Format(format.name())))?;
-            let coder = views.coder(msg.fragment()).map_err(delta_error)?;
-            delta = Some(coder.encode_parts(&parts(&mut msg)).map_err(delta_error)?);
-            for state in msg.states_mut() {
-                for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
-                    lens.push(values.len() as u64);
-                    *values = Vec::new();
-                }
+            let fragment = msg.fragment();
+            if let Some(state) = first_state(&mut msg) {
+                deltas = views.encode(fragment, state).map_err(delta_error)?;
             }
+            empty_states(&mut msg, &mut lens);
         }
     }
-    let packed = Packed { msg, lens, bf16, delta };
+    let packed = Packed { msg, lens, bf16, deltas, named };
     let bytes = bincode::serde::encode_to_vec(&packed, config())
         .map_err(|source| FrameError::Encode { what: M::WHAT, source })?;
     Ok((lane, bytes))
@@ -370,48 +362,105 @@ pub(crate) fn encode_with<M: Framed>(
 /// Decodes one frame with no view (f32 and bf16); packed bf16 values are widened back into the
 /// message's states.
 pub(crate) fn decode<M: Framed>(bytes: &[u8]) -> Result<M, FrameError> {
-    decode_with(bytes, None)
+    decode_with(bytes, None, None)
 }
 
-/// Decodes one frame; packed bf16 values are widened back into the message's states, and a
-/// delta is read through `views` (this end's views). A base state becomes every view.
+/// Puts the state `held` holds back into `msg`, for a frame that names it by `digest` with the
+/// vectors' lengths `lens`.
+fn unname<M: Framed>(
+    msg: &mut M,
+    digest: &[u8; 32],
+    lens: &[u64],
+    held: Option<&mut Held>,
+) -> Result<(), FrameError> {
+    let packing = |detail: &str| FrameError::Packing { what: M::WHAT, detail: detail.into() };
+    let state =
+        held.and_then(|held| held.take(digest)).ok_or(FrameError::Named { what: M::WHAT })?;
+    let own: Vec<u64> = state.params.iter().chain(&state.buffers).map(|v| v.len() as u64).collect();
+    let slot = first_state(msg).ok_or_else(|| packing("a state named where none can be"))?;
+    let layout = slot.params.len() == state.params.len()
+        && slot.buffers.len() == state.buffers.len()
+        && slot.params.iter().chain(&slot.buffers).all(Vec::is_empty);
+    if !layout || own != lens {
+        return Err(packing("a named state of another layout than the one held"));
+    }
+    *slot = state;
+    Ok(())
+}
+
+/// Decodes one frame; packed bf16 values are widened back into the message's states, deltas
+/// are read through `views` (this end's views), and a starting state named by digest is the
+/// one `held` holds. A base state becomes every view.
 pub(crate) fn decode_with<M: Framed>(
     bytes: &[u8],
     mut views: Option<&mut Views>,
+    held: Option<&mut Held>,
 ) -> Result<M, FrameError> {
     let (packed, read): (Packed<M>, usize) = bincode::serde::decode_from_slice(bytes, config())
         .map_err(|source| FrameError::Decode { what: M::WHAT, source })?;
     if read != bytes.len() {
         return Err(FrameError::Trailing { what: M::WHAT, extra: bytes.len() - read });
     }
-    let Packed { mut msg, lens, bf16, delta } = packed;
+    let Packed { mut msg, lens, bf16, deltas, named } = packed;
     let packing = |detail: String| FrameError::Packing { what: M::WHAT, detail };
     let delta_error = |source| FrameError::Delta { what: M::WHAT, source };
     if bf16.len() % 2 != 0 {
         return Err(packing(format!("{} bytes of bf16", bf16.len())));
     }
-    let carries = carried(&msg, views.as_deref());
+    let carries = msg.carries();
     let fragment = msg.fragment();
-    // A delta is checked against the view before anything is made of it.
-    let delta = match (delta, carries) {
-        (None, _) => None,
-        (Some(delta), Carries::Delta) if bf16.is_empty() => {
+    if let Some(digest) = named {
+        if carries != Carries::Base || !bf16.is_empty() || !deltas.is_empty() {
+            return Err(packing("a named state where none can be".into()));
+        }
+        unname(&mut msg, &digest, &lens, held)?;
+    }
+    // The deltas are checked against the views before anything is made of them.
+    let delta_values = match (deltas.is_empty(), carries) {
+        (true, _) => None,
+        (false, Carries::Delta) if bf16.is_empty() => {
             let views = views
                 .as_deref_mut()
                 .ok_or(packing("a delta on a connection without a view".into()))?;
-            let coder = views.coder(fragment).map_err(delta_error)?;
-            match coder.expects(&delta) {
-                Ok(n) => Some((delta, n)),
-                Err(DeltaError::Base { base, view }) if coder.is_controller() && base < view => {
+            match views.expects(fragment, &deltas) {
+                Ok(n) => Some(n),
+                Err(DeltaError::Base { base, view }) if views.is_controller() && base < view => {
                     return Err(FrameError::Stale { what: M::WHAT, base, view });
                 }
                 Err(e) => return Err(delta_error(e)),
             }
         }
-        (Some(_), _) => return Err(packing("a delta where none can be".into())),
+        (false, _) => return Err(packing("a delta where none can be".into())),
     };
-    // The values packed: the view's length under a delta, else the bf16 values.
-    let packed = delta.as_ref().map_or(bf16.len() / 2, |(_, n)| *n);
+    if named.is_none() {
+        fill(&mut msg, lens, &bf16, delta_values)?;
+    }
+    if delta_values.is_some()
+        && let Some(views) = views.as_deref_mut()
+        && let Some(state) = first_state(&mut msg)
+    {
+        views.decode(fragment, &deltas, state).map_err(delta_error)?;
+    }
+    if carries == Carries::Base
+        && let Some(views) = views
+        && let Some(state) = first_state(&mut msg)
+    {
+        views.set_base(state).map_err(delta_error)?;
+    }
+    Ok(msg)
+}
+
+/// Gives `msg`'s emptied state vectors their lengths `lens` back: widened from the `bf16`
+/// values, or zeros of `delta_values` in all to be read from the deltas.
+fn fill<M: Framed>(
+    msg: &mut M,
+    lens: Vec<u64>,
+    bf16: &[u8],
+    delta_values: Option<usize>,
+) -> Result<(), FrameError> {
+    let packing = |detail: String| FrameError::Packing { what: M::WHAT, detail };
+    // The values packed: the views' length under deltas, else the bf16 values.
+    let packed = delta_values.unwrap_or(bf16.len() / 2);
     let mut lens = lens.into_iter();
     let mut at = 0;
     if lens.len() != 0 {
@@ -425,8 +474,8 @@ pub(crate) fn decode_with<M: Framed>(
                 if len > packed - at {
                     return Err(packing(format!("{len} values announced, fewer packed")));
                 }
-                match delta {
-                    // Filled from the delta below, once every length is known to fit.
+                match delta_values {
+                    // Filled from the deltas, once every length is known to fit.
                     Some(_) => *slot = vec![0.0; len],
                     None => slot.extend(
                         bf16[2 * at..2 * (at + len)]
@@ -441,24 +490,13 @@ pub(crate) fn decode_with<M: Framed>(
     if lens.next().is_some() || at != packed {
         return Err(packing("more values packed than the states hold".into()));
     }
-    if let Some((delta, _)) = delta
-        && let Some(views) = views.as_deref_mut()
-    {
-        let coder = views.coder(fragment).map_err(delta_error)?;
-        coder.decode_parts(&delta, &mut parts_mut(&mut msg)).map_err(delta_error)?;
-    }
-    if carries == Carries::Base
-        && let Some(views) = views
-        && let Some(state) = base_state(&mut msg)
-    {
-        views.set_base(state).map_err(delta_error)?;
-    }
-    Ok(msg)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::fragment::Fragments;
     use crate::link::wire::Window;
 
     fn state(n: usize) -> HostState {
@@ -521,7 +559,9 @@ mod tests {
             Box::new(move |f| round_trip(&snapshot, f)),
             Box::new(|f| round_trip(&ToWorker::Ping, f)),
             Box::new(|f| {
-                round_trip(&ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None }, f)
+                let ready =
+                    ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None, holds: None };
+                round_trip(&ready, f)
             }),
         ];
         for (i, case) in cases.iter().enumerate() {
@@ -543,7 +583,13 @@ mod tests {
                 Lane::Control,
             ),
             (
-                ToCoordinator::Ready { rank: 0, shapes: vec![], initial: Some(state(1)) }.lane(),
+                ToCoordinator::Ready {
+                    rank: 0,
+                    shapes: vec![],
+                    initial: Some(state(1)),
+                    holds: None,
+                }
+                .lane(),
                 Lane::Bulk,
             ),
             (ToCoordinator::Alive { rank: 0 }.lane(), Lane::Control),
@@ -587,8 +633,8 @@ mod tests {
         let init =
             ToWorker::Init { state: state(n), restore: None, window: window(), global_step: 0 };
         let (_, bytes) =
-            encode_with(init, WireFormat::Q4, Some(&mut ctl)).map_err(|e| e.to_string())?;
-        let _: ToWorker = decode_with(&bytes, Some(&mut rnk)).map_err(|e| e.to_string())?;
+            encode_with(init, WireFormat::Q4, Some(&mut ctl), None).map_err(|e| e.to_string())?;
+        let _: ToWorker = decode_with(&bytes, Some(&mut rnk), None).map_err(|e| e.to_string())?;
         let snapshot = |s: HostState| ToCoordinator::Snapshot {
             rank: 1,
             round: 1,
@@ -601,7 +647,7 @@ mod tests {
         };
         let mut moved = state(n);
         moved.params[0].iter_mut().for_each(|v| *v += 0.01);
-        let (_, snap) = encode_with(snapshot(moved.clone()), WireFormat::Q4, Some(&mut rnk))
+        let (_, snap) = encode_with(snapshot(moved.clone()), WireFormat::Q4, Some(&mut rnk), None)
             .map_err(|e| e.to_string())?;
         let (_, full) =
             encode(snapshot(moved.clone()), WireFormat::F32).map_err(|e| e.to_string())?;
@@ -612,7 +658,7 @@ mod tests {
                 full.len()
             ));
         }
-        match decode_with::<ToCoordinator>(&snap, Some(&mut ctl)) {
+        match decode_with::<ToCoordinator>(&snap, Some(&mut ctl), None) {
             Ok(ToCoordinator::Snapshot { state: got, .. }) => {
                 let err = got.params[0]
                     .iter()
@@ -632,27 +678,164 @@ mod tests {
             global_step: 4,
             fragment: None,
         };
-        let (_, first) = encode_with(update(moved.clone()), WireFormat::Q4, Some(&mut ctl))
+        let (_, first) = encode_with(update(moved.clone()), WireFormat::Q4, Some(&mut ctl), None)
             .map_err(|e| e.to_string())?;
-        match decode_with::<ToCoordinator>(&snap, Some(&mut ctl)) {
+        match decode_with::<ToCoordinator>(&snap, Some(&mut ctl), None) {
             Err(e @ FrameError::Stale { base: 0, view: 1, .. }) if e.is_stale() => {}
             other => return Err(format!("a late snapshot gave {other:?}")),
         }
-        let (_, second) = encode_with(update(state(n)), WireFormat::Q4, Some(&mut ctl))
+        let (_, second) = encode_with(update(state(n)), WireFormat::Q4, Some(&mut ctl), None)
             .map_err(|e| e.to_string())?;
-        match decode_with::<ToWorker>(&second, Some(&mut rnk)) {
+        match decode_with::<ToWorker>(&second, Some(&mut rnk), None) {
             Err(FrameError::Delta { .. }) => {}
             other => return Err(format!("an update past a missed one gave {other:?}")),
         }
-        decode_with::<ToWorker>(&first, Some(&mut rnk)).map_err(|e| e.to_string())?;
-        decode_with::<ToWorker>(&second, Some(&mut rnk)).map_err(|e| e.to_string())?;
+        decode_with::<ToWorker>(&first, Some(&mut rnk), None).map_err(|e| e.to_string())?;
+        decode_with::<ToWorker>(&second, Some(&mut rnk), None).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Under q4 with the model cut into 3 fragments, a snapshot and an update of the whole
+    /// state travel as one delta per fragment (about q4's bytes of the whole model, not f32's)
+    /// and come back within a quantum; every view moves on, so a fragment's delta after them
+    /// is read, and an update the rank cannot place (it missed one) is refused.
+    #[test]
+    fn a_whole_state_of_a_cut_model_travels_as_a_delta_per_fragment() -> Result<(), String> {
+        use crate::link::delta::Direction;
+        let q = WireFormat::Q4.quantized().ok_or("q4 is quantized")?;
+        let (mut ctl, mut rnk) =
+            (Views::new(q, Direction::Consensus, 3), Views::new(q, Direction::Replica, 3));
+        let base = HostState {
+            params: [7000, 4000, 3000, 2000]
+                .iter()
+                .map(|&n| (0..n).map(|i| ((i * 37) % 101) as f32 * 0.02 - 1.0).collect())
+                .collect(),
+            buffers: vec![vec![0.5; 3]],
+        };
+        let init =
+            ToWorker::Init { state: base.clone(), restore: None, window: window(), global_step: 0 };
+        let (_, bytes) =
+            encode_with(init, WireFormat::Q4, Some(&mut ctl), None).map_err(|e| e.to_string())?;
+        let _: ToWorker = decode_with(&bytes, Some(&mut rnk), None).map_err(|e| e.to_string())?;
+        let mut moved = base.clone();
+        for (t, p) in moved.params.iter_mut().enumerate() {
+            p.iter_mut().enumerate().for_each(|(i, v)| *v += ((i + t) % 7) as f32 * 0.003);
+        }
+        moved.buffers[0][1] = 0.51;
+        let far = |a: &HostState, b: &HostState| -> f32 {
+            let pairs = a.params.iter().chain(&a.buffers).zip(b.params.iter().chain(&b.buffers));
+            pairs.flat_map(|(x, y)| x.iter().zip(y).map(|(x, y)| (x - y).abs())).fold(0.0, f32::max)
+        };
+        let snapshot = ToCoordinator::Snapshot {
+            rank: 1,
+            round: 1,
+            attempt: 0,
+            state: moved.clone(),
+            steps: 3,
+            capture: None,
+            exchange: Default::default(),
+            fragment: None,
+        };
+        let (_, full) = encode(snapshot.clone(), WireFormat::F32).map_err(|e| e.to_string())?;
+        let (_, snap) = encode_with(snapshot, WireFormat::Q4, Some(&mut rnk), None)
+            .map_err(|e| e.to_string())?;
+        if snap.len() as f64 > 0.14 * full.len() as f64 {
+            return Err(format!(
+                "a whole q4 snapshot of {} bytes, f32's {}",
+                snap.len(),
+                full.len()
+            ));
+        }
+        match decode_with::<ToCoordinator>(&snap, Some(&mut ctl), None) {
+            Ok(ToCoordinator::Snapshot { state, .. }) if far(&state, &moved) < 0.005 => {}
+            Ok(ToCoordinator::Snapshot { state, .. }) => {
+                return Err(format!("the whole snapshot came back {} off", far(&state, &moved)));
+            }
+            other => return Err(format!("the whole snapshot gave {other:?}")),
+        }
+        let update = |state, fragment| ToWorker::Update {
+            state,
+            next: window(),
+            eval: None,
+            global_step: 4,
+            fragment,
+        };
+        let (_, whole) =
+            encode_with(update(moved.clone(), None), WireFormat::Q4, Some(&mut ctl), None)
+                .map_err(|e| e.to_string())?;
+        if whole.len() as f64 > 0.14 * full.len() as f64 {
+            return Err(format!(
+                "a whole q4 update of {} bytes, f32's {}",
+                whole.len(),
+                full.len()
+            ));
+        }
+        let cut = Fragments::of_state(&moved, 3).map_err(|e| e.to_string())?;
+        let part = cut.part(1, &moved).map_err(|e| e.to_string())?;
+        let (_, next) =
+            encode_with(update(part.clone(), Some(1)), WireFormat::Q4, Some(&mut ctl), None)
+                .map_err(|e| e.to_string())?;
+        match decode_with::<ToWorker>(&next, Some(&mut rnk), None) {
+            Err(FrameError::Delta { .. }) => {}
+            other => return Err(format!("an update past a missed whole one gave {other:?}")),
+        }
+        match decode_with::<ToWorker>(&whole, Some(&mut rnk), None) {
+            Ok(ToWorker::Update { state, .. }) if far(&state, &moved) < 0.005 => {}
+            other => return Err(format!("the whole update gave {other:?}")),
+        }
+        match decode_with::<ToWorker>(&next, Some(&mut rnk), None) {
+            Ok(ToWorker::Update { state, fragment: Some(1), .. }) if far(&state, &part) < 0.005 => {
+                Ok(())
+            }
+            other => Err(format!("fragment 1's update after the whole one gave {other:?}")),
+        }
+    }
+
+    /// A starting state the rank holds travels as its digest (in f32 and through q4's views,
+    /// which both take it as their base); the same frame at an end that holds nothing is
+    /// refused, and another state travels whole.
+    #[test]
+    fn a_starting_state_the_rank_holds_travels_as_its_digest() -> Result<(), String> {
+        use crate::link::delta::Direction;
+        let n = 10_000;
+        let init =
+            |state| ToWorker::Init { state, restore: None, window: window(), global_step: 0 };
+        let mut other = state(n);
+        other.params[0][5] += 1.0;
+        for format in [WireFormat::F32, WireFormat::Q4] {
+            let views = |d| format.quantized().map(|q| Views::new(q, d, 1));
+            let (mut ctl, mut rnk) = (views(Direction::Consensus), views(Direction::Replica));
+            let mut own = Held::own(state(n));
+            let peer = Held::peer(own.digest());
+            let (_, named) = encode_with(init(state(n)), format, ctl.as_mut(), Some(&peer))
+                .map_err(|e| e.to_string())?;
+            if named.len() > 1000 {
+                return Err(format!("{format}: a named starting state took {} bytes", named.len()));
+            }
+            if !matches!(decode::<ToWorker>(&named), Err(FrameError::Named { .. })) {
+                return Err(format!("{format}: a named state decoded where none is held"));
+            }
+            match decode_with::<ToWorker>(&named, rnk.as_mut(), Some(&mut own)) {
+                Ok(ToWorker::Init { state: got, .. }) if got == state(n) => {}
+                other => return Err(format!("{format}: the named state gave {other:?}")),
+            }
+            let (_, carried) = encode_with(init(other.clone()), format, ctl.as_mut(), Some(&peer))
+                .map_err(|e| e.to_string())?;
+            if carried.len() < 4 * n {
+                return Err(format!("{format}: another state took {} bytes", carried.len()));
+            }
+            match decode_with::<ToWorker>(&carried, rnk.as_mut(), Some(&mut own)) {
+                Ok(ToWorker::Init { state: got, .. }) if got == other => {}
+                other => return Err(format!("{format}: another state gave {other:?}")),
+            }
+        }
         Ok(())
     }
 
     /// Garbage, truncations and tampered packings are errors, never panics.
     #[test]
     fn bad_frames_are_errors() -> Result<(), String> {
-        let msg = ToCoordinator::Final { rank: 2, state: state(40), capture: None };
+        let msg = ToCoordinator::Final { rank: 2, state: Some(state(40)), capture: None };
         let (_, bytes) = encode(msg, WireFormat::Bf16).map_err(|e| e.to_string())?;
         for cut in 0..bytes.len() {
             if decode::<ToCoordinator>(&bytes[..cut]).is_ok() {
@@ -674,12 +857,13 @@ mod tests {
         let forged = Packed {
             msg: ToCoordinator::Final {
                 rank: 0,
-                state: HostState { params: vec![vec![]], buffers: vec![] },
+                state: Some(HostState { params: vec![vec![]], buffers: vec![] }),
                 capture: None,
             },
             lens: vec![10],
             bf16: vec![0; 4],
-            delta: None,
+            deltas: Vec::new(),
+            named: None,
         };
         let bytes = bincode::serde::encode_to_vec(&forged, config()).map_err(|e| e.to_string())?;
         match decode::<ToCoordinator>(&bytes) {

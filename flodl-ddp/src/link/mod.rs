@@ -23,6 +23,7 @@ pub(crate) mod frame;
 pub(crate) mod frames;
 #[doc(hidden)]
 pub mod fuzz;
+pub(crate) mod held;
 pub(crate) mod inbound;
 pub(crate) mod link_error;
 pub(crate) mod local;

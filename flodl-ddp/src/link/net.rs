@@ -20,12 +20,14 @@ use flodl_nccl::AbortHandle;
 use super::delta::Direction;
 use super::frame::{self, Framed, WireFormat};
 use super::frames::{Arrivals, Attached, Frames};
+use super::held::Held;
 use super::inbound::Inbound;
 use super::link_error::LinkError;
 use super::local::Armed;
 use super::views::Views;
 use super::wire::{ToCoordinator, ToWorker};
 use crate::control::metrics::Exchange;
+use crate::state::HostState;
 use crate::{Error, Result};
 
 /// How long a reader waits for a frame (or for room) before it looks at its stop flag.
@@ -59,19 +61,23 @@ fn coder(format: WireFormat, direction: Direction, fragments: usize) -> Coder {
     format.quantized().map(|q| Arc::new(Mutex::new(Views::new(q, direction, fragments))))
 }
 
-/// Reads frames from `frames` until it ends or `stop` is set, decoding each (through `coder`)
-/// and handing it to `deliver`; returns true when the connection ended (rather than a stop or a
-/// refusal to take more). `deliver` gets each message with its frame's length.
+/// A starting state this end of a connection knows the receiving end holds ([`Held`]).
+type Holding = Mutex<Option<Held>>;
+
+/// Reads frames from `frames` until it ends or `stop` is set, decoding each (through `coder`,
+/// and `holding` for a starting state named by digest) and handing it to `deliver`; returns
+/// true when the connection ended (rather than a stop or a refusal to take more). `deliver`
+/// gets each message with its frame's length.
 fn read_frames<M: Framed>(
     frames: &Frames,
-    coder: &Coder,
+    (coder, holding): (&Coder, Option<&Holding>),
     peer: &str,
     stop: &AtomicBool,
     mut deliver: impl FnMut(M, usize) -> bool,
 ) -> bool {
     while !stop.load(Ordering::Acquire) {
         match frames.recv(POLL) {
-            Ok(bytes) => match decode_frame::<M>(&bytes, coder) {
+            Ok(bytes) => match decode_frame::<M>(&bytes, coder, holding) {
                 Ok(msg) => {
                     if !deliver(msg, bytes.len()) {
                         return false;
@@ -93,36 +99,28 @@ fn read_frames<M: Framed>(
     false
 }
 
-/// Decodes one frame through `coder`.
+/// Decodes one frame through `coder`, and `holding` for a starting state named by digest.
 fn decode_frame<M: Framed>(
     bytes: &[u8],
     coder: &Coder,
+    holding: Option<&Holding>,
 ) -> std::result::Result<M, frame::FrameError> {
-    match coder {
-        Some(coder) => {
-            let mut coder = coder.lock().unwrap_or_else(|p| p.into_inner());
-            frame::decode_with(bytes, Some(&mut coder))
-        }
-        None => frame::decode(bytes),
-    }
+    let mut coder = coder.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut held = holding.map(|h| h.lock().unwrap_or_else(|p| p.into_inner()));
+    frame::decode_with(bytes, coder.as_deref_mut(), held.as_mut().and_then(|h| h.as_mut()))
 }
 
-/// Sends `msg` as one frame in `format`, through `coder` under a quantized format; returns the
-/// frame's length.
+/// Sends `msg` as one frame in `format`, through `coder` under a quantized format, naming its
+/// starting state when it is the one `held` says the rank holds; returns the frame's length.
 fn send_frame<M: Framed>(
     frames: &Frames,
     msg: M,
-    format: WireFormat,
-    coder: &Coder,
+    (format, coder, held): (WireFormat, &Coder, Option<&Held>),
     wait: Option<Duration>,
 ) -> std::result::Result<usize, LinkError> {
-    let encoded = match coder {
-        Some(coder) => {
-            let mut coder = coder.lock().unwrap_or_else(|p| p.into_inner());
-            frame::encode_with(msg, format, Some(&mut coder))
-        }
-        None => frame::encode(msg, format),
-    };
+    let mut coder = coder.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
+    let encoded = frame::encode_with(msg, format, coder.as_deref_mut(), held);
+    drop(coder);
     let (lane, bytes) = encoded.map_err(|e| {
         // Plain data always encodes, and a rank checks its snapshot is finite before it sends
         // it: a failure here is a bug, reported as a lost peer.
@@ -140,6 +138,9 @@ fn send_frame<M: Framed>(
 /// The length of the last consensus-update frame sent to each rank, by rank: what the rank's
 /// next snapshot reports as the bytes it received.
 type UpdateBytes = Vec<AtomicU64>;
+
+/// The starting state each rank said it holds, by rank, until its `Init` is sent.
+type Holds = Vec<Holding>;
 
 /// A connection per rank, by global rank (`None` for ranks that are not remote).
 type Table = std::sync::RwLock<Vec<Option<Arc<Frames>>>>;
@@ -162,6 +163,7 @@ pub(crate) struct NetCoordinator {
     /// Each rank's connection's view under a quantized format, by rank.
     coders: Arc<Vec<Coder>>,
     updates: Arc<UpdateBytes>,
+    holds: Arc<Holds>,
     stop: Arc<AtomicBool>,
     readers: Arc<Readers>,
     joiner: Option<JoinHandle<()>>,
@@ -177,11 +179,12 @@ impl std::fmt::Debug for NetCoordinator {
 }
 
 /// Starts the thread that reads `frames`, rank `rank`'s connection, into `inbox`.
-/// A snapshot's `exchange` is written here from the frames its connection carried.
+/// A snapshot's `exchange` is written here from the frames its connection carried, and the
+/// starting state a `Ready` says the rank holds is kept in `holds`.
 fn spawn_reader(
     rank: usize,
     frames: Arc<Frames>,
-    (coder, updates): (Coder, Arc<UpdateBytes>),
+    (coder, updates, holds): (Coder, Arc<UpdateBytes>, Arc<Holds>),
     inbox: flume::Sender<Inbound>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>> {
@@ -190,13 +193,23 @@ fn spawn_reader(
         .spawn(move || {
             let peer = format!("rank {rank}");
             let to_inbox = |mut msg, len: usize| {
-                if let ToCoordinator::Snapshot { exchange, .. } = &mut msg {
-                    let received = updates.get(rank).map_or(0, |u| u.load(Ordering::Relaxed));
-                    *exchange = Exchange { sent_bytes: len as u64, received_bytes: received };
+                match &mut msg {
+                    ToCoordinator::Snapshot { exchange, .. } => {
+                        let received = updates.get(rank).map_or(0, |u| u.load(Ordering::Relaxed));
+                        *exchange = Exchange { sent_bytes: len as u64, received_bytes: received };
+                    }
+                    ToCoordinator::Ready { holds: Some(digest), .. } => {
+                        if let Some(slot) = holds.get(rank) {
+                            *slot.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(Held::peer(*digest));
+                        }
+                    }
+                    _ => {}
                 }
                 deliver(&inbox, Inbound::Wire { rank, msg }, &stop)
             };
-            if read_frames::<ToCoordinator>(frames.as_ref(), &coder, &peer, &stop, to_inbox) {
+            let ends = (&coder, None);
+            if read_frames::<ToCoordinator>(frames.as_ref(), ends, &peer, &stop, to_inbox) {
                 deliver(&inbox, Inbound::Gone { rank }, &stop);
             }
         })
@@ -228,11 +241,13 @@ impl NetCoordinator {
         let coders: Arc<Vec<Coder>> =
             Arc::new((0..world).map(|_| coder(format, Direction::Consensus, fragments)).collect());
         let updates: Arc<UpdateBytes> = Arc::new((0..world).map(|_| AtomicU64::new(0)).collect());
+        let holds: Arc<Holds> = Arc::new((0..world).map(|_| Mutex::new(None)).collect());
         let mut link = NetCoordinator {
             ranks: Arc::new(Table::default()),
             format,
             coders: coders.clone(),
             updates: updates.clone(),
+            holds: holds.clone(),
             stop: stop.clone(),
             readers: Arc::new(Readers::default()),
             joiner: None,
@@ -244,7 +259,7 @@ impl NetCoordinator {
                 )));
             };
             *slot = Some(frames.clone());
-            let ends = (coders.get(rank).cloned().flatten(), updates.clone());
+            let ends = (coders.get(rank).cloned().flatten(), updates.clone(), holds.clone());
             *reader = Some(spawn_reader(rank, frames, ends, inbox.clone(), stop.clone())?);
         }
         link.ranks = Arc::new(std::sync::RwLock::new(table));
@@ -255,7 +270,7 @@ impl NetCoordinator {
             let joiner = std::thread::Builder::new()
                 .name("flodl-link-joins".into())
                 .spawn(move || {
-                    let ends = (coders.as_slice(), &updates);
+                    let ends = (coders.as_slice(), &updates, &holds);
                     take_joins(&arrivals, (world, &here), &readers, ends, &inbox, &stop)
                 })
                 .map_err(|source| Error::Spawn { what: "the link's joining thread", source })?;
@@ -270,7 +285,7 @@ impl NetCoordinator {
     }
 
     /// Sends `msg` to `rank`; the length of a consensus update's frame is kept for the rank's
-    /// next snapshot.
+    /// next snapshot, and a starting state the rank holds is named, not carried.
     fn send_state(
         &self,
         rank: usize,
@@ -278,8 +293,17 @@ impl NetCoordinator {
         wait: Option<Duration>,
     ) -> std::result::Result<(), LinkError> {
         let update = matches!(msg, ToWorker::Update { .. });
+        // What the rank said it holds serves its one `Init`.
+        let held = match msg {
+            ToWorker::Init { .. } => self
+                .holds
+                .get(rank)
+                .and_then(|h| h.lock().unwrap_or_else(|p| p.into_inner()).take()),
+            _ => None,
+        };
         let coder = self.coders.get(rank).cloned().flatten();
-        let len = send_frame(self.frames(rank)?.as_ref(), msg, self.format, &coder, wait)?;
+        let frames = self.frames(rank)?;
+        let len = send_frame(frames.as_ref(), msg, (self.format, &coder, held.as_ref()), wait)?;
         if update && let Some(u) = self.updates.get(rank) {
             u.store(len as u64, Ordering::Relaxed);
         }
@@ -293,7 +317,7 @@ fn take_joins(
     arrivals: &Arrivals,
     (world, here): (usize, &[usize]),
     readers: &Readers,
-    (coders, updates): (&[Coder], &Arc<UpdateBytes>),
+    (coders, updates, holds): (&[Coder], &Arc<UpdateBytes>, &Arc<Holds>),
     inbox: &flume::Sender<Inbound>,
     stop: &Arc<AtomicBool>,
 ) {
@@ -334,7 +358,10 @@ fn take_joins(
             return;
         }
         // The new process starts from its `Init`, which sets both ends' view afresh.
-        let ends = (coders.get(rank).cloned().flatten(), updates.clone());
+        if let Some(slot) = holds.get(rank) {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        let ends = (coders.get(rank).cloned().flatten(), updates.clone(), holds.clone());
         match spawn_reader(rank, frames.clone(), ends, inbox.clone(), stop.clone()) {
             Ok(reader) => {
                 if let Some(slot) = readers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank)
@@ -425,6 +452,8 @@ pub(crate) struct NetRank {
     format: WireFormat,
     /// The connection's view under a quantized format.
     coder: Coder,
+    /// The starting state this rank built and offered, until its `Init` arrives.
+    holding: Arc<Holding>,
     rx: flume::Receiver<ToWorker>,
     armed: Arc<Armed>,
     stop: Arc<AtomicBool>,
@@ -455,9 +484,10 @@ impl NetRank {
         let armed = Arc::new(Armed::default());
         let stop = Arc::new(AtomicBool::new(false));
         let coder = coder(format, Direction::Replica, fragments);
+        let holding: Arc<Holding> = Arc::new(Mutex::new(None));
         let reader = {
             let (frames, armed, stop) = (frames.clone(), armed.clone(), stop.clone());
-            let coder = coder.clone();
+            let (coder, holding) = (coder.clone(), holding.clone());
             std::thread::Builder::new()
                 .name("flodl-link".into())
                 .spawn(move || {
@@ -466,15 +496,22 @@ impl NetRank {
                             armed.fire(generation);
                             true
                         }
-                        msg => deliver(&tx, msg, &stop),
+                        msg => {
+                            // The offer serves one `Init`, named or not.
+                            if matches!(msg, ToWorker::Init { .. }) {
+                                *holding.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                            }
+                            deliver(&tx, msg, &stop)
+                        }
                     };
                     let peer = "the coordinator";
-                    read_frames::<ToWorker>(frames.as_ref(), &coder, peer, &stop, to_loop);
+                    let ends = (&coder, Some(holding.as_ref()));
+                    read_frames::<ToWorker>(frames.as_ref(), ends, peer, &stop, to_loop);
                     // Dropping `tx` tells the loop the coordinator is gone once it has drained.
                 })
                 .map_err(|source| Error::Spawn { what: "a link reader", source })?
         };
-        Ok(NetRank { frames, format, coder, rx, armed, stop, reader: Some(reader) })
+        Ok(NetRank { frames, format, coder, holding, rx, armed, stop, reader: Some(reader) })
     }
 }
 
@@ -485,7 +522,16 @@ impl NetRank {
         msg: ToCoordinator,
         wait: Duration,
     ) -> std::result::Result<(), LinkError> {
-        send_frame(self.frames.as_ref(), msg, self.format, &self.coder, Some(wait)).map(|_| ())
+        send_frame(self.frames.as_ref(), msg, (self.format, &self.coder, None), Some(wait))
+            .map(|_| ())
+    }
+
+    /// As [`RankLink::offer`](super::RankLink::offer): keeps `state` for the `Init` to name.
+    pub(crate) fn offer(&self, state: HostState) -> [u8; 32] {
+        let held = Held::own(state);
+        let digest = held.digest();
+        *self.holding.lock().unwrap_or_else(|p| p.into_inner()) = Some(held);
+        digest
     }
 
     /// As [`RankLink::recv`](super::RankLink::recv).
@@ -559,14 +605,14 @@ mod tests {
         // Rank 1 claims to be rank 2: the stamp is the connection's.
         rank1.send(ToCoordinator::Alive { rank: 2 }, WAIT).map_err(|e| e.to_string())?;
         rank1
-            .send(ToCoordinator::Final { rank: 1, state: state(), capture: None }, WAIT)
+            .send(ToCoordinator::Final { rank: 1, state: Some(state()), capture: None }, WAIT)
             .map_err(|e| e.to_string())?;
         match inbox.recv_timeout(WAIT) {
             Ok(Inbound::Wire { rank: 1, msg: ToCoordinator::Alive { rank: 2 } }) => {}
             other => return Err(format!("expected rank 1's alive, got {other:?}")),
         }
         match inbox.recv_timeout(WAIT) {
-            Ok(Inbound::Wire { rank: 1, msg: ToCoordinator::Final { state: s, .. } })
+            Ok(Inbound::Wire { rank: 1, msg: ToCoordinator::Final { state: Some(s), .. } })
                 if s == state() => {}
             other => return Err(format!("expected rank 1's final state, got {other:?}")),
         }
@@ -602,6 +648,47 @@ mod tests {
         }
         if r2.recv(WAIT) != Err(LinkError::Gone) {
             return Err("the garbage sender's connection stayed open".into());
+        }
+        Ok(())
+    }
+
+    /// A rank that offered the state it built and said so in `Ready` gets an `Init` of that
+    /// state as a frame of its digest, and its end puts the state back in; the offer serves one
+    /// `Init` (a second travels whole).
+    #[test]
+    fn an_init_of_the_state_a_rank_built_travels_as_its_digest() -> std::result::Result<(), String>
+    {
+        let big = HostState { params: vec![vec![0.25; 50_000]], buffers: vec![vec![1.0]] };
+        let (inbox_tx, inbox) = flume::bounded::<Inbound>(64);
+        let (c1, r1) = mem_pair();
+        let coord =
+            NetCoordinator::new((2, &[0]), vec![(1, c1)], (WireFormat::F32, 1), &inbox_tx, None)
+                .map_err(|e| e.to_string())?;
+        // The rank's end, over a pair whose other end relays the coordinator's frames.
+        let (relay, r) = mem_pair();
+        let rank = NetRank::new(r, (WireFormat::F32, 1)).map_err(|e| e.to_string())?;
+        let holds = Some(rank.offer(big.clone()));
+        let ready = ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None, holds };
+        let (lane, bytes) = frame::encode(ready, WireFormat::F32).map_err(|e| e.to_string())?;
+        r1.send(lane, bytes, WAIT).map_err(|e| e.to_string())?;
+        match inbox.recv_timeout(WAIT) {
+            Ok(Inbound::Wire { rank: 1, msg: ToCoordinator::Ready { .. } }) => {}
+            other => return Err(format!("expected rank 1's ready, got {other:?}")),
+        }
+        let window = crate::link::wire::Window { round: 1, target: 1, limit: 1, wall: None };
+        let init = ToWorker::Init { state: big.clone(), restore: None, window, global_step: 0 };
+        for (i, most) in [(0, 1000), (1, usize::MAX)] {
+            coord.send(1, init.clone(), WAIT).map_err(|e| e.to_string())?;
+            let bytes = r1.recv(WAIT).map_err(|e| e.to_string())?;
+            let whole = bytes.len() > 200_000;
+            if (most == 1000) == whole || bytes.len() > most {
+                return Err(format!("init {i}: a frame of {} bytes", bytes.len()));
+            }
+            relay.send(Lane::Bulk, bytes.to_vec(), WAIT).map_err(|e| e.to_string())?;
+            match rank.recv(WAIT) {
+                Ok(got) if got == init => {}
+                other => return Err(format!("init {i}: the rank got {other:?}")),
+            }
         }
         Ok(())
     }

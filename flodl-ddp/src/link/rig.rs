@@ -55,9 +55,10 @@ impl Rig {
             state: state.clone(),
         };
         let init = ToWorker::Init { state, restore: None, window: window(), global_step: 0 };
-        let (_, bytes) =
-            frame::encode_with(init, format, rig.controller.as_mut()).map_err(|e| e.to_string())?;
-        frame::decode_with::<ToWorker>(&bytes, rig.rank.as_mut()).map_err(|e| e.to_string())?;
+        let (_, bytes) = frame::encode_with(init, format, rig.controller.as_mut(), None)
+            .map_err(|e| e.to_string())?;
+        frame::decode_with::<ToWorker>(&bytes, rig.rank.as_mut(), None)
+            .map_err(|e| e.to_string())?;
         Ok(rig)
     }
 
@@ -101,7 +102,7 @@ impl Rig {
     /// # Errors
     /// The frame's error, as its line.
     pub fn encode_snapshot(&mut self, snapshot: Snapshot) -> Result<Vec<u8>, String> {
-        frame::encode_with(snapshot.0, self.format, self.rank.as_mut())
+        frame::encode_with(snapshot.0, self.format, self.rank.as_mut(), None)
             .map(|(_, bytes)| bytes)
             .map_err(|e| e.to_string())
     }
@@ -111,7 +112,7 @@ impl Rig {
     /// # Errors
     /// The frame's error, as its line.
     pub fn decode_snapshot(&mut self, bytes: &[u8]) -> Result<(), String> {
-        frame::decode_with::<ToCoordinator>(bytes, self.controller.as_mut())
+        frame::decode_with::<ToCoordinator>(bytes, self.controller.as_mut(), None)
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -121,7 +122,7 @@ impl Rig {
     /// # Errors
     /// The frame's error, as its line.
     pub fn encode_update(&mut self, update: Update) -> Result<Vec<u8>, String> {
-        frame::encode_with(update.0, self.format, self.controller.as_mut())
+        frame::encode_with(update.0, self.format, self.controller.as_mut(), None)
             .map(|(_, bytes)| bytes)
             .map_err(|e| e.to_string())
     }

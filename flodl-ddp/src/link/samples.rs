@@ -83,7 +83,8 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
             fragment: Some(1),
         },
         ToWorker::Evaluate { epoch: 5 },
-        ToWorker::Finish { capture: true },
+        ToWorker::Finish { capture: true, state: true },
+        ToWorker::Finish { capture: false, state: false },
         ToWorker::Stop,
         ToWorker::Ping,
         ToWorker::Regroup { generation: 2, members: vec![0, 2], how: Regroup::Host },
@@ -102,8 +103,13 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         to_rank.push(ToWorker::Regroup { generation: 3, members: vec![1], how: Regroup::Nccl(id) });
     }
     let to_coordinator = vec![
-        ToCoordinator::Ready { rank: 0, shapes: vec![vec![2, 3], vec![3]], initial: Some(state()) },
-        ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None },
+        ToCoordinator::Ready {
+            rank: 0,
+            shapes: vec![vec![2, 3], vec![3]],
+            initial: Some(state()),
+            holds: None,
+        },
+        ToCoordinator::Ready { rank: 1, shapes: vec![], initial: None, holds: Some([7; 32]) },
         ToCoordinator::ChunkDone { rank: 1, chunk, work: work.into() },
         ToCoordinator::Progress {
             rank: 2,
@@ -137,7 +143,8 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
             epoch: 1,
             eval: Some(EvalMetrics { loss: 0.1, accuracy: 0.97, samples: 10_000 }),
         },
-        ToCoordinator::Final { rank: 0, state: state(), capture: Some(Box::new(capture())) },
+        ToCoordinator::Final { rank: 0, state: Some(state()), capture: Some(Box::new(capture())) },
+        ToCoordinator::Final { rank: 1, state: None, capture: None },
         ToCoordinator::Alive { rank: 3 },
         ToCoordinator::Failed { rank: 2, failure },
         ToCoordinator::Failed {

@@ -5,13 +5,15 @@
 //! so a fragment's delta, its base count and its error feedback are its own: a snapshot or an
 //! update of fragment k goes through coder k alone, and the other views are untouched. A base
 //! state (`Init`) is cut by [`Fragments`] — both ends cut the same sizes alike — and becomes
-//! every view. Under F > 1 a message of the whole state (a reduce that syncs every fragment,
-//! for a checkpoint) carries no delta: an update travels whole in f32 and becomes every view
-//! again, a snapshot travels whole and leaves the views alone.
+//! every view. Under F > 1 a message of the whole state (a reduce that syncs every fragment:
+//! the run's last, or one for a checkpoint) carries one delta per fragment, in order, each
+//! through its own coder: the whole sync costs the quantized bytes of every fragment once, and
+//! every view, every base count and every residual moves on as if the fragments had been synced
+//! one after another (the buffers, in every fragment's part, take the last fragment's values).
 
 use flodl_tensor::quant::QuantFormat;
 
-use super::delta::{DeltaCoder, DeltaError, Direction};
+use super::delta::{Delta, DeltaCoder, DeltaError, Direction};
 use crate::control::fragment::Fragments;
 use crate::state::HostState;
 
@@ -22,6 +24,32 @@ pub(crate) struct Views {
     fragments: usize,
     /// A coder per fragment.
     coders: Vec<DeltaCoder>,
+    /// Under F > 1, the cut of the base state's parameters, and its buffers' values.
+    cut: Option<(Fragments, usize)>,
+}
+
+/// Fragment `k`'s vectors of a whole `state`: its parameters in ascending order, then every
+/// buffer, as its view holds them.
+fn fragment_parts<'a>(cut: &Fragments, k: usize, state: &'a HostState) -> Vec<&'a [f32]> {
+    let params = cut.tensors(k).iter().filter_map(|&t| state.params.get(t)).map(Vec::as_slice);
+    params.chain(state.buffers.iter().map(Vec::as_slice)).collect()
+}
+
+/// [`fragment_parts`], to be written.
+fn fragment_parts_mut<'a>(
+    cut: &Fragments,
+    k: usize,
+    state: &'a mut HostState,
+) -> Vec<&'a mut [f32]> {
+    let members = cut.tensors(k);
+    let params = state.params.iter_mut().enumerate();
+    let params = params.filter(|(t, _)| members.binary_search(t).is_ok()).map(|(_, v)| v);
+    params.chain(state.buffers.iter_mut()).map(Vec::as_mut_slice).collect()
+}
+
+/// Every vector of `state`, parameters then buffers.
+fn all_parts(state: &HostState) -> Vec<&[f32]> {
+    state.params.iter().chain(&state.buffers).map(Vec::as_slice).collect()
 }
 
 impl Views {
@@ -30,12 +58,12 @@ impl Views {
     pub(crate) fn new(format: QuantFormat, direction: Direction, fragments: usize) -> Views {
         let fragments = fragments.max(1);
         let coders = (0..fragments).map(|_| DeltaCoder::new(format, direction)).collect();
-        Views { fragments, coders }
+        Views { fragments, coders, cut: None }
     }
 
-    /// Whether the model is cut into more than one fragment.
-    pub(crate) fn is_cut(&self) -> bool {
-        self.fragments > 1
+    /// Whether this is the controller's end (it sends the consensus).
+    pub(crate) fn is_controller(&self) -> bool {
+        self.coders.first().is_some_and(DeltaCoder::is_controller)
     }
 
     /// Takes the whole `state` as every fragment's view: a fresh start.
@@ -44,23 +72,17 @@ impl Views {
     /// [`DeltaError::Cut`] when the state has fewer parameter tensors than fragments.
     pub(crate) fn set_base(&mut self, state: &HostState) -> Result<(), DeltaError> {
         if self.fragments == 1 {
-            let parts: Vec<&[f32]> =
-                state.params.iter().chain(&state.buffers).map(Vec::as_slice).collect();
             if let Some(coder) = self.coders.first_mut() {
-                coder.set_base_parts(&parts);
+                coder.set_base_parts(&all_parts(state));
             }
             return Ok(());
         }
         let cut = Fragments::of_state(state, self.fragments)?;
         for (k, coder) in self.coders.iter_mut().enumerate() {
-            let parts: Vec<&[f32]> = cut
-                .tensors(k)
-                .iter()
-                .map(|&t| state.params[t].as_slice())
-                .chain(state.buffers.iter().map(Vec::as_slice))
-                .collect();
-            coder.set_base_parts(&parts);
+            coder.set_base_parts(&fragment_parts(&cut, k, state));
         }
+        let buffers = state.buffers.iter().map(Vec::len).sum();
+        self.cut = Some((cut, buffers));
         Ok(())
     }
 
@@ -76,6 +98,91 @@ impl Views {
             _ => return Err(DeltaError::Fragment { fragment, fragments: self.fragments }),
         };
         self.coders.get_mut(k).ok_or(DeltaError::Fragment { fragment, fragments: self.fragments })
+    }
+
+    /// The cut of a whole state under F > 1, once a base was set.
+    fn whole_cut(&self) -> Result<&(Fragments, usize), DeltaError> {
+        self.cut.as_ref().ok_or(DeltaError::NoView)
+    }
+
+    /// Encodes `state`, the part of `fragment` (`None`: the whole state), as this end sends
+    /// it: one delta, or one per fragment for the whole state under a cut.
+    ///
+    /// # Errors
+    /// As [`DeltaCoder::encode_parts`]; [`DeltaError::Fragment`] for a fragment out of range;
+    /// [`DeltaError::Cut`] for a whole state not of the cut model's layout.
+    pub(crate) fn encode(
+        &mut self,
+        fragment: Option<usize>,
+        state: &HostState,
+    ) -> Result<Vec<Delta>, DeltaError> {
+        if fragment.is_some() || self.fragments == 1 {
+            return Ok(vec![self.coder(fragment)?.encode_parts(&all_parts(state))?]);
+        }
+        let (cut, _) = self.whole_cut()?;
+        cut.fits(&state.params, "a whole state to encode")?;
+        let parts: Vec<Vec<&[f32]>> =
+            (0..self.fragments).map(|k| fragment_parts(cut, k, state)).collect();
+        let coders = self.coders.iter_mut();
+        coders.zip(parts).map(|(coder, parts)| coder.encode_parts(&parts)).collect()
+    }
+
+    /// The values the state of `deltas` (of `fragment`; `None`: the whole state) must be read
+    /// into, once every delta is known to be from this end's view of its fragment.
+    ///
+    /// # Errors
+    /// As [`DeltaCoder::expects`]; [`DeltaError::Fragment`] for a fragment out of range or a
+    /// count of deltas that is not one per fragment.
+    pub(crate) fn expects(
+        &mut self,
+        fragment: Option<usize>,
+        deltas: &[Delta],
+    ) -> Result<usize, DeltaError> {
+        let count = DeltaError::Fragment { fragment, fragments: self.fragments };
+        if fragment.is_some() || self.fragments == 1 {
+            let [delta] = deltas else { return Err(count) };
+            return self.coder(fragment)?.expects(delta);
+        }
+        if deltas.len() != self.fragments {
+            return Err(count);
+        }
+        for (coder, delta) in self.coders.iter().zip(deltas) {
+            coder.expects(delta)?;
+        }
+        let (cut, buffers) = self.whole_cut()?;
+        Ok(cut.total() + buffers)
+    }
+
+    /// Reads `deltas` (as [`Views::expects`] accepted them) into `state`, whose vectors are of
+    /// the message's lengths: the values they stand for.
+    ///
+    /// # Errors
+    /// As [`DeltaCoder::decode_parts`]; [`DeltaError::Cut`] for a whole state not of the cut
+    /// model's layout.
+    pub(crate) fn decode(
+        &mut self,
+        fragment: Option<usize>,
+        deltas: &[Delta],
+        state: &mut HostState,
+    ) -> Result<(), DeltaError> {
+        if fragment.is_some() || self.fragments == 1 {
+            let [delta] = deltas else {
+                return Err(DeltaError::Fragment { fragment, fragments: self.fragments });
+            };
+            let mut parts: Vec<&mut [f32]> = state
+                .params
+                .iter_mut()
+                .chain(state.buffers.iter_mut())
+                .map(Vec::as_mut_slice)
+                .collect();
+            return self.coder(fragment)?.decode_parts(delta, &mut parts);
+        }
+        let (cut, _) = self.cut.as_ref().ok_or(DeltaError::NoView)?;
+        cut.fits(&state.params, "a whole state to decode")?;
+        for ((k, coder), delta) in self.coders.iter_mut().enumerate().zip(deltas) {
+            coder.decode_parts(delta, &mut fragment_parts_mut(cut, k, state))?;
+        }
+        Ok(())
     }
 }
 

@@ -188,8 +188,10 @@ pub(crate) enum ToWorker {
     },
     /// Evaluate now (no reduce pending) and report it for `epoch`.
     Evaluate { epoch: usize },
-    /// No more work: send the final state (with a checkpoint part when `capture`) and exit.
-    Finish { capture: bool },
+    /// No more work: send the final message, with the final state when `state` (the run's
+    /// model is one rank's: the others' travel only where they count) and a checkpoint part
+    /// when `capture`, and exit.
+    Finish { capture: bool, state: bool },
     /// The run is over (another rank failed or the handle aborted): exit now.
     Stop,
     /// Nothing to do; the coordinator is alive (sent when it has been quiet for a while).
@@ -229,7 +231,14 @@ pub(crate) const TAIL_STEPS: usize = 8;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum ToCoordinator {
     /// The replica is built; rank 0 sends its initial state, every rank its parameter shapes.
-    Ready { rank: usize, shapes: Vec<Vec<usize>>, initial: Option<HostState> },
+    /// `holds`: the digest of the state a rank in a process of its own built, which its end of
+    /// the connection keeps until the `Init` ([`super::held`]).
+    Ready {
+        rank: usize,
+        shapes: Vec<Vec<usize>>,
+        initial: Option<HostState>,
+        holds: Option<[u8; 32]>,
+    },
     /// A chunk is done.
     ChunkDone { rank: usize, chunk: Chunk, work: WorkReport },
     /// The rank is ready for the reduce of `round` (steps and training ms since the last reduce:
@@ -276,7 +285,7 @@ pub(crate) enum ToCoordinator {
     /// The rank's evaluation of `epoch`.
     Evaluated { rank: usize, epoch: usize, eval: Option<EvalMetrics> },
     /// The final state after [`ToWorker::Finish`] (and checkpoint part, when asked for).
-    Final { rank: usize, state: HostState, capture: Option<Box<RankCapture>> },
+    Final { rank: usize, state: Option<HostState>, capture: Option<Box<RankCapture>> },
     /// The rank is alive (sent when it has been quiet for a while).
     Alive { rank: usize },
     /// The rank failed and is exiting.

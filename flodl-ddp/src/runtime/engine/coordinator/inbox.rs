@@ -152,7 +152,9 @@ impl Coordinator {
                     }),
                 }
             }
-            ToCoordinator::Final { state, .. } => check_state("final state", state, &self.shapes),
+            ToCoordinator::Final { state: Some(state), .. } => {
+                check_state("final state", state, &self.shapes)
+            }
             ToCoordinator::Evaluated { rank, epoch, .. } => self.conduct.evaluated(*rank, *epoch),
             ToCoordinator::GroupId { rank, generation, .. } => {
                 self.conduct.group_id(*rank, *generation)
@@ -173,7 +175,9 @@ impl Coordinator {
         }
         match msg {
             ToCoordinator::Alive { .. } => {}
-            ToCoordinator::Ready { rank, shapes, initial } => self.ready(rank, shapes, initial)?,
+            ToCoordinator::Ready { rank, shapes, initial, .. } => {
+                self.ready(rank, shapes, initial)?
+            }
             ToCoordinator::Final { rank, state, capture } => {
                 if let Phase::Finishing { finals, parts, .. } = &mut self.phase {
                     if let Some(slot) = finals.get_mut(rank) {

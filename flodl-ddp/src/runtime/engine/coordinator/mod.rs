@@ -187,8 +187,13 @@ enum Phase {
     Starting { deadline: Instant, initial: Option<HostState> },
     /// Training, reducing, checkpointing.
     Training,
-    /// Every rank was told to finish; their final states (and checkpoint parts) come in.
-    Finishing { deadline: Instant, finals: Vec<Option<HostState>>, parts: Vec<Option<RankCapture>> },
+    /// Every rank was told to finish; their final messages come in: `finals[rank]` is `None`
+    /// until it came, then the state it carried (when asked for), and its checkpoint part.
+    Finishing {
+        deadline: Instant,
+        finals: Vec<Option<Option<HostState>>>,
+        parts: Vec<Option<RankCapture>>,
+    },
 }
 
 /// The reduce in progress.
@@ -840,8 +845,19 @@ impl Coordinator {
             let _ = self.link.try_send(rank, ToWorker::Stop);
             self.roster.abandon(rank);
         }
+        // The run's model is the lowest live rank's state (it holds the consensus of the whole
+        // last sync): the others' travel only for the collective backend (whose lowest rank
+        // may die before it sends) and under `--fragments` when a fragment was not synced since
+        // a rank trained (each fragment is then averaged over every rank's state).
+        let lowest = self.roster.lowest();
+        let every = self.cfg.spec.backend == Backend::Collective
+            || self
+                .staggered
+                .as_ref()
+                .is_some_and(|s| !self.roster.live().iter().all(|&r| s.unsynced.is_synced(r)));
         for rank in self.roster.live() {
-            self.send(rank, ToWorker::Finish { capture })?;
+            let state = every || Some(rank) == lowest;
+            self.send(rank, ToWorker::Finish { capture, state })?;
         }
         let world = self.cfg.world();
         self.phase = Phase::Finishing {
@@ -855,12 +871,20 @@ impl Coordinator {
     /// Every live rank sent its final state: saves the end of the run and returns the lowest
     /// live rank's state (under `--fragments`, each fragment averaged over the live ranks').
     fn conclude(&mut self) -> Result<TrainedState> {
-        let Phase::Finishing { mut finals, parts, .. } =
+        let Phase::Finishing { finals, parts, .. } =
             std::mem::replace(&mut self.phase, Phase::Training)
         else {
             return Err(Internal::ConcludedEarly.into());
         };
         let lowest = self.roster.lowest().ok_or(Error::PeerGone(Peer::EveryRank))?;
+        let mut finals: Vec<Option<HostState>> = finals.into_iter().map(Option::flatten).collect();
+        // A lowest rank that was not asked for its state (the one asked died since): on the
+        // host backend the controller's consensus is the model of the whole last sync.
+        if finals.get(lowest).is_some_and(Option::is_none) && self.cfg.spec.backend == Backend::Host
+        {
+            tracing::info!(lowest, "the run's model is the controller's consensus");
+            finals[lowest] = self.consensus.clone();
+        }
         let state = match &self.staggered {
             Some(staggered) => self.final_average(staggered, &finals, lowest)?,
             None => finals.swap_remove(lowest).ok_or(Error::PeerGone(Peer::Rank(lowest)))?,

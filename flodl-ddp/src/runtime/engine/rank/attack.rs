@@ -95,10 +95,10 @@ impl Attacker {
     pub(crate) fn forge(&self, msg: ToCoordinator) -> Vec<ToCoordinator> {
         let mut kept = self.kept.borrow_mut();
         match (self.attack, msg) {
-            (Attack::StartState, ToCoordinator::Ready { rank, shapes, .. }) => {
+            (Attack::StartState, ToCoordinator::Ready { rank, shapes, holds, .. }) => {
                 let params = shapes.iter().map(|s| vec![0.0; s.iter().product()]).collect();
                 let initial = Some(HostState { params, buffers: Vec::new() });
-                vec![ToCoordinator::Ready { rank, shapes, initial }]
+                vec![ToCoordinator::Ready { rank, shapes, initial, holds }]
             }
             (
                 Attack::Steps,

@@ -250,7 +250,9 @@ impl<'a> RankLoop<'a> {
     fn run_until_told(&mut self) -> Result<()> {
         let rank = self.worker.rank;
         let initial = if rank == 0 { Some(self.worker.snapshot()?) } else { None };
-        self.send(ToCoordinator::Ready { rank, shapes: self.worker.shapes(), initial })?;
+        let holds = self.link.offer(|| self.worker.snapshot())?;
+        let shapes = self.worker.shapes();
+        self.send(ToCoordinator::Ready { rank, shapes, initial, holds })?;
         self.announce_group()?;
         loop {
             while let Some(msg) =
@@ -560,8 +562,8 @@ impl<'a> RankLoop<'a> {
                 self.evaluate_for(eval)?;
             }
             ToWorker::Evaluate { epoch } => self.evaluate_for(Some(epoch))?,
-            ToWorker::Finish { capture } => {
-                let state = self.worker.snapshot()?;
+            ToWorker::Finish { capture, state } => {
+                let state = if state { Some(self.worker.snapshot()?) } else { None };
                 let capture = self.capture(capture.then_some(CaptureRequest { model: false }))?;
                 self.send(ToCoordinator::Final { rank, state, capture })?;
                 return Ok(Flow::Exit);
