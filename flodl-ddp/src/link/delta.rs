@@ -172,6 +172,11 @@ impl DeltaCoder {
         self.set_base_parts(&[values]);
     }
 
+    /// The view's values (the consensus as the rank has it), once a base was set.
+    pub(crate) fn view(&self) -> Option<&[f32]> {
+        self.view.as_ref().map(|v| v.values.as_slice())
+    }
+
     /// Takes the state of vectors `parts` (end to end) as the view: a fresh start.
     pub(crate) fn set_base_parts(&mut self, parts: &[&[f32]]) {
         let mut values = Vec::with_capacity(total(parts));

@@ -118,6 +118,26 @@ impl CoordinatorLink {
         frames.close();
     }
 
+    /// Watches the whole state `rank` (the standby's, in another process) holds: from now on
+    /// each whole update it is sent is read as the rank reads it, for a standby's cut to name
+    /// by digest ([`CoordinatorLink::watched`]). Nothing for a rank in this process.
+    pub(crate) fn watch(&self, rank: usize) {
+        if let CoordinatorFlavor::Routed(r) = &self.flavor {
+            r.watch(rank);
+        }
+    }
+
+    /// The digest of the whole state the watched rank holds from its last whole update: the
+    /// update's state over an f32 wire, the connection's views (the consensus within the
+    /// controller's error feedback) under a quantized one; `None` under bf16, before any, or
+    /// after an `Init`.
+    pub(crate) fn watched(&self) -> Option<[u8; 32]> {
+        match &self.flavor {
+            CoordinatorFlavor::Local(_) => None,
+            CoordinatorFlavor::Routed(r) => r.watched(),
+        }
+    }
+
     /// When bytes of a frame from `rank` not yet whole last came (`None`: never, or a rank in
     /// this process): a rank whose large snapshot is still crossing a slow link is alive.
     pub(crate) fn arriving(&self, rank: usize) -> Option<std::time::Instant> {

@@ -10,7 +10,7 @@
 //! does not decode is a protocol error: it is logged and ends that connection (the peer is
 //! then gone), it never panics.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -164,6 +164,10 @@ pub(crate) struct NetCoordinator {
     coders: Arc<Vec<Coder>>,
     updates: Arc<UpdateBytes>,
     holds: Arc<Holds>,
+    /// The rank whose state is watched (the standby's: [`NetCoordinator::watch`]).
+    watch: AtomicUsize,
+    /// The digest of the whole state the watched rank was last sent, as it reads it.
+    watched: Mutex<Option<[u8; 32]>>,
     stop: Arc<AtomicBool>,
     readers: Arc<Readers>,
     joiner: Option<JoinHandle<()>>,
@@ -248,6 +252,8 @@ impl NetCoordinator {
             coders: coders.clone(),
             updates: updates.clone(),
             holds: holds.clone(),
+            watch: AtomicUsize::new(usize::MAX),
+            watched: Mutex::new(None),
             stop: stop.clone(),
             readers: Arc::new(Readers::default()),
             joiner: None,
@@ -293,6 +299,8 @@ impl NetCoordinator {
         wait: Option<Duration>,
     ) -> std::result::Result<(), LinkError> {
         let update = matches!(msg, ToWorker::Update { .. });
+        let watched = self.watch.load(Ordering::Relaxed) == rank;
+        let whole = watched.then(|| whole_state(&msg, self.format)).flatten();
         // What the rank said it holds serves its one `Init`.
         let held = match msg {
             ToWorker::Init { .. } => self
@@ -304,10 +312,47 @@ impl NetCoordinator {
         let coder = self.coders.get(rank).cloned().flatten();
         let frames = self.frames(rank)?;
         let len = send_frame(frames.as_ref(), msg, (self.format, &coder, held.as_ref()), wait)?;
+        if let Some(whole) = whole {
+            let digest = match whole {
+                Whole::Digest(digest) => digest,
+                Whole::Views { params, buffers } => coder.as_ref().and_then(|c| {
+                    let views = c.lock().unwrap_or_else(|p| p.into_inner());
+                    views.decoded(&params, &buffers).map(|state| state.digest())
+                }),
+            };
+            *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = digest;
+        }
         if update && let Some(u) = self.updates.get(rank) {
             u.store(len as u64, Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+/// What a message sent to the watched rank makes of the whole state it holds.
+enum Whole {
+    /// It holds this state, or none known (`None`).
+    Digest(Option<[u8; 32]>),
+    /// It holds the connection's views after the frame, in this layout.
+    Views { params: Vec<usize>, buffers: Vec<usize> },
+}
+
+/// What `msg` in `format` makes of the whole state its rank holds for a standby's cut to name
+/// (the state of its last whole update): `None` when it leaves it as it was.
+fn whole_state(msg: &ToWorker, format: WireFormat) -> Option<Whole> {
+    match msg {
+        ToWorker::Update { state, fragment: None, .. } => Some(match format {
+            WireFormat::F32 => Whole::Digest(Some(state.digest())),
+            // Rounded on the way: the rank's copy is not known here.
+            WireFormat::Bf16 => Whole::Digest(None),
+            WireFormat::Int8 | WireFormat::Q4 => Whole::Views {
+                params: state.params.iter().map(Vec::len).collect(),
+                buffers: state.buffers.iter().map(Vec::len).collect(),
+            },
+        }),
+        // A starting state replaces it; no cut names one.
+        ToWorker::Init { .. } => Some(Whole::Digest(None)),
+        _ => None,
     }
 }
 
@@ -396,6 +441,17 @@ impl NetCoordinator {
         msg: ToWorker,
     ) -> std::result::Result<(), LinkError> {
         self.send_state(rank, msg, None)
+    }
+
+    /// As [`CoordinatorLink::watch`](super::CoordinatorLink::watch).
+    pub(crate) fn watch(&self, rank: usize) {
+        self.watch.store(rank, Ordering::Relaxed);
+        *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// As [`CoordinatorLink::watched`](super::CoordinatorLink::watched).
+    pub(crate) fn watched(&self) -> Option<[u8; 32]> {
+        *self.watched.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// As [`CoordinatorLink::sever`](super::CoordinatorLink::sever).

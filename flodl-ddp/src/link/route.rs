@@ -56,6 +56,18 @@ impl Routed {
         }
     }
 
+    /// As [`CoordinatorLink::watch`](super::CoordinatorLink::watch).
+    pub(crate) fn watch(&self, rank: usize) {
+        if let Some(Route::Remote) = self.routes.get(rank) {
+            self.remote.watch(rank);
+        }
+    }
+
+    /// As [`CoordinatorLink::watched`](super::CoordinatorLink::watched).
+    pub(crate) fn watched(&self) -> Option<[u8; 32]> {
+        self.remote.watched()
+    }
+
     /// As [`CoordinatorLink::arriving`](super::CoordinatorLink::arriving).
     pub(crate) fn arriving(&self, rank: usize) -> Option<std::time::Instant> {
         match self.routes.get(rank) {

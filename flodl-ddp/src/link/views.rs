@@ -100,6 +100,45 @@ impl Views {
         self.coders.get_mut(k).ok_or(DeltaError::Fragment { fragment, fragments: self.fragments })
     }
 
+    /// The whole state a receiving end holds after reading a whole message: the views, laid
+    /// out as vectors of `params` then `buffers` values (each fragment's parameters from its
+    /// view, the buffers from the last fragment's, which is read last). `None` before a base,
+    /// or for a layout that is not the views'.
+    pub(crate) fn decoded(&self, params: &[usize], buffers: &[usize]) -> Option<HostState> {
+        let split =
+            |values: &[f32], lens: &mut dyn Iterator<Item = usize>| -> Option<Vec<Vec<f32>>> {
+                let mut at = 0;
+                let out: Option<Vec<Vec<f32>>> = lens
+                    .map(|n| {
+                        let v = values.get(at..at + n)?.to_vec();
+                        at += n;
+                        Some(v)
+                    })
+                    .collect();
+                out.filter(|_| at == values.len())
+            };
+        if self.fragments == 1 {
+            let view = self.coders.first()?.view()?;
+            let mut all = split(view, &mut params.iter().chain(buffers).copied())?;
+            let buffers = all.split_off(params.len());
+            return Some(HostState { params: all, buffers });
+        }
+        let (cut, _) = self.cut.as_ref()?;
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); params.len()];
+        let mut last_buffers = Vec::new();
+        for (k, coder) in self.coders.iter().enumerate() {
+            let members = cut.tensors(k);
+            let lens = members.iter().map(|&t| params.get(t).copied());
+            let lens: Option<Vec<usize>> = lens.chain(buffers.iter().map(|&b| Some(b))).collect();
+            let mut parts = split(coder.view()?, &mut lens?.into_iter())?;
+            last_buffers = parts.split_off(members.len());
+            for (&t, values) in members.iter().zip(parts) {
+                *out.get_mut(t)? = values;
+            }
+        }
+        Some(HostState { params: out, buffers: last_buffers })
+    }
+
     /// The cut of a whole state under F > 1, once a base was set.
     fn whole_cut(&self) -> Result<&(Fragments, usize), DeltaError> {
         self.cut.as_ref().ok_or(DeltaError::NoView)
@@ -189,6 +228,44 @@ impl Views {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After a whole update (a model cut into 3 fragments, and one not cut), the state the
+    /// controller's end says the rank holds is, bit for bit, the one the rank's end decoded.
+    #[test]
+    fn the_controller_knows_the_state_a_whole_update_leaves_at_the_rank() -> Result<(), String> {
+        let q = QuantFormat::Q4;
+        let base = HostState {
+            params: vec![vec![0.5; 70], vec![0.25; 40], vec![1.0; 30], vec![2.0; 20]],
+            buffers: vec![vec![3.0; 2], vec![-1.0; 3]],
+        };
+        let mut consensus = base.clone();
+        for (t, p) in consensus.params.iter_mut().chain(&mut consensus.buffers).enumerate() {
+            p.iter_mut().enumerate().for_each(|(i, v)| *v += ((i * 7 + t) % 11) as f32 * 0.01);
+        }
+        let params: Vec<usize> = base.params.iter().map(Vec::len).collect();
+        let buffers: Vec<usize> = base.buffers.iter().map(Vec::len).collect();
+        for fragments in [1, 3] {
+            let mut controller = Views::new(q, Direction::Consensus, fragments);
+            let mut rank = Views::new(q, Direction::Replica, fragments);
+            controller.set_base(&base).map_err(|e| e.to_string())?;
+            rank.set_base(&base).map_err(|e| e.to_string())?;
+            let deltas = controller.encode(None, &consensus).map_err(|e| e.to_string())?;
+            let mut got = HostState {
+                params: params.iter().map(|&n| vec![0.0; n]).collect(),
+                buffers: buffers.iter().map(|&n| vec![0.0; n]).collect(),
+            };
+            rank.expects(None, &deltas).map_err(|e| e.to_string())?;
+            rank.decode(None, &deltas, &mut got).map_err(|e| e.to_string())?;
+            let known = controller.decoded(&params, &buffers).ok_or("no decoded state")?;
+            if known.digest() != got.digest() || got == base {
+                return Err(format!("{fragments} fragments: {known:?} against {got:?}"));
+            }
+            if controller.decoded(&params[1..], &buffers).is_some() {
+                return Err(format!("{fragments} fragments: another layout was read"));
+            }
+        }
+        Ok(())
+    }
 
     /// Under a cut of 3, a base sets three views of each fragment's length (plus the buffers);
     /// fragment 1's delta goes through its coder alone, and the others stay at their base; the

@@ -3,7 +3,6 @@
 //! frames carried to the standby rank's process over its link.
 
 use super::*;
-use crate::link::frame::WireFormat;
 use crate::runtime::engine::standby::{
     ControllerState, Cut, CutParts, MirrorBody, Pump, Reach, StandbyLane, Term,
 };
@@ -18,6 +17,7 @@ impl Coordinator {
             (None, Some(rank)) if self.cfg.own.is_some() => {
                 let (pump, tx) = Pump::to(rank);
                 self.pump = Some(pump);
+                self.link.watch(rank);
                 tracing::info!(rank, "the controller's state is mirrored to rank {rank}'s process");
                 tx
             }
@@ -98,13 +98,23 @@ impl Coordinator {
         }
         let mut epochs = self.epochs.emitted.clone();
         epochs.extend(self.epochs.held.iter().map(|h| h.metrics.clone()));
-        // Over an f32 wire the standby's rank was just sent this very consensus (an update
-        // goes to every live rank before the cut is published, and the mirror's frames follow
-        // it on the same bulk lane): the cut names it by digest. The standby's mirror checks
-        // the digest, so an update that overtook its frame is caught, never taken for it.
-        let sent = self.pump.as_ref().is_some_and(|pump| {
-            self.cfg.spec.wire == WireFormat::F32 && self.roster.live().contains(&pump.rank)
-        });
+        // The standby's rank was just sent this consensus (an update goes to every live rank
+        // before the cut is published, and the mirror's frames follow it on the same bulk
+        // lane): over an f32 wire those very bits, under a quantized one the connection's view,
+        // within the controller's error feedback of them. The cut names what the rank holds by
+        // digest; at a takeover the standby resumes from it (under a quantized wire the
+        // feedback, under half a quantization step per value, is what is lost). The standby's
+        // mirror checks the digest, so an update that overtook its frame is caught, never
+        // taken for it.
+        let sent = self
+            .pump
+            .as_ref()
+            .filter(|pump| self.roster.live().contains(&pump.rank))
+            .and_then(|_| self.link.watched());
+        match sent {
+            Some(_) => tracing::debug!("a cut names the consensus the standby's rank holds"),
+            None => tracing::debug!("a cut carries the consensus"),
+        }
         let parts = CutParts {
             reduces: self.rounds.reduces,
             global_step: self.rounds.global_step,

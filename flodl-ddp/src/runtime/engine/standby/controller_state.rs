@@ -81,9 +81,10 @@ pub(crate) struct CutParts<'a> {
     pub(crate) guard: &'a Guard,
     pub(crate) outer: Option<(Vec<HostTensor>, Vec<HostTensor>)>,
     pub(crate) consensus: Option<&'a HostState>,
-    /// The standby's rank was sent exactly `consensus` (an f32 wire): the cut names it by
-    /// digest rather than carrying it ([`CutConsensus::Sent`]).
-    pub(crate) sent: bool,
+    /// The digest of the whole state the standby's rank holds from the update of this cut,
+    /// when it stands for `consensus`: the cut names it rather than carrying it
+    /// ([`CutConsensus::Sent`]).
+    pub(crate) sent: Option<[u8; 32]>,
     pub(crate) epochs: Vec<EpochMetrics>,
     pub(crate) shapes: &'a [Vec<usize>],
 }
@@ -109,7 +110,7 @@ impl Cut {
             outer: parts.outer,
             consensus: match parts.consensus {
                 None => CutConsensus::Absent,
-                Some(state) if parts.sent => CutConsensus::Sent { digest: state.digest() },
+                Some(_) if let Some(digest) = parts.sent => CutConsensus::Sent { digest },
                 Some(state) => CutConsensus::Carried(state.clone()),
             },
             epochs: parts.epochs,

@@ -246,7 +246,7 @@ mod tests {
                 guard: &Guard::Off,
                 outer: Some((vec![tensor(rng)], vec![tensor(rng)])),
                 consensus: Some(&consensus),
-                sent,
+                sent: sent.then(|| consensus.digest()),
                 epochs: Vec::new(),
                 shapes: &[vec![5]],
             };
