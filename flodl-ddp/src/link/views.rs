@@ -47,6 +47,17 @@ fn fragment_parts_mut<'a>(
     params.chain(state.buffers.iter_mut()).map(Vec::as_mut_slice).collect()
 }
 
+/// `values` cut into vectors of `lens` values, in order; `None` unless they use them all.
+fn split(values: &[f32], lens: impl Iterator<Item = usize>) -> Option<Vec<Vec<f32>>> {
+    let mut at = 0usize;
+    let mut out = Vec::new();
+    for n in lens {
+        out.push(values.get(at..at.checked_add(n)?)?.to_vec());
+        at += n;
+    }
+    (at == values.len()).then_some(out)
+}
+
 /// Every vector of `state`, parameters then buffers.
 fn all_parts(state: &HostState) -> Vec<&[f32]> {
     state.params.iter().chain(&state.buffers).map(Vec::as_slice).collect()
@@ -105,21 +116,9 @@ impl Views {
     /// view, the buffers from the last fragment's, which is read last). `None` before a base,
     /// or for a layout that is not the views'.
     pub(crate) fn decoded(&self, params: &[usize], buffers: &[usize]) -> Option<HostState> {
-        let split =
-            |values: &[f32], lens: &mut dyn Iterator<Item = usize>| -> Option<Vec<Vec<f32>>> {
-                let mut at = 0;
-                let out: Option<Vec<Vec<f32>>> = lens
-                    .map(|n| {
-                        let v = values.get(at..at + n)?.to_vec();
-                        at += n;
-                        Some(v)
-                    })
-                    .collect();
-                out.filter(|_| at == values.len())
-            };
         if self.fragments == 1 {
             let view = self.coders.first()?.view()?;
-            let mut all = split(view, &mut params.iter().chain(buffers).copied())?;
+            let mut all = split(view, params.iter().chain(buffers).copied())?;
             let buffers = all.split_off(params.len());
             return Some(HostState { params: all, buffers });
         }
@@ -130,7 +129,7 @@ impl Views {
             let members = cut.tensors(k);
             let lens = members.iter().map(|&t| params.get(t).copied());
             let lens: Option<Vec<usize>> = lens.chain(buffers.iter().map(|&b| Some(b))).collect();
-            let mut parts = split(coder.view()?, &mut lens?.into_iter())?;
+            let mut parts = split(coder.view()?, lens?.into_iter())?;
             last_buffers = parts.split_off(members.len());
             for (&t, values) in members.iter().zip(parts) {
                 *out.get_mut(t)? = values;
