@@ -8,9 +8,9 @@
 /// a rank that sent its snapshot trains its next window (its limit grows by one window's count)
 /// and waits only if the update has not come by then: the exposed part of a sync of `s` ms is
 /// `max(0, s − window)`. Under `--fragments` the reduces of a cycle carry different fragments
-/// (one heavy, several light, for a model with a dominant tensor): the exposed part is taken
-/// reduce by reduce and then averaged, never from the mean sync time, since a heavy fragment
-/// that overruns the window is not hidden by light ones that fit in it.
+/// and their sync times differ (a whole sync, what else the link carries): the exposed part is
+/// taken reduce by reduce and then averaged, never from the mean sync time, since a slow sync
+/// that overruns the window is not hidden by quick ones that fit in it.
 ///
 /// What is not modelled: the rank's encoding and hand-off of its snapshot (`Activity::Exchange`)
 /// and the merge of the update hold it however the exchange overlaps; they are counted as

@@ -76,15 +76,14 @@ pub enum LogicError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A model cannot be cut into more fragments than it has tensors (a tensor is never split).
-    #[error(
-        "{fragments} fragments of a model of {tensors} tensors (a fragment holds whole tensors)"
-    )]
+    /// A model cannot be cut into more fragments than it has parameter values (a fragment
+    /// would be empty).
+    #[error("{fragments} fragments of a model of {values} parameter values")]
     TooManyFragments {
         /// The fragments asked for.
         fragments: usize,
-        /// The model's parameter tensors.
-        tensors: usize,
+        /// The model's parameter values.
+        values: usize,
     },
     /// A state or a fragment's part does not fit the cut of the model into fragments.
     #[error("{what}: expected {expected}, got {got}")]

@@ -28,23 +28,25 @@ pub(crate) struct Views {
     cut: Option<(Fragments, usize)>,
 }
 
-/// Fragment `k`'s vectors of a whole `state`: its parameters in ascending order, then every
-/// buffer, as its view holds them.
+/// Fragment `k`'s vectors of a whole `state`: its pieces' runs of values in ascending order,
+/// then every buffer, as its view holds them.
 fn fragment_parts<'a>(cut: &Fragments, k: usize, state: &'a HostState) -> Vec<&'a [f32]> {
-    let params = cut.tensors(k).iter().filter_map(|&t| state.params.get(t)).map(Vec::as_slice);
+    let params = cut.pieces(k).iter().filter_map(|p| state.params.get(p.tensor)?.get(p.range()));
     params.chain(state.buffers.iter().map(Vec::as_slice)).collect()
 }
 
-/// [`fragment_parts`], to be written.
+/// [`fragment_parts`], to be written (a fragment holds one piece of a tensor at most).
 fn fragment_parts_mut<'a>(
     cut: &Fragments,
     k: usize,
     state: &'a mut HostState,
 ) -> Vec<&'a mut [f32]> {
-    let members = cut.tensors(k);
-    let params = state.params.iter_mut().enumerate();
-    let params = params.filter(|(t, _)| members.binary_search(t).is_ok()).map(|(_, v)| v);
-    params.chain(state.buffers.iter_mut()).map(Vec::as_mut_slice).collect()
+    let pieces = cut.pieces(k);
+    let params = state.params.iter_mut().enumerate().filter_map(|(t, v)| {
+        let at = pieces.binary_search_by_key(&t, |p| p.tensor).ok()?;
+        v.get_mut(pieces[at].range())
+    });
+    params.chain(state.buffers.iter_mut().map(Vec::as_mut_slice)).collect()
 }
 
 /// `values` cut into vectors of `lens` values, in order; `None` unless they use them all.
@@ -80,7 +82,7 @@ impl Views {
     /// Takes the whole `state` as every fragment's view: a fresh start.
     ///
     /// # Errors
-    /// [`DeltaError::Cut`] when the state has fewer parameter tensors than fragments.
+    /// [`DeltaError::Cut`] when the state has fewer parameter values than fragments.
     pub(crate) fn set_base(&mut self, state: &HostState) -> Result<(), DeltaError> {
         if self.fragments == 1 {
             if let Some(coder) = self.coders.first_mut() {
@@ -123,17 +125,19 @@ impl Views {
             return Some(HostState { params: all, buffers });
         }
         let (cut, _) = self.cut.as_ref()?;
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); params.len()];
+        let mut out: Vec<Vec<f32>> = params.iter().map(|&n| vec![0.0; n]).collect();
         let mut last_buffers = Vec::new();
         for (k, coder) in self.coders.iter().enumerate() {
-            let members = cut.tensors(k);
-            let lens = members.iter().map(|&t| params.get(t).copied());
-            let lens: Option<Vec<usize>> = lens.chain(buffers.iter().map(|&b| Some(b))).collect();
-            let mut parts = split(coder.view()?, lens?.into_iter())?;
-            last_buffers = parts.split_off(members.len());
-            for (&t, values) in members.iter().zip(parts) {
-                *out.get_mut(t)? = values;
+            let pieces = cut.pieces(k);
+            let lens = pieces.iter().map(|p| p.len).chain(buffers.iter().copied());
+            let mut parts = split(coder.view()?, lens)?;
+            last_buffers = parts.split_off(pieces.len());
+            for (p, values) in pieces.iter().zip(parts) {
+                out.get_mut(p.tensor)?.get_mut(p.range())?.copy_from_slice(&values);
             }
+        }
+        if cut.fits(&out, "a decoded state").is_err() {
+            return None;
         }
         Some(HostState { params: out, buffers: last_buffers })
     }
@@ -268,7 +272,7 @@ mod tests {
 
     /// Under a cut of 3, a base sets three views of each fragment's length (plus the buffers);
     /// fragment 1's delta goes through its coder alone, and the others stay at their base; the
-    /// whole model and a fragment out of range are refused.
+    /// whole model, a fragment out of range and more fragments than values are refused.
     #[test]
     fn a_fragment_goes_through_its_own_view() -> Result<(), String> {
         let q = QuantFormat::Q4;
@@ -299,8 +303,8 @@ mod tests {
         }
         assert!(controller.coder(None).is_err());
         assert!(controller.coder(Some(3)).is_err());
-        let mut too_few = Views::new(q, Direction::Consensus, 5);
-        assert!(too_few.set_base(&state).is_err());
+        let mut too_few = Views::new(q, Direction::Consensus, 161);
+        assert!(too_few.set_base(&state).is_err(), "160 values in 161 fragments");
         Ok(())
     }
 }

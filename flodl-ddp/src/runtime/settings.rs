@@ -173,9 +173,10 @@ partial! {
         )]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub overlap: Option<f32>,
-        /// Host backend: the parameters are cut into F fragments (whole tensors, balanced by
-        /// size) and each reduce syncs one of them in turn, so an exchange carries 1/F of the
-        /// model; 1 (the default) syncs the whole model at every reduce.
+        /// Host backend: the parameters are cut into F fragments of equal size (runs of
+        /// values, a tensor split where a cut falls in it) and each reduce syncs one of them
+        /// in turn, so an exchange carries 1/F of the model; 1 (the default) syncs the whole
+        /// model at every reduce.
         #[cfg_attr(feature = "clap", arg(long, value_name = "F"))]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub fragments: Option<usize>,

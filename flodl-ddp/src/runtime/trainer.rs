@@ -638,14 +638,14 @@ impl Trainer {
         self
     }
 
-    /// Host backend: cuts the parameters into `count` fragments of whole tensors balanced by
-    /// size, and syncs one of them per reduce in turn (reduce k syncs fragment k mod F, as in
-    /// Streaming DiLoCo), so an exchange carries about 1/F of the model and the link is busy
-    /// evenly. A fragment's average weighs each rank by the steps it trained since that
+    /// Host backend: cuts the parameters into `count` fragments of equal size (the tensors
+    /// laid end to end, cut into runs of values: a tensor may be split between fragments), and
+    /// syncs one of them per reduce in turn (reduce k syncs fragment k mod F, as in Streaming
+    /// DiLoCo), so an exchange carries 1/F of the model and the link is busy evenly. A fragment's average weighs each rank by the steps it trained since that
     /// fragment was last synced; a reduce that saves a checkpoint syncs every fragment, and
     /// the final state averages every fragment. 1 (the default) syncs the whole model at every
     /// reduce; more needs the plain average as the outer optimizer, and at most as many
-    /// fragments as the model has parameter tensors (checked when the run starts).
+    /// fragments as the model has parameter values (checked when the run starts).
     pub fn fragments(mut self, count: usize) -> Trainer {
         self.draft.fragments = count;
         self

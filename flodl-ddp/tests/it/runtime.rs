@@ -467,14 +467,14 @@ fn hung_rank_times_out() -> TestResult {
     Ok(())
 }
 
-/// `--fragments`: with the model's 4 tensors cut into 2 and 4 fragments, one synced per reduce,
-/// every policy on the host backend, in-process, under a 3× skew, with the exchange overlapped
-/// or not, trains below the loss threshold of [`every_mode_trains`] and trains every sample once
-/// per epoch; more fragments than tensors is a typed error when the run starts.
+/// `--fragments`: with the model's 4 tensors cut into 2 and 5 fragments (5: tensors split
+/// between fragments), one synced per reduce, every policy on the host backend, in-process,
+/// under a 3× skew, with the exchange overlapped or not, trains below the loss threshold of
+/// [`every_mode_trains`] and trains every sample once per epoch.
 #[test]
 fn fragments_train_every_policy() -> TestResult {
     let data = train_subset(3072);
-    for (fragments, overlap) in [(2, false), (4, false), (4, true)] {
+    for (fragments, overlap) in [(2, false), (5, false), (5, true)] {
         for policy in POLICIES {
             let mut t = trainer(3, policy, Backend::Host, data.clone())
                 .slowdown(vec![1.0, 1.0, 3.0])
@@ -490,9 +490,5 @@ fn fragments_train_every_policy() -> TestResult {
             assert!(state.reduces > 1, "{what}: {} reduces", state.reduces);
         }
     }
-    let five =
-        trainer(2, Policy::Sync, Backend::Host, data).fragments(5).run().and_then(|h| h.join());
-    let want = flodl_ddp::LogicError::TooManyFragments { fragments: 5, tensors: 4 };
-    assert!(matches!(&five, Err(Error::Logic(e)) if *e == want), "{five:?}");
     Ok(())
 }

@@ -219,7 +219,7 @@ impl Coordinator {
     /// fragments; nothing trained yet.
     ///
     /// # Errors
-    /// [`crate::LogicError::TooManyFragments`] for more fragments than parameter tensors.
+    /// [`crate::LogicError::TooManyFragments`] for more fragments than parameter values.
     pub(super) fn stagger(&mut self, state: &HostState) -> Result<()> {
         if self.cfg.spec.fragments > 1 {
             let world = self.cfg.world();
@@ -472,8 +472,8 @@ impl Coordinator {
         }
         let tx = self.local.clone();
         let gamma = self.cfg.spec.gamma;
-        // Under `--fragments` the guard follows one series: fragment 0's (it holds the largest
-        // tensor), each measured over the steps since its last sync (a whole sync is not).
+        // Under `--fragments` the guard follows one series: fragment 0's (fragments are of
+        // equal size), each measured over the steps since its last sync (a whole sync is not).
         let series = match (job.fragment, &self.staggered) {
             (Some(k), _) => k == 0,
             (None, staggered) => staggered.is_none(),

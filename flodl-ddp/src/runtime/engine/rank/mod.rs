@@ -3,6 +3,7 @@
 
 mod attack;
 mod emulation;
+mod merge;
 pub(crate) mod rank_loop;
 mod window_state;
 
@@ -21,9 +22,9 @@ use crate::contract::replica::{Batch, Replica, ReplicaContext};
 use crate::contract::requirement::require;
 use crate::contract::staging::{device_batch, upload};
 use crate::control::breakdown::Activity;
-use crate::control::fragment::Fragments;
+use crate::control::fragment::{Fragments, Piece};
 use crate::control::metrics::{EvalMetrics, WorkTally, drain_scalars};
-use crate::control::outer::{OuterKind, OuterOptimizer, easgd_blend, overlap_merge};
+use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::error::Peer;
 use crate::link::failure::RankFailure;
 use crate::link::wire::{
@@ -46,6 +47,7 @@ use crate::state::HostState;
 use crate::{Error, Result};
 
 use emulation::{SlowerDevice, jitter};
+use merge::merge_piece;
 
 /// How long a rank waits for a prefetched batch before it services its link.
 const PREFETCH_POLL: Duration = Duration::from_millis(50);
@@ -209,7 +211,7 @@ impl Worker {
     /// controller cuts the starting state.
     ///
     /// # Errors
-    /// [`crate::LogicError::TooManyFragments`] for more fragments than parameter tensors.
+    /// [`crate::LogicError::TooManyFragments`] for more fragments than parameter values.
     pub(crate) fn fragments(&self, count: usize) -> Result<Fragments> {
         let sizes: Vec<usize> = self.replica.parameters().iter().map(Tensor::numel).collect();
         Ok(Fragments::cut(&sizes, count)?)
@@ -368,34 +370,34 @@ impl Worker {
         self.replica.import_parameters()
     }
 
-    /// Host backend: takes the round's average. When `sent` (the parameters of the rank's
-    /// snapshot) is given, each parameter is merged by [`overlap_merge`]:
-    /// `now + μ·(average − sent)`, μ = `blend` or 1 (the rank keeps what it trained since its
-    /// snapshot). Otherwise it becomes the average or, under EASGD (`blend` = α), is pulled
-    /// towards it by α. Buffers become the average's. An outer optimizer that resets inner
-    /// state resets it. With `tensors` (a fragment's, `--fragments`), the average and `sent`
-    /// hold those parameters only, in that order, and the others are left as they are.
+    /// Host backend: takes the round's average into each parameter by [`merge_piece`]: with
+    /// `sent` (the parameters of the rank's snapshot), `now + μ·(average − sent)`, μ = `blend`
+    /// or 1 (the rank keeps what it trained since its snapshot); otherwise the average or,
+    /// under EASGD (`blend` = α), a pull towards it by α. Buffers become the average's. An
+    /// outer optimizer that resets inner state resets it. With `pieces` (a fragment's,
+    /// `--fragments`), the average and `sent` hold those runs of values only, in that order,
+    /// and every other value is left as it is.
     pub(crate) fn take_average(
         &mut self,
         avg: &HostState,
         sent: Option<&[Vec<f32>]>,
         blend: Option<f32>,
-        tensors: Option<&[usize]>,
+        pieces: Option<&[Piece]>,
     ) -> Result<()> {
         let stream = self.stream.clone();
         // The average is shifted by what the rank trained since its snapshot: read it now.
         self.replica.export_parameters()?;
         let params = self.replica.parameters_mut();
-        let all: Vec<usize>;
-        let index = match tensors {
-            Some(t) => t,
+        let all: Vec<Piece>;
+        let index = match pieces {
+            Some(p) => p,
             None => {
-                all = (0..params.len()).collect();
+                all = params.iter().enumerate().map(|(t, p)| Piece::whole(t, p.numel())).collect();
                 &all
             }
         };
         if index.len() != avg.params.len()
-            || index.iter().any(|&i| i >= params.len())
+            || index.iter().any(|p| p.tensor >= params.len())
             || sent.is_some_and(|s| s.len() != index.len())
         {
             return Err(Error::mismatch(
@@ -404,37 +406,9 @@ impl Worker {
                 format!("{} averaged, {:?} sent", avg.params.len(), sent.map(|s| s.len())),
             ));
         }
-        for (i, &at) in index.iter().enumerate() {
-            let t = &mut params[at];
-            let a = &avg.params[i];
-            if a.len() != t.numel() {
-                return Err(Error::mismatch("an averaged tensor's size", t.numel(), a.len()));
-            }
-            if let Some(sent) = sent {
-                let now = t.to_vec::<f32>(&stream)?;
-                if now.len() != sent[i].len() {
-                    return Err(Error::mismatch(
-                        "a tensor's size since its snapshot",
-                        sent[i].len(),
-                        now.len(),
-                    ));
-                }
-                let merged = overlap_merge(&now, a, &sent[i], blend.unwrap_or(1.0));
-                t.copy_from_host(&merged, &stream)?;
-                continue;
-            }
-            match blend {
-                Some(alpha) => {
-                    let target = Tensor::from_slice(a, t.shape(), &stream)?;
-                    easgd_blend(
-                        std::slice::from_mut(t),
-                        std::slice::from_ref(&target),
-                        alpha,
-                        &stream,
-                    )?;
-                }
-                None => t.copy_from_host(a, &stream)?,
-            }
+        for (i, piece) in index.iter().enumerate() {
+            let sent = sent.map(|s| s[i].as_slice());
+            merge_piece(&mut params[piece.tensor], piece, &avg.params[i], sent, blend, &stream)?;
         }
         let buffers = self.replica.buffers_mut();
         if buffers.len() != avg.buffers.len() {

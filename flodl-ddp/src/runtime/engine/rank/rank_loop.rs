@@ -552,8 +552,8 @@ impl<'a> RankLoop<'a> {
                     (None, alpha) => alpha,
                 };
                 let t = Instant::now();
-                let tensors = cut.as_ref().map(|(k, cut)| cut.tensors(*k));
-                self.worker.take_average(&state, params.as_deref(), blend, tensors)?;
+                let pieces = cut.as_ref().map(|(k, cut)| cut.pieces(*k));
+                self.worker.take_average(&state, params.as_deref(), blend, pieces)?;
                 self.ledger.charge(Activity::Reduce, t);
                 if fragment.is_none() {
                     self.hold_for_mirror(state);
