@@ -9,6 +9,10 @@
 //!     [--samples N] [--speed-change 1:3@0.3-0.6]
 //! ```
 //!
+//! A mode is `POLICY-BACKEND`, and on the host backend may add `/fF` (`--fragments F`) and
+//! `/o` (`--overlap`, μ = 1): `cadence-host/f4/o` syncs the model in 4 fragments, the exchange
+//! overlapped with the next window.
+//!
 //! Workload: MNIST (60k train, 10k test), MLP 784-256-128-10 (`--hidden 4096,4096`: the
 //! 20M-parameter MLP, 80 MB of state per exchange), batch 64 per rank, SGD lr 0.05 momentum 0.9,
 //! one thread per rank; `--samples N` trains on the first N training samples only.
@@ -55,7 +59,7 @@ struct Args {
     epochs: usize,
     slow: f64,
     runs: Vec<String>,
-    modes: Vec<(Policy, Backend)>,
+    modes: Vec<Mode>,
     json: bool,
     lr: f32,
     lr_scale_ratio: f64,
@@ -72,9 +76,47 @@ struct Args {
     speed_change: Vec<SpeedChange>,
 }
 
-fn parse_mode(s: &str) -> Option<(Policy, Backend)> {
-    let (p, b) = s.split_once('-')?;
-    Some((p.parse().ok()?, b.parse().ok()?))
+/// A mode of the runs: a policy on a backend, with the host backend's exchange options.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Mode {
+    policy: Policy,
+    backend: Backend,
+    /// `--fragments` (1: the whole model at every reduce).
+    fragments: usize,
+    /// `--overlap` with μ = 1.
+    overlap: bool,
+}
+
+impl Mode {
+    /// A policy on a backend, whole and not overlapped.
+    fn plain(policy: Policy, backend: Backend) -> Mode {
+        Mode { policy, backend, fragments: 1, overlap: false }
+    }
+
+    /// The mode as `--modes` spells it.
+    fn name(&self) -> String {
+        let mut name = format!("{}-{}", self.policy.name(), self.backend.name());
+        if self.fragments > 1 {
+            name.push_str(&format!("/f{}", self.fragments));
+        }
+        if self.overlap {
+            name.push_str("/o");
+        }
+        name
+    }
+}
+
+fn parse_mode(s: &str) -> Option<Mode> {
+    let mut parts = s.split('/');
+    let (p, b) = parts.next()?.split_once('-')?;
+    let mut mode = Mode::plain(p.parse().ok()?, b.parse().ok()?);
+    for part in parts {
+        match part {
+            "o" => mode.overlap = true,
+            f => mode.fragments = f.strip_prefix('f')?.parse().ok()?,
+        }
+    }
+    Some(mode)
 }
 
 fn parse() -> Result<Args, String> {
@@ -83,10 +125,10 @@ fn parse() -> Result<Args, String> {
         slow: 2.5,
         runs: vec!["solo".into(), "equal".into(), "skew".into()],
         modes: vec![
-            (Policy::Cadence, Backend::Collective),
-            (Policy::Cadence, Backend::Host),
-            (Policy::Async, Backend::Collective),
-            (Policy::Async, Backend::Host),
+            Mode::plain(Policy::Cadence, Backend::Collective),
+            Mode::plain(Policy::Cadence, Backend::Host),
+            Mode::plain(Policy::Async, Backend::Collective),
+            Mode::plain(Policy::Async, Backend::Host),
         ],
         json: false,
         lr: 0.05,
@@ -196,7 +238,7 @@ impl Ranks<'_> {
 
 fn train(
     name: &str,
-    (policy, backend): (Policy, Backend),
+    mode: Mode,
     ranks: Ranks<'_>,
     prefetch: Prefetch,
     args: &Args,
@@ -209,22 +251,26 @@ fn train(
     if let Some(m) = args.max_anchor {
         knobs.max_anchor = m;
     }
-    let mut handle = Trainer::new(Mlp::factory(mlp))
+    let mut trainer = Trainer::new(Mlp::factory(mlp))
         .elche(knobs)
         .dataset(data.0.clone())
         .test_dataset(data.1.clone(), args.epochs)
         .batch_size(64)
         .epochs(args.epochs)
         .devices(Devices::Cpu(ranks.slowdown.len()))
-        .policy(policy)
-        .backend(backend)
+        .policy(mode.policy)
+        .backend(mode.backend)
+        .fragments(mode.fragments)
         .learning_rate(args.lr)
         .lr_scale_ratio(args.lr_scale_ratio)
         .slowdown(ranks.slowdown)
         .speed_changes(ranks.changes.to_vec())
         .prefetch(prefetch)
-        .stall_timeout(Duration::from_secs(300))
-        .run()?;
+        .stall_timeout(Duration::from_secs(300));
+    if mode.overlap {
+        trainer = trainer.overlap(1.0);
+    }
+    let mut handle = trainer.run()?;
     // The reduce events queue is bounded: read it while the run goes on.
     let mut windows = Vec::new();
     while !handle.is_finished() {
@@ -340,19 +386,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 struct Key {
     ranks: usize,
     skew: f64,
-    mode: (Policy, Backend),
+    mode: Mode,
     prefetch: Prefetch,
 }
 
 impl Key {
     fn name(&self, args: &Args) -> String {
-        let (p, b) = self.mode;
         format!(
-            "{} ranks x{} {}-{}{}",
+            "{} ranks x{} {}{}",
             self.ranks,
             self.skew,
-            p.name(),
-            b.name(),
+            self.mode.name(),
             variant(self.prefetch, args)
         )
     }
@@ -418,11 +462,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let last = ranks.saturating_sub(1);
         table.push(format!(
-            "| {} | {}x | {}-{} | {of_corun:.3} | {ratio:.3} | {corun:.3} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |",
+            "| {} | {}x | {} | {of_corun:.3} | {ratio:.3} | {corun:.3} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |",
             key.ranks,
             key.skew,
-            key.mode.0.name(),
-            key.mode.1.name(),
+            key.mode.name(),
             at(0, Activity::Waiting),
             at(0, Activity::Reduce),
             at(0, Activity::Data),
@@ -478,7 +521,7 @@ fn co_run(
     slowdown: &[f64],
     shares: &[f64],
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let mode = (Policy::Sync, Backend::Collective);
+    let mode = Mode::plain(Policy::Sync, Backend::Collective);
     let sets: Vec<(usize, Arc<dyn Dataset>)> = shares
         .iter()
         .map(|share| {
@@ -543,7 +586,7 @@ impl Solos {
             return Ok((t, c));
         }
         let name = format!("solo (x{factor:.2})");
-        let mode = (Policy::Sync, Backend::Collective);
+        let mode = Mode::plain(Policy::Sync, Backend::Collective);
         let run = train(&name, mode, Ranks::steady(vec![factor]), Prefetch::Auto, args, data)?;
         let target = (factor == 1.0).then_some(34_000.0);
         report(&run, args.json, target);
@@ -571,10 +614,9 @@ fn round(
     if has("equal") {
         for &mode in &args.modes {
             for &pf in &args.prefetch {
-                let (p, b) = mode;
-                let name = format!("equal {}-{}{}", p.name(), b.name(), variant(pf, args));
+                let name = format!("equal {}{}", mode.name(), variant(pf, args));
                 let run = train(&name, mode, Ranks::steady(vec![1.0, 1.0]), pf, args, data)?;
-                let target = (p == Policy::Cadence).then_some(60_000.0);
+                let target = (mode.policy == Policy::Cadence).then_some(60_000.0);
                 report(&run, args.json, target);
             }
         }
@@ -619,15 +661,10 @@ fn round(
         for &n in &args.ranks {
             let skew = args.skews[0];
             for &mode in &args.modes {
-                let (p, b) = mode;
                 let changes: Vec<String> =
                     args.speed_change.iter().map(|c| c.to_string()).collect();
-                let name = format!(
-                    "mixed {n} ranks x{skew} {}-{} [{}]",
-                    p.name(),
-                    b.name(),
-                    changes.join(",")
-                );
+                let name =
+                    format!("mixed {n} ranks x{skew} {} [{}]", mode.name(), changes.join(","));
                 let slowdown = spread(n, skew);
                 let ranks = Ranks { slowdown: slowdown.clone(), changes: &args.speed_change };
                 let run = train(&name, mode, ranks, Prefetch::Auto, args, data)?;
