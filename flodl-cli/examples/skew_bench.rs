@@ -15,7 +15,9 @@
 //! ```
 //! Throughput is samples trained / training wall time, from each run's summary.json; medians
 //! over the repeats, which run round-robin. Extra flags (after `--`) go to every run, e.g.
-//! `-- --epochs 1 --train-subset 12000 --test-subset 1000`.
+//! `-- --epochs 1 --train-subset 12000 --test-subset 1000`. A policy may add `/fF`
+//! (`--fragments F`) and `/o` (`--overlap`) for its jobs only, not the solo and co-run ones:
+//! `--policies cadence,cadence/f4` runs the plain and the fragmented job against one ceiling.
 
 mod bench_kit;
 
@@ -63,6 +65,23 @@ fn parse() -> Result<Args> {
         }
     }
     Ok(args)
+}
+
+/// A `--policies` entry: the policy, and the flags its `/fF` and `/o` suffixes stand for.
+fn policy_flags(entry: &str) -> Result<(&str, Vec<String>)> {
+    let mut parts = entry.split('/');
+    let policy = parts.next().unwrap_or_default();
+    let mut flags = Vec::new();
+    for part in parts {
+        match (part, part.strip_prefix('f')) {
+            ("o", _) => flags.push("--overlap".to_string()),
+            (_, Some(f)) if f.parse::<usize>().is_ok() => {
+                flags.extend(["--fragments".to_string(), f.to_string()])
+            }
+            _ => return Err(format!("--policies {entry}: unknown suffix /{part}").into()),
+        }
+    }
+    Ok((policy, flags))
 }
 
 /// `n` ranks at skew `skew`: rank 0 at full speed, the others spread evenly up to `skew`.
@@ -226,7 +245,9 @@ fn main() -> Result {
                         let out = dir(placement);
                         let mut a = how;
                         a.extend(common.clone());
-                        a.extend(strings(&["--policy", policy, "--slowdown", &factors(&slowdown)]));
+                        let (name, flags) = policy_flags(policy)?;
+                        a.extend(strings(&["--policy", name, "--slowdown", &factors(&slowdown)]));
+                        a.extend(flags);
                         let what = format!("{n} ranks x{skew} {policy} {placement}");
                         let f = finish(start(&fdl, &a, &args.extra, &out)?, &what, &out)?;
                         println!(

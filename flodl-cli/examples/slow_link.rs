@@ -19,11 +19,13 @@
 //! ```
 //! Needs root (`ip netns`). Columns: samples/s of the whole job and its ratio to the same
 //! format on loopback; each remote rank's exchange (encoding and handing its frame over) and
-//! its whole host round trip (exchange + reduce: the time it could not train because of the
-//! averaging, as the ranks do not yet overlap it) as shares of its wall; the final training
-//! loss at equal samples and its relative gap to loopback f32; the job's whole wall (start-up,
-//! training and the end: what a user waits for). Repeats run round-robin; each cell is their
-//! median. `--keep` keeps the jobs' output directories and prints where.
+//! its whole host round trip (exchange + reduce: the time it waited for or spent on the
+//! averaging) as shares of its wall; the final training loss at equal samples (the last
+//! epoch's mean) and the returned model's loss on the test subset, each with its relative gap
+//! to loopback f32 ("—" without a loopback f32 job); the job's whole wall (start-up, training
+//! and the end: what a user waits for). Repeats run round-robin; each cell is their median
+//! (the upper one of an even count), and each job's line gives its own figures. `--keep`
+//! keeps the jobs' output directories and prints where.
 
 mod bench_kit;
 
@@ -55,6 +57,8 @@ struct Outcome {
     /// The job's wall, start to end (`run_wall_s`).
     job_wall: f64,
     loss: f64,
+    /// The returned model's loss on the test subset (`test.loss`).
+    test_loss: f64,
     reduces: f64,
     /// Per remote rank (1, 2): (exchange, exchange + reduce) as shares of its wall.
     shares: Vec<(f64, f64)>,
@@ -86,6 +90,7 @@ fn outcome(dir: &Path) -> Result<Outcome> {
         rate: samples / wall,
         job_wall: s["run_wall_s"].as_f64().unwrap_or(f64::NAN),
         loss: s["final_train_loss"].as_f64().unwrap_or(f64::NAN),
+        test_loss: s["test"]["loss"].as_f64().unwrap_or(f64::NAN),
         reduces: s["syncs"].as_f64().unwrap_or(f64::NAN),
         shares,
     })
@@ -177,10 +182,12 @@ fn main() -> Result {
                 run_job(&fdl, &place, &keys, &dir, &job, JOB_LIMIT)?;
                 let o = outcome(&dir.join("rank0"))?;
                 eprintln!(
-                    "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, {:.0} s, samples by \
-                     rank {:?}, ranks declared dead: {:?}",
+                    "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, final loss {:.4}, test \
+                     loss {:.4}, {:.0} s, samples by rank {:?}, ranks declared dead: {:?}",
                     o.rate,
                     o.reduces,
+                    o.loss,
+                    o.test_loss,
                     started.elapsed().as_secs_f64(),
                     o.samples,
                     o.faults
@@ -201,11 +208,18 @@ fn main() -> Result {
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
     let base_loss = median("loopback", "f32", &|o| o.loss);
+    let base_test = median("loopback", "f32", &|o| o.test_loss);
+    // Without a loopback f32 job there is nothing to compare a loss with.
+    let gap = |loss: f64, base: f64| match base.is_nan() {
+        true => "—".to_string(),
+        false => format!("{:+.2}%", 100.0 * (loss / base - 1.0)),
+    };
     println!(
         "| link | wire | samples/s | × loopback | reduces | exchange % of wall (r1, r2) | \
-         exchange+reduce % of wall (r1, r2) | final loss | loss vs loopback f32 | job wall (s) |"
+         exchange+reduce % of wall (r1, r2) | final loss | loss vs loopback f32 | test loss | \
+         test loss vs loopback f32 | job wall (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for link in links.split(',') {
         for wire in wires.split(',') {
             let rate = median(link, wire, &|o| o.rate);
@@ -215,15 +229,17 @@ fn main() -> Result {
                 })
             };
             let loss = median(link, wire, &|o| o.loss);
+            let test = median(link, wire, &|o| o.test_loss);
             println!(
-                "| {link} | {wire} | {rate:.0} | {:.2} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {:+.2}% | {:.1} |",
+                "| {link} | {wire} | {rate:.0} | {:.2} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {} | {test:.4} | {} | {:.1} |",
                 rate / median("loopback", wire, &|o| o.rate),
                 median(link, wire, &|o| o.reduces),
                 100.0 * share(0, false),
                 100.0 * share(1, false),
                 100.0 * share(0, true),
                 100.0 * share(1, true),
-                100.0 * (loss / base_loss - 1.0),
+                gap(loss, base_loss),
+                gap(test, base_test),
                 median(link, wire, &|o| o.job_wall),
             );
         }
