@@ -29,42 +29,36 @@ pub(super) fn merge_piece(
     if let Some(s) = sent.filter(|s| s.len() != average.len()) {
         return Err(Error::mismatch("a tensor's size since its snapshot", average.len(), s.len()));
     }
-    let easgd = sent.is_none() && blend.is_some();
-    if !piece.covers(t.numel()) && !easgd {
-        // A run of a tensor in host memory: merged where it lies, no copy of the tensor.
+    if !piece.covers(t.numel()) {
+        // A run of the tensor: merged by the same rules on its values alone, where they lie
+        // for a tensor in host memory, else on a host copy written back whole.
+        let merged = |run: &[f32]| -> Result<Vec<f32>> {
+            Ok(match (sent, blend) {
+                (Some(sent), mix) => overlap_merge(run, average, sent, mix.unwrap_or(1.0)),
+                (None, Some(alpha)) => {
+                    let mut local = Tensor::from_slice(run, &[run.len()], stream)?;
+                    let target = Tensor::from_slice(average, &[average.len()], stream)?;
+                    easgd_blend(
+                        std::slice::from_mut(&mut local),
+                        std::slice::from_ref(&target),
+                        alpha,
+                        stream,
+                    )?;
+                    local.to_vec::<f32>(stream)?
+                }
+                (None, None) => average.to_vec(),
+            })
+        };
         if let Ok(values) = t.as_mut_slice::<f32>() {
             let run = &mut values[piece.range()];
-            match sent {
-                Some(sent) => {
-                    let merged = overlap_merge(run, average, sent, blend.unwrap_or(1.0));
-                    run.copy_from_slice(&merged);
-                }
-                None => run.copy_from_slice(average),
-            }
+            let m = merged(run)?;
+            run.copy_from_slice(&m);
             return Ok(());
         }
-    }
-    if !piece.covers(t.numel()) {
-        // A run of a device tensor, or under EASGD: merged on the host by the same rules, and
-        // the tensor written back with its other values as they were.
         let mut now = t.to_vec::<f32>(stream)?;
         let run = &mut now[piece.range()];
-        let merged = match (sent, blend) {
-            (Some(sent), mix) => overlap_merge(run, average, sent, mix.unwrap_or(1.0)),
-            (None, Some(alpha)) => {
-                let mut local = Tensor::from_slice(run, &[run.len()], stream)?;
-                let target = Tensor::from_slice(average, &[average.len()], stream)?;
-                easgd_blend(
-                    std::slice::from_mut(&mut local),
-                    std::slice::from_ref(&target),
-                    alpha,
-                    stream,
-                )?;
-                local.to_vec::<f32>(stream)?
-            }
-            (None, None) => average.to_vec(),
-        };
-        run.copy_from_slice(&merged);
+        let m = merged(run)?;
+        run.copy_from_slice(&m);
         return Ok(t.copy_from_host(&now, stream)?);
     }
     if let Some(sent) = sent {
