@@ -20,6 +20,21 @@ pub(crate) struct HostState {
     pub(crate) buffers: Vec<Vec<f32>>,
 }
 
+/// Values scanned per block by [`first_where`].
+const SCAN_BLOCK: usize = 4096;
+
+/// The index of the first of `values` that is `bad`: each block of [`SCAN_BLOCK`] values is
+/// scanned without an early exit (a branch-free pass that vectorises, several times faster
+/// than stopping at each value), and only a block that holds one is searched value by value.
+pub(crate) fn first_where(values: &[f32], bad: impl Fn(f32) -> bool + Copy) -> Option<usize> {
+    values.chunks(SCAN_BLOCK).enumerate().find_map(|(b, block)| {
+        if !block.iter().fold(false, |any, &x| any | bad(x)) {
+            return None;
+        }
+        block.iter().position(|&x| bad(x)).map(|i| b * SCAN_BLOCK + i)
+    })
+}
+
 /// Values per block of a state's digest (1 MiB of f32): the blocks are hashed in parallel.
 const DIGEST_BLOCK: usize = 1 << 18;
 
@@ -82,6 +97,36 @@ mod tests {
             }
         }
         top.finalize().into()
+    }
+
+    /// Random values with a few NaN and infinities at random places (at block edges among
+    /// them): the first found is the first by a plain search, for both checks.
+    #[test]
+    fn first_where_is_the_first_by_a_plain_search() -> TestResult {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(9);
+        let checks: [fn(f32) -> bool; 2] = [|x| !x.is_finite(), f32::is_nan];
+        for case in 0..200 {
+            let len = rng.random_range(0..3 * SCAN_BLOCK + 3);
+            let mut values: Vec<f32> = (0..len).map(|_| rng.random_range(-1e30..1e30)).collect();
+            for _ in 0..rng.random_range(0..4) {
+                if len == 0 {
+                    break;
+                }
+                let at = match rng.random_range(0..3) {
+                    0 => (SCAN_BLOCK * rng.random_range(0..3) + rng.random_range(0..2)) % len,
+                    1 => len - 1,
+                    _ => rng.random_range(0..len),
+                };
+                values[at] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][rng.random_range(0..3)];
+            }
+            for bad in checks {
+                let expected = values.iter().position(|&x| bad(x));
+                if first_where(&values, bad) != expected {
+                    return Err(format!("case {case}: not the first by a plain search").into());
+                }
+            }
+        }
+        Ok(())
     }
 
     fn random_state(rng: &mut Xoshiro256PlusPlus) -> HostState {

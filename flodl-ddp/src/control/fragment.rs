@@ -106,6 +106,19 @@ impl Fragments {
         self.members.get(k).map_or(&[], Vec::as_slice)
     }
 
+    /// The pieces of fragment `k`, which must exist.
+    ///
+    /// # Errors
+    /// [`LogicError::FragmentShape`] when `k` is out of range.
+    pub(crate) fn pieces_of(&self, k: usize) -> LogicResult<&[Piece]> {
+        match self.members.get(k) {
+            Some(pieces) => Ok(pieces),
+            None => {
+                Err(LogicError::FragmentShape { what: "a fragment", expected: self.len(), got: k })
+            }
+        }
+    }
+
     /// The fragment the run's reduce number `k` (from 0) syncs: `k mod F`, so consecutive
     /// reduces carry consecutive fragments.
     pub(crate) fn scheduled(&self, k: u64) -> usize {
@@ -135,30 +148,15 @@ impl Fragments {
         params.chain(shapes[n..].iter().cloned()).collect()
     }
 
-    /// Fragment `k`'s part of a whole `state`, taken out of it: its pieces' values in
-    /// ascending order (a whole tensor moved, a run copied), and every buffer (buffers travel
-    /// at every exchange).
+    /// Fragment `k`'s part of a whole `state`, copied: its pieces' values in ascending order,
+    /// and every buffer (buffers travel at every exchange). What a rank reads for a fragment
+    /// (`Worker::snapshot_part`) and what a fragment's average holds, by definition: the
+    /// tests' reference.
     ///
     /// # Errors
     /// [`LogicError::FragmentShape`] when `k` is out of range or `state` is not of the cut
     /// model's layout.
-    pub(crate) fn take(&self, k: usize, state: &mut HostState) -> LogicResult<HostState> {
-        self.check(k, &state.params, true, "a whole state to cut")?;
-        let params = self
-            .pieces(k)
-            .iter()
-            .map(|p| match p.covers(self.sizes[p.tensor]) {
-                true => std::mem::take(&mut state.params[p.tensor]),
-                false => state.params[p.tensor][p.range()].to_vec(),
-            })
-            .collect();
-        Ok(HostState { params, buffers: std::mem::take(&mut state.buffers) })
-    }
-
-    /// Fragment `k`'s part of a whole `state`, copied: see [`Fragments::take`].
-    ///
-    /// # Errors
-    /// As [`Fragments::take`].
+    #[cfg(test)]
     pub(crate) fn part(&self, k: usize, state: &HostState) -> LogicResult<HostState> {
         self.check(k, &state.params, true, "a whole state to cut")?;
         let params =
@@ -166,7 +164,7 @@ impl Fragments {
         Ok(HostState { params, buffers: state.buffers.clone() })
     }
 
-    /// Writes fragment `k`'s `part` (as [`Fragments::take`] makes it) into a whole state:
+    /// Writes fragment `k`'s `part` (as [`Fragments::part`] cuts it) into a whole state:
     /// its pieces' values, and every buffer.
     ///
     /// # Errors
@@ -210,9 +208,8 @@ impl Fragments {
         }
     }
 
-    /// Checks `k`, the count of `params` and their sizes: of a `whole` state, the tensors that
-    /// fragment `k` has pieces of (the others may have been taken); of a part, its vectors
-    /// against its pieces.
+    /// Checks `k`, and `params`: a `whole` state of the cut model ([`Fragments::fits`]), or a
+    /// part of fragment `k`, its vectors against its pieces.
     fn check(
         &self,
         k: usize,
@@ -220,27 +217,18 @@ impl Fragments {
         whole: bool,
         what: &'static str,
     ) -> LogicResult<()> {
-        if k >= self.len() {
-            return Err(LogicError::FragmentShape {
-                what: "a fragment",
-                expected: self.len(),
-                got: k,
-            });
+        let pieces = self.pieces_of(k)?;
+        if whole {
+            return self.fits(params, what);
         }
-        let tensors = if whole { self.sizes.len() } else { self.pieces(k).len() };
-        if params.len() != tensors {
-            return Err(LogicError::FragmentShape { what, expected: tensors, got: params.len() });
+        if params.len() != pieces.len() {
+            let (expected, got) = (pieces.len(), params.len());
+            return Err(LogicError::FragmentShape { what, expected, got });
         }
-        for (i, p) in self.pieces(k).iter().enumerate() {
-            let (got, expected) = match whole {
-                true => (params[p.tensor].len(), self.sizes[p.tensor]),
-                false => (params[i].len(), p.len),
-            };
-            if got != expected {
-                return Err(LogicError::FragmentShape { what, expected, got });
-            }
+        match params.iter().zip(pieces).find(|(v, p)| v.len() != p.len) {
+            Some((v, p)) => Err(LogicError::FragmentShape { what, expected: p.len, got: v.len() }),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -432,13 +420,8 @@ mod tests {
                 params: sizes.iter().map(|&s| vec![0.0; s]).collect(),
                 buffers: vec![vec![0.0; 2]],
             };
-            let mut whole = state.clone();
             for k in 0..count {
-                let part = cut.take(k, &mut whole).map_err(|e| e.to_string())?;
-                if part != cut.part(k, &state).map_err(|e| e.to_string())? {
-                    return Err(format!("case {case}: take and part differ"));
-                }
-                whole.buffers = part.buffers.clone();
+                let part = cut.part(k, &state).map_err(|e| e.to_string())?;
                 let shapes = cut.shapes(k, &sizes.iter().map(|&s| vec![s]).collect::<Vec<_>>());
                 let lens: Vec<usize> = part.params.iter().map(Vec::len).collect();
                 if shapes.iter().map(|s| s.iter().product::<usize>()).collect::<Vec<_>>() != lens {
@@ -466,11 +449,12 @@ mod tests {
         let cut = Fragments::cut(&[3, 4, 5], 2).map_err(|e| e.to_string())?;
         let mut state =
             HostState { params: vec![vec![0.0; 3], vec![0.0; 4], vec![0.0; 5]], buffers: vec![] };
-        assert!(cut.take(2, &mut state).is_err());
+        assert!(cut.part(2, &state).is_err());
+        assert!(cut.pieces_of(2).is_err());
         let wrong = HostState { params: vec![vec![0.0; 2]], buffers: vec![] };
         assert!(cut.put(0, wrong, &mut state).is_err());
-        let mut short = HostState { params: vec![vec![0.0; 3]], buffers: vec![] };
-        assert!(cut.take(0, &mut short).is_err());
+        let short = HostState { params: vec![vec![0.0; 3]], buffers: vec![] };
+        assert!(cut.part(0, &short).is_err());
         // Fragment 0 of [1, 100] in 2: tensor 0 whole and tensor 1's first 49 values.
         let cut = Fragments::cut(&[1, 100], 2).map_err(|e| e.to_string())?;
         assert_eq!(cut.pieces(0), [Piece::whole(0, 1), Piece { tensor: 1, start: 0, len: 49 }]);

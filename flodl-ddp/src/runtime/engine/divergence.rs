@@ -9,7 +9,7 @@
 use flodl_tensor::{Stream, Tensor, ops};
 
 use crate::error::Divergence;
-use crate::state::HostState;
+use crate::state::{HostState, first_where};
 use crate::{Error, Result};
 
 /// `Ok` when `loss`, the loss `rank` computed at cohort step `step`, is finite.
@@ -58,8 +58,7 @@ pub(crate) fn check_norm(norm: f64, rank: usize, step: u64) -> Result<()> {
 /// # Errors
 /// [`Error::Diverged`] with [`Divergence::Parameters`].
 pub(crate) fn check_snapshot(state: &HostState, rank: usize, step: u64) -> Result<()> {
-    // A fold without an early exit: one branch-free pass that vectorises.
-    let poisoned = state.params.iter().any(|v| v.iter().fold(false, |bad, x| bad | !x.is_finite()));
+    let poisoned = state.params.iter().any(|v| first_where(v, |x| !x.is_finite()).is_some());
     if !poisoned {
         return Ok(());
     }

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::change::Change;
 use crate::control::fragment::Fragments;
-use crate::control::logic_error::LogicResult;
-use crate::control::weighting::average_weights;
+use crate::control::weighting::{AverageWeights, average_weights};
 use crate::link::wire::Window;
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -293,15 +292,7 @@ pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Resu
     let first = states
         .first()
         .ok_or_else(|| Error::mismatch("snapshots to average", "at least one", "none"))?;
-    let counts: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
-    let weights = average_weights(&counts, gamma)?;
-    let Some(weights) = weights.filter(|_| states.len() == steps.len()) else {
-        return Err(Error::mismatch(
-            "ranks that stepped, in a host average",
-            "at least one, with one step count per snapshot",
-            format!("{} snapshots, steps {steps:?}", states.len()),
-        ));
-    };
+    let weights = round_weights(states.len(), steps, gamma)?;
     let params =
         weighted(states.iter().map(|s| &s.params).collect(), &weights.params, first.params.len())?;
     let buffers = weighted(
@@ -314,7 +305,8 @@ pub(crate) fn average(states: &[HostState], steps: &[usize], gamma: f64) -> Resu
 
 /// [`average`] fragment by fragment (`--fragments`): fragment k's parameters weighted by
 /// `weights[k]` (one count per state; all zero: equally), the buffers as fragment 0's average
-/// has them.
+/// has them. Each fragment's runs are summed where they lie in the states, into the output:
+/// the same sums, in the same order, as averaging each fragment's part apart.
 ///
 /// # Errors
 /// As [`average`]; [`Error::Logic`] when a state does not fit the cut; a mismatch when
@@ -325,30 +317,31 @@ pub(crate) fn average_fragments(
     weights: &[Vec<usize>],
     gamma: f64,
 ) -> Result<HostState> {
-    let mut out = states
+    let first = states
         .first()
-        .cloned()
         .ok_or_else(|| Error::mismatch("states to average", "at least one", "none"))?;
     if weights.len() != cut.len() {
         return Err(Error::mismatch("weight lists, one per fragment", cut.len(), weights.len()));
     }
-    let mut buffers = None;
+    for state in states {
+        cut.fits(&state.params, "a whole state to average")?;
+    }
+    let mut params: Vec<Vec<f32>> = first.params.iter().map(|v| vec![0.0; v.len()]).collect();
+    let mut buffers = Vec::new();
     for (k, w) in weights.iter().enumerate() {
-        let parts = states.iter().map(|s| cut.part(k, s)).collect::<LogicResult<Vec<_>>>()?;
-        let mut w = w.clone();
-        if w.iter().all(|&n| n == 0) {
-            w.iter_mut().for_each(|n| *n = 1);
-        }
-        let avg = average(&parts, &w, gamma)?;
+        let equal = vec![1; w.len()];
+        let w = if w.iter().all(|&n| n == 0) { &equal } else { w };
+        let round = round_weights(states.len(), w, gamma)?;
         if k == 0 {
-            buffers = Some(avg.buffers.clone());
+            let sets = states.iter().map(|s| &s.buffers).collect();
+            buffers = weighted(sets, &round.buffers, first.buffers.len())?;
         }
-        cut.put(k, avg, &mut out)?;
+        for p in cut.pieces(k) {
+            let runs = states.iter().map(|s| &s.params[p.tensor][p.range()]);
+            accumulate(&mut params[p.tensor][p.range()], runs.zip(round.params.iter().copied()));
+        }
     }
-    if let Some(buffers) = buffers {
-        out.buffers = buffers;
-    }
-    Ok(out)
+    Ok(HostState { params, buffers })
 }
 
 /// `max_r ‖W_r − W_avg‖ / ‖W_avg‖` over the parameters of the ranks that stepped (f64
@@ -373,6 +366,31 @@ pub(crate) fn divergence(states: &[HostState], steps: &[usize], avg: &HostState)
         .fold(0.0, f64::max)
 }
 
+/// The weights of a round over `states` snapshots with `steps` each (one per snapshot).
+///
+/// # Errors
+/// A mismatch when no rank stepped or the counts differ; [`Error::Logic`] for a bad γ.
+fn round_weights(states: usize, steps: &[usize], gamma: f64) -> Result<AverageWeights> {
+    let counts: Vec<u64> = steps.iter().map(|&s| s as u64).collect();
+    match average_weights(&counts, gamma)?.filter(|_| states == steps.len()) {
+        Some(weights) => Ok(weights),
+        None => Err(Error::mismatch(
+            "ranks that stepped, in a host average",
+            "at least one, with one step count per snapshot",
+            format!("{states} snapshots, steps {steps:?}"),
+        )),
+    }
+}
+
+/// Adds `w·x` of each run of `runs` into `acc`, in order (a run of weight 0 is skipped).
+fn accumulate<'a>(acc: &mut [f32], runs: impl Iterator<Item = (&'a [f32], f32)>) {
+    for (run, w) in runs.filter(|&(_, w)| w != 0.0) {
+        for (a, &x) in acc.iter_mut().zip(run) {
+            *a += w * x;
+        }
+    }
+}
+
 fn weighted(sets: Vec<&Vec<Vec<f32>>>, weights: &[f32], n: usize) -> Result<Vec<Vec<f32>>> {
     if sets.iter().any(|s| s.len() != n) {
         let counts: Vec<usize> = sets.iter().map(|s| s.len()).collect();
@@ -390,14 +408,8 @@ fn weighted(sets: Vec<&Vec<Vec<f32>>>, weights: &[f32], n: usize) -> Result<Vec<
             ));
         }
         let mut acc = vec![0.0f32; len];
-        for (set, &w) in sets.iter().zip(weights) {
-            if w == 0.0 {
-                continue;
-            }
-            for (a, &x) in acc.iter_mut().zip(&set[i]) {
-                *a += w * x;
-            }
-        }
+        let runs = sets.iter().map(|s| s[i].as_slice());
+        accumulate(&mut acc, runs.zip(weights.iter().copied()));
         out.push(acc);
     }
     Ok(out)
@@ -461,32 +473,51 @@ mod tests {
         Ok(())
     }
 
-    /// Fragment by fragment: each fragment's parameters are [`average`] of its parts by its own
-    /// weights (equal when all zero), the buffers fragment 0's.
+    /// Fragment by fragment, on random shapes cut into random counts (runs splitting tensors
+    /// among them): each fragment's parameters are, bit for bit, [`average`] of its parts by
+    /// its own weights (equal when all zero), the buffers fragment 0's. A state of another
+    /// layout is refused.
     #[test]
     fn fragments_average_by_their_own_weights() -> Result<()> {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(31);
-        let sizes = [40, 3, 17, 8, 1];
-        let states: Vec<HostState> = (0..3)
-            .map(|_| HostState {
-                params: sizes
-                    .iter()
-                    .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
-                    .collect(),
-                buffers: vec![(0..2).map(|_| rng.random_range(-1.0..1.0)).collect()],
-            })
-            .collect();
-        let cut = Fragments::cut(&sizes, 3)?;
-        let weights = vec![vec![1, 5, 2], vec![0, 0, 0], vec![7, 0, 1]];
-        let avg = average_fragments(&states, &cut, &weights, 1.0)?;
-        for (k, w) in weights.iter().enumerate() {
-            let parts = states.iter().map(|s| cut.part(k, s)).collect::<LogicResult<Vec<_>>>()?;
-            let w = if w.iter().all(|&n| n == 0) { vec![1; 3] } else { w.clone() };
-            let want = average(&parts, &w, 1.0)?;
-            assert_eq!(cut.part(k, &avg)?.params, want.params, "fragment {k}");
-            if k == 0 {
-                assert_eq!(avg.buffers, want.buffers);
+        for case in 0..40 {
+            let sizes: Vec<usize> = (0..rng.random_range(1..6))
+                .map(|_| if rng.random_range(0..5) == 0 { 0 } else { rng.random_range(1..60) })
+                .collect();
+            let total: usize = sizes.iter().sum();
+            if total == 0 {
+                continue;
             }
+            let ranks = rng.random_range(1..4);
+            let states: Vec<HostState> = (0..ranks)
+                .map(|_| HostState {
+                    params: sizes
+                        .iter()
+                        .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
+                        .collect(),
+                    buffers: vec![(0..2).map(|_| rng.random_range(-1.0..1.0)).collect()],
+                })
+                .collect();
+            let cut = Fragments::cut(&sizes, rng.random_range(1..=total.min(7)))?;
+            let weights: Vec<Vec<usize>> = (0..cut.len())
+                .map(|_| (0..ranks).map(|_| rng.random_range(0..4)).collect())
+                .collect();
+            let avg = average_fragments(&states, &cut, &weights, 1.0)?;
+            for (k, w) in weights.iter().enumerate() {
+                let parts = states
+                    .iter()
+                    .map(|s| cut.part(k, s))
+                    .collect::<crate::LogicResult<Vec<_>>>()?;
+                let w = if w.iter().all(|&n| n == 0) { vec![1; ranks] } else { w.clone() };
+                let want = average(&parts, &w, 1.0)?;
+                assert_eq!(cut.part(k, &avg)?.params, want.params, "case {case}, fragment {k}");
+                if k == 0 {
+                    assert_eq!(avg.buffers, want.buffers, "case {case}");
+                }
+            }
+            let mut other = states.clone();
+            other[0].params.push(vec![0.0]);
+            assert!(average_fragments(&other, &cut, &weights, 1.0).is_err(), "case {case}");
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use crate::Error;
 use crate::runtime::engine::fault::Misconduct;
-use crate::state::HostState;
+use crate::state::{HostState, first_where};
 
 /// Checks `state` (called `what` in the refusal) against `shapes`, the replica's parameters'
 /// then buffers' shapes.
@@ -36,8 +36,11 @@ pub(crate) fn check_state(
             };
             return Err(Misconduct::Misshaped { what: what.into(), detail });
         }
-        let refused = |x: &f32| if param { !x.is_finite() } else { x.is_nan() };
-        if let Some(x) = values.iter().find(|x| refused(x)) {
+        let refused = match param {
+            true => first_where(values, |x| !x.is_finite()),
+            false => first_where(values, f32::is_nan),
+        };
+        if let Some(x) = refused.map(|at| values[at]) {
             let kind = if param { "parameter" } else { "buffer" };
             return Err(Misconduct::NonFinite {
                 what: format!("{what} ({kind} tensor {i})"),

@@ -184,10 +184,16 @@ impl Coordinator {
         }
         let evaluator = self.eval.rank();
         let global_step = self.rounds.global_step;
-        for rank in self.roster.live() {
+        // Each rank's update is a copy of the average, the last one the average itself.
+        let live = self.roster.live();
+        let mut average = state;
+        for (i, &rank) in live.iter().enumerate() {
             let eval = if Some(rank) == evaluator { done.eval } else { None };
             let next = done.next[rank];
-            let state = state.clone();
+            let state = match i + 1 == live.len() {
+                true => std::mem::take(&mut average),
+                false => average.clone(),
+            };
             self.send(rank, ToWorker::Update { state, next, eval, global_step, fragment })?;
         }
         let sync_ms = done.started.elapsed().as_secs_f64() * 1000.0;

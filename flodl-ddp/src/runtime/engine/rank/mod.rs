@@ -349,6 +349,36 @@ impl Worker {
         })
     }
 
+    /// The values of `pieces` of the parameters (one vector per piece, in order: a fragment's
+    /// part, as [`Fragments::part`] cuts it from a whole snapshot) and every buffer, copied to
+    /// the host. Only the pieces are read where the tensors are in host memory; a device
+    /// tensor is read whole and its run kept.
+    ///
+    /// # Errors
+    /// [`Error::Mismatch`](crate::Error) when a piece does not fit the replica; a tensor
+    /// operation's error.
+    pub(crate) fn snapshot_part(&mut self, pieces: &[Piece]) -> Result<HostState> {
+        self.replica.export_parameters()?;
+        let tensors = self.replica.parameters();
+        let params = pieces
+            .iter()
+            .map(|p| {
+                let t = tensors.get(p.tensor).filter(|t| p.start + p.len <= t.numel());
+                let Some(t) = t else {
+                    let size = tensors.get(p.tensor).map_or(0, Tensor::numel);
+                    return Err(Error::mismatch("a fragment's piece", size, p.start + p.len));
+                };
+                Ok(match t.as_slice::<f32>() {
+                    Ok(values) => values[p.range()].to_vec(),
+                    Err(_) => t.to_vec::<f32>(&self.stream)?[p.range()].to_vec(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let buffers = self.replica.buffers().iter();
+        let buffers = buffers.map(|t| Ok(t.to_vec::<f32>(&self.stream)?)).collect::<Result<_>>()?;
+        Ok(HostState { params, buffers })
+    }
+
     /// Overwrites the parameters and buffers with `state`.
     pub(crate) fn load(&mut self, state: &HostState) -> Result<()> {
         let stream = self.stream.clone();

@@ -485,13 +485,17 @@ impl<'a> RankLoop<'a> {
             ToWorker::Due { round } => self.due(round)?,
             ToWorker::Snapshot { round, attempt, capture, fragment } => {
                 let t = Instant::now();
-                let mut state = self.worker.snapshot()?;
+                // Under `--fragments` only the fragment asked for is read and travels (and
+                // every buffer).
+                let state = match fragment {
+                    Some(k) => {
+                        let cut = self.worker.fragments(self.cfg.spec.fragments)?;
+                        self.worker.snapshot_part(cut.pieces_of(k)?)?
+                    }
+                    None => self.worker.snapshot()?,
+                };
                 let step = self.global_step + self.win.steps as u64;
                 check_snapshot(&state, rank, step)?;
-                // Under `--fragments` only the fragment asked for travels (and every buffer).
-                if let Some(k) = fragment {
-                    state = self.worker.fragments(self.cfg.spec.fragments)?.take(k, &mut state)?;
-                }
                 self.ledger.charge(Activity::Reduce, t);
                 let capture = self.capture(capture)?;
                 // The parameters are kept to carry over what the rank trains while the round
@@ -795,6 +799,33 @@ mod tests {
         config.spec.backend = crate::control::policy::Backend::Host;
         config.spec.batch_size = 8;
         Ok(Arc::new(config))
+    }
+
+    /// A fragment's snapshot, read piece by piece from the replica, is the fragment's part of
+    /// the whole snapshot, for every count of fragments of the model (runs splitting tensors
+    /// among them); a piece that does not fit the replica is refused.
+    #[test]
+    fn a_fragments_snapshot_is_its_part_of_the_whole() -> std::result::Result<(), String> {
+        let mut worker = Worker::build(1, small_run()?, None).map_err(|e| e.to_string())?;
+        let whole = worker.snapshot().map_err(|e| e.to_string())?;
+        let values: usize = whole.params.iter().map(Vec::len).sum();
+        for count in 1..=values {
+            let cut = worker.fragments(count).map_err(|e| e.to_string())?;
+            for k in 0..count {
+                let pieces = cut.pieces_of(k).map_err(|e| e.to_string())?;
+                let part = worker.snapshot_part(pieces).map_err(|e| e.to_string())?;
+                if part != cut.part(k, &whole).map_err(|e| e.to_string())? {
+                    return Err(format!("fragment {k} of {count}: not its part of the whole"));
+                }
+            }
+        }
+        let size = whole.params[0].len();
+        for bad in [Piece { tensor: 0, start: size, len: 1 }, Piece::whole(whole.params.len(), 1)] {
+            if worker.snapshot_part(&[bad]).is_ok() {
+                return Err(format!("{bad:?} was read"));
+            }
+        }
+        Ok(())
     }
 
     /// A rank takes the controller's orders only after checking them: each case is an order,
