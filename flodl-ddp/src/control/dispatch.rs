@@ -232,6 +232,23 @@ impl Dispatcher {
         calibrated: bool,
         now: Instant,
     ) -> Option<Chunk> {
+        self.next_chunk_after(rank, counts, calibrated, &[], now)
+    }
+
+    /// [`next_chunk`](Self::next_chunk), knowing that each rank `r` has trained about
+    /// `trained[r]` batches more than this book has heard of (since its last reduce, or its
+    /// last chunk reported done, whichever is later; missing ranks: none). The book counts a
+    /// rank's chunk untrained until a reduce or its report says otherwise, so without the
+    /// estimate a rank asking while its peers are deep into their chunks counts their progress
+    /// as work still to do, takes more than its part of the end, and finishes after them.
+    pub fn next_chunk_after(
+        &mut self,
+        rank: usize,
+        counts: &[usize],
+        calibrated: bool,
+        trained: &[usize],
+        now: Instant,
+    ) -> Option<Chunk> {
         if !self.is_live(rank) {
             return None;
         }
@@ -240,7 +257,10 @@ impl Dispatcher {
         let cutting = self.cutting;
         let first = self.handed[rank];
         let live = self.live.clone();
-        let ahead_of = self.untrained();
+        let mut ahead_of = self.untrained();
+        for (held, &done) in ahead_of.iter_mut().zip(trained) {
+            *held = held.saturating_sub(done);
+        }
         for epoch in self.oldest..(self.oldest + 2).min(self.epochs) {
             let Some(pool) = self.pool_mut(epoch) else { continue };
             let span = match cutting {

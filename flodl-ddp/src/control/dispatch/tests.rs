@@ -862,3 +862,42 @@ fn a_slow_rank_asking_ahead_takes_only_its_part_of_the_end() -> TestResult {
     }
     Ok(())
 }
+
+/// What a peer has trained since the book last heard of it is not work it still holds: on
+/// random holdings, a rank asking knowing each peer's unbooked batches gets the chunk it gets
+/// from a book in which a reduce holds those batches.
+#[test]
+fn a_peers_unbooked_batches_are_not_counted_as_held() -> TestResult {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(0xb00c);
+    let now = Instant::now();
+    for case in 0..2_000 {
+        let world = rng.random_range(2..5);
+        let counts: Vec<usize> = (0..world).map(|_| rng.random_range(1..80)).collect();
+        let cutting = Cutting::Progressive { min_chunk: rng.random_range(1..4) };
+        let mut known = Dispatcher::new(world, 1, 600, 1, cutting);
+        let mut told = Dispatcher::new(world, 1, 600, 1, cutting);
+        for _ in 0..rng.random_range(0..6) {
+            let r = rng.random_range(0..world);
+            let a = known.next_chunk(r, &counts, true, now);
+            if a != told.next_chunk(r, &counts, true, now) {
+                return Err(format!("case {case}: the two books diverged").into());
+            }
+        }
+        let held = known.untrained();
+        let asking = rng.random_range(0..world);
+        let trained: Vec<usize> = (0..world)
+            .map(|r| if r == asking { 0 } else { rng.random_range(0..=held[r]) })
+            .collect();
+        let got = told.next_chunk_after(asking, &counts, true, &trained, now);
+        known.add_reduce(0.0, &trained);
+        let want = known.next_chunk(asking, &counts, true, now);
+        if got != want {
+            return Err(format!(
+                "case {case}: counts {counts:?} held {held:?} trained {trained:?}: rank \
+                 {asking} got {got:?}, {want:?} after a reduce"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}

@@ -56,7 +56,9 @@ use crate::runtime::engine::rank::rank_loop::run_rank;
 use crate::runtime::engine::roster::Roster;
 use crate::runtime::engine::run_config::{Resumed, RunConfig};
 use crate::runtime::engine::scrutiny::check_state;
-use crate::runtime::engine::slot::{Engine, GroupBook, InCollective, Ready, Slots, Watch};
+use crate::runtime::engine::slot::{
+    Engine, GroupBook, InCollective, RankSlot, Ready, Slots, Watch,
+};
 use crate::runtime::engine::trail::{self, Trail};
 use crate::state::HostState;
 use crate::{Error, Result};
@@ -249,6 +251,8 @@ struct Rounds {
     /// Host rounds soft-aborted in a row.
     stalled: usize,
     last_sync_ms: f64,
+    /// When the last reduce completed (or training started): every rank's window starts there.
+    completed_at: Instant,
     /// The bytes of each rank's exchange in the round being collected (for its event).
     wire: Vec<crate::control::metrics::Exchange>,
     /// Each rank's training ms in the window of the round being collected (for its event).
@@ -445,6 +449,7 @@ impl Coordinator {
                 global_step: 0,
                 stalled: 0,
                 last_sync_ms: 0.0,
+                completed_at: Instant::now(),
                 wire: vec![Default::default(); world],
                 walls: vec![0.0; world],
             },
@@ -712,6 +717,26 @@ impl Coordinator {
         (counts, calibrated)
     }
 
+    /// About how many batches each rank has trained at `now` that the dispatcher's book does
+    /// not hold yet: the time since its last reduce or its last chunk report, whichever is
+    /// later, at its pace, at most its window's limit (0 before its pace is known).
+    fn unbooked(&self, now: Instant) -> Vec<usize> {
+        let reduced = self.rounds.completed_at;
+        let since = |r: usize| match self.epochs.reported.get(r).copied().flatten() {
+            Some(at) => at.max(reduced),
+            None => reduced,
+        };
+        let trained = |(r, slot): (usize, &RankSlot)| -> usize {
+            let ms = slot.pace.ms_per_batch();
+            if ms <= 0.0 {
+                return 0;
+            }
+            let batches = now.saturating_duration_since(since(r)).as_secs_f64() * 1000.0 / ms;
+            (batches.floor() as usize).min(slot.window.limit)
+        };
+        self.slots.iter().enumerate().map(trained).collect()
+    }
+
     /// Sends each of `ranks` its stage advisory, when the run stages: the chunks it holds, then
     /// a forecast of what it will be handed, an epoch's batches in all. An advisory that does
     /// not fit a full queue is dropped (the next one replaces it anyway).
@@ -738,10 +763,12 @@ impl Coordinator {
         // In the last epoch a queued chunk could leave a peer idle at the end of the run: each
         // rank then holds one chunk at a time (chunks are sized to its share of what is left).
         let ahead = if self.dispatch.in_last_epoch() { 1 } else { CHUNKS_AHEAD };
+        let now = Instant::now();
+        let trained = self.unbooked(now);
         for rank in self.roster.live() {
             while self.slots.get(rank).is_some_and(|s| s.in_flight < ahead) {
                 let Some(chunk) =
-                    self.dispatch.next_chunk(rank, &counts, calibrated, Instant::now())
+                    self.dispatch.next_chunk_after(rank, &counts, calibrated, &trained, now)
                 else {
                     break;
                 };

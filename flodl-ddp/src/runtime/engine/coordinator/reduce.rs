@@ -375,6 +375,7 @@ impl Coordinator {
         self.rounds.stalled = 0;
         self.rounds.reduces += 1;
         self.rounds.last_sync_ms = sync_ms;
+        self.rounds.completed_at = Instant::now();
         self.conduct.reduced(round, &steps);
         self.dispatch.add_reduce(sync_ms, &steps);
         if let Some(trail) = &mut self.trail {
