@@ -20,6 +20,11 @@ const SAMPLES: usize = 4096;
 const BAND: f64 = 0.06;
 /// The least accuracy a cluster run of these specs must reach.
 const FLOOR: f64 = 0.8;
+/// Epochs of the runs whose accuracy is compared. Two left the spread's tail at the floor: under
+/// two busy loops a 3-rank `Cadence` cluster run scored 0.788-0.87 over 100 runs (one under
+/// [`FLOOR`]); with three the lowest of 100 was 0.84 and the in-process run at most 0.041 above
+/// its pair.
+const ACCURACY_EPOCHS: usize = 3;
 
 /// Checks that the cluster run (`state`) trained as well as the in-process run (`alone`): its
 /// final accuracy at least [`FLOOR`] and at most [`BAND`] below the in-process run's. One-sided:
@@ -112,13 +117,12 @@ fn cluster_runs_match_in_process_runs() -> TestResult {
         (Policy::Cadence, WireFormat::F32),
         (Policy::Async, WireFormat::Bf16),
     ] {
-        let alone = trainer(policy, &train, &test).run()?.join()?;
-        let spec = trainer(policy, &train, &test)
-            .wire(wire)
-            .cluster(Cluster::in_memory(WORLD)?.remove(0))
-            .spec()?;
+        let trainer = |policy| trainer(policy, &train, &test).epochs(ACCURACY_EPOCHS);
+        let alone = trainer(policy).run()?.join()?;
+        let spec =
+            trainer(policy).wire(wire).cluster(Cluster::in_memory(WORLD)?.remove(0)).spec()?;
         assert_eq!(spec.placement, Placement::InMemory);
-        let trainers = (0..WORLD).map(|_| trainer(policy, &train, &test).wire(wire)).collect();
+        let trainers = (0..WORLD).map(|_| trainer(policy).wire(wire)).collect();
         let (controller, ranks) = run_cluster(trainers);
         let state = controller?;
         for (i, r) in ranks.into_iter().enumerate() {
