@@ -526,6 +526,7 @@ mod tests {
                     walls_ms: vec![20.0, 52.0],
                     sync_ms: 1.0 + k as f64,
                     wire: Vec::new(),
+                    ordered_ahead: Vec::new(),
                 });
                 lines.push(Line { entry, t_s: None, restored: false });
             }

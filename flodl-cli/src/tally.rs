@@ -78,6 +78,7 @@ mod tests {
             walls_ms: Vec::new(),
             sync_ms: 0.0,
             wire: Vec::new(),
+            ordered_ahead: Vec::new(),
         }
     }
 

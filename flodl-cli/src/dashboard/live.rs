@@ -333,6 +333,7 @@ pub(crate) mod tests {
             walls_ms: Vec::new(),
             sync_ms: 2.0,
             wire: Vec::new(),
+            ordered_ahead: Vec::new(),
         });
         Line { entry, t_s: None, restored: false }
     }

@@ -143,6 +143,11 @@ pub struct ReduceEvent {
     /// controller's own process, which exchanges in memory, and on the collective backend).
     #[serde(default)]
     pub wire: Vec<Exchange>,
+    /// Host backend: the ranks whose snapshot was ordered before the reduce began (`Cadence`'s
+    /// anchor, its window over while the others finished their batch), so it travelled
+    /// meanwhile.
+    #[serde(default)]
+    pub ordered_ahead: Vec<usize>,
 }
 
 /// The bytes one rank's model state moved over its connection in one host reduce, as the

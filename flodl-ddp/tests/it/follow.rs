@@ -2,11 +2,30 @@
 
 use crate::common::{TestResult, train_subset};
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use flodl_data::Dataset;
 use flodl_ddp::{
     Backend, Devices, ElCheKnobs, Mlp, MlpConfig, Optimizer, Policy, ReduceEvent, Trainer,
 };
+
+/// A `Cadence` run of 3 epochs of `data` on 2 CPU ranks, rank 1 slowed 3× (the anchor, as
+/// ElChe is told from the start), an MLP of `hidden` units, windows held short so a run has
+/// many.
+fn trainer(data: &Arc<dyn Dataset>, hidden: usize, backend: Backend) -> Trainer {
+    Trainer::new(Mlp::factory(MlpConfig::new(&[784, hidden, 10], Optimizer::sgd(0.9))))
+        .dataset(data.clone())
+        .batch_size(16)
+        .epochs(3)
+        .devices(Devices::Cpu(2))
+        .policy(Policy::Cadence)
+        .backend(backend)
+        .learning_rate(0.05)
+        .slowdown(vec![1.0, 3.0])
+        .elche(ElCheKnobs { max_anchor: 12, speed_hint: Some((1, 3.0)), ..Default::default() })
+        .stall_timeout(Duration::from_secs(60))
+}
 
 /// Under `Cadence` on both backends, rank 1 slowed 3× (the anchor), windows held short so a run
 /// has many: once ElChe is calibrated (the counts differ), the fast rank trains until the anchor
@@ -16,17 +35,7 @@ use flodl_ddp::{
 fn cadence_followers_train_until_the_anchor_is_ready() -> TestResult {
     let data = train_subset(4096);
     for backend in [Backend::Collective, Backend::Host] {
-        let t = Trainer::new(Mlp::factory(MlpConfig::new(&[784, 64, 10], Optimizer::sgd(0.9))))
-            .dataset(data.clone())
-            .batch_size(16)
-            .epochs(3)
-            .devices(Devices::Cpu(2))
-            .policy(Policy::Cadence)
-            .backend(backend)
-            .learning_rate(0.05)
-            .slowdown(vec![1.0, 3.0])
-            .elche(ElCheKnobs { max_anchor: 12, speed_hint: Some((1, 3.0)), ..Default::default() })
-            .stall_timeout(Duration::from_secs(60));
+        let t = trainer(&data, 64, backend);
         let mut h = t.run()?;
         while h.next_metrics(Duration::from_secs(60)).is_some() {}
         let events: Vec<ReduceEvent> = h.poll_reduce_events();
@@ -41,6 +50,47 @@ fn cadence_followers_train_until_the_anchor_is_ready() -> TestResult {
         }
         let past = followed.iter().filter(|e| e.steps[0] > e.counts[0]).count();
         assert!(past > 0, "{backend:?}: rank 0 never trained past its count: {followed:?}");
+    }
+    Ok(())
+}
+
+/// Under `Cadence` on the host backend (whole and in 2 fragments) the anchor's snapshot is
+/// ordered as soon as it is ready while the fast rank still trains (in the windows where the
+/// fast rank ran to its bound first there is nobody to wait for): reduces name rank 1 (the
+/// anchor) as ordered ahead, none names rank 0, and every epoch trains each of its samples
+/// once. Under `--overlap` (the rank trains on after its snapshot) and on the collective
+/// backend nothing is ordered ahead.
+#[test]
+fn the_anchors_snapshot_is_ordered_ahead() -> TestResult {
+    let data = train_subset(4096);
+    let cases = [
+        (Backend::Host, 1, false, true),
+        (Backend::Host, 2, false, true),
+        (Backend::Host, 2, true, false),
+        (Backend::Collective, 1, false, false),
+    ];
+    for (backend, fragments, overlap, ahead) in cases {
+        let what = format!("{backend:?}, {fragments} fragments, overlap {overlap}");
+        let mut t = trainer(&data, 256, backend).fragments(fragments);
+        if overlap {
+            t = t.overlap(0.5);
+        }
+        let mut h = t.run()?;
+        while h.next_metrics(Duration::from_secs(60)).is_some() {}
+        let events: Vec<ReduceEvent> = h.poll_reduce_events();
+        let state = h.join()?;
+        for e in &state.epochs {
+            assert_eq!(e.samples, 4096, "{what}: epoch {} trained {}", e.epoch, e.samples);
+        }
+        let calibrated: Vec<&ReduceEvent> =
+            events.iter().filter(|e| e.counts.len() == 2 && e.counts[0] > e.counts[1]).collect();
+        let named = calibrated.iter().filter(|e| e.ordered_ahead == [1]).count();
+        assert!(calibrated.len() >= 8, "{what}: {} calibrated windows", calibrated.len());
+        assert!(events.iter().all(|e| e.ordered_ahead.len() <= 1), "{what}: {events:?}");
+        match ahead {
+            true => assert!(named >= 3, "{what}: {named} of {}: {calibrated:?}", calibrated.len()),
+            false => assert_eq!(named, 0, "{what}"),
+        }
     }
     Ok(())
 }

@@ -73,7 +73,87 @@ pub(crate) struct RoundDone {
     pub(crate) fragment: Option<usize>,
 }
 
+/// A host round's headstart: snapshots ordered before the round is triggered, from ranks that
+/// train no more in their window (`Cadence`'s anchor once it is ready), so that they travel
+/// while the followers finish their last batch. The trigger hands it to its round
+/// ([`HostRound::take_headstart`]).
+#[derive(Debug)]
+pub(crate) struct Headstart {
+    round: u64,
+    fragment: Option<usize>,
+    /// The ranks ordered, attempt 0.
+    ordered: Vec<usize>,
+    /// The snapshots in: rank, state, steps.
+    snaps: Vec<(usize, HostState, usize)>,
+}
+
+/// What a [`Headstart`] is to the round that takes it.
+#[derive(Debug)]
+pub(crate) enum Taken {
+    /// It serves the round: these ranks are ordered already (their snapshots kept or still
+    /// coming), and the job to average when every snapshot is in.
+    Serves { ordered: Vec<usize>, job: Option<AverageJob> },
+    /// The round syncs another part (the run's end came near) or captures a checkpoint (one
+    /// came due): every rank is ordered again, under this attempt.
+    Superseded { attempt: u32 },
+}
+
+impl Headstart {
+    /// The orders of `ordered`'s snapshots (of `fragment`, `None`: whole) for `round`, attempt 0.
+    pub(crate) fn new(round: u64, fragment: Option<usize>, ordered: Vec<usize>) -> Headstart {
+        Headstart { round, fragment, ordered, snaps: Vec::new() }
+    }
+
+    /// The fragment its snapshots are the parts of (`None`: whole states).
+    pub(crate) fn fragment(&self) -> Option<usize> {
+        self.fragment
+    }
+
+    /// Whether it takes a snapshot of `rank` for `round` and `attempt` (as
+    /// [`HostRound::admits`]: `None` is one no honest rank sends).
+    pub(crate) fn admits(&self, rank: usize, round: u64, attempt: u32) -> Option<bool> {
+        let owed = self.ordered.contains(&rank) && !self.snaps.iter().any(|s| s.0 == rank);
+        (round == self.round && attempt == 0 && owed).then_some(true)
+    }
+
+    /// Keeps `rank`'s snapshot, when [`admits`](Self::admits) takes it.
+    pub(crate) fn keep(
+        &mut self,
+        rank: usize,
+        round: u64,
+        attempt: u32,
+        state: HostState,
+        steps: usize,
+    ) {
+        if self.admits(rank, round, attempt) == Some(true) {
+            self.snaps.push((rank, state, steps));
+        }
+    }
+}
+
 impl HostRound {
+    /// Takes `headstart` in: when it is of this round's number and part, and the round
+    /// `captures` no checkpoint (a headstart's snapshots carry no checkpoint part), the round
+    /// holds its snapshots (those of ranks it waits for) and its ranks need no order;
+    /// otherwise its snapshots are dropped and the round moves to the next attempt, so a late
+    /// one of them is dropped too.
+    pub(crate) fn take_headstart(&mut self, headstart: Headstart, captures: bool) -> Taken {
+        let HostRound::Collecting { round, attempt, snaps, plan, .. } = self else {
+            return Taken::Superseded { attempt: 0 };
+        };
+        let serves = headstart.round == *round && headstart.fragment == plan.fragment;
+        if !serves || captures || *attempt != 0 {
+            *attempt += 1;
+            return Taken::Superseded { attempt: *attempt };
+        }
+        for (rank, state, steps) in headstart.snaps {
+            if let Some(slot @ Slot::Waiting) = snaps.get_mut(rank) {
+                *slot = Slot::Got(state, steps);
+            }
+        }
+        Taken::Serves { ordered: headstart.ordered, job: self.job_if_complete() }
+    }
+
     /// A round of `world` seats that collects the snapshots (of `fragment`, `None`: whole) of
     /// the `live` ones until `deadline`.
     #[allow(clippy::too_many_arguments, reason = "the round's plan, given once")]
@@ -532,6 +612,99 @@ mod tests {
         assert!(r.collect(0, 3, 1, HostState::default(), 1).is_none());
         assert!(r.collect(1, 3, 1, HostState::default(), 1).is_some());
         assert!(r.averaged(3).is_some());
+    }
+
+    /// A headstart on random worlds, orders and parts: when it is of the round's number and
+    /// part and the round captures no checkpoint, the round holds the snapshots that came ahead (each once, the state and steps as
+    /// sent) and needs orders only for the others; a snapshot of an ordered rank may still come
+    /// after the trigger, as the same attempt. When its part is not the round's or the round
+    /// captures, the round
+    /// asks everyone under attempt 1 and a late ahead snapshot is dropped, not taken. A
+    /// headstart takes nothing from a rank not ordered, of another round or attempt, or twice.
+    #[test]
+    fn a_headstart_serves_its_round_or_is_superseded() -> std::result::Result<(), String> {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(31);
+        let state = |v: f32| HostState { params: vec![vec![v; 3]], buffers: Vec::new() };
+        for case in 0..300 {
+            let world = rng.random_range(2..6);
+            let live: Vec<usize> = (0..world).collect();
+            let ordered: Vec<usize> =
+                live.iter().copied().filter(|_| rng.random_bool(0.4)).collect();
+            let part = [None, Some(0), Some(1)][rng.random_range(0..3)];
+            let round_part = if rng.random_bool(0.7) { part } else { [None, Some(2)][case % 2] };
+            let mut ahead = Headstart::new(9, part, ordered.clone());
+            // Some of the ordered ranks' snapshots come before the trigger, with a replay.
+            let mut came = Vec::new();
+            for &r in &ordered {
+                if rng.random_bool(0.5) {
+                    if ahead.admits(r, 9, 0) != Some(true) {
+                        return Err(format!("case {case}: rank {r} ordered, refused"));
+                    }
+                    ahead.keep(r, 9, 0, state(r as f32), r + 1);
+                    came.push(r);
+                    if ahead.admits(r, 9, 0).is_some() {
+                        return Err(format!("case {case}: rank {r}'s second snapshot admitted"));
+                    }
+                }
+            }
+            let unordered = live.iter().find(|r| !ordered.contains(r));
+            let stray = [unordered.map(|&r| (r, 9, 0)), Some((0, 8, 0)), Some((0, 9, 1))];
+            if let Some((r, round, attempt)) = stray
+                .into_iter()
+                .flatten()
+                .find(|&(r, round, attempt)| ahead.admits(r, round, attempt).is_some())
+            {
+                return Err(format!(
+                    "case {case}: admits rank {r}, round {round}, attempt {attempt}"
+                ));
+            }
+            let mut hr =
+                HostRound::new(9, world, &live, Instant::now(), vec![], None, vec![], round_part);
+            let captures = rng.random_bool(0.2);
+            let serves = round_part == part && !captures;
+            let owed: Vec<usize> = match (hr.take_headstart(ahead, captures), serves) {
+                (Taken::Serves { ordered: o, job }, true) => {
+                    if o != ordered || job.is_some() != (came.len() == world) {
+                        return Err(format!(
+                            "case {case}: served {o:?} of {ordered:?}, job {}",
+                            job.is_some()
+                        ));
+                    }
+                    live.iter().copied().filter(|r| !came.contains(r)).collect()
+                }
+                (Taken::Superseded { attempt: 1 }, false) => live.clone(),
+                (taken, _) => {
+                    return Err(format!("case {case}: {taken:?}, parts {part:?} / {round_part:?}"));
+                }
+            };
+            let attempt = u32::from(!serves);
+            let late = ordered.iter().find(|r| !came.contains(r));
+            if let (false, Some(&r)) = (serves, late)
+                && (hr.admits(r, 9, 0) != Some(false)
+                    || hr.collect(r, 9, 0, state(-1.0), 1).is_some())
+            {
+                return Err(format!("case {case}: a late ahead snapshot of rank {r} taken"));
+            }
+            let mut job = None;
+            for &r in &owed {
+                if hr.admits(r, 9, attempt) != Some(true) {
+                    return Err(format!("case {case}: rank {r}, attempt {attempt}, refused"));
+                }
+                job = hr.collect(r, 9, attempt, state(r as f32), r + 1);
+            }
+            let job = match job {
+                Some(job) => job,
+                None if owed.is_empty() => continue,
+                None => return Err(format!("case {case}: no job with every snapshot in")),
+            };
+            if job.ranks != live
+                || job.steps != live.iter().map(|r| r + 1).collect::<Vec<_>>()
+                || job.states.iter().zip(&live).any(|(s, &r)| s.params[0][0] != r as f32)
+            {
+                return Err(format!("case {case}: job of {:?}, steps {:?}", job.ranks, job.steps));
+            }
+        }
+        Ok(())
     }
 
     /// The deadline is one of silence: bytes of an awaited snapshot push it to a timeout after

@@ -124,19 +124,20 @@ impl Coordinator {
                 fragment: snapshot_fragment,
                 ..
             } => {
-                let admits = match &self.reduce {
-                    Reduce::Host(hr) => hr.admits(*rank, *round, *attempt),
-                    _ => None,
+                // A round's snapshot, or one ordered ahead of its round.
+                let headstart = self.rounds.headstart.as_ref();
+                let (admits, fragment) = match &self.reduce {
+                    Reduce::Host(hr) => (hr.admits(*rank, *round, *attempt), hr.fragment()),
+                    _ => match headstart {
+                        Some(h) => (h.admits(*rank, *round, *attempt), h.fragment()),
+                        None => (None, None),
+                    },
                 };
                 if admits.is_none() {
                     return Err(Misconduct::Replayed { round: *round, attempt: *attempt });
                 }
                 self.conduct.steps(*rank, *round, *steps)?;
                 // Under `--fragments` the snapshot is the part of the round's fragment.
-                let fragment = match &self.reduce {
-                    Reduce::Host(hr) => hr.fragment(),
-                    _ => None,
-                };
                 match (fragment, &self.staggered) {
                     (Some(k), Some(s)) if snapshot_fragment == &Some(k) => {
                         check_state("snapshot", state, &s.cut.shapes(k, &self.shapes))
@@ -242,7 +243,9 @@ impl Coordinator {
                     *slot = exchange;
                 }
                 self.take_capture(rank, round, capture);
-                if let Reduce::Host(hr) = &mut self.reduce
+                if let Some(headstart) = &mut self.rounds.headstart {
+                    headstart.keep(rank, round, attempt, state, steps);
+                } else if let Reduce::Host(hr) = &mut self.reduce
                     && let Some(job) = hr.collect(rank, round, attempt, state, steps)
                 {
                     if let Some(drill) = &mut self.drill {

@@ -49,7 +49,7 @@ use crate::runtime::engine::comm::{CommPlan, RankComm};
 use crate::runtime::engine::fault::{FaultCause, FaultEvent, Misconduct, RankThread, RejoinEvent};
 use crate::runtime::engine::formation::Formation;
 use crate::runtime::engine::host_round::{
-    AverageJob, HostRound, average, average_fragments, divergence,
+    AverageJob, Headstart, HostRound, Taken, average, average_fragments, divergence,
 };
 use crate::runtime::engine::outlets::{Outlets, TrainedState, panic_message, trained_state};
 use crate::runtime::engine::rank::rank_loop::run_rank;
@@ -257,6 +257,10 @@ struct Rounds {
     wire: Vec<crate::control::metrics::Exchange>,
     /// Each rank's training ms in the window of the round being collected (for its event).
     walls: Vec<f64>,
+    /// The host round's snapshots ordered before its trigger ([`Headstart`]).
+    headstart: Option<Headstart>,
+    /// The ranks whose snapshot of the round being collected was ordered ahead (for its event).
+    ordered_ahead: Vec<usize>,
 }
 
 /// An aggregated epoch waiting for its evaluation before it is emitted.
@@ -452,6 +456,8 @@ impl Coordinator {
                 completed_at: Instant::now(),
                 wire: vec![Default::default(); world],
                 walls: vec![0.0; world],
+                headstart: None,
+                ordered_ahead: Vec::new(),
             },
             reduce: Reduce::Idle,
             eval: Evaluation::Idle,
@@ -599,7 +605,8 @@ impl Coordinator {
     }
 
     /// The anchor `rank` is ready for the reduce of the current window, so every live rank not
-    /// yet ready is told to report now ([`ToWorker::Due`]).
+    /// yet ready is told to report now ([`ToWorker::Due`]); on the host backend the anchor's
+    /// snapshot is ordered at once when it trains no more (`order_ahead`).
     fn anchor_ready(&mut self, rank: usize) -> Result<()> {
         if self.paced_by() != Some(rank) {
             return Ok(());
@@ -611,6 +618,9 @@ impl Coordinator {
             .into_iter()
             .filter(|&r| r != rank && self.slots.get(r).is_some_and(|s| s.ready.is_none()))
             .collect();
+        if !due.is_empty() {
+            self.order_ahead(rank, &due)?;
+        }
         for r in due {
             self.send(r, ToWorker::Due { round })?;
         }

@@ -115,28 +115,11 @@ impl Coordinator {
                 self.group.reduce_called();
             }
             Backend::Host => {
-                let k = self.rounds.reduces;
-                // A whole sync for a checkpoint, and for a reduce that may be the run's last:
-                // the last evaluation, the final state and the final bundle are then the
-                // consensus. A rank may train on to its window's limit before the snapshot
-                // order reaches it (a follower's slack, `Async`), so its snapshot may hold more
-                // than it reported ready with: the most it can hold is what is weighed (a
-                // reduce taken for the last that is not costs a whole exchange, never the
-                // consensus of the end).
-                let most: Vec<usize> = (steps.iter().zip(self.slots.iter()))
-                    .map(|(&s, slot)| s.max(slot.window.limit))
-                    .collect();
-                let whole = capture.is_some() || self.dispatch.completes_the_run(&most);
-                let fragment = self.staggered.as_ref().and_then(|s| s.fragment(k, whole));
+                let fragment = self.synced_part(steps, capture.is_some());
                 let capture = capture.as_ref().map(|_| CaptureRequest { model: false });
-                for rank in self.roster.live() {
-                    let snapshot =
-                        ToWorker::Snapshot { round: ending, attempt: 0, capture, fragment };
-                    self.send(rank, snapshot)?;
-                }
                 let deadline = started + self.cfg.spec.snapshot_timeout;
                 let (world, live) = (self.cfg.world(), self.roster.live());
-                let round = HostRound::new(
+                let mut round = HostRound::new(
                     ending,
                     world,
                     &live,
@@ -146,13 +129,73 @@ impl Coordinator {
                     counts,
                     fragment,
                 );
+                let (ordered, attempt, job) = match self.rounds.headstart.take() {
+                    None => (Vec::new(), 0, None),
+                    Some(headstart) => match round.take_headstart(headstart, capture.is_some()) {
+                        Taken::Serves { ordered, job } => {
+                            self.rounds.ordered_ahead.clone_from(&ordered);
+                            (ordered, 0, job)
+                        }
+                        Taken::Superseded { attempt } => (Vec::new(), attempt, None),
+                    },
+                };
+                for rank in live.into_iter().filter(|r| !ordered.contains(r)) {
+                    let snapshot = ToWorker::Snapshot { round: ending, attempt, capture, fragment };
+                    self.send(rank, snapshot)?;
+                }
                 self.reduce = Reduce::Host(round);
+                if let Some(job) = job {
+                    self.start_average(job)?;
+                }
             }
         }
         for (slot, w) in self.slots.iter_mut().zip(next) {
             slot.window = w;
         }
         Ok(())
+    }
+
+    /// The part of the model the host round of the current window syncs: under `--fragments`
+    /// the next fragment in turn, but the whole model for a checkpoint (`capture`) and for a
+    /// reduce that may be the run's last, whose evaluation, final state and final bundle are
+    /// then the consensus; `None` (whole) without fragments. `steps` are the ranks' steps
+    /// ready (0 for one not ready yet). A rank may train on to its window's limit before the
+    /// snapshot order reaches it (a follower's slack, `Async`), so the most it can hold is
+    /// what is weighed: a reduce taken for the last that is not costs a whole exchange, never
+    /// the consensus of the end.
+    fn synced_part(&self, steps: &[usize], capture: bool) -> Option<usize> {
+        let most: Vec<usize> = (steps.iter().zip(self.slots.iter()))
+            .map(|(&s, slot)| s.max(slot.window.limit))
+            .collect();
+        let whole = capture || self.dispatch.completes_the_run(&most);
+        self.staggered.as_ref().and_then(|s| s.fragment(self.rounds.reduces, whole))
+    }
+
+    /// Host backend: orders the snapshot of the anchor `rank`, ready while `waiting` still
+    /// train, before the round is triggered, when its window lets it train no more (`Cadence`,
+    /// without `--overlap`): its state then travels and is checked while the others finish
+    /// their batch, instead of after. The part it syncs is the one the trigger would choose
+    /// now; should the trigger choose another (a checkpoint comes due meanwhile), every rank
+    /// is ordered again ([`HostRound::take_headstart`]).
+    pub(super) fn order_ahead(&mut self, rank: usize, waiting: &[usize]) -> Result<()> {
+        let done = self.slots.get(rank).is_some_and(|s| {
+            s.window.overshoot() == 0 && s.ready.is_some_and(|r| r.steps >= s.window.limit)
+        });
+        if self.cfg.spec.backend != Backend::Host
+            || self.cfg.spec.overlap.is_some()
+            || !matches!(self.reduce, Reduce::Idle)
+            || self.rounds.headstart.is_some()
+            || waiting.is_empty()
+            || !done
+        {
+            return Ok(());
+        }
+        let steps: Vec<usize> = self.slots.iter().map(|s| s.ready.map_or(0, |r| r.steps)).collect();
+        let fragment = self.synced_part(&steps, false);
+        let round = self.rounds.round;
+        self.rounds.headstart = Some(Headstart::new(round, fragment, vec![rank]));
+        let order = ToWorker::Snapshot { round, attempt: 0, capture: None, fragment };
+        self.send(rank, order)
     }
 
     /// Host backend: the helper thread's average for `round` is in. When it completes the
@@ -394,6 +437,7 @@ impl Coordinator {
                 let fresh = vec![Default::default(); self.rounds.wire.len()];
                 std::mem::replace(&mut self.rounds.wire, fresh)
             },
+            ordered_ahead: std::mem::take(&mut self.rounds.ordered_ahead),
         };
         tracing::debug!(round, sync_ms, "reduce done");
         // Dropped when the handle does not drain its queue: events are for reports only.
