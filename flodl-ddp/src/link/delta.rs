@@ -66,6 +66,7 @@ pub(crate) struct Delta {
     /// Updates the sender's view held when it was encoded.
     pub(crate) base: u64,
     /// The codes and scales ([`QuantFormat`]'s layout) of every value, vectors end to end.
+    #[serde(with = "super::raw_run::bytes")]
     pub(crate) bytes: Vec<u8>,
 }
 

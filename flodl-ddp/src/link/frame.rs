@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::delta::{Carries, Delta, DeltaError};
 use super::held::Held;
+use super::raw_run::{self, F32Run};
 use super::views::Views;
 use super::wire::{ToCoordinator, ToWorker};
 use crate::control::logic_error::{LogicError, LogicResult};
@@ -170,14 +171,18 @@ impl FrameError {
     }
 }
 
-/// A message as it travels: the message and, under bf16, its states' values, under a
-/// quantized format its state's deltas, or the digest of a starting state the receiver holds.
+/// A message as it travels: the message and its states' values taken out of it: in f32 one
+/// byte string per state vector, under bf16 packed, under a quantized format its state's
+/// deltas, or the digest of a starting state the receiver holds.
 #[derive(Serialize, Deserialize)]
 struct Packed<M> {
     msg: M,
-    /// The length of every state vector emptied, in order.
+    /// Every state vector travelling in f32, in order.
+    f32: Vec<F32Run>,
+    /// The length of every state vector emptied otherwise, in order.
     lens: Vec<u64>,
     /// Their values, bf16 little-endian, in order.
+    #[serde(with = "raw_run::bytes")]
     bf16: Vec<u8>,
     /// Their values as quantized deltas from the connection's views: one (a fragment, or a
     /// model not cut), or one per fragment in order (the whole state of a cut model).
@@ -290,6 +295,34 @@ fn first_state<M: Framed>(msg: &mut M) -> Option<&mut HostState> {
     msg.states_mut().into_iter().next()
 }
 
+/// Takes every state vector of `msg` out whole, in order, into `runs`.
+fn take_runs<M: Framed>(msg: &mut M, runs: &mut Vec<F32Run>) {
+    for state in msg.states_mut() {
+        for values in state.params.iter_mut().chain(state.buffers.iter_mut()) {
+            runs.push(F32Run(std::mem::take(values)));
+        }
+    }
+}
+
+/// Puts `runs` back into `msg`'s emptied state vectors, in order.
+fn put_runs<M: Framed>(msg: &mut M, runs: Vec<F32Run>) -> Result<(), FrameError> {
+    let packing = |detail: &str| FrameError::Packing { what: M::WHAT, detail: detail.into() };
+    let mut runs = runs.into_iter();
+    for state in msg.states_mut() {
+        for slot in state.params.iter_mut().chain(state.buffers.iter_mut()) {
+            let run = runs.next().ok_or_else(|| packing("fewer f32 runs than state vectors"))?;
+            if !slot.is_empty() {
+                return Err(packing("a state vector with f32 values and a run"));
+            }
+            *slot = run.0;
+        }
+    }
+    match runs.next() {
+        Some(_) => Err(packing("more f32 runs than state vectors")),
+        None => Ok(()),
+    }
+}
+
 /// Empties every state vector of `msg`, keeping their lengths in `lens`, in order.
 fn empty_states<M: Framed>(msg: &mut M, lens: &mut Vec<u64>) {
     for state in msg.states_mut() {
@@ -311,6 +344,7 @@ pub(crate) fn encode_with<M: Framed>(
 ) -> Result<(Lane, Vec<u8>), FrameError> {
     let lane = msg.lane();
     let (mut lens, mut bf16, mut deltas, mut named) = (Vec::new(), Vec::new(), Vec::new(), None);
+    let mut f32 = Vec::new();
     let delta_error = |source| FrameError::Delta { what: M::WHAT, source };
     let carries = msg.carries();
     let named_here = carries == Carries::Base
@@ -336,13 +370,14 @@ pub(crate) fn encode_with<M: Framed>(
                 }
             }
         }
-        (WireFormat::F32, _) | (_, Carries::Whole) => {}
+        (WireFormat::F32, _) | (_, Carries::Whole) => take_runs(&mut msg, &mut f32),
         (_, Carries::Base) => {
             if let Some(views) = views
                 && let Some(state) = first_state(&mut msg)
             {
                 views.set_base(state).map_err(delta_error)?;
             }
+            take_runs(&mut msg, &mut f32);
         }
         (_, Carries::Delta) => {
             let views = views.ok_or(delta_error(DeltaError::Format(format.name())))?;
@@ -353,8 +388,12 @@ pub(crate) fn encode_with<M: Framed>(
             empty_states(&mut msg, &mut lens);
         }
     }
-    let packed = Packed { msg, lens, bf16, deltas, named };
-    let bytes = bincode::serde::encode_to_vec(&packed, config())
+    // The frame's size is about its runs' and packed values' bytes: reserved once.
+    let values: usize = f32.iter().map(|r| 4 * r.0.len()).sum();
+    let coded: usize = deltas.iter().map(|d| d.bytes.len()).sum();
+    let packed = Packed { msg, f32, lens, bf16, deltas, named };
+    let mut bytes = Vec::with_capacity(values + coded + packed.bf16.len() + 4096);
+    bincode::serde::encode_into_std_write(&packed, &mut bytes, config())
         .map_err(|source| FrameError::Encode { what: M::WHAT, source })?;
     Ok((lane, bytes))
 }
@@ -401,7 +440,7 @@ pub(crate) fn decode_with<M: Framed>(
     if read != bytes.len() {
         return Err(FrameError::Trailing { what: M::WHAT, extra: bytes.len() - read });
     }
-    let Packed { mut msg, lens, bf16, deltas, named } = packed;
+    let Packed { mut msg, f32, lens, bf16, deltas, named } = packed;
     let packing = |detail: String| FrameError::Packing { what: M::WHAT, detail };
     let delta_error = |source| FrameError::Delta { what: M::WHAT, source };
     if bf16.len() % 2 != 0 {
@@ -409,6 +448,11 @@ pub(crate) fn decode_with<M: Framed>(
     }
     let carries = msg.carries();
     let fragment = msg.fragment();
+    if !f32.is_empty()
+        && (named.is_some() || !lens.is_empty() || !bf16.is_empty() || !deltas.is_empty())
+    {
+        return Err(packing("f32 runs beside values packed otherwise".into()));
+    }
     if let Some(digest) = named {
         if carries != Carries::Base || !bf16.is_empty() || !deltas.is_empty() {
             return Err(packing("a named state where none can be".into()));
@@ -432,7 +476,9 @@ pub(crate) fn decode_with<M: Framed>(
         }
         (false, _) => return Err(packing("a delta where none can be".into())),
     };
-    if named.is_none() {
+    if !f32.is_empty() {
+        put_runs(&mut msg, f32)?;
+    } else if named.is_none() {
         fill(&mut msg, lens, &bf16, delta_values)?;
     }
     if delta_values.is_some()
@@ -853,22 +899,36 @@ mod tests {
             let _ = decode::<ToWorker>(&noise[..len]);
             let _ = decode::<ToCoordinator>(&noise[..len]);
         }
-        // A packing that claims more values than it holds.
-        let forged = Packed {
-            msg: ToCoordinator::Final {
-                rank: 0,
-                state: Some(HostState { params: vec![vec![]], buffers: vec![] }),
-                capture: None,
-            },
-            lens: vec![10],
-            bf16: vec![0; 4],
-            deltas: Vec::new(),
-            named: None,
-        };
-        let bytes = bincode::serde::encode_to_vec(&forged, config()).map_err(|e| e.to_string())?;
-        match decode::<ToCoordinator>(&bytes) {
-            Err(FrameError::Packing { .. }) => Ok(()),
-            other => Err(format!("a forged packing gave {other:?}")),
+        // Forged packings of a state of two vectors: more bf16 values claimed than held; f32
+        // runs too few, too many, beside values left in the message, beside lengths.
+        let run = |n: usize| F32Run(vec![1.5; n]);
+        let forgeries: [(Vec<f32>, Vec<F32Run>, Vec<u64>, Vec<u8>); 5] = [
+            (vec![], vec![], vec![10, 0], vec![0; 4]),
+            (vec![], vec![run(3)], vec![], vec![]),
+            (vec![], vec![run(3), run(0), run(1)], vec![], vec![]),
+            (vec![2.0], vec![run(3), run(1)], vec![], vec![]),
+            (vec![], vec![run(3), run(1)], vec![3, 1], vec![]),
+        ];
+        for (case, (inline, f32, lens, bf16)) in forgeries.into_iter().enumerate() {
+            let forged = Packed {
+                msg: ToCoordinator::Final {
+                    rank: 0,
+                    state: Some(HostState { params: vec![inline, vec![]], buffers: vec![] }),
+                    capture: None,
+                },
+                f32,
+                lens,
+                bf16,
+                deltas: Vec::new(),
+                named: None,
+            };
+            let bytes =
+                bincode::serde::encode_to_vec(&forged, config()).map_err(|e| e.to_string())?;
+            match decode::<ToCoordinator>(&bytes) {
+                Err(FrameError::Packing { .. }) => {}
+                other => return Err(format!("forgery {case} gave {other:?}")),
+            }
         }
+        Ok(())
     }
 }

@@ -29,6 +29,7 @@ pub(crate) mod link_error;
 pub(crate) mod local;
 pub(crate) mod memory;
 pub(crate) mod net;
+pub(crate) mod raw_run;
 pub(crate) mod rendezvous;
 #[doc(hidden)]
 pub mod rig;
