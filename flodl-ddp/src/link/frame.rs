@@ -1,9 +1,11 @@
 //! How a [`wire`](super::wire) message becomes one frame of a network connection and back:
 //! bincode 2, the lane it travels on, and the optional packing of model states.
 //!
-//! A frame is the bincode 2 encoding of a [`Packed`] message: the message itself and, under
-//! [`WireFormat::Bf16`], the values of the model states it carries taken out of it and packed
-//! as bf16 (half the bytes; the lengths of the emptied vectors travel with them). Under the
+//! A frame is the bincode 2 encoding of a [`Packed`] message: the message itself and the values
+//! of the model states it carries taken out of it, in f32 as one byte string per state vector
+//! ([`super::raw_run`]: one copy each way, not bincode's value-by-value walk), under
+//! [`WireFormat::Bf16`] packed as bf16 (half the bytes; the lengths of the emptied vectors
+//! travel with them). Under the
 //! quantized formats ([`WireFormat::Int8`], [`WireFormat::Q4`]) the consensus updates and the
 //! snapshots travel as blockwise-quantized deltas from the views both ends of the connection
 //! keep ([`super::views`]; the whole state of a model cut into fragments as one delta per
@@ -902,7 +904,9 @@ mod tests {
         // Forged packings of a state of two vectors: more bf16 values claimed than held; f32
         // runs too few, too many, beside values left in the message, beside lengths.
         let run = |n: usize| F32Run(vec![1.5; n]);
-        let forgeries: [(Vec<f32>, Vec<F32Run>, Vec<u64>, Vec<u8>); 5] = [
+        // (values left in the message, runs, lengths, bf16 bytes)
+        type Forgery = (Vec<f32>, Vec<F32Run>, Vec<u64>, Vec<u8>);
+        let forgeries: [Forgery; 5] = [
             (vec![], vec![], vec![10, 0], vec![0; 4]),
             (vec![], vec![run(3)], vec![], vec![]),
             (vec![], vec![run(3), run(0), run(1)], vec![], vec![]),

@@ -35,7 +35,7 @@ impl<'de> Deserialize<'de> for F32Run {
             }
 
             fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<F32Run, E> {
-                if bytes.len() % 4 != 0 {
+                if !bytes.len().is_multiple_of(4) {
                     return Err(E::custom(format!("{} bytes of f32 values", bytes.len())));
                 }
                 let values = bytes

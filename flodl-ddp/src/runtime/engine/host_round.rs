@@ -501,6 +501,24 @@ mod tests {
     use rand::{RngExt, SeedableRng};
     use rand_xoshiro::Xoshiro256PlusPlus;
 
+    /// `count` states of parameter tensors of `sizes` and one buffer of `buffer` values, every
+    /// value uniform in [-1, 1).
+    fn random_states(
+        rng: &mut Xoshiro256PlusPlus,
+        count: usize,
+        sizes: &[usize],
+        buffer: usize,
+    ) -> Vec<HostState> {
+        let mut values =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        (0..count)
+            .map(|_| HostState {
+                params: sizes.iter().map(|&n| values(n)).collect(),
+                buffers: vec![values(buffer)],
+            })
+            .collect()
+    }
+
     /// The host average against its closed form in f64 (`Σ n_r^γ·W_r / Σ n_r^γ` for
     /// parameters, the plain mean over ranks that stepped for buffers) on random states, step
     /// counts (some zero) and exponents γ.
@@ -514,15 +532,7 @@ mod tests {
                 (0..rng.random_range(1..4)).map(|_| rng.random_range(1..50)).collect();
             let mut steps: Vec<usize> = (0..world).map(|_| rng.random_range(0..5)).collect();
             steps[0] += 1;
-            let states: Vec<HostState> = (0..world)
-                .map(|_| HostState {
-                    params: sizes
-                        .iter()
-                        .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
-                        .collect(),
-                    buffers: vec![(0..3).map(|_| rng.random_range(-1.0..1.0)).collect()],
-                })
-                .collect();
+            let states = random_states(&mut rng, world, &sizes, 3);
             let avg = average(&states, &steps, gamma)?;
             let mass = |k: usize| if k == 0 { 0.0 } else { (k as f64).powf(gamma) };
             let total: f64 = steps.iter().map(|&s| mass(s)).sum();
@@ -569,15 +579,7 @@ mod tests {
                 continue;
             }
             let ranks = rng.random_range(1..4);
-            let states: Vec<HostState> = (0..ranks)
-                .map(|_| HostState {
-                    params: sizes
-                        .iter()
-                        .map(|&n| (0..n).map(|_| rng.random_range(-1.0..1.0)).collect())
-                        .collect(),
-                    buffers: vec![(0..2).map(|_| rng.random_range(-1.0..1.0)).collect()],
-                })
-                .collect();
+            let states = random_states(&mut rng, ranks, &sizes, 2);
             let cut = Fragments::cut(&sizes, rng.random_range(1..=total.min(7)))?;
             let weights: Vec<Vec<usize>> = (0..cut.len())
                 .map(|_| (0..ranks).map(|_| rng.random_range(0..4)).collect())
@@ -618,9 +620,9 @@ mod tests {
     /// part and the round captures no checkpoint, the round holds the snapshots that came ahead (each once, the state and steps as
     /// sent) and needs orders only for the others; a snapshot of an ordered rank may still come
     /// after the trigger, as the same attempt. When its part is not the round's or the round
-    /// captures, the round
-    /// asks everyone under attempt 1 and a late ahead snapshot is dropped, not taken. A
-    /// headstart takes nothing from a rank not ordered, of another round or attempt, or twice.
+    /// captures, the round asks everyone under attempt 1 and a late ahead snapshot is dropped,
+    /// not taken. A headstart takes nothing from a rank not ordered, of another round or
+    /// attempt, or twice.
     #[test]
     fn a_headstart_serves_its_round_or_is_superseded() -> std::result::Result<(), String> {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(31);
