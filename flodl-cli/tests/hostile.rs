@@ -48,7 +48,7 @@ const AT_ONCE: usize = 3;
 
 /// Each attack of rank 2, and the misconduct the controller's fault must name (`None`: an
 /// attack the controller cannot see, which must change nothing).
-const ATTACKS: [(&str, Option<&str>); 11] = [
+const ATTACKS: [(&str, Option<&str>); 12] = [
     ("start-state", Some("StartState")),
     ("steps", Some("StepsBeyondDispatch")),
     ("nan-snapshot", Some("NonFinite")),
@@ -64,6 +64,9 @@ const ATTACKS: [(&str, Option<&str>); 11] = [
     // Its Stop ignored, its frames sent on: the controller ends its connection; restarted by
     // the launcher, its seat is closed to it.
     ("persist", Some("NonFinite")),
+    // Its snapshots without their checkpoint parts, in a job that checkpoints every 2 reduces:
+    // the bundle would miss its place in its chunk.
+    ("part-dropped", Some("PartMissing")),
 ];
 
 /// The controller's line when an evicted rank's process connects again.
@@ -83,6 +86,10 @@ fn attacked(attack: &str, misconduct: Option<&str>, dir: &Path) -> Result<f64> {
         epochs = PERSIST_EPOCHS.parse()?;
         let at = flags.iter().position(|f| *f == "--epochs").ok_or("no --epochs")? + 1;
         flags[at] = PERSIST_EPOCHS;
+    }
+    let checkpoints = dir.join("checkpoints").to_string_lossy().into_owned();
+    if attack == "part-dropped" {
+        flags.extend(["--checkpoint-dir", &checkpoints, "--checkpoint-every-reduces", "2"]);
     }
     let job = Launched::start_with(3, launcher, &flags, dir, &[("FLODL_HOSTILE", &hostile)])?;
     let (code, out) = job.finish(Duration::from_secs(240))?;

@@ -119,6 +119,12 @@ pub enum Misconduct {
         /// The attempt it named.
         attempt: u32,
     },
+    /// A snapshot without its checkpoint part, for a round that captures one: the bundle
+    /// would miss the rank's place in its chunk (its samples trained again after a resume).
+    PartMissing {
+        /// The round whose checkpoint asked for it.
+        round: u64,
+    },
     /// More control frames than the rate limit allows.
     Flooded {
         /// The frames allowed in a burst.
@@ -146,6 +152,9 @@ impl std::fmt::Display for Misconduct {
                     f,
                     "sent a snapshot for round {round} attempt {attempt}, which is not open (a replay)"
                 )
+            }
+            Misconduct::PartMissing { round } => {
+                write!(f, "sent its snapshot for round {round} without the checkpoint part asked")
             }
             Misconduct::Flooded { burst, per_second } => write!(
                 f,

@@ -121,6 +121,7 @@ impl Coordinator {
                 attempt,
                 state,
                 steps,
+                capture,
                 fragment: snapshot_fragment,
                 ..
             } => {
@@ -135,6 +136,11 @@ impl Coordinator {
                 };
                 if admits.is_none() {
                     return Err(Misconduct::Replayed { round: *round, attempt: *attempt });
+                }
+                // A snapshot the round takes answers its checkpoint's order with the part.
+                let asked = self.saves.capturing.as_ref().is_some_and(|c| c.round == *round);
+                if admits == Some(true) && asked && capture.is_none() {
+                    return Err(Misconduct::PartMissing { round: *round });
                 }
                 self.conduct.steps(*rank, *round, *steps)?;
                 // Under `--fragments` the snapshot is the part of the round's fragment.

@@ -49,6 +49,8 @@ enum Attack {
     /// A NaN snapshot, then its `Stop` ignored: the same frames sent on until the connection
     /// ends.
     Persist,
+    /// Every snapshot without its checkpoint part.
+    PartDropped,
 }
 
 impl Attack {
@@ -65,6 +67,7 @@ impl Attack {
             "flood" => Attack::Flood,
             "forged-eval" => Attack::ForgedEval,
             "persist" => Attack::Persist,
+            "part-dropped" => Attack::PartDropped,
             _ => return None,
         })
     }
@@ -183,6 +186,12 @@ impl Attacker {
                 kept.1 = true;
                 let rank = msg.rank();
                 vec![msg, ToCoordinator::GroupId { rank, generation: 1, how: Regroup::Host }]
+            }
+            (Attack::PartDropped, mut msg @ ToCoordinator::Snapshot { capture: Some(_), .. }) => {
+                if let ToCoordinator::Snapshot { capture, .. } = &mut msg {
+                    *capture = None;
+                }
+                vec![msg]
             }
             (Attack::Replay, msg @ ToCoordinator::Snapshot { .. }) => match &kept.0 {
                 Some(old) => vec![old.clone(), msg],
