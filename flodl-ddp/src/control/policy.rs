@@ -183,6 +183,14 @@ impl Window {
         }
     }
 
+    /// This window for the anchor under `Async` once the others follow it: no overshoot. The
+    /// others report when the anchor is ready and the reduce starts once they have, so a batch
+    /// the anchor began past its count would hold every rank until it ends (on the collective
+    /// backend, inside the all-reduce: up to one of the slowest rank's batches per reduce).
+    pub fn anchored(self) -> Window {
+        Window { limit: self.target, ..self }
+    }
+
     /// This window as a probe: the first window of `Cadence` and `Async` while ElChe has no
     /// timing (and no speed hint). Every rank is handed the same count blind; a rank that
     /// reaches it reports ready (its reading for ElChe: that count in that wall time) and goes

@@ -94,3 +94,32 @@ fn the_anchors_snapshot_is_ordered_ahead() -> TestResult {
     }
     Ok(())
 }
+
+/// Under `Async` on both backends, once ElChe is calibrated the anchor (rank 1, slowed 3×)
+/// trains no batch past its count (`Window::anchored`): the others report when it is ready and
+/// the reduce waits for nobody's extra batch; the fast rank still trains past its count in
+/// some windows.
+#[test]
+fn under_async_the_anchor_trains_no_overshoot() -> TestResult {
+    let data = train_subset(4096);
+    for backend in [Backend::Collective, Backend::Host] {
+        let mut h = trainer(&data, 64, backend).policy(Policy::Async).run()?;
+        while h.next_metrics(Duration::from_secs(60)).is_some() {}
+        let events: Vec<ReduceEvent> = h.poll_reduce_events();
+        let state = h.join()?;
+        for e in &state.epochs {
+            assert_eq!(e.samples, 4096, "{backend:?}: epoch {} trained {}", e.epoch, e.samples);
+        }
+        // From the second window: the first is planned from the speed hint, before ElChe's
+        // first reading calibrates it.
+        let calibrated: Vec<&ReduceEvent> = events
+            .iter()
+            .filter(|e| e.round > 1 && e.counts.len() == 2 && e.counts[0] > e.counts[1])
+            .collect();
+        assert!(calibrated.len() >= 8, "{backend:?}: {} calibrated windows", calibrated.len());
+        let past = |r: usize| calibrated.iter().filter(|e| e.steps[r] > e.counts[r]).count();
+        assert_eq!(past(1), 0, "{backend:?}: the anchor trained past its count: {calibrated:?}");
+        assert!(past(0) > 0, "{backend:?}: rank 0 never trained past its count");
+    }
+    Ok(())
+}

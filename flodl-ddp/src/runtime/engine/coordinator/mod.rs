@@ -547,7 +547,8 @@ impl Coordinator {
 
     /// Each rank's window numbered `round`, from the policy and ElChe's counts; before ElChe
     /// has any timing, a probe ([`Window::probing`]); once it is calibrated, the ranks other
-    /// than the anchor follow it ([`Window::following`]).
+    /// than the anchor follow it ([`Window::following`]) and the anchor trains no overshoot
+    /// ([`Window::anchored`]).
     fn make_windows(&self, round: u64) -> Vec<Window> {
         let elche = self.cadence.elche.as_ref();
         let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
@@ -563,6 +564,8 @@ impl Coordinator {
                     window.probing(most)
                 } else if self.follows(r) {
                     window.following()
+                } else if self.paced_by() == Some(r) {
+                    window.anchored()
                 } else {
                     window
                 }
