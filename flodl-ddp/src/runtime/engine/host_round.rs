@@ -617,12 +617,12 @@ mod tests {
     }
 
     /// A headstart on random worlds, orders and parts: when it is of the round's number and
-    /// part and the round captures no checkpoint, the round holds the snapshots that came ahead (each once, the state and steps as
-    /// sent) and needs orders only for the others; a snapshot of an ordered rank may still come
-    /// after the trigger, as the same attempt. When its part is not the round's or the round
-    /// captures, the round asks everyone under attempt 1 and a late ahead snapshot is dropped,
-    /// not taken. A headstart takes nothing from a rank not ordered, of another round or
-    /// attempt, or twice.
+    /// part and the round captures no checkpoint, the round holds the snapshots that came
+    /// ahead (each once, the state and steps as sent) and needs orders only for the others; a
+    /// snapshot of an ordered rank may still come after the trigger, as the same attempt. When
+    /// its part is not the round's or the round captures, the round asks everyone under
+    /// attempt 1 and a late ahead snapshot is dropped, not taken. A headstart takes nothing
+    /// from a rank not ordered, of another round or attempt, or twice.
     #[test]
     fn a_headstart_serves_its_round_or_is_superseded() -> std::result::Result<(), String> {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(31);

@@ -173,10 +173,11 @@ impl Coordinator {
 
     /// Host backend: orders the snapshot of the anchor `rank`, ready while `waiting` still
     /// train, before the round is triggered, when its window lets it train no more (the
-    /// anchor of `Cadence` or `Async`, [`Window::anchored`], without `--overlap`): its state then travels and is checked while the others finish
-    /// their batch, instead of after. The part it syncs is the one the trigger would choose
-    /// now; should the trigger choose another (a checkpoint comes due meanwhile), every rank
-    /// is ordered again ([`HostRound::take_headstart`]).
+    /// anchor of `Cadence` or `Async`, [`Window::anchored`], without `--overlap`): its state
+    /// then travels and is checked while the others finish their batch, instead of after. The
+    /// part it syncs is the one the trigger would choose now; should the trigger choose
+    /// another (a checkpoint comes due meanwhile), every rank is ordered again
+    /// ([`HostRound::take_headstart`]).
     pub(super) fn order_ahead(&mut self, rank: usize, waiting: &[usize]) -> Result<()> {
         let done = self.slots.get(rank).is_some_and(|s| {
             s.window.overshoot() == 0 && s.ready.is_some_and(|r| r.steps >= s.window.limit)
