@@ -5,11 +5,10 @@
 //! of the model states it carries taken out of it, in f32 as one byte string per state vector
 //! ([`super::raw_run`]: one copy each way, not bincode's value-by-value walk), under
 //! [`WireFormat::Bf16`] packed as bf16 (half the bytes; the lengths of the emptied vectors
-//! travel with them). Under the
-//! quantized formats ([`WireFormat::Int8`], [`WireFormat::Q4`]) the consensus updates and the
-//! snapshots travel as blockwise-quantized deltas from the views both ends of the connection
-//! keep ([`super::views`]; the whole state of a model cut into fragments as one delta per
-//! fragment); every other state travels whole in f32. In every format, a starting state the
+//! travel with them). Under the quantized formats ([`WireFormat::Int8`], [`WireFormat::Q4`])
+//! the consensus updates and the snapshots travel as blockwise-quantized deltas from the views
+//! both ends of the connection keep ([`super::views`]; the whole state of a model cut into
+//! fragments as one delta per fragment); every other state travels whole in f32. In every format, a starting state the
 //! receiver holds already travels as its digest ([`super::held`]). Checkpoint parts (optimizer
 //! state, positions) always travel in f32, so a bundle is exact.
 

@@ -621,9 +621,7 @@ impl Coordinator {
             .into_iter()
             .filter(|&r| r != rank && self.slots.get(r).is_some_and(|s| s.ready.is_none()))
             .collect();
-        if !due.is_empty() {
-            self.order_ahead(rank, &due)?;
-        }
+        self.order_ahead(rank, &due)?;
         for r in due {
             self.send(r, ToWorker::Due { round })?;
         }
