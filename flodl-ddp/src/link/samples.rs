@@ -65,6 +65,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
         ToWorker::Reduce { next: window, eval: Some(3), global_step: 99, capture: request },
         ToWorker::Reduce { next: window, eval: None, global_step: 0, capture: None },
         ToWorker::Due { round: 9 },
+        ToWorker::Last { round: 2 },
         ToWorker::Snapshot { round: 4, attempt: 2, capture: request, fragment: None },
         ToWorker::Snapshot { round: 5, attempt: 0, capture: None, fragment: Some(3) },
         ToWorker::Resume,

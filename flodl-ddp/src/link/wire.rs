@@ -168,6 +168,11 @@ pub(crate) enum ToWorker {
     /// steps it has trained now and trains no more before the reduce than its overshoot (a late
     /// order, for a window already reported or ended, changes nothing).
     Due { round: u64 },
+    /// Every other live rank is ready for the reduce of window `round`: this rank is the last
+    /// one it waits for, so it trains no batch past its target (a batch begun there would hold
+    /// every rank until it ends; a late order, for a window already reported or ended, only
+    /// stops it at its next step).
+    Last { round: u64 },
     /// Host backend: send a snapshot of the parameters for this round and attempt. With
     /// `capture`, add a checkpoint part and train nothing until the update. With `fragment`
     /// (`--fragments`), only that fragment's parameters (and every buffer); `None`: the whole

@@ -123,3 +123,31 @@ fn under_async_the_anchor_trains_no_overshoot() -> TestResult {
     }
     Ok(())
 }
+
+/// Before ElChe's first reading (no speed hint: the first window is a probe), under `Cadence`
+/// and `Async` on both backends, the slow rank (rank 1, slowed 3×) is the last the first reduce
+/// waits for, and it trains no batch past its probe count: it is told so once the fast rank is
+/// ready (`ToWorker::Last`), where it used to begin one more batch, which the fast rank then
+/// waited for in the reduce. The fast rank trains on past its count, as a probe lets it.
+#[test]
+fn the_last_rank_of_a_probe_trains_no_batch_past_its_count() -> TestResult {
+    let data = train_subset(4096);
+    for backend in [Backend::Collective, Backend::Host] {
+        for policy in [Policy::Cadence, Policy::Async] {
+            let what = format!("{backend:?}, {policy:?}");
+            let knobs = ElCheKnobs { max_anchor: 12, ..Default::default() };
+            let t = trainer(&data, 256, backend).policy(policy).elche(knobs).epochs(1);
+            let mut h = t.run()?;
+            while h.next_metrics(Duration::from_secs(60)).is_some() {}
+            let events: Vec<ReduceEvent> = h.poll_reduce_events();
+            let state = h.join()?;
+            assert_eq!(state.epochs.first().map(|e| e.samples), Some(4096), "{what}");
+            let first =
+                events.iter().find(|e| e.round == 1).ok_or(format!("{what}: no round 1"))?;
+            assert_eq!(first.counts.first(), first.counts.get(1), "{what}: not a probe: {first:?}");
+            assert_eq!(first.steps[1], first.counts[1], "{what}: the slow rank: {first:?}");
+            assert!(first.steps[0] > first.counts[0], "{what}: the fast rank: {first:?}");
+        }
+    }
+    Ok(())
+}

@@ -222,6 +222,9 @@ impl Coordinator {
                 if round == current_round && why == Readiness::Reached {
                     self.anchor_ready(rank)?;
                 }
+                if round == current_round {
+                    self.hold_the_last()?;
+                }
             }
             ToCoordinator::Reduced { rank, round, steps, sync_ms, divergence, capture } => {
                 self.take_capture(rank, round, capture);

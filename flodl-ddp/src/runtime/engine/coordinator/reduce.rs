@@ -199,6 +199,30 @@ impl Coordinator {
         self.send(rank, order)
     }
 
+    /// Before ElChe is calibrated, when every live rank but one is ready for the reduce of the
+    /// current window, that one is the last the reduce waits for: its window loses its
+    /// overshoot ([`Window::anchored`], in this copy and by [`ToWorker::Last`] in the rank's),
+    /// so it reports at its target and waits for the order instead of beginning a batch that
+    /// every rank would wait for. It is the calibrated anchor's rule for the windows with no
+    /// anchor yet: in a probe the slowest rank began one more of its batches past its count
+    /// while the fast ones waited in the reduce. (Once calibrated the anchor is anchored
+    /// already, and a follower told it is due keeps the overshoot `Async` gives it.)
+    pub(super) fn hold_the_last(&mut self) -> Result<()> {
+        if self.paced_by().is_some() {
+            return Ok(());
+        }
+        let round = self.rounds.round;
+        let mut short = (self.roster.live().into_iter())
+            .filter(|&r| self.slots.get(r).is_some_and(|s| s.ready.is_none()));
+        let (Some(last), None) = (short.next(), short.next()) else { return Ok(()) };
+        let Some(slot) = self.slots.get_mut(last) else { return Ok(()) };
+        if slot.window.overshoot() == 0 {
+            return Ok(());
+        }
+        slot.window = slot.window.anchored();
+        self.send(last, ToWorker::Last { round })
+    }
+
     /// Host backend: the helper thread's average for `round` is in. When it completes the
     /// pending round: the outer step, the checkpoint in capture, and the update to every rank.
     pub(super) fn averaged(

@@ -483,6 +483,11 @@ impl<'a> RankLoop<'a> {
                 self.reduce(Interrupted { next, eval, global_step, capture })?;
             }
             ToWorker::Due { round } => self.due(round)?,
+            ToWorker::Last { round } => {
+                if self.win.window.round == round {
+                    self.win.window = self.win.window.anchored();
+                }
+            }
             ToWorker::Snapshot { round, attempt, capture, fragment } => {
                 let t = Instant::now();
                 // Under `--fragments` only the fragment asked for is read and travels (and
