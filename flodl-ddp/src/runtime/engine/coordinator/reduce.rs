@@ -5,7 +5,10 @@ use crate::control::elche::WindowReading;
 
 impl Coordinator {
     /// Starts a reduce when every rank is ready for it; true when nothing is left to train
-    /// (the run finishes).
+    /// (the run finishes). Once the consensus holds every batch of the run, the last epoch's
+    /// evaluation is asked for and the run finishes without waiting for the ranks to report
+    /// that they are out of work: their last update (or reduce) comes before either order on
+    /// their link, and nothing is left for them to train.
     pub(super) fn step_reduce(&mut self) -> Result<bool> {
         let ready: Vec<Option<usize>> =
             self.slots.iter().map(|s| s.ready.map(|r| r.steps)).collect();
@@ -17,10 +20,8 @@ impl Coordinator {
                 self.trigger(&steps)?;
                 return Ok(false);
             }
-            Trigger::Idle => {}
-            Trigger::RoundInFlight | Trigger::NoLiveRank | Trigger::Waiting { .. } => {
-                return Ok(false);
-            }
+            Trigger::Idle | Trigger::Waiting { .. } => {}
+            Trigger::RoundInFlight | Trigger::NoLiveRank => return Ok(false),
         }
         if !self.dispatch.all_done() || self.dispatch.any_outstanding() {
             return Ok(false);
