@@ -46,12 +46,14 @@ impl HostState {
     pub(crate) fn digest(&self) -> [u8; 32] {
         use rayon::prelude::*;
         use sha2::{Digest, Sha256};
+        // A block's little-endian bytes: on a little-endian target, its memory as it is.
         let block = |values: &[f32]| -> [u8; 32] {
-            let mut bytes = Vec::with_capacity(values.len() * 4);
-            for v in values {
-                bytes.extend_from_slice(&v.to_le_bytes());
+            if cfg!(target_endian = "little") {
+                Sha256::digest(bytemuck::cast_slice::<f32, u8>(values)).into()
+            } else {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                Sha256::digest(&bytes).into()
             }
-            Sha256::digest(&bytes).into()
         };
         let mut top = Sha256::new();
         top.update(b"flodl host state v1");
