@@ -183,10 +183,11 @@ impl Window {
         }
     }
 
-    /// This window for the anchor under `Async` once the others follow it: no overshoot. The
-    /// others report when the anchor is ready and the reduce starts once they have, so a batch
-    /// the anchor began past its count would hold every rank until it ends (on the collective
-    /// backend, inside the all-reduce: up to one of the slowest rank's batches per reduce).
+    /// This window with no overshoot, for the rank the reduce waits for last: the calibrated
+    /// anchor (which matters under `Async`; `Cadence` has no overshoot), and before calibration
+    /// the one rank not yet ready once all others are. The reduce starts once that rank has
+    /// reported, so a batch it began past its count would hold every rank until it ends (on
+    /// the collective backend, inside the all-reduce: up to one of its batches per reduce).
     pub fn anchored(self) -> Window {
         Window { limit: self.target, ..self }
     }

@@ -8,9 +8,10 @@
 //! travel with them). Under the quantized formats ([`WireFormat::Int8`], [`WireFormat::Q4`])
 //! the consensus updates and the snapshots travel as blockwise-quantized deltas from the views
 //! both ends of the connection keep ([`super::views`]; the whole state of a model cut into
-//! fragments as one delta per fragment); every other state travels whole in f32. In every format, a starting state the
-//! receiver holds already travels as its digest ([`super::held`]). Checkpoint parts (optimizer
-//! state, positions) always travel in f32, so a bundle is exact.
+//! fragments as one delta per fragment); every other state travels whole in f32. In every
+//! format, a starting state the receiver holds already travels as its digest
+//! ([`super::held`]). Checkpoint parts (optimizer state, positions) always travel in f32, so a
+//! bundle is exact.
 
 use std::fmt;
 use std::str::FromStr;

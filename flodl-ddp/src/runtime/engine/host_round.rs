@@ -75,9 +75,8 @@ pub(crate) struct RoundDone {
 
 /// A host round's headstart: snapshots ordered before the round is triggered, from ranks that
 /// train no more in their window (the anchor of `Cadence` or `Async` once it is ready,
-/// `Window::anchored`), so that they travel
-/// while the followers finish their last batch. The trigger hands it to its round
-/// ([`HostRound::take_headstart`]).
+/// `Window::anchored`), so that they travel while the followers finish their last batch. The
+/// trigger hands it to its round ([`HostRound::take_headstart`]).
 #[derive(Debug)]
 pub(crate) struct Headstart {
     round: u64,
