@@ -28,8 +28,9 @@
 //!   index" rule can hand the seat straight back to the challenged rank).
 //! * **Overhead = exposed / (window compute + exposed), grow-only, staged, at most ×2 per
 //!   step.** *Exposed* is the part of the exchange the ranks cannot train through
-//!   ([`Exposure`]): the whole sync time without `--overlap`, the part past the next window
-//!   with it, taken reduce by reduce over a cycle of fragments under `--fragments`. The
+//!   ([`Exposure`]), as the ranks measured it (their own encoding, the round trip and the
+//!   merge; under `--overlap` only what the window did not hide), averaged over a cycle of
+//!   fragments under `--fragments`. The
 //!   [0.5] rule (`anchor = ceil(anchor · ov/target)`, decay by one when `ov < target/2`) both jumps
 //!   on a single slow reduce and saw-tooths around the target. Here growth is only *proposed* and
 //!   committed when the guard says [`Verdict::Stable`]; the only downward forces are
@@ -374,7 +375,7 @@ impl ElChe {
     }
 
     /// Feeds one window's timing: per rank the compute wall time in ms and the steps really
-    /// trained since the last reduce, and the reduce's own wall time in ms.
+    /// trained since the last reduce, and the ms the reduce cost the ranks (its exposed part).
     ///
     /// A rank with no steps or no time counts as a miss for that rank (`MAX_MISSES` misses in a
     /// row clear its estimate). If no rank has an estimate afterwards the call changes nothing
@@ -387,14 +388,14 @@ impl ElChe {
         &mut self,
         wall_ms: &[f64],
         steps: &[u64],
-        sync_ms: f64,
+        exposed_ms: f64,
     ) -> LogicResult<()> {
-        self.report_exchange(wall_ms, steps, &Exposure::blocking(sync_ms))
+        self.report_exchange(wall_ms, steps, &Exposure::of(exposed_ms))
     }
 
     /// [`ElChe::report_timing`] with the exchange described by `exposure`: the overhead a
-    /// growth proposal weighs is the part of the exchange the ranks cannot train through
-    /// ([`Exposure::overhead`] of the anchor's window), not the whole sync time.
+    /// growth proposal weighs is the exposed exchange of the last reduces ([`Exposure::overhead`]
+    /// of the anchor's window).
     ///
     /// # Errors
     /// As [`ElChe::report_timing`].

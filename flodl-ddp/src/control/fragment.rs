@@ -1,11 +1,10 @@
 //! The cut of a model's parameters into fragments of equal size, the staggered schedule that
 //! syncs one of them per reduce (`--fragments F`, after Streaming DiLoCo), the steps each rank
-//! trained since each fragment was last synced, and the sync times of a cycle of fragments.
+//! trained since each fragment was last synced, and what a cycle of fragments cost the ranks.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 
-#[cfg(doc)]
 use crate::control::exposure::Exposure;
 use crate::control::logic_error::{LogicError, LogicResult};
 use crate::state::HostState;
@@ -297,8 +296,8 @@ pub(crate) struct Staggered {
     pub(crate) cut: Fragments,
     /// Each rank's steps since each fragment was last synced.
     pub(crate) unsynced: Unsynced,
-    /// The sync times of the last F reduces (ms), newest last.
-    syncs: VecDeque<f64>,
+    /// What the last F reduces cost the ranks (ms, [`Exposure`]), newest last.
+    exposed: VecDeque<f64>,
 }
 
 impl Staggered {
@@ -308,27 +307,24 @@ impl Staggered {
     /// As [`Fragments::cut`].
     pub(crate) fn new(state: &HostState, count: usize, world: usize) -> LogicResult<Staggered> {
         let cut = Fragments::of_state(state, count)?;
-        Ok(Staggered { unsynced: Unsynced::new(cut.len(), world), syncs: VecDeque::new(), cut })
+        let unsynced = Unsynced::new(cut.len(), world);
+        Ok(Staggered { unsynced, exposed: VecDeque::new(), cut })
     }
 
-    /// A reduce's sync time (ms) is in.
-    pub(crate) fn synced_in(&mut self, sync_ms: f64) {
-        if self.syncs.len() == self.cut.len() {
-            self.syncs.pop_front();
+    /// What a reduce cost the ranks (ms) is in.
+    pub(crate) fn exposed_in(&mut self, exposed_ms: f64) {
+        if self.exposed.len() == self.cut.len() {
+            self.exposed.pop_front();
         }
-        self.syncs.push_back(sync_ms);
+        self.exposed.push_back(exposed_ms);
     }
 
-    /// The sync times ElChe sizes windows by: the last F reduces', one of each fragment once a
-    /// cycle has run (`[last]` before any), so the window is sized for the exchange's steady
-    /// cost rather than for whichever fragment moved last (a reduce's sync time varies with
-    /// what else the links carry); [`Exposure`] takes what of each the ranks cannot train
-    /// through.
-    pub(crate) fn cycle_syncs_ms(&self, last: f64) -> Vec<f64> {
-        if self.syncs.is_empty() {
-            return vec![last];
-        }
-        self.syncs.iter().copied().collect()
+    /// The exchange ElChe sizes windows by: the last F reduces', one of each fragment once a
+    /// cycle has run, so the window is sized for the exchange's steady cost rather than for
+    /// whichever fragment moved last (a reduce's cost varies with the fragment and with what
+    /// else the links carry).
+    pub(crate) fn cycle_exposure(&self) -> Exposure {
+        Exposure::new(self.exposed.iter().copied().collect())
     }
 
     /// The fragment the run's reduce number `k` (from 0) syncs: the scheduled one, or every
@@ -500,13 +496,13 @@ mod tests {
         assert!((0..world).all(|r| u.is_synced(r)));
     }
 
-    /// ElChe's sync times: the last one before any, then the last F, oldest first.
+    /// ElChe's exposed exchange: none before any, then the last F, oldest first.
     #[test]
-    fn the_cycle_sync_times_are_the_last_f() -> Result<(), String> {
+    fn the_cycle_is_the_last_f_reduces() -> Result<(), String> {
         let state =
             HostState { params: vec![vec![0.0; 9], vec![0.0; 2], vec![0.0]], buffers: vec![] };
         let mut s = Staggered::new(&state, 3, 2).map_err(|e| e.to_string())?;
-        assert_eq!(s.cycle_syncs_ms(7.0), [7.0]);
+        assert_eq!(s.cycle_exposure(), Exposure::new(Vec::new()));
         let wants: [(f64, &[f64]); 5] = [
             (90.0, &[90.0]),
             (6.0, &[90.0, 6.0]),
@@ -515,8 +511,8 @@ mod tests {
             (9.0, &[3.0, 90.0, 9.0]),
         ];
         for (ms, want) in wants {
-            s.synced_in(ms);
-            assert_eq!(s.cycle_syncs_ms(0.0), want, "after {ms}");
+            s.exposed_in(ms);
+            assert_eq!(s.cycle_exposure(), Exposure::new(want.to_vec()), "after {ms}");
         }
         Ok(())
     }

@@ -120,6 +120,7 @@ pub(crate) fn messages() -> (Vec<ToWorker>, Vec<ToCoordinator>) {
             why: Readiness::Idle,
             works: 11,
             tail_ms: Some(0.75),
+            exposed_ms: Some(12.5),
         },
         ToCoordinator::Reduced {
             rank: 0,

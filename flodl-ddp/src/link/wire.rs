@@ -251,7 +251,9 @@ pub(crate) enum ToCoordinator {
     /// `works` counts the chunks the rank has received so far (an `Idle` report is stale when
     /// more were sent). `tail_ms` is the median ms of the window's last steps (half of them,
     /// at least `TAIL_MIN` and at most [`TAIL_STEPS`]; none from fewer), the speed the window
-    /// ended at.
+    /// ended at. `exposed_ms` is what the reduce that opened the window cost the rank, the ms
+    /// it spent on it instead of training ([`crate::control::exposure::Exposure`]; none when no
+    /// reduce opened it).
     Progress {
         rank: usize,
         round: u64,
@@ -260,6 +262,7 @@ pub(crate) enum ToCoordinator {
         why: Readiness,
         works: u64,
         tail_ms: Option<f64>,
+        exposed_ms: Option<f64>,
     },
     /// Collective backend: the rank finished the reduce of `round`; `divergence` is its
     /// `‖W_pre − W_post‖ / ‖W_post‖` when measured (guard on, not `Sync`, the rank stepped).

@@ -15,6 +15,9 @@ pub(crate) struct Ledger {
     /// When the open span started; `None` until the rank starts training.
     since: Option<Instant>,
     parts: TimeBreakdown,
+    /// The ms charged to the reduce and the exchange since the last
+    /// [`take_exposed`](Ledger::take_exposed) (`None`: none charged).
+    exposed: Option<f64>,
 }
 
 impl Ledger {
@@ -27,16 +30,25 @@ impl Ledger {
 
     /// Charges the time since `from` to `activity` (nothing before the first span starts).
     pub(crate) fn charge(&mut self, activity: Activity, from: Instant) {
-        if self.since.is_some() {
-            self.parts.add(activity, from.elapsed().as_secs_f64() * 1000.0);
-        }
+        self.charge_ms(activity, from.elapsed().as_secs_f64() * 1000.0);
     }
 
     /// Charges `ms` to `activity` (measured elsewhere: a step's compute time).
     pub(crate) fn charge_ms(&mut self, activity: Activity, ms: f64) {
-        if self.since.is_some() {
-            self.parts.add(activity, ms);
+        if self.since.is_none() {
+            return;
         }
+        self.parts.add(activity, ms);
+        if matches!(activity, Activity::Reduce | Activity::Exchange) {
+            *self.exposed.get_or_insert(0.0) += ms;
+        }
+    }
+
+    /// The ms the rank spent on reduces instead of training since the last call (the
+    /// exchange it could not train through, [`crate::control::exposure::Exposure`]), `None`
+    /// when it spent none; the count starts again.
+    pub(crate) fn take_exposed(&mut self) -> Option<f64> {
+        self.exposed.take()
     }
 
     /// Runs `f`, charging its time to `activity`.
@@ -88,6 +100,38 @@ mod tests {
         // The spans cover all but the instant before `start` (a few microseconds).
         if total - sum > 1.0 {
             return Err(format!("spans cover {sum} ms of {total} ms"));
+        }
+        Ok(())
+    }
+
+    /// What is taken as exposed is the reduce's and the exchange's charges since the last take,
+    /// whatever spans they fell in; other activities and charges before the start are not.
+    #[test]
+    fn the_exposed_exchange_is_the_reduce_and_exchange_charges() -> Result<(), String> {
+        let mut ledger = Ledger::default();
+        ledger.charge_ms(Activity::Reduce, 7.0);
+        ledger.start();
+        let cases: [(&[(Activity, f64)], bool, Option<f64>); 4] = [
+            (&[], false, None),
+            (&[(Activity::Compute, 3.0), (Activity::Waiting, 2.0)], false, None),
+            (
+                &[(Activity::Reduce, 1.5), (Activity::Exchange, 0.25), (Activity::Data, 9.0)],
+                true,
+                Some(1.75),
+            ),
+            (&[(Activity::Reduce, 2.0), (Activity::Checkpoint, 4.0)], false, Some(2.0)),
+        ];
+        for (i, (charges, close, want)) in cases.into_iter().enumerate() {
+            for &(activity, ms) in charges {
+                ledger.charge_ms(activity, ms);
+            }
+            if close {
+                ledger.close();
+            }
+            let got = ledger.take_exposed();
+            if got != want {
+                return Err(format!("case {i}: exposed {got:?}, want {want:?}"));
+            }
         }
         Ok(())
     }

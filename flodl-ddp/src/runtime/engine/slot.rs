@@ -32,6 +32,8 @@ pub(crate) struct Ready {
     pub(crate) why: Readiness,
     /// The median ms of the window's last steps, when measured.
     pub(crate) tail_ms: Option<f64>,
+    /// What the reduce that opened the window cost the rank, ms, when one did.
+    pub(crate) exposed_ms: Option<f64>,
 }
 
 /// A rank's compute pace over its recent windows: a pace one preempted batch does not swing.

@@ -101,10 +101,15 @@ impl Coordinator {
                 }
                 Ok(())
             }
-            ToCoordinator::Progress { rank, round, steps, wall_ms, tail_ms, .. } => {
+            ToCoordinator::Progress {
+                rank, round, steps, wall_ms, tail_ms, exposed_ms, ..
+            } => {
                 finite("window's wall time", *wall_ms)?;
                 if let Some(tail) = tail_ms {
                     finite("window's tail", *tail)?;
+                }
+                if let Some(exposed) = exposed_ms {
+                    finite("reduce's exposed time", *exposed)?;
                 }
                 self.conduct.steps(*rank, *round, *steps)
             }
@@ -206,7 +211,16 @@ impl Coordinator {
                 }
                 self.aggregate();
             }
-            ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms } => {
+            ToCoordinator::Progress {
+                rank,
+                round,
+                steps,
+                wall_ms,
+                why,
+                works,
+                tail_ms,
+                exposed_ms,
+            } => {
                 let current_round = self.rounds.round;
                 if let Some(slot) = self.slots.get_mut(rank) {
                     let current = why == Readiness::Reached || works == slot.works_sent;
@@ -216,7 +230,7 @@ impl Coordinator {
                         slot.windows.record(&DeadlineRule::default(), wall_ms);
                     }
                     if round == current_round && current {
-                        slot.ready = Some(Ready { steps, wall_ms, why, tail_ms });
+                        slot.ready = Some(Ready { steps, wall_ms, why, tail_ms, exposed_ms });
                     }
                 }
                 if round == current_round && why == Readiness::Reached {

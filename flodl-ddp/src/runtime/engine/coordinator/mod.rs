@@ -25,7 +25,6 @@ use crate::control::change::Change;
 use crate::control::deadline::DeadlineRule;
 use crate::control::dispatch::{Cutting, Dispatcher};
 use crate::control::elche::ElChe;
-use crate::control::exposure::Exposure;
 use crate::control::fragment::Staggered;
 use crate::control::guard::{Guard, ReduceReport};
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent, WorkTally};
@@ -250,7 +249,6 @@ struct Rounds {
     global_step: u64,
     /// Host rounds soft-aborted in a row.
     stalled: usize,
-    last_sync_ms: f64,
     /// When the last reduce completed (or training started): every rank's window starts there.
     completed_at: Instant,
     /// The bytes of each rank's exchange in the round being collected (for its event).
@@ -452,7 +450,6 @@ impl Coordinator {
                 reduces: 0,
                 global_step: 0,
                 stalled: 0,
-                last_sync_ms: 0.0,
                 completed_at: Instant::now(),
                 wire: vec![Default::default(); world],
                 walls: vec![0.0; world],

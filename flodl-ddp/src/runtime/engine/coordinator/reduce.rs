@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::control::elche::WindowReading;
+use crate::control::exposure::{Exposure, RankExposure, reduce_exposed_ms};
 
 impl Coordinator {
     /// Starts a reduce when every rank is ready for it; true when nothing is left to train
@@ -47,11 +48,25 @@ impl Coordinator {
             .collect();
         self.rounds.walls = windows.iter().map(|w| w.wall_ms).collect();
         let counts = self.planned_counts();
-        // ElChe weighs the exchange the ranks cannot train through: under `--fragments` over a
-        // cycle's sync times, under `--overlap` the part past the window trained meanwhile.
-        let last = self.rounds.last_sync_ms;
-        let syncs = self.staggered.as_ref().map_or_else(|| vec![last], |s| s.cycle_syncs_ms(last));
-        let exposure = Exposure::new(syncs, self.cfg.spec.overlap.is_some());
+        // ElChe weighs the exchange the ranks could not train through, as they measured it
+        // for the last reduce (under `--fragments`, for the last cycle's).
+        let ranks: Vec<RankExposure> = (self.slots.iter().zip(&windows))
+            .map(|(s, w)| RankExposure {
+                exposed_ms: s.ready.and_then(|r| r.exposed_ms),
+                steps: w.steps,
+                wall_ms: w.wall_ms,
+            })
+            .collect();
+        let exposed = reduce_exposed_ms(&ranks);
+        let exposure = match &mut self.staggered {
+            Some(staggered) => {
+                if let Some(ms) = exposed {
+                    staggered.exposed_in(ms);
+                }
+                staggered.cycle_exposure()
+            }
+            None => Exposure::new(exposed.into_iter().collect()),
+        };
         if let Some(e) = self.cadence.elche.as_mut() {
             e.report_windows(&windows, &exposure)?;
             // The guard's verdict on the last completed reduce.
@@ -273,7 +288,6 @@ impl Coordinator {
         };
         let divergence = divergence.map(|d| (d, span));
         if let Some(staggered) = &mut self.staggered {
-            staggered.synced_in(sync_ms);
             staggered.unsynced.synced(fragment, &done.steps);
             for rank in self.roster.waiting() {
                 staggered.unsynced.restart(rank);
@@ -443,7 +457,6 @@ impl Coordinator {
         }
         self.rounds.stalled = 0;
         self.rounds.reduces += 1;
-        self.rounds.last_sync_ms = sync_ms;
         self.rounds.completed_at = Instant::now();
         self.conduct.reduced(round, &steps);
         self.dispatch.add_reduce(sync_ms, &steps);

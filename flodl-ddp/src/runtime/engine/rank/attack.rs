@@ -105,10 +105,28 @@ impl Attacker {
             }
             (
                 Attack::Steps,
-                ToCoordinator::Progress { rank, round, wall_ms, why, works, tail_ms, .. },
+                ToCoordinator::Progress {
+                    rank,
+                    round,
+                    wall_ms,
+                    why,
+                    works,
+                    tail_ms,
+                    exposed_ms,
+                    ..
+                },
             ) => {
                 let steps = 1_000_000_000;
-                vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms }]
+                vec![ToCoordinator::Progress {
+                    rank,
+                    round,
+                    steps,
+                    wall_ms,
+                    why,
+                    works,
+                    tail_ms,
+                    exposed_ms,
+                }]
             }
             (
                 Attack::Steps,
@@ -208,10 +226,28 @@ impl Attacker {
             }
             (
                 Attack::ForgedEval,
-                ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms },
+                ToCoordinator::Progress {
+                    rank,
+                    round,
+                    steps,
+                    wall_ms,
+                    why,
+                    works,
+                    tail_ms,
+                    exposed_ms,
+                },
             ) => {
                 let (wall_ms, tail_ms) = (wall_ms / 100.0, tail_ms.map(|t| t / 100.0));
-                vec![ToCoordinator::Progress { rank, round, steps, wall_ms, why, works, tail_ms }]
+                vec![ToCoordinator::Progress {
+                    rank,
+                    round,
+                    steps,
+                    wall_ms,
+                    why,
+                    works,
+                    tail_ms,
+                    exposed_ms,
+                }]
             }
             (Attack::ForgedEval, ToCoordinator::Evaluated { rank, epoch, eval }) => {
                 let eval = eval.map(|e| EvalMetrics { accuracy: 0.003, loss: 9.0, ..e });

@@ -318,6 +318,7 @@ impl<'a> RankLoop<'a> {
             why,
             works: self.works,
             tail_ms: self.win.tail_ms(),
+            exposed_ms: self.win.exposed_ms,
         })
     }
 
@@ -369,6 +370,8 @@ impl<'a> RankLoop<'a> {
     /// Starts the window `next` after a reduce; `carried` steps and ms stay in it.
     fn start_window(&mut self, next: Window, carried: (usize, f64)) -> Result<()> {
         self.win = WindowState::new(next, carried);
+        // What the reduce just done cost this rank: what ElChe weighs against the window.
+        self.win.exposed_ms = self.ledger.take_exposed();
         if self.win.is_reached() {
             self.report(Readiness::Reached)?;
         }
@@ -452,6 +455,8 @@ impl<'a> RankLoop<'a> {
                 // allows no step, so this rank weighs nothing in that reduce.
                 self.win = WindowState::new(window, (0, 0.0));
                 self.ledger.start();
+                // A reduce this process took part in before it left is no part of this run.
+                self.ledger.take_exposed();
                 self.global_step = global_step;
                 self.stage = Stage::Training;
             }

@@ -37,6 +37,9 @@ pub(super) struct WindowState {
     step_ms: VecDeque<f64>,
     /// Ms of calls since the last step trained (a batch not ready yet), charged to the next.
     pending_ms: f64,
+    /// The ms the reduce that opened this window cost the rank, the exchange it could not
+    /// train through (`None`: no reduce opened it).
+    pub(super) exposed_ms: Option<f64>,
 }
 
 impl WindowState {
@@ -52,6 +55,7 @@ impl WindowState {
             sent: None,
             step_ms: VecDeque::with_capacity(2 * TAIL_STEPS),
             pending_ms: 0.0,
+            exposed_ms: None,
         }
     }
 
