@@ -467,7 +467,7 @@ mod tests {
             train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
             staging = \"64M:lru\"\nrecords = \"r.fdr\"\ndirect = true\n\
             max-failures = 2\nstandby = \"2\"\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\noverlap = 0.5\n\
-            fragments = 2\n\
+            fragments = 2\noverhead-target = 0.03\n\
             eval-every = 2\n\
             checkpoint-dir = \"ck\"\ncheckpoint-every = 3\ncheckpoint-every-reduces = 9\n\
             keep-checkpoints = 4\nresume = \"r\"\nout = \"o\"\nname = \"n\"\n\
@@ -507,6 +507,7 @@ mod tests {
             wire: Some(flodl_ddp::WireFormat::Bf16),
             overlap: Some(0.5),
             fragments: Some(2),
+            overhead_target: Some(0.03),
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(3),
@@ -601,7 +602,7 @@ mod tests {
             ("schedule", &["lr", "schedule", "warmup-epochs"]),
             ("lr_scale", &["(resolved from lr_scale_ratio and the ranks)"]),
             ("lr_scale_ratio", &["(library only: Trainer::lr_scale_ratio)"]),
-            ("elche", &["(library only: Trainer::elche)"]),
+            ("elche", &["overhead-target", "(its other knobs library only: Trainer::elche)"]),
             ("slowdown", &["slowdown"]),
             ("speed_changes", &["speed-change"]),
             ("stall_timeout", &["(library only; fdl's GPT sets its own)"]),

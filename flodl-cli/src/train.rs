@@ -361,7 +361,9 @@ pub(crate) fn trainer(
         trainer = trainer.stall_timeout(t);
     }
     if let Some(knobs) = data.model.elche() {
-        trainer = trainer.elche(knobs);
+        // The model's knobs, under the target a flag or file gave.
+        let overhead_target = cfg.run.overhead_target.unwrap_or(knobs.overhead_target);
+        trainer = trainer.elche(flodl_ddp::ElCheKnobs { overhead_target, ..knobs });
     }
     if let Some(point) = resume {
         trainer = trainer.resume(point.source());

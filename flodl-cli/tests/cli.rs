@@ -409,6 +409,8 @@ fn absurd_values_are_refused_naming_the_flag() -> Result {
         (vec!["--slowdown", "1,0.5"], vec!["--slowdown:", "0.5"]),
         (vec!["--slowdown", "1,inf"], vec!["--slowdown:", "inf"]),
         (vec!["--eval-every", "0"], vec!["--eval-every:"]),
+        (vec!["--overhead-target", "0.9"], vec!["--overhead-target:", "0.9", "0.01 to 0.5"]),
+        (vec!["--overhead-target", "NaN"], vec!["--overhead-target:", "NaN"]),
         (vec!["--checkpoint-dir", ck, "--keep-checkpoints", "0"], vec!["--keep-checkpoints:"]),
     ];
     for (extra, needles) in cases {

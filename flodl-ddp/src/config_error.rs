@@ -75,6 +75,8 @@ pub enum Field {
     Overlap,
     /// [`crate::Trainer::fragments`]: the fragments synced on staggered reduces.
     Fragments,
+    /// [`crate::ElCheKnobs::overhead_target`]: the exchange's share of a window ElChe allows.
+    OverheadTarget,
 }
 
 impl Field {
@@ -112,6 +114,7 @@ impl Field {
             Field::Wire => "wire",
             Field::Overlap => "overlap",
             Field::Fragments => "fragments",
+            Field::OverheadTarget => "overhead_target",
         }
     }
 }

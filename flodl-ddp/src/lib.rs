@@ -112,7 +112,7 @@ pub use contract::{
 };
 pub use control::breakdown::{Activity, Straggler, TimeBreakdown, straggler};
 pub use control::dispatch::{Chunk, Cutting, Dispatcher};
-pub use control::elche::{ElChe, ElCheState, Growth, WindowReading, clamp_total};
+pub use control::elche::{ElChe, ElCheState, Growth, OVERHEAD_TARGETS, WindowReading, clamp_total};
 pub use control::eval_rank::EvalRank;
 pub use control::logic_error::{LogicError, LogicResult};
 pub use control::metrics::{

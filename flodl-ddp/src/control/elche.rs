@@ -73,6 +73,8 @@ pub(crate) const STABLE_AFTER: u64 = 5;
 pub(crate) const MATURE_AFTER: u64 = 20;
 /// Default fraction of window wall time the reduce may cost.
 pub(crate) const DEFAULT_OVERHEAD_TARGET: f64 = 0.05;
+/// The overhead targets a run may set (a run's check refuses others; [`ElChe`] clamps to them).
+pub const OVERHEAD_TARGETS: std::ops::RangeInclusive<f64> = 0.01..=0.5;
 /// Default ceiling of the anchor.
 pub(crate) const DEFAULT_MAX_ANCHOR: usize = 1000;
 
@@ -230,9 +232,13 @@ impl ElChe {
         })
     }
 
-    /// Sets the fraction of window wall time a reduce may cost, clamped to [0.01, 0.50].
+    /// Sets the fraction of window wall time a reduce may cost, clamped to
+    /// [`OVERHEAD_TARGETS`] (the default when not finite).
     pub fn with_overhead_target(mut self, target: f64) -> ElChe {
-        self.overhead_target = if target.is_finite() { target.clamp(0.01, 0.50) } else { 0.05 };
+        self.overhead_target = match target.is_finite() {
+            true => target.clamp(*OVERHEAD_TARGETS.start(), *OVERHEAD_TARGETS.end()),
+            false => DEFAULT_OVERHEAD_TARGET,
+        };
         self
     }
 

@@ -180,6 +180,13 @@ partial! {
         #[cfg_attr(feature = "clap", arg(long, value_name = "F"))]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub fragments: Option<usize>,
+        /// Cadence and Async: the share of a window's wall time the exchange may cost the
+        /// ranks before ElChe lengthens the windows, from 0.01 to 0.5 (default 0.05). Lower
+        /// means fewer, longer windows: fewer exchanges of a large model, more local steps
+        /// between two averages.
+        #[cfg_attr(feature = "clap", arg(long, value_name = "SHARE"))]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub overhead_target: Option<f64>,
         /// Evaluate on the test set every N epochs (the last epoch is always evaluated).
         #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -237,6 +244,7 @@ impl RunSettings {
             Field::Wire => "wire",
             Field::Overlap => "overlap",
             Field::Fragments => "fragments",
+            Field::OverheadTarget => "overhead-target",
             Field::Standby => "standby",
             _ => return None,
         })
@@ -269,6 +277,7 @@ impl RunSettings {
             wire: Some(WireFormat::Bf16),
             overlap: Some(0.5),
             fragments: Some(2),
+            overhead_target: Some(0.03),
             eval_every: Some(2),
             checkpoint_dir: Some("ck".into()),
             checkpoint_every: Some(2),
@@ -318,6 +327,7 @@ mod tests {
             (Field::Wire, Some("wire")),
             (Field::Overlap, Some("overlap")),
             (Field::Fragments, Some("fragments")),
+            (Field::OverheadTarget, Some("overhead-target")),
             (Field::Cluster, None),
         ];
         for (field, _) in &all {
@@ -352,6 +362,7 @@ mod tests {
                 | Field::Wire
                 | Field::Overlap
                 | Field::Fragments
+                | Field::OverheadTarget
                 | Field::Cluster => {}
             }
         }

@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use crate::Result;
 use crate::checkpoint::{Checkpoint, CheckpointError, ConfigHash, SaveInterval, StoredDType};
 use crate::config_error::{ConfigError, Field, Problem};
+use crate::control::elche::{DEFAULT_OVERHEAD_TARGET, OVERHEAD_TARGETS};
 use crate::control::eval_rank::EvalRank;
 use crate::control::guard::{Guard, TREND_THRESHOLD, TrendGuard};
 use crate::control::outer::{OuterKind, OuterOptimizer, check_easgd_alpha};
@@ -47,7 +48,8 @@ pub struct ElCheKnobs {
     /// stops growth (`SuppressGrowth`) or halves the anchor (`NudgeDown`) when longer windows
     /// start to cost agreement between the replicas.
     pub max_anchor: usize,
-    /// Fraction of window time a reduce may cost before the anchor grows (default 0.05).
+    /// Fraction of window time a reduce may cost the ranks before the anchor grows, within
+    /// [`OVERHEAD_TARGETS`](crate::OVERHEAD_TARGETS) (default 0.05).
     pub overhead_target: f64,
     /// Largest change of a rank's count from one window to the next (default none).
     pub max_batch_diff: Option<usize>,
@@ -67,7 +69,7 @@ impl Default for ElCheKnobs {
         Self {
             anchor: 10,
             max_anchor: 1000,
-            overhead_target: 0.05,
+            overhead_target: DEFAULT_OVERHEAD_TARGET,
             max_batch_diff: None,
             max_overshoot: None,
             min_chunk: 4,
@@ -677,6 +679,14 @@ impl RunSpec {
                 Field::LrScaleRatio,
                 self.lr_scale_ratio,
                 "a number >= 0",
+            ));
+        }
+        let target = self.elche.overhead_target;
+        if !OVERHEAD_TARGETS.contains(&target) {
+            return Err(ConfigError::out_of_range(
+                Field::OverheadTarget,
+                target.to_string(),
+                "from 0.01 to 0.5",
             ));
         }
         if self.elche.anchor == 0 || self.elche.min_chunk == 0 {

@@ -251,6 +251,7 @@ impl Trainer {
         d.wire = s.wire.unwrap_or(d.wire);
         d.overlap = s.overlap.or(d.overlap);
         d.fragments = s.fragments.unwrap_or(d.fragments);
+        d.elche.overhead_target = s.overhead_target.unwrap_or(d.elche.overhead_target);
         d.eval_every = s.eval_every.unwrap_or(d.eval_every);
         if let Some(lr) = s.lr {
             self = self.learning_rate(lr as f32);

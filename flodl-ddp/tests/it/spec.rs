@@ -96,6 +96,21 @@ fn check_names_the_field_of_every_refused_option() -> TestResult {
         ),
         ("scale ratio -1", base().lr_scale_ratio(-1.0), Field::LrScaleRatio),
         ("anchor 0", base().elche(ElCheKnobs { anchor: 0, ..Default::default() }), Field::Elche),
+        (
+            "overhead target 0.005",
+            base().elche(ElCheKnobs { overhead_target: 0.005, ..Default::default() }),
+            Field::OverheadTarget,
+        ),
+        (
+            "overhead target 0.6",
+            base().elche(ElCheKnobs { overhead_target: 0.6, ..Default::default() }),
+            Field::OverheadTarget,
+        ),
+        (
+            "overhead target NaN",
+            base().elche(ElCheKnobs { overhead_target: f64::NAN, ..Default::default() }),
+            Field::OverheadTarget,
+        ),
         ("stall timeout 0", base().stall_timeout(Duration::ZERO), Field::StallTimeout),
         (
             "stall timeout a year",
