@@ -98,6 +98,10 @@ fn factors(f: &[f64]) -> String {
 struct Figures {
     throughput: f64,
     shares: Vec<[f64; 4]>,
+    /// The last epoch's mean training loss, the test accuracy (%) and the reduces.
+    loss: f64,
+    accuracy: f64,
+    syncs: u64,
 }
 
 fn figures(dir: &Path) -> Result<Figures> {
@@ -116,7 +120,10 @@ fn figures(dir: &Path) -> Result<Figures> {
             [of("waiting_ms"), of("reduce_ms"), of("exchange_ms"), of("data_ms")]
         })
         .collect();
-    Ok(Figures { throughput: samples / wall, shares })
+    let loss = s["final_train_loss"].as_f64().unwrap_or(f64::NAN);
+    let accuracy = 100.0 * s["test"]["accuracy"].as_f64().unwrap_or(f64::NAN);
+    let syncs = s["syncs"].as_u64().unwrap_or(0);
+    Ok(Figures { throughput: samples / wall, shares, loss, accuracy, syncs })
 }
 
 /// Starts `fdl ARGS --out DIR --quiet` with the extra flags.
@@ -251,10 +258,13 @@ fn main() -> Result {
                         let what = format!("{n} ranks x{skew} {policy} {placement}");
                         let f = finish(start(&fdl, &a, &args.extra, &out)?, &what, &out)?;
                         println!(
-                            "{what}: {:.0} samples/s, {:.3} of co-run, {:.3} of the solo sum; waiting/reduce/exchange/data % per rank {:?}",
+                            "{what}: {:.0} samples/s, {:.3} of co-run, {:.3} of the solo sum; {} reduces, final train loss {:.4}, test accuracy {:.2}%; waiting/reduce/exchange/data % per rank {:?}",
                             f.throughput,
                             f.throughput / corun,
                             f.throughput / solo_sum,
+                            f.syncs,
+                            f.loss,
+                            f.accuracy,
                             f.shares
                                 .iter()
                                 .map(|s| s.map(|x| (x * 10.0).round() / 10.0))

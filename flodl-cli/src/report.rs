@@ -524,6 +524,7 @@ mod tests {
                     counts: vec![10, 25],
                     steps: vec![10, 26],
                     walls_ms: vec![20.0, 52.0],
+                    exposed_ms: vec![Some(3.5), None],
                     sync_ms: 1.0 + k as f64,
                     wire: Vec::new(),
                     ordered_ahead: Vec::new(),

@@ -76,6 +76,7 @@ mod tests {
             counts: steps.clone(),
             steps,
             walls_ms: Vec::new(),
+            exposed_ms: Vec::new(),
             sync_ms: 0.0,
             wire: Vec::new(),
             ordered_ahead: Vec::new(),

@@ -331,6 +331,7 @@ pub(crate) mod tests {
             counts: vec![4, 12],
             steps: steps.to_vec(),
             walls_ms: Vec::new(),
+            exposed_ms: Vec::new(),
             sync_ms: 2.0,
             wire: Vec::new(),
             ordered_ahead: Vec::new(),

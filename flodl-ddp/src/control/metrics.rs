@@ -136,6 +136,10 @@ pub struct ReduceEvent {
     /// for a rank that reported none).
     #[serde(default)]
     pub walls_ms: Vec<f64>,
+    /// What the reduce that opened the window cost each rank, ms: the exchange it could not
+    /// train through, as it measured it (ElChe's reading; `null` for a rank with none).
+    #[serde(default)]
+    pub exposed_ms: Vec<Option<f64>>,
     /// Duration of the reduce in milliseconds (collective: slowest rank's all-reduce; host:
     /// snapshot request to update sent).
     pub sync_ms: f64,

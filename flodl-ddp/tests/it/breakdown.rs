@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use flodl_data::{Dataset, HostBatch, SampleLayout};
 use flodl_ddp::{
-    Activity, Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, TimeBreakdown, TrainedState,
-    Trainer, straggler,
+    Activity, Backend, Devices, Mlp, MlpConfig, Optimizer, Policy, ReduceEvent, TimeBreakdown,
+    TrainedState, Trainer, straggler,
 };
 
 fn trainer(policy: Policy, backend: Backend, data: Arc<dyn Dataset>) -> Trainer {
@@ -73,6 +73,42 @@ fn breakdown_sums_to_the_training_wall_in_every_mode() -> TestResult {
                 // on the machine's load (tests of this binary run side by side).
                 let parts = Activity::ALL.map(|a| t.get(a));
                 assert!(t.compute_ms > 0.0 && parts.iter().all(|p| *p >= 0.0), "{what} {t:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each reduce event records what the reduce that opened its window cost each rank, the
+/// exposure ElChe weighs: nothing for the first window, which no reduce opened; afterwards a
+/// positive time for every rank, which fits, with the window's own training, between the
+/// completions of the reduces before and after that window (a measure that also counted
+/// training or the wait for a window would not). `Cadence` and `Async`, both backends.
+#[test]
+fn each_window_records_what_its_opening_reduce_cost_each_rank() -> TestResult {
+    let data = train_subset(2048);
+    for policy in [Policy::Cadence, Policy::Async] {
+        for backend in [Backend::Collective, Backend::Host] {
+            let what = format!("{policy:?} {backend:?}");
+            let mut h = trainer(policy, backend, data.clone()).slowdown(vec![10.0, 20.0]).run()?;
+            while h.next_metrics(Duration::from_secs(60)).is_some() {}
+            let events: Vec<ReduceEvent> = h.poll_reduce_events();
+            h.join()?;
+            let first = events.first().ok_or(format!("{what}: no reduce"))?;
+            assert!(first.exposed_ms.iter().all(Option::is_none), "{what}: {first:?}");
+            assert!(events.len() >= 4, "{what}: {} reduces", events.len());
+            // The reduce before the window opened after the one before it completed (the run's
+            // start for the second window).
+            let opened = std::iter::once(0.0).chain(events.iter().map(|e| e.at_ms));
+            for (e, since) in events.iter().skip(1).zip(opened) {
+                for (rank, x) in e.exposed_ms.iter().enumerate() {
+                    let x = x.ok_or(format!("{what} round {}: rank {rank} none", e.round))?;
+                    let span = e.at_ms - since;
+                    // One clock, the coordinator's and the ranks' threads': reads on different
+                    // cores may disagree by microseconds.
+                    let fits = x > 0.0 && x + e.walls_ms[rank] <= span + 1.0;
+                    assert!(fits, "{what} round {} rank {rank}: {x} ms in {span}: {e:?}", e.round);
+                }
             }
         }
     }

@@ -255,6 +255,8 @@ struct Rounds {
     wire: Vec<crate::control::metrics::Exchange>,
     /// Each rank's training ms in the window of the round being collected (for its event).
     walls: Vec<f64>,
+    /// What the reduce before the window cost each rank, ms (for its event).
+    exposed: Vec<Option<f64>>,
     /// The host round's snapshots ordered before its trigger ([`Headstart`]).
     headstart: Option<Headstart>,
     /// The ranks whose snapshot of the round being collected was ordered ahead (for its event).
@@ -453,6 +455,7 @@ impl Coordinator {
                 completed_at: Instant::now(),
                 wire: vec![Default::default(); world],
                 walls: vec![0.0; world],
+                exposed: vec![None; world],
                 headstart: None,
                 ordered_ahead: Vec::new(),
             },

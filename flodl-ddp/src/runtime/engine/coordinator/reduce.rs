@@ -58,6 +58,7 @@ impl Coordinator {
             })
             .collect();
         let exposed = reduce_exposed_ms(&ranks);
+        self.rounds.exposed = ranks.iter().map(|r| r.exposed_ms).collect();
         let exposure = match &mut self.staggered {
             Some(staggered) => {
                 if let Some(ms) = exposed {
@@ -471,6 +472,7 @@ impl Coordinator {
             counts,
             steps,
             walls_ms: std::mem::take(&mut self.rounds.walls),
+            exposed_ms: std::mem::take(&mut self.rounds.exposed),
             sync_ms,
             wire: {
                 let fresh = vec![Default::default(); self.rounds.wire.len()];
