@@ -111,7 +111,9 @@ mod tests {
         let mut ledger = Ledger::default();
         ledger.charge_ms(Activity::Reduce, 7.0);
         ledger.start();
-        let cases: [(&[(Activity, f64)], bool, Option<f64>); 4] = [
+        // The charges of a case, whether its span is closed after them, and what is taken.
+        type Case<'a> = (&'a [(Activity, f64)], bool, Option<f64>);
+        let cases: [Case<'_>; 4] = [
             (&[], false, None),
             (&[(Activity::Compute, 3.0), (Activity::Waiting, 2.0)], false, None),
             (
