@@ -48,7 +48,7 @@ const AT_ONCE: usize = 3;
 
 /// Each attack of rank 2, and the misconduct the controller's fault must name (`None`: an
 /// attack the controller cannot see, which must change nothing).
-const ATTACKS: [(&str, Option<&str>); 12] = [
+const ATTACKS: [(&str, Option<&str>); 13] = [
     ("start-state", Some("StartState")),
     ("steps", Some("StepsBeyondDispatch")),
     ("nan-snapshot", Some("NonFinite")),
@@ -67,6 +67,8 @@ const ATTACKS: [(&str, Option<&str>); 12] = [
     // Its snapshots without their checkpoint parts, in a job that checkpoints every 2 reduces:
     // the bundle would miss its place in its chunk.
     ("part-dropped", Some("PartMissing")),
+    // A NaN as what each reduce cost it, which ElChe would size windows by.
+    ("nan-exposure", Some("NonFinite")),
 ];
 
 /// The controller's line when an evicted rank's process connects again.

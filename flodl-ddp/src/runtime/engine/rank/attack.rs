@@ -51,6 +51,8 @@ enum Attack {
     Persist,
     /// Every snapshot without its checkpoint part.
     PartDropped,
+    /// A NaN as the exchange's cost in every progress report (what ElChe sizes windows by).
+    NanExposure,
 }
 
 impl Attack {
@@ -68,6 +70,7 @@ impl Attack {
             "forged-eval" => Attack::ForgedEval,
             "persist" => Attack::Persist,
             "part-dropped" => Attack::PartDropped,
+            "nan-exposure" => Attack::NanExposure,
             _ => return None,
         })
     }
@@ -249,6 +252,21 @@ impl Attacker {
                     exposed_ms,
                 }]
             }
+            (
+                Attack::NanExposure,
+                ToCoordinator::Progress {
+                    rank, round, steps, wall_ms, why, works, tail_ms, ..
+                },
+            ) => vec![ToCoordinator::Progress {
+                rank,
+                round,
+                steps,
+                wall_ms,
+                why,
+                works,
+                tail_ms,
+                exposed_ms: Some(f64::NAN),
+            }],
             (Attack::ForgedEval, ToCoordinator::Evaluated { rank, epoch, eval }) => {
                 let eval = eval.map(|e| EvalMetrics { accuracy: 0.003, loss: 9.0, ..e });
                 vec![ToCoordinator::Evaluated { rank, epoch, eval }]
