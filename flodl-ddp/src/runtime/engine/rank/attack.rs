@@ -107,19 +107,28 @@ impl Attacker {
                 vec![ToCoordinator::Ready { rank, shapes, initial, holds }]
             }
             (
-                Attack::Steps,
+                attack @ (Attack::Steps | Attack::ForgedEval | Attack::NanExposure),
                 ToCoordinator::Progress {
                     rank,
                     round,
-                    wall_ms,
+                    mut steps,
+                    mut wall_ms,
                     why,
                     works,
-                    tail_ms,
-                    exposed_ms,
-                    ..
+                    mut tail_ms,
+                    mut exposed_ms,
                 },
             ) => {
-                let steps = 1_000_000_000;
+                match attack {
+                    Attack::Steps => steps = 1_000_000_000,
+                    Attack::ForgedEval => {
+                        wall_ms /= 100.0;
+                        tail_ms = tail_ms.map(|t| t / 100.0);
+                    }
+                    Attack::NanExposure => exposed_ms = Some(f64::NAN),
+                    // Not reached: the arm takes the three above.
+                    _ => {}
+                }
                 vec![ToCoordinator::Progress {
                     rank,
                     round,
@@ -227,46 +236,6 @@ impl Attacker {
                     .chain(std::iter::repeat_n(ToCoordinator::Alive { rank }, FLOOD))
                     .collect()
             }
-            (
-                Attack::ForgedEval,
-                ToCoordinator::Progress {
-                    rank,
-                    round,
-                    steps,
-                    wall_ms,
-                    why,
-                    works,
-                    tail_ms,
-                    exposed_ms,
-                },
-            ) => {
-                let (wall_ms, tail_ms) = (wall_ms / 100.0, tail_ms.map(|t| t / 100.0));
-                vec![ToCoordinator::Progress {
-                    rank,
-                    round,
-                    steps,
-                    wall_ms,
-                    why,
-                    works,
-                    tail_ms,
-                    exposed_ms,
-                }]
-            }
-            (
-                Attack::NanExposure,
-                ToCoordinator::Progress {
-                    rank, round, steps, wall_ms, why, works, tail_ms, ..
-                },
-            ) => vec![ToCoordinator::Progress {
-                rank,
-                round,
-                steps,
-                wall_ms,
-                why,
-                works,
-                tail_ms,
-                exposed_ms: Some(f64::NAN),
-            }],
             (Attack::ForgedEval, ToCoordinator::Evaluated { rank, epoch, eval }) => {
                 let eval = eval.map(|e| EvalMetrics { accuracy: 0.003, loss: 9.0, ..e });
                 vec![ToCoordinator::Evaluated { rank, epoch, eval }]
