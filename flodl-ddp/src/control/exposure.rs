@@ -8,9 +8,9 @@
 /// time it spent on the reduce instead of training: encoding and handing over its snapshot,
 /// waiting for the update, merging it (the breakdown's `reduce` and `exchange`). Without
 /// `--overlap` that is the whole round trip as the rank lives it, its own encoding and decoding
-/// included, which the coordinator's sync time (from the order to the update sent) leaves out:
-/// across processes at 80 MB a fragment round cost the slow rank 76–149 ms while the
-/// coordinator measured 27–58 (BENCHMARKS). With `--overlap` a rank trains while its snapshot
+/// included, which the coordinator's sync time (from the order to the update sent) leaves out
+/// (across processes at 80 MB it was a third of the slow rank's cost: BENCHMARKS, the probe's
+/// last rank). With `--overlap` a rank trains while its snapshot
 /// travels and waits only when the update has not come by its window's end, so it measures
 /// only the part the window did not hide. Under `--fragments` the reduces of a cycle carry
 /// different fragments and cost differently: the exposed part is kept reduce by reduce and
@@ -77,20 +77,23 @@ pub struct RankExposure {
 /// rank's pace is known, `None` when no rank measured it. A fast rank that waits costs the
 /// run more samples than a slow one that waits as long.
 pub fn reduce_exposed_ms(ranks: &[RankExposure]) -> Option<f64> {
-    let measured = || ranks.iter().filter_map(|r| Some((r.exposed_ms?, r)));
     let pace = |r: &RankExposure| {
         let pace = r.steps as f64 / r.wall_ms;
         if r.steps > 0 && pace.is_finite() && pace > 0.0 { pace } else { 0.0 }
     };
-    let (n, sum) = measured().fold((0usize, 0.0), |(n, s), (e, _)| (n + 1, s + e));
-    if n == 0 {
-        return None;
+    let (mut n, mut sum, mut weight, mut weighted) = (0usize, 0.0, 0.0, 0.0);
+    for r in ranks {
+        let Some(exposed) = r.exposed_ms else { continue };
+        n += 1;
+        sum += exposed;
+        weight += pace(r);
+        weighted += exposed * pace(r);
     }
-    let weight: f64 = measured().map(|(_, r)| pace(r)).sum();
-    if weight <= 0.0 {
-        return Some(sum / n as f64);
+    match (n, weight > 0.0) {
+        (0, _) => None,
+        (_, true) => Some(weighted / weight),
+        (_, false) => Some(sum / n as f64),
     }
-    Some(measured().map(|(e, r)| e * pace(r)).sum::<f64>() / weight)
 }
 
 #[cfg(test)]
