@@ -173,7 +173,7 @@ fn row(mode: String, outcome: &Outcome) -> Row {
         .iter()
         .filter_map(|l| match &l.entry {
             Entry::Reduce(r) => Some(r.sync_ms),
-            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) => None,
+            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) | Entry::Guard(_) => None,
         })
         .collect();
     let (time, hit_ratio) = (0..outcome.spec.world())

@@ -5,15 +5,15 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 use flodl_ddp::{
-    EpochMetrics, EvalMetrics, FaultEvent, ReduceEvent, RejoinEvent, RunSpec, Straggler,
-    TimeBreakdown,
+    EpochMetrics, EvalMetrics, FaultEvent, GuardEvent, ReduceEvent, RejoinEvent, RunSpec,
+    Straggler, TimeBreakdown,
 };
 
 use crate::args::RunFlags;
 
 /// What a line of `metrics.jsonl` reports, tagged by `kind`: flodl-ddp's `Report` (`epoch`,
-/// `reduce`, with the library's field names) plus the rank deaths (`fault`) and the ranks that
-/// joined again (`rejoin`).
+/// `reduce`, with the library's field names) plus the divergence guard's reading of each reduce
+/// (`guard`), the rank deaths (`fault`) and the ranks that joined again (`rejoin`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum Entry {
@@ -21,6 +21,8 @@ pub(crate) enum Entry {
     Epoch(EpochMetrics),
     /// A reduce finished.
     Reduce(ReduceEvent),
+    /// The divergence guard read a reduce: its verdict is why windows stop growing or shrink.
+    Guard(GuardEvent),
     /// A rank was declared dead.
     Fault(FaultEvent),
     /// A rank joined the run again after its death.
@@ -34,7 +36,7 @@ pub(crate) struct Line {
     #[serde(flatten)]
     pub(crate) entry: Entry,
     /// Seconds since training started when fdl received the report (epoch lines; reduce and
-    /// fault lines carry the library's own `at_ms`).
+    /// fault lines carry the library's own `at_ms`, a guard line its reduce's `round`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) t_s: Option<f64>,
     /// An epoch restored from the checkpoint the run resumed from (trained by an earlier run).
@@ -49,7 +51,7 @@ impl Line {
             Entry::Reduce(r) => Some(r.at_ms / 1000.0),
             Entry::Fault(f) => Some(f.at_ms / 1000.0),
             Entry::Rejoin(r) => Some(r.at_ms / 1000.0),
-            Entry::Epoch(_) => self.t_s,
+            Entry::Epoch(_) | Entry::Guard(_) => self.t_s,
         }
     }
 }

@@ -37,7 +37,7 @@ impl<'a> Timeline<'a> {
             .filter(|l| l.restored)
             .filter_map(|l| match &l.entry {
                 Entry::Epoch(e) => Some(e.epoch_ms / 1000.0),
-                Entry::Reduce(_) | Entry::Fault(_) | Entry::Rejoin(_) => None,
+                Entry::Reduce(_) | Entry::Fault(_) | Entry::Rejoin(_) | Entry::Guard(_) => None,
             })
             .sum();
         let mut timeline = Timeline::default();
@@ -51,8 +51,8 @@ impl<'a> Timeline<'a> {
                     timeline.epochs.push((t.unwrap_or(cumulative_s), e, line.restored));
                 }
                 Entry::Reduce(r) => timeline.reduces.push((shifted.unwrap_or(cumulative_s), r)),
-                // Deaths are listed in their own table.
-                Entry::Fault(_) | Entry::Rejoin(_) => {}
+                // Deaths are listed in their own table; the guard's readings are not charted.
+                Entry::Fault(_) | Entry::Rejoin(_) | Entry::Guard(_) => {}
             }
         }
         timeline
@@ -132,7 +132,7 @@ pub(crate) fn render_unfinished(name: &str, lines: &[Line]) -> String {
         .iter()
         .filter_map(|l| match &l.entry {
             Entry::Fault(f) => Some(f.clone()),
-            Entry::Epoch(_) | Entry::Reduce(_) | Entry::Rejoin(_) => None,
+            Entry::Epoch(_) | Entry::Reduce(_) | Entry::Rejoin(_) | Entry::Guard(_) => None,
         })
         .collect();
     let mut html = String::new();

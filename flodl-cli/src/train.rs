@@ -455,6 +455,9 @@ pub(crate) fn execute(
             progress.reduce(&event, start.elapsed());
             emit(Line { entry: Entry::Reduce(event), t_s: None, restored: false }, &mut lines)?;
         }
+        for guard in handle.poll_guard_events() {
+            emit(Line { entry: Entry::Guard(guard), t_s: None, restored: false }, &mut lines)?;
+        }
         let mut epochs = handle.poll_metrics();
         if epochs.is_empty() && !finished {
             epochs.extend(handle.next_metrics(Duration::from_millis(100)));
@@ -587,7 +590,7 @@ pub(crate) fn summarise(
         .iter()
         .filter_map(|l| match &l.entry {
             Entry::Reduce(r) => Some(r.sync_ms),
-            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) => None,
+            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) | Entry::Guard(_) => None,
         })
         .sum();
     let reduce_lines = outcome.lines.iter().filter(|l| matches!(l.entry, Entry::Reduce(_))).count();

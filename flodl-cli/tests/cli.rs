@@ -153,6 +153,7 @@ fn train_writes_a_run_directory_and_report_regenerates_it() -> Result {
     let metrics = fs::read_to_string(run.join("metrics.jsonl"))?;
     let mut epochs = 0;
     let mut reduces = 0;
+    let mut guards = Vec::new();
     for line in metrics.lines() {
         let v: Value = serde_json::from_str(line)?;
         match v["kind"].as_str() {
@@ -178,11 +179,28 @@ fn train_writes_a_run_directory_and_report_regenerates_it() -> Result {
                 assert!(v["anchor"].as_u64().is_some_and(|a| a >= 1));
                 assert_eq!(v["steps"].as_array().map(Vec::len), Some(2));
             }
+            // The guard's reading of a completed reduce (its line may come just before the
+            // reduce's: the two are polled apart).
+            Some("guard") => {
+                guards.push(v["round"].as_u64().ok_or("guard round")?);
+                assert!(finite(&v["divergence"]) && v["k_max"].as_u64().is_some(), "{line}");
+                let verdict = &v["verdict"];
+                assert!(
+                    verdict == "Stable"
+                        || verdict == "SuppressGrowth"
+                        || finite(&verdict["NudgeDown"]["factor"]),
+                    "{line}"
+                );
+            }
             other => panic!("unknown kind {other:?} in {line}"),
         }
     }
     assert_eq!(epochs, 2);
     assert!(reduces >= 1, "no reduce recorded");
+    // The guard reads reduces, each once, in order.
+    assert!(guards.first().is_some_and(|&r| r >= 1), "guard rounds {guards:?}");
+    assert!(guards.windows(2).all(|w| w[0] < w[1]), "guard rounds {guards:?}");
+    assert!(guards.last().is_some_and(|&r| r <= reduces), "guard rounds {guards:?}");
 
     let summary: Value = serde_json::from_str(&fs::read_to_string(run.join("summary.json"))?)?;
     assert_eq!(summary["epochs_completed"].as_u64(), Some(2));

@@ -13,16 +13,16 @@
 //!
 //! The test prints both runs' reduce share of the wall time, throughput and windows, and
 //! asserts that the slow link is on the path (a reduce waits at least its round trip), that
-//! ElChe's windows grow on it (at least doubling from the first quarter of reduces to the last)
-//! and that the reduce's share of a window falls from the first window to at most
-//! [`LAST_SHARE`] over the last quarter, unless the windows have reached the epoch cap
-//! ([`EPOCH_BATCHES`]) by the end, where nothing is left to ElChe: the ~65 ms reduce then costs
-//! what the machine's speed makes it (10-15% of a window measured under load, 21-28% on a
-//! quiet machine training 4× faster, 36-39% at 782k samples/s on loopback, where it need not
-//! fall at all). It needs root for `ip netns`; without it, it prints why
+//! ElChe's windows grow on it (at least doubling from the first quarter of reduces to the last),
+//! that the reduce's share of a window falls from the first window to the last quarter's, and
+//! that the windows reach the epoch cap ([`EPOCH_BATCHES`]) within the last quarter unless the
+//! divergence guard held their growth there (its verdicts, `guard` lines of `metrics.jsonl`, are
+//! read, not predicted). No share bar: past the cap the ~60 ms reduce costs what the machine's
+//! speed makes it (10-15% of a window measured under load, 25-35% on a quiet machine), which is
+//! a speed, not ElChe's doing. It needs root for `ip netns`; without it, it prints why
 //! and skips, unless `FLODL_REQUIRE_NETNS=1` (CI), where that is a failure.
-//! `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 4 epochs: the windows need ~7 reduces to
-//! reach the cap).
+//! `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 8 epochs, about 25 reduces: the windows
+//! need ~7 to reach the cap, and a guard's hold costs about 7 more).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
@@ -43,9 +43,10 @@ const FDL: &str = env!("CARGO_BIN_EXE_fdl");
 /// The slow link: added one-way delay and rate.
 const LATENCY: Duration = Duration::from_millis(20);
 const RATE_BYTES_PER_S: f64 = 100e6 / 8.0;
-/// The largest reduce share of a window over the last quarter of the slow link's reduces,
-/// where ElChe can still grow them.
-const LAST_SHARE: f64 = 0.25;
+/// Rounds a verdict of the divergence guard other than `Stable` holds ElChe's growth: it is
+/// obeyed one reduce late, latches growth off until `REARM_STABLES` (5) stable verdicts, and
+/// the first growth after that is committed one reduce later.
+const GUARD_HOLD: u64 = 5 + 2;
 /// A window's cap: one epoch's batches (60000 samples in batches of 32).
 const EPOCH_BATCHES: f64 = 60000.0 / 32.0;
 /// How long one job may take before it is killed and the test fails.
@@ -120,8 +121,11 @@ struct Outcome {
     samples: f64,
     accuracy: f64,
     /// Per reduce, in time order: (batches planned across ranks, reduce ms, ms since the start
-    /// of training at its end).
-    reduces: Vec<(f64, f64, f64)>,
+    /// of training at its end, round).
+    reduces: Vec<(f64, f64, f64, u64)>,
+    /// The rounds whose divergence guard verdict was not `Stable` (growth held or the window
+    /// shrunk).
+    held: Vec<u64>,
 }
 
 impl Outcome {
@@ -136,22 +140,32 @@ impl Outcome {
             .filter_map(|r| r["samples"].as_f64())
             .sum();
         let accuracy = summary["test"]["accuracy"].as_f64().ok_or("no accuracy")?;
-        let mut reduces = Vec::new();
+        let (mut reduces, mut held) = (Vec::new(), Vec::new());
         for line in std::fs::read_to_string(dir.join("metrics.jsonl"))?.lines() {
             let v: Value = serde_json::from_str(line)?;
+            let round = v["round"].as_u64();
+            if v["kind"] == "guard" {
+                let round = round.ok_or_else(|| format!("a guard line without round: {line}"))?;
+                if v["verdict"] != "Stable" {
+                    held.push(round);
+                }
+                continue;
+            }
             // Epoch lines carry `at_ms` and their reduces' `sync_ms` too: reduces only.
             if v["kind"] != "reduce" {
                 continue;
             }
-            let (Some(at), Some(sync)) = (v["at_ms"].as_f64(), v["sync_ms"].as_f64()) else {
-                return Err(format!("a reduce line without at_ms or sync_ms: {line}").into());
+            let (Some(at), Some(sync), Some(round)) =
+                (v["at_ms"].as_f64(), v["sync_ms"].as_f64(), round)
+            else {
+                return Err(format!("a reduce line without at_ms, sync_ms or round: {line}").into());
             };
             let counts: f64 =
                 v["counts"].as_array().map_or(0.0, |c| c.iter().filter_map(Value::as_f64).sum());
-            reduces.push((counts, sync, at));
+            reduces.push((counts, sync, at, round));
         }
         reduces.sort_by(|a, b| a.2.total_cmp(&b.2));
-        Ok(Outcome { wall_s, samples, accuracy, reduces })
+        Ok(Outcome { wall_s, samples, accuracy, reduces, held })
     }
 
     /// The reduces' share of the wall time over reduces `range` (from the end of the reduce
@@ -221,7 +235,7 @@ fn a_slow_link_grows_the_windows() -> Result {
     let Some(hosts) = hosts("fl", AB, AC)? else { return Ok(()) };
     let epochs = match std::env::var("FLODL_HOSTS_EPOCHS") {
         Ok(v) => v.parse()?,
-        Err(_) => 4,
+        Err(_) => 8,
     };
     let tmp = tempfile::tempdir()?;
     let keys = keys(tmp.path())?;
@@ -290,18 +304,26 @@ fn a_slow_link_grows_the_windows() -> Result {
         100.0 * s1,
         100.0 * s4
     );
-    // ElChe did all it can once its windows reached the cap.
-    let capped =
-        slow.reduces.iter().rev().find(|r| r.0 > 0.0).is_some_and(|r| r.0 >= EPOCH_BATCHES);
-    // At the cap the share is the machine's compute against the link, not ElChe's doing: a
-    // quiet machine trains the capped window of this small MLP in ~0.1 s (782k samples/s on
-    // loopback), so a 60 ms reduce stays 36-39% of it from the first window to the last.
-    if !(capped || (s4 <= LAST_SHARE && s4 < s1)) {
+    if s4 >= s1 {
         return Err(format!(
-            "the reduce share of a window went {:.1}% → {:.1}%: not below {:.0}% with room to grow",
+            "the reduce share of a window went {:.1}% → {:.1}%: it did not fall",
             100.0 * s1,
-            100.0 * s4,
-            100.0 * LAST_SHARE
+            100.0 * s4
+        )
+        .into());
+    }
+    // The share stays far above ElChe's overhead target (5%) at any window this small MLP
+    // allows (a quiet machine trains the capped window in ~0.1 s, so a 60 ms reduce stays a
+    // third of it), so ElChe grows the windows to the cap: only the divergence guard may hold
+    // them (its verdicts are timing-dependent, so the test does not predict them; it reads them).
+    let capped = slow.reduces[last.clone()].iter().any(|r| r.0 >= EPOCH_BATCHES);
+    let from = slow.reduces[last.start].3.saturating_sub(GUARD_HOLD);
+    let held = slow.held.iter().any(|&round| round >= from);
+    println!("slow link: guard verdicts other than Stable at rounds {:?}", slow.held);
+    if !(capped || held) {
+        return Err(format!(
+            "the windows stayed below the cap ({EPOCH_BATCHES} batches) over the last quarter \
+             with no guard verdict holding them since round {from}"
         )
         .into());
     }

@@ -185,7 +185,7 @@ impl LiveRun {
         match &line.entry {
             Entry::Reduce(r) => self.tally.reduce(r),
             Entry::Epoch(m) if !line.restored => self.tally.epoch(m),
-            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) => {}
+            Entry::Epoch(_) | Entry::Fault(_) | Entry::Rejoin(_) | Entry::Guard(_) => {}
         }
         self.lines.push(line);
         if self.lines.len() > MAX_LINES {
@@ -262,7 +262,7 @@ impl LiveRun {
                     last_reduce = Some(r);
                 }
                 Entry::Fault(d) => f.deaths.push(d.clone()),
-                Entry::Rejoin(_) => {}
+                Entry::Rejoin(_) | Entry::Guard(_) => {}
             }
         }
         f.last_reduce = last_reduce.cloned();
