@@ -116,7 +116,9 @@ fn seats_left_and_taken_while_the_run_starts() -> Result {
             key: keydir.join(format!("rank-{rank}.key")),
         };
         let caps = flodl_cluster::Caps { control: 1 << 20, bulk: 64 << 20 };
-        let cfg = flodl_cluster::SessionConfig::new(flodl_cluster::Tls::load(&files)?, caps);
+        let mut cfg = flodl_cluster::SessionConfig::new(flodl_cluster::Tls::load(&files)?, caps);
+        // It holds seats as fdl's ranks would: speaking their messages' version.
+        cfg.app = flodl_ddp::WIRE_VERSION;
         let addr = flodl_cluster::ControllerAddr { host: "127.0.0.1".into(), port };
         let hello = flodl_cluster::Hello::new(run, rank, 3);
         Ok(flodl_cluster::join(&addr, hello, cfg, Duration::from_secs(60))?)

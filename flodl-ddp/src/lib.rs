@@ -134,6 +134,7 @@ pub use link::fuzz as fuzz_targets;
 #[doc(hidden)]
 pub use link::rig as wire_rig;
 pub use link::text::WireText;
+pub use link::wire::WIRE_VERSION;
 pub use mlp::{Mlp, MlpConfig, Optimizer};
 pub use runtime::as_text;
 #[cfg(feature = "cluster")]

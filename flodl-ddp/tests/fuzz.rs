@@ -252,7 +252,12 @@ fn fuzz<T: std::fmt::Debug>(
 /// Byte streams as a lane carries them: each message kind framed, alone and in runs.
 fn lane_seeds() -> Result<Vec<Vec<u8>>, String> {
     let hello = |lane, rank| {
-        Message::Hello(LaneHello { hello: Hello::new([3; 32], rank, 4), lane, token: 99 })
+        Message::Hello(LaneHello {
+            hello: Hello::new([3; 32], rank, 4),
+            app: flodl_ddp::WIRE_VERSION,
+            lane,
+            token: 99,
+        })
     };
     let framed = |m: &Message| {
         let body = m.encode();
@@ -323,7 +328,9 @@ fn any_bytes_on_a_lane_are_frames_within_the_cap_or_errors() -> TestResult {
                             Ok(_) => tally.messages += 1,
                             Err(WireError::Empty | WireError::UnknownKind(_))
                             | Err(WireError::Length { .. } | WireError::Lane(_))
-                            | Err(WireError::Range | WireError::Utf8) => tally.wire_errors += 1,
+                            | Err(WireError::Range | WireError::Utf8 | WireError::Protocol(_)) => {
+                                tally.wire_errors += 1
+                            }
                         }
                     }
                     Ok(None) => return Ok(()),

@@ -139,7 +139,8 @@ pub(crate) fn claim(keys: &Path, port: u16, seat: &str, hello: Hello) -> Result<
     let mut tcp = TcpStream::connect(("127.0.0.1", port))?;
     tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
-    let body = Message::Hello(LaneHello { hello, lane: Lane::Control, token: 11 }).encode();
+    let app = flodl_ddp::WIRE_VERSION;
+    let body = Message::Hello(LaneHello { hello, app, lane: Lane::Control, token: 11 }).encode();
     let mut framed = (body.len() as u32).to_be_bytes().to_vec();
     framed.extend_from_slice(&body);
     if let Err(e) = stream.write_all(&framed).and_then(|()| stream.flush()) {

@@ -20,7 +20,7 @@ use super::slots::{AddressSlot, AddressSlots};
 use crate::error::NetError;
 use crate::keys::Role;
 use crate::session::{Conn, Reactor, Session, SessionConfig, reactor, start};
-use crate::wire::{HANDSHAKE_MAX, Message, PROTOCOL, codec};
+use crate::wire::{HANDSHAKE_MAX, Message, PROTOCOL, WireError, codec};
 
 /// A connection in its handshake.
 type Handshaking = Framed<TlsStream<TcpStream>, LengthDelimitedCodec>;
@@ -290,13 +290,19 @@ async fn handshake(
     };
     let hello = match Message::decode(first) {
         Ok(Message::Hello(hello)) => hello,
+        Err(WireError::Protocol(joiner)) => {
+            let refusal = Refusal::Protocol { joiner, controller: PROTOCOL };
+            refuse(framed, peer, None, refusal).await;
+            return Ok(Step::Refused);
+        }
         _ => {
             refuse(framed, peer, None, Refusal::NotHello).await;
             return Ok(Step::Refused);
         }
     };
     let rank = hello.hello.rank;
-    if let Some(refusal) = Refusal::check(&hello.hello, PROTOCOL, &admission.run, admission.world) {
+    let ours = (PROTOCOL, admission.cfg.app);
+    if let Some(refusal) = Refusal::check(&hello, ours, &admission.run, admission.world) {
         refuse(framed, peer, Some(rank), refusal).await;
         return Ok(Step::Refused);
     }

@@ -112,7 +112,7 @@ async fn attempt(
             .await
             .map_err(|e| Failure::Fatal(NetError::Handshake(format!("TLS: {e}"))))?;
         let mut framed = Framed::new(stream, codec(HANDSHAKE_MAX));
-        let message = Message::Hello(LaneHello { hello, lane, token }).encode();
+        let message = Message::Hello(LaneHello { hello, app: cfg.app, lane, token }).encode();
         framed.send(message).await.map_err(|e| Failure::Fatal(handshake_error(e)))?;
         lanes.push(framed);
     }

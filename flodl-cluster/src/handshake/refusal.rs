@@ -3,13 +3,15 @@
 use std::fmt::Write;
 
 use crate::session::Lane;
-use crate::wire::Hello;
+use crate::wire::LaneHello;
 
 /// A reason to refuse a joining connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Refusal {
     /// The joiner speaks another protocol version.
     Protocol { joiner: u32, controller: u32 },
+    /// The joiner's application speaks another version of its messages.
+    App { joiner: u32, controller: u32 },
     /// The joiner's run specification hashes differently.
     Run { joiner: [u8; 32], controller: [u8; 32] },
     /// The joiner was launched with another world size.
@@ -39,14 +41,20 @@ pub(crate) enum View {
 
 impl Refusal {
     /// The reasons a hello alone can be refused for, without looking at other sessions.
+    /// `ours`: the controller's protocol and application protocol.
     pub(crate) fn check(
-        hello: &Hello,
-        protocol: u32,
+        lane_hello: &LaneHello,
+        ours: (u32, u32),
         run: &[u8; 32],
         world: usize,
     ) -> Option<Refusal> {
+        let (protocol, app) = ours;
+        let hello = &lane_hello.hello;
         if hello.protocol != protocol {
             return Some(Refusal::Protocol { joiner: hello.protocol, controller: protocol });
+        }
+        if lane_hello.app != app {
+            return Some(Refusal::App { joiner: lane_hello.app, controller: app });
         }
         if hello.run != *run {
             return Some(Refusal::Run { joiner: hello.run, controller: *run });
@@ -70,6 +78,12 @@ impl Refusal {
             Refusal::Protocol { joiner, controller } => {
                 format!(
                     "protocol differs: {me} speaks version {joiner}, {other} version {controller}"
+                )
+            }
+            Refusal::App { joiner, controller } => {
+                format!(
+                    "the application's protocol differs: {me} speaks version {joiner}, {other} \
+                     version {controller} (every process of a job must run the same release)"
                 )
             }
             Refusal::Run { joiner, controller } => {

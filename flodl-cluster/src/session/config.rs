@@ -54,6 +54,10 @@ pub struct SessionConfig {
     /// [`Role::Controller`] (the first one, the default), or [`Role::Standby`] of the rank whose
     /// process took over.
     pub serving: Role,
+    /// The version of the messages the application exchanges over its sessions (0 unless it
+    /// sets one): a joiner sends its own in the hello and a controller refuses another, so two
+    /// builds whose messages differ are turned away at the door instead of misreading frames.
+    pub app: u32,
 }
 
 impl SessionConfig {
@@ -73,6 +77,7 @@ impl SessionConfig {
             silence: Self::SILENCE,
             handshake: Self::HANDSHAKE,
             serving: Role::Controller,
+            app: 0,
         }
     }
 

@@ -3,7 +3,9 @@
 use crate::session::Lane;
 
 /// The protocol version this build speaks; a joiner with another is refused.
-pub const PROTOCOL: u32 = 1;
+///
+/// 2: the hello carries the application's protocol ([`LaneHello::app`]).
+pub const PROTOCOL: u32 = 2;
 
 /// A joining rank's credentials beyond its certificate: what it speaks, which run it belongs to
 /// and its place in the job.
@@ -31,6 +33,10 @@ impl Hello {
 pub struct LaneHello {
     /// The joiner's hello.
     pub hello: Hello,
+    /// The version of the messages the application sends over the session
+    /// ([`crate::SessionConfig::app`] of the joiner); flodl-cluster compares it with the
+    /// controller's and never reads the messages.
+    pub app: u32,
     /// The lane this connection is.
     pub lane: Lane,
     /// A random number, the same on both lanes of one join, different between joins.

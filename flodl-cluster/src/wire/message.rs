@@ -3,7 +3,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
-use super::hello::{Hello, LaneHello};
+use super::hello::{Hello, LaneHello, PROTOCOL};
 use crate::session::Lane;
 
 /// The longest refusal line sent; longer reasons are cut at a character boundary.
@@ -19,7 +19,7 @@ pub(crate) mod kind {
 }
 
 /// The body length of a hello after its kind byte.
-const HELLO_BODY: usize = 4 + 32 + 8 + 8 + 1 + 8;
+const HELLO_BODY: usize = 4 + 4 + 32 + 8 + 8 + 1 + 8;
 
 /// One message on a lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +57,10 @@ pub enum WireError {
     /// A refusal whose reason is not UTF-8.
     #[error("a refusal that is not UTF-8")]
     Utf8,
+    /// A hello of another protocol version than this build's (its layout may differ, so the
+    /// rest is not read).
+    #[error("a hello of protocol version {0}")]
+    Protocol(u32),
 }
 
 impl Message {
@@ -76,8 +80,17 @@ impl Message {
         };
         match kind {
             kind::HELLO => {
+                // The version comes first in every protocol's hello: another one is named
+                // whatever its length, so the controller can say which.
+                if body >= 4 {
+                    let protocol = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                    if protocol != PROTOCOL {
+                        return Err(WireError::Protocol(protocol));
+                    }
+                }
                 exact("hello", HELLO_BODY)?;
                 let protocol = bytes.get_u32();
+                let app = bytes.get_u32();
                 let mut run = [0u8; 32];
                 bytes.copy_to_slice(&mut run);
                 let rank = usize::try_from(bytes.get_u64()).map_err(|_| WireError::Range)?;
@@ -87,6 +100,7 @@ impl Message {
                 let token = bytes.get_u64();
                 Ok(Message::Hello(LaneHello {
                     hello: Hello { protocol, run, rank, world },
+                    app,
                     lane,
                     token,
                 }))
@@ -115,9 +129,10 @@ impl Message {
     pub fn encode(&self) -> Bytes {
         let mut out = BytesMut::new();
         match self {
-            Message::Hello(LaneHello { hello, lane, token }) => {
+            Message::Hello(LaneHello { hello, app, lane, token }) => {
                 out.put_u8(kind::HELLO);
                 out.put_u32(hello.protocol);
+                out.put_u32(*app);
                 out.put_slice(&hello.run);
                 out.put_u64(hello.rank as u64);
                 out.put_u64(hello.world as u64);

@@ -3,7 +3,7 @@
 use bytes::{Bytes, BytesMut};
 use flodl_cluster::Lane;
 use flodl_cluster::wire::{
-    DATA_HEADER, HANDSHAKE_MAX, Hello, LaneHello, Message, codec, data_header,
+    DATA_HEADER, HANDSHAKE_MAX, Hello, LaneHello, Message, PROTOCOL, WireError, codec, data_header,
 };
 use proptest::prelude::*;
 use tokio_util::codec::Decoder;
@@ -36,11 +36,22 @@ proptest! {
     }
 
     #[test]
-    fn hellos_round_trip(protocol in any::<u32>(), run in any::<[u8; 32]>(), rank in any::<u32>(), world in any::<u32>(), bulk in any::<bool>(), token in any::<u64>()) {
+    fn hellos_round_trip(app in any::<u32>(), run in any::<[u8; 32]>(), rank in any::<u32>(), world in any::<u32>(), bulk in any::<bool>(), token in any::<u64>()) {
         let lane = if bulk { Lane::Bulk } else { Lane::Control };
-        let hello = LaneHello { hello: Hello { protocol, run, rank: rank as usize, world: world as usize }, lane, token };
+        let hello = LaneHello { hello: Hello { protocol: PROTOCOL, run, rank: rank as usize, world: world as usize }, app, lane, token };
         let decoded = Message::decode(BytesMut::from(&Message::Hello(hello).encode()[..]));
         prop_assert_eq!(decoded, Ok(Message::Hello(hello)));
+    }
+
+    /// A hello of another protocol is named by its version, whatever its length (an older
+    /// build's hello is shorter), so the controller can say which version the joiner speaks.
+    #[test]
+    fn a_hello_of_another_protocol_is_named_by_its_version(protocol in any::<u32>(), tail in proptest::collection::vec(any::<u8>(), 0..80)) {
+        prop_assume!(protocol != PROTOCOL);
+        let mut bytes = BytesMut::from(&[1u8][..]);
+        bytes.extend_from_slice(&protocol.to_be_bytes());
+        bytes.extend_from_slice(&tail);
+        prop_assert_eq!(Message::decode(bytes), Err(WireError::Protocol(protocol)));
     }
 
     #[test]

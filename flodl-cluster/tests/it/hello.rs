@@ -72,6 +72,19 @@ fn mismatched_joiners_are_refused_with_a_clear_line_on_both_sides() -> TestResul
             return Err(format!("{hello:?}: the controller did not log {controller_line:?}").into());
         }
     }
+    // A joiner whose application speaks another version of its messages.
+    let mut other_app = cfg.rank(1)?;
+    other_app.app = 7;
+    let joiner_line = "the application's protocol differs: this process speaks version 7, the \
+                       controller version 0 (every process of a job must run the same release)";
+    match join(&addr, Hello::new(RUN, 1, 2), other_app, WAIT) {
+        Err(NetError::Refused { reason }) if reason == joiner_line => {}
+        other => return Err(format!("expected the refusal {joiner_line:?}, got {other:?}").into()),
+    }
+    let controller_line = "the application's protocol differs: the joiner speaks version 7";
+    if !logged(&["join refused", controller_line], Duration::from_secs(2)) {
+        return Err(format!("the controller did not log {controller_line:?}").into());
+    }
     // The refused joins left no seat behind: rank 1 can still join.
     let (at_controller, at_rank) = joined(&server, &cfg, 1, 2)?;
     at_rank.send(flodl_cluster::Lane::Control, b"in".to_vec(), WAIT)?;

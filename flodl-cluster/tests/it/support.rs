@@ -72,6 +72,7 @@ pub(crate) fn config(keys: &JobKeys) -> Result<JobConfig, Box<dyn Error>> {
             silence: Duration::from_millis(800),
             handshake: Duration::from_secs(2),
             serving: Role::Controller,
+            app: 0,
         },
         keys: keys.clone(),
     })
@@ -214,7 +215,7 @@ pub(crate) async fn until_closed<S: tokio::io::AsyncRead + Unpin>(
 /// A lane's hello as framed on the wire.
 pub(crate) fn hello_bytes(hello: Hello, lane: flodl_cluster::Lane, token: u64) -> Vec<u8> {
     use flodl_cluster::wire::{LaneHello, Message};
-    let body = Message::Hello(LaneHello { hello, lane, token }).encode();
+    let body = Message::Hello(LaneHello { hello, app: 0, lane, token }).encode();
     let mut out = (body.len() as u32).to_be_bytes().to_vec();
     out.extend_from_slice(&body);
     out

@@ -175,6 +175,8 @@ mod tests {
     use serde::Serialize;
 
     use super::*;
+    use crate::link::frame::{WireFormat, encode};
+    use crate::link::wire::WIRE_VERSION;
 
     fn round_trip<T>(msg: &T) -> Result<T, String>
     where
@@ -206,6 +208,59 @@ mod tests {
             if &back != msg || back.rank() != msg.rank() {
                 return Err(format!("{msg:?} came back as {back:?}"));
             }
+        }
+        Ok(())
+    }
+
+    /// The version and the digest of the messages' frames it names (see
+    /// [`super::super::wire::WIRE_VERSION`]).
+    const ENCODING: (u32, &str) =
+        (1, "488c117311e2abbfcb00faf443a1943fff965aab72a1a5981ad4874a9e18d43d");
+
+    /// The digest of the frames of every message but the NCCL regroup, which exists only in
+    /// builds with `cuda` (the last variant, so the others encode alike in both builds).
+    fn encoding_digest() -> Result<String, String> {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        let (to_rank, to_coordinator) = messages();
+        let mut frame = |bytes: Vec<u8>| {
+            hasher.update((bytes.len() as u64).to_le_bytes());
+            hasher.update(bytes);
+        };
+        for msg in to_rank {
+            #[cfg(feature = "cuda")]
+            if matches!(&msg, ToWorker::Regroup { how: Regroup::Nccl(_), .. }) {
+                continue;
+            }
+            let (_, bytes) = encode(msg, WireFormat::F32).map_err(|e| e.to_string())?;
+            frame(bytes);
+        }
+        for msg in to_coordinator {
+            let (_, bytes) = encode(msg, WireFormat::F32).map_err(|e| e.to_string())?;
+            frame(bytes);
+        }
+        Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// A change to any message's encoding changes the digest of their frames, and then the
+    /// version must be raised with it: two builds that encode differently never share a number.
+    #[test]
+    fn the_wire_version_names_this_encoding() -> Result<(), String> {
+        let digest = encoding_digest()?;
+        let (version, recorded) = ENCODING;
+        if digest != recorded {
+            return Err(format!(
+                "the messages' frames changed (digest {digest}): raise WIRE_VERSION (link/wire.rs) \
+                 to {} and set ENCODING here to ({}, \"{digest}\")",
+                WIRE_VERSION + 1,
+                WIRE_VERSION + 1
+            ));
+        }
+        if version != WIRE_VERSION {
+            return Err(format!(
+                "WIRE_VERSION is {WIRE_VERSION} but the frames are those of version {version}: \
+                 the version changes with the encoding, and only then"
+            ));
         }
         Ok(())
     }

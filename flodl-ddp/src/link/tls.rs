@@ -172,6 +172,7 @@ impl TlsRendezvous {
         cfg.silence = silence;
         cfg.heartbeat = (silence / 5).min(SessionConfig::HEARTBEAT);
         cfg.serving = self.serving;
+        cfg.app = super::wire::WIRE_VERSION;
         cfg
     }
 }

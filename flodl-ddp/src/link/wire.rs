@@ -29,6 +29,14 @@ pub(crate) use crate::control::{dispatch::Chunk, policy::Window};
 use crate::error::Divergence;
 use crate::state::{HostState, HostTensor};
 
+/// The version of the messages between processes (the ones here, in the frames of
+/// `frame.rs`): a rank process of another version is refused when it joins, with a line naming
+/// both (`flodl_cluster::SessionConfig::app`), instead of misreading frames mid-run.
+///
+/// Raise it with any change to their encoding: the test `the_wire_version_names_this_encoding`
+/// (`samples.rs`) holds a digest of every message's frame and fails until it is raised.
+pub const WIRE_VERSION: u32 = 1;
+
 /// A rank's report of a finished chunk as it travels: control's [`WorkTally`] with its user
 /// scalars named by [`WireText`]s. The tally is control's (the epoch's accounting adds it up);
 /// this form is the link's, so the bound on the names comes with the type and control never
