@@ -280,7 +280,7 @@ pub(crate) struct BenchArgs {
     /// What to train and how (policy and backend are ignored: every combination runs).
     #[command(flatten)]
     pub(crate) flags: TrainFlags,
-    /// Directory for bench.md and bench.json (default: runs/bench-<UTC timestamp>).
+    /// Directory for bench.md and bench.json (default: `runs/bench-<UTC timestamp>`).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
     /// Skip the solo runs (one per device).

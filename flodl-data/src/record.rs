@@ -54,7 +54,7 @@ pub enum Access {
     Direct,
 }
 
-/// A dataset stored in a record file (see the [module docs](self) for the format), read with one
+/// A dataset stored in a record file (the format is laid out in the docs of its source file, `record.rs`), read with one
 /// positioned read per sample on every fetch, every record checked against its checksum.
 #[derive(Debug)]
 pub struct RecordFile {

@@ -37,7 +37,7 @@ impl Step {
 }
 
 /// The steps, in the order `.ci/run` runs them (a test keeps the two equal).
-pub(crate) const STEPS: [Step; 7] = [
+pub(crate) const STEPS: [Step; 8] = [
     Step { title: "format", args: &["fmt", "--all", "--check"], env: &[] },
     // One lint of everything, the `mpi` code included (`.ci/run` installs Open MPI and libclang
     // first when missing; here they must be present).
@@ -55,6 +55,14 @@ pub(crate) const STEPS: [Step; 7] = [
             "warnings",
         ],
         env: &[],
+    },
+    // The public docs, broken links and all warnings denied (what docs.rs would show). In the
+    // release profile, so the dependencies' metadata are the lint's and only the workspace's
+    // crates are documented (about 15 s).
+    Step {
+        title: "docs",
+        args: &["doc", "--workspace", "--no-deps", "--release"],
+        env: &[("RUSTDOCFLAGS", "-Dwarnings")],
     },
     // In the release profile, so the build scripts and proc macros are the lint's.
     Step {
@@ -282,14 +290,25 @@ mod tests {
                     not_run(),
                     not_run(),
                     not_run(),
+                    not_run(),
                 ],
-                ["ok", "FAILED (exit 101)", "not run", "not run", "not run", "not run", "not run"],
+                [
+                    "ok",
+                    "FAILED (exit 101)",
+                    "not run",
+                    "not run",
+                    "not run",
+                    "not run",
+                    "not run",
+                    "not run",
+                ],
                 "skipped: 0",
             ),
             (
                 vec![
                     passed(0.0, None),
                     passed(2.0, None),
+                    passed(15.0, None),
                     passed(40.0, None),
                     passed(9.0, Some(3)),
                     passed(3.0, Some(0)),
@@ -299,7 +318,7 @@ mod tests {
                         skipped: Some(Vec::new()),
                     },
                 ],
-                ["ok", "ok", "ok", "ok 3", "ok 0", "ok 0", "FAILED (signal) 0"],
+                ["ok", "ok", "ok", "ok", "ok 3", "ok 0", "ok 0", "FAILED (signal) 0"],
                 "skipped: 3\n  it t: why (step test)\n  it t: why (step test)\n  it t: why (step test)",
             ),
         ];

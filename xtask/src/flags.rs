@@ -15,8 +15,8 @@ pub(crate) struct Xtask {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Run what `.ci/run` runs (fmt check, clippy with warnings denied, the workspace tests, the
-    /// dashboard in headless chromium, which must be on PATH).
+    /// Run what `.ci/run` runs (fmt check, clippy and the docs with warnings denied, the
+    /// workspace tests, the dashboard in headless chromium, which must be on PATH).
     Ci(CiArgs),
     /// Build the tests with the `cuda` feature and run the GPU matrix with `FLODL_REQUIRE_GPU=1`.
     GpuTest(GpuTestArgs),

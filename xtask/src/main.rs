@@ -1,7 +1,8 @@
 //! `cargo xtask`: project automation (`ci`, `gpu-test`, `bench-report`).
 //!
-//! - `cargo xtask ci` runs the steps of `.ci/run` (fmt check, clippy with warnings denied, the
-//!   workspace tests) one by one and prints a summary; a test keeps the two lists equal.
+//! - `cargo xtask ci` runs the steps of `.ci/run` (fmt check, clippy and the docs with warnings
+//!   denied, the workspace tests) one by one and prints a summary; a test keeps the two lists
+//!   equal.
 //! - `cargo xtask gpu-test` detects the GPUs (nvidia-smi, libcuda.so.1, `CUDA_VISIBLE_DEVICES`),
 //!   builds the tests with the `cuda` feature, runs the matrix in [`matrix::CASES`] and then every
 //!   test binary in full with `FLODL_REQUIRE_GPU=1`, and writes `target/gpu-test/matrix.{txt,json,log}`.

@@ -3,7 +3,7 @@
 //!
 //! | kind | body after the kind byte |
 //! |---|---|
-//! | 1 hello | protocol u32, application protocol u32, run hash [32], rank u64, world u64, lane u8, join token u64 (big-endian) |
+//! | 1 hello | protocol u32, application protocol u32, run hash (32 bytes), rank u64, world u64, lane u8, join token u64 (big-endian) |
 //! | 2 welcome | nothing |
 //! | 3 refused | one UTF-8 line, at most [`MAX_REASON`] bytes |
 //! | 4 data | sequence number u64, then the frame |

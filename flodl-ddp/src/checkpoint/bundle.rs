@@ -191,8 +191,8 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Checks the invariants every bundle holds (world size from 1 to [`MAX_WORLD_SIZE`], coverage normalised and
-    /// within bounds, one coverage entry per epoch).
+    /// Checks the invariants every bundle holds (world size from 1 to 65,536, `MAX_WORLD_SIZE`;
+    /// coverage normalised and within bounds, one coverage entry per epoch).
     ///
     /// # Errors
     /// [`CheckpointError::Malformed`] or [`CheckpointError::RangeOutOfBounds`].

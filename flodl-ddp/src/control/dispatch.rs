@@ -218,7 +218,7 @@ impl Dispatcher {
     ///
     /// Static cut: the rest of the rank's share, then any dead rank's work. Progressive:
     /// `counts` are ElChe's batches per window; once `calibrated` a chunk is the rank's
-    /// [`share`]: its part of what is left, but at most two of its windows, so most of an epoch
+    /// `share`: its part of what is left, but at most two of its windows, so most of an epoch
     /// stays in the pool to follow a change of speed or a death, and for a rank that still holds
     /// work no more than takes it to when all would finish together (nothing, for now, when it
     /// holds that much already); before, a probe of `batches / (world × 10)`. Never under

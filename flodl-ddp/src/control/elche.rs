@@ -10,7 +10,7 @@
 //!
 //! * **Speed estimate: trust window with a change-point rule, not adaptive EMA.** Each rank
 //!   keeps its last five readings of ms/batch and uses their mean
-//!   ([`crate::control::trust_window`]). The [0.5] adaptive EMA (`α = clamp(|err|, 0.1, 0.8)`)
+//!   (`control::trust_window`). The [0.5] adaptive EMA (`α = clamp(|err|, 0.1, 0.8)`)
 //!   lets one outlier window (a page fault, a GC pause, a cold cache) move the estimate by up to
 //!   80%, which then moves every count; the mean of five readings bounds one outlier's weight at
 //!   20% and is exactly restorable from a checkpoint (one seeded sample). Alone it follows a real

@@ -195,7 +195,7 @@ impl Window {
     /// This window as a probe: the first window of `Cadence` and `Async` while ElChe has no
     /// timing (and no speed hint). Every rank is handed the same count blind; a rank that
     /// reaches it reports ready (its reading for ElChe: that count in that wall time) and goes
-    /// on training, up to [`PROBE_STRETCH`] times the count but never past `most` batches (a
+    /// on training, up to 32 (`PROBE_STRETCH`) times the count but never past `most` batches (a
     /// share of an epoch: a rank whose peers are still starting must not train a small epoch
     /// alone before the first average), until the slowest rank is ready too and the reduce
     /// takes in every step trained. With the count alone, the fastest rank of a 10x skew
