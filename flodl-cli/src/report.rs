@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use std::path::Path;
 
-use flodl_ddp::{Activity, EpochMetrics, FaultEvent, ReduceEvent, Straggler};
+use flodl_ddp::{Activity, EpochMetrics, FaultEvent, ReduceEvent, Straggler, Verdict};
 
 use crate::chart::{LineChart, Series, Style, escape};
 use crate::record::{Entry, Line, Summary};
@@ -24,6 +24,8 @@ pub(crate) struct Timeline<'a> {
     pub(crate) epochs: Vec<TimedEpoch<'a>>,
     /// Reduces in order.
     pub(crate) reduces: Vec<TimedReduce<'a>>,
+    /// The divergence guard's verdicts other than `Stable`, with their reduce's time and anchor.
+    pub(crate) held: Vec<(f64, usize, Verdict)>,
 }
 
 impl<'a> Timeline<'a> {
@@ -51,8 +53,17 @@ impl<'a> Timeline<'a> {
                     timeline.epochs.push((t.unwrap_or(cumulative_s), e, line.restored));
                 }
                 Entry::Reduce(r) => timeline.reduces.push((shifted.unwrap_or(cumulative_s), r)),
-                // Deaths are listed in their own table; the guard's readings are not charted.
+                // Deaths are listed in their own table; the guard's verdicts are placed below.
                 Entry::Fault(_) | Entry::Rejoin(_) | Entry::Guard(_) => {}
+            }
+        }
+        // A verdict is marked at its reduce (whose line may follow the guard's).
+        for line in lines {
+            if let Entry::Guard(g) = &line.entry
+                && g.verdict != Verdict::Stable
+                && let Some((t, r)) = timeline.reduces.iter().find(|(_, r)| r.round == g.round)
+            {
+                timeline.held.push((*t, r.anchor, g.verdict));
             }
         }
         timeline
@@ -483,9 +494,22 @@ fn charts(devices: &[String], timeline: &Timeline<'_>) -> Vec<LineChart> {
     }
 
     let anchor_pts = reduces.iter().map(|(t, r)| (*t, r.anchor as f64)).collect();
-    let anchor = LineChart::new("ElChe anchor", "wall time (s)", "anchor (batches)")
+    let mut anchor = LineChart::new("ElChe anchor", "wall time (s)", "anchor (batches)")
         .y_from_zero()
         .series(Series::new("anchor", anchor_pts, Style::Step));
+    // Why the anchor stopped growing or fell: the guard's verdicts, at their reduce.
+    let verdicts = |nudge: bool| -> Vec<(f64, f64)> {
+        let marks = timeline.held.iter().filter(|(_, _, v)| {
+            matches!(v, Verdict::NudgeDown { .. }) == nudge && *v != Verdict::Stable
+        });
+        marks.map(|(t, a, _)| (*t, *a as f64)).collect()
+    };
+    for (name, nudge) in [("guard: growth held", false), ("guard: window shrunk", true)] {
+        let marks = verdicts(nudge);
+        if !marks.is_empty() {
+            anchor = anchor.series(Series::new(name, marks, Style::Dots));
+        }
+    }
 
     let sync_pts = reduces.iter().map(|(t, r)| (*t, r.sync_ms)).collect();
     let syncs = LineChart::new("Sync events", "wall time (s)", "sync time (ms)")
@@ -656,6 +680,48 @@ mod tests {
             assert!(thin.reduces.len() >= (epochs * per_epoch).min(max) / 2, "too few");
             assert_eq!(thin.reduces.last().map(|(_, r)| r.round), newest);
             assert_eq!(thin.epochs.len(), all.epochs.len());
+        }
+    }
+
+    /// The guard's verdicts other than `Stable` are marked on the anchor chart at their reduce's
+    /// time and anchor, whichever of the two lines came first; `Stable` ones are not.
+    #[test]
+    fn guard_verdicts_mark_the_anchor_chart_at_their_reduce() {
+        let guard = |round: u64, verdict: Verdict| Line {
+            entry: Entry::Guard(flodl_ddp::GuardEvent {
+                round,
+                divergence: 0.1,
+                k_max: 7,
+                verdict,
+            }),
+            t_s: None,
+            restored: false,
+        };
+        let nudge = Verdict::NudgeDown { factor: 0.5 };
+        // (round, verdict) lines; the marks (time, anchor); whether each legend shows.
+        type Case = (Vec<(u64, Verdict)>, Vec<(f64, usize)>, [bool; 2]);
+        let cases: [Case; 3] = [
+            (vec![(1, Verdict::Stable), (2, Verdict::Stable)], vec![], [false, false]),
+            (vec![(2, Verdict::SuppressGrowth)], vec![(0.25, 11)], [true, false]),
+            (
+                vec![(3, Verdict::SuppressGrowth), (6, nudge)],
+                vec![(0.5, 12), (1.25, 11)],
+                [true, true],
+            ),
+        ];
+        for (verdicts, marks, shown) in cases {
+            let (summary, mut lines) = sample(2, 4);
+            for (i, &(round, verdict)) in verdicts.iter().enumerate() {
+                // The first guard line before every reduce, the others at the end.
+                let at = if i == 0 { 0 } else { lines.len() };
+                lines.insert(at, guard(round, verdict));
+            }
+            let timeline = Timeline::of(&lines);
+            let got: Vec<(f64, usize)> = timeline.held.iter().map(|(t, a, _)| (*t, *a)).collect();
+            assert_eq!(got, marks, "{verdicts:?}");
+            let html = render(&summary, &lines);
+            assert_eq!(html.contains("guard: growth held"), shown[0], "{verdicts:?}");
+            assert_eq!(html.contains("guard: window shrunk"), shown[1], "{verdicts:?}");
         }
     }
 
