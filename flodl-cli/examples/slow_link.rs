@@ -18,7 +18,7 @@
 //!     [--wires f32,bf16,int8,q4] [--repeats R] [--keep] [-- EXTRA FDL FLAGS...]
 //! ```
 //! Needs root (`ip netns`). Columns: samples/s of the whole job and its ratio to the same
-//! format on loopback; each remote rank's exchange (encoding and handing its frame over) and
+//! format on loopback ("—" without that loopback job); each remote rank's exchange (encoding and handing its frame over) and
 //! its whole host round trip (exchange + reduce: the time it waited for or spent on the
 //! averaging) as shares of its wall; the final training loss at equal samples (the last
 //! epoch's mean) and the returned model's loss on the test subset, each with its relative gap
@@ -230,9 +230,14 @@ fn main() -> Result {
             };
             let loss = median(link, wire, &|o| o.loss);
             let test = median(link, wire, &|o| o.test_loss);
+            // Without a loopback job of the same format there is no ratio either.
+            let own_loopback = median("loopback", wire, &|o| o.rate);
+            let ratio = match own_loopback.is_nan() {
+                true => "—".to_string(),
+                false => format!("{:.2}", rate / own_loopback),
+            };
             println!(
-                "| {link} | {wire} | {rate:.0} | {:.2} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {} | {test:.4} | {} | {:.1} |",
-                rate / median("loopback", wire, &|o| o.rate),
+                "| {link} | {wire} | {rate:.0} | {ratio} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {} | {test:.4} | {} | {:.1} |",
                 median(link, wire, &|o| o.reduces),
                 100.0 * share(0, false),
                 100.0 * share(1, false),
