@@ -249,11 +249,12 @@ mod tests {
         let digest = encoding_digest()?;
         let (version, recorded) = ENCODING;
         if digest != recorded {
+            let next = WIRE_VERSION + 1;
             return Err(format!(
-                "the messages' frames changed (digest {digest}): raise WIRE_VERSION (link/wire.rs) \
-                 to {} and set ENCODING here to ({}, \"{digest}\")",
-                WIRE_VERSION + 1,
-                WIRE_VERSION + 1
+                "the sample messages' frames changed (digest {digest}): if a message or its \
+                 encoding changed, raise WIRE_VERSION (link/wire.rs) to {next} and set ENCODING \
+                 here to ({next}, \"{digest}\"); if only a sample's values did, set it to \
+                 ({WIRE_VERSION}, \"{digest}\")"
             ));
         }
         if version != WIRE_VERSION {

@@ -34,7 +34,8 @@ use crate::state::{HostState, HostTensor};
 /// both (`flodl_cluster::SessionConfig::app`), instead of misreading frames mid-run.
 ///
 /// Raise it with any change to their encoding: the test `the_wire_version_names_this_encoding`
-/// (`samples.rs`) holds a digest of every message's frame and fails until it is raised.
+/// (`samples.rs`) holds a digest of every sample message's frame beside it and fails when the
+/// frames change, so the change is not made without deciding the version.
 pub const WIRE_VERSION: u32 = 1;
 
 /// A rank's report of a finished chunk as it travels: control's [`WorkTally`] with its user
