@@ -21,7 +21,7 @@
 //! speed makes it (10-15% of a window measured under load, 25-35% on a quiet machine), which is
 //! a speed, not ElChe's doing. It needs root for `ip netns`; without it, it prints why
 //! and skips, unless `FLODL_REQUIRE_NETNS=1` (CI), where that is a failure.
-//! `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 8 epochs, about 25 reduces: the windows
+//! `FLODL_HOSTS_EPOCHS=N` runs other lengths (default 8 epochs, 14-19 reduces: the windows
 //! need ~7 to reach the cap, and a guard's hold costs about 7 more).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
