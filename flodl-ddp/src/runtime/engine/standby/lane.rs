@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::runtime::engine::roster::Standing;
-use crate::runtime::engine::standby::controller_state::{ControllerState, Cut};
+use crate::runtime::engine::standby::controller_state::{ControllerState, Cut, CutConsensus};
 use crate::runtime::engine::standby::term::Term;
 
 /// Frames the lane holds before the controller's end counts the standby as behind.
@@ -82,9 +82,15 @@ impl StandbyLane {
         }
     }
 
-    /// The standby missed frames (its process was replaced): the next frame is the whole
-    /// state.
+    /// The standby's process was replaced: the next frame is the whole state. A cut in it that
+    /// names its consensus by digest named what the old process held, which the new one never
+    /// did: that cut is dropped, and the next reduce's cut (which carries its consensus, or
+    /// names the update the new process was sent) completes the mirror.
     pub(crate) fn resync(&mut self) {
+        let named = |cut: &Cut| matches!(cut.consensus, CutConsensus::Sent { .. });
+        if self.state.cut.as_deref().is_some_and(named) {
+            self.state.cut = None;
+        }
         self.behind = true;
         self.flush();
     }

@@ -67,10 +67,13 @@ impl Mirror {
     /// held for the standby's rank ([`Mirror::hold`]), or the consensus the mirror's own cut
     /// already carries, when the digest is theirs.
     ///
+    /// A whole state whose cut names a consensus that is nowhere here is taken without that
+    /// cut: the mirror keeps its own cut of the same term, if any, until the next one.
+    ///
     /// # Errors
     /// [`MirrorError`] for bytes that are not a frame, a frame of an older term, a frame not
     /// after the last of its term, a change before any whole state, a wrong number of seats,
-    /// or a cut whose consensus is nowhere here; the mirror is then unchanged.
+    /// or a change whose cut's consensus is nowhere here; the mirror is then unchanged.
     pub(crate) fn accept(&mut self, bytes: &[u8]) -> Result<(), MirrorError> {
         let (frame, read): (MirrorFrame, usize) =
             bincode::serde::decode_from_slice(bytes, config())?;
@@ -97,8 +100,23 @@ impl Mirror {
         if !whole && (self.state.is_none() || newer) {
             return Err(MirrorError::NoBase { term, seq });
         }
-        self.resolve(&mut body, seq)?;
+        // A whole state whose cut is nowhere here is still the controller's seats and term: it
+        // is taken without that cut (keeping the mirror's own of this term), so the next cut
+        // completes it rather than every later change being refused for want of a base.
+        let unresolved = match self.resolve(&mut body, seq) {
+            Err(MirrorError::Unresolved { .. }) if whole => true,
+            outcome => outcome.map(|()| false)?,
+        };
         let mut state = match (body, self.state.take()) {
+            (MirrorBody::Whole(mut whole), own) if unresolved => {
+                tracing::warn!(
+                    seq,
+                    "mirror frame {seq} is the whole state, whose cut names a consensus this \
+                     process's rank does not hold: taken without that cut"
+                );
+                whole.cut = own.filter(|_| !newer).and_then(|own| own.cut);
+                whole
+            }
             (MirrorBody::Whole(whole), _) => whole,
             (body, Some(mut state)) => {
                 fold(&mut state, body);
@@ -391,6 +409,62 @@ mod tests {
         Ok(())
     }
 
+    /// The standby's process replaced (killed, restarted, admitted again) before the next
+    /// reduce: the lane's resync reaches the new process's empty mirror, which takes it whatever
+    /// the last cut was (one carrying its consensus comes with it; one naming the old process's
+    /// copy by digest is left out, the new process never held it), and equals the controller's
+    /// state; the next cut, carried or naming the update the new process was sent, completes it.
+    #[test]
+    fn a_replaced_standby_is_whole_again_by_the_next_cut() -> TestResult {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
+        // Whether the last cut before the replacement names its consensus, and the next one.
+        for (before, after) in [(false, false), (false, true), (true, false), (true, true)] {
+            let case = format!("named before: {before}, after: {after}");
+            let world = 3;
+            let mut ctl = Controller::new(world, Policy::Cadence)?;
+            for rank in 0..world {
+                ctl.roster.started(rank);
+            }
+            let (tx, rx) = StandbyLane::channel();
+            let start = ControllerState::new(Term(1), ctl.roster.standings());
+            let mut lane = StandbyLane::new(start, tx);
+            lane.flush();
+            let (cut, _) = ctl.reduce_sent(&mut rng, before)?;
+            lane.publish(MirrorBody::Cut(Box::new(cut)));
+            // Frames for the old process, which died: the new one never reads them.
+            rx.drain().for_each(drop);
+            let mut fresh = Mirror::new(world, Term(1));
+            lane.resync();
+            for bytes in rx.try_iter() {
+                fresh.accept(&bytes).map_err(|e| format!("{case}: the resync refused: {e}"))?;
+            }
+            let kept = fresh.state().and_then(|s| s.cut.as_ref()).map(|c| c.reduces);
+            if fresh.state() != Some(lane.state()) || kept != (!before).then_some(1) {
+                return Err(format!(
+                    "{case}: after the resync the mirror holds cut {kept:?}, \
+                    the controller {:?}",
+                    lane.state().cut.as_ref().map(|c| c.reduces)
+                )
+                .into());
+            }
+            let (cut, consensus) = ctl.reduce_sent(&mut rng, after)?;
+            fresh.hold(consensus.clone());
+            lane.publish(MirrorBody::Cut(Box::new(cut)));
+            for bytes in rx.try_iter() {
+                fresh.accept(&bytes).map_err(|e| format!("{case}: the next cut refused: {e}"))?;
+            }
+            let state = fresh.state().ok_or("no state")?;
+            let cut = state.cut.as_ref().ok_or(format!("{case}: no cut after the next one"))?;
+            if cut.reduces != 2
+                || cut.consensus.carried() != Some(&consensus)
+                || state.seats != lane.state().seats
+            {
+                return Err(format!("{case}: the mirror holds reduce {}", cut.reduces).into());
+            }
+        }
+        Ok(())
+    }
+
     use crate::runtime::engine::roster::Standing;
     use crate::runtime::engine::standby::lane::config;
 
@@ -415,7 +489,8 @@ mod tests {
     /// A cut naming its consensus by digest is taken with the state the standby's rank holds
     /// when the digests agree, and refused (the mirror keeping its last cut, with its
     /// consensus) when the rank holds another state or none; a whole state naming the
-    /// consensus the mirror already carries is taken with it.
+    /// consensus the mirror already carries is taken with it, and one naming a consensus held
+    /// nowhere here is taken without its cut.
     #[test]
     fn a_cut_takes_its_consensus_from_the_rank_only_by_digest() -> TestResult {
         use Arrives::{Cut as C, Stranger, Update as U, Whole};
@@ -439,6 +514,22 @@ mod tests {
             (
                 "a whole state again",
                 vec![(U(2), Some(0)), (C(2), Some(2)), (Whole, Some(2)), (Whole, Some(2))],
+            ),
+            // A whole state naming a consensus held nowhere here (a new process's first, in
+            // effect): taken without that cut, the mirror's own kept, the next cut taken.
+            (
+                "a whole state naming what was never held",
+                vec![(Whole, Some(0)), (U(3), Some(0)), (C(3), Some(3))],
+            ),
+            (
+                "a whole state naming what is no longer held",
+                vec![
+                    (U(1), Some(0)),
+                    (C(1), Some(1)),
+                    (Whole, Some(1)),
+                    (U(3), Some(1)),
+                    (C(3), Some(3)),
+                ],
             ),
         ];
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
@@ -469,7 +560,6 @@ mod tests {
                 },
                 config(),
             )?;
-            let mut seq_whole = 100;
             for (i, (arrives, holds)) in steps.into_iter().enumerate() {
                 let outcome = match arrives {
                     U(k) => {
@@ -482,10 +572,10 @@ mod tests {
                     }
                     C(k) => mirror.accept(&cuts[k - 1].2),
                     Whole => {
-                        // The whole state of the third reduce's controller, renumbered.
-                        seq_whole += 1;
+                        // The whole state of the third reduce's controller, numbered next
+                        // after the last frame taken (as a resync's is).
                         let mut frame: MirrorFrame = decode(&whole)?;
-                        frame.seq = seq_whole;
+                        frame.seq = mirror.last.unwrap_or(0) + 1;
                         if let MirrorBody::Whole(w) = &mut frame.body
                             && let Some(cut) = w.cut.as_deref_mut()
                         {
