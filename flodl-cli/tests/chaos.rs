@@ -10,8 +10,8 @@
 //! speed assertion). The long form, torchft's rates: `FLODL_CHAOS_RATE=60 FLODL_CHAOS_SECS=600
 //! FLODL_CHAOS_THEN_RATE=15 FLODL_CHAOS_THEN_SECS=300`, which also runs the same job without
 //! failures and prints the throughput against it. `FLODL_CHAOS_SLOWDOWN=F` slows every rank by
-//! `F` instead of the factor sized from the clean run (~240 for 2-3 s an epoch on a quiet
-//! 2-core machine), `FLODL_CHAOS_SEED` seeds the kills.
+//! `F` instead of the factor sized on the machine for 2-3 s an epoch (`sized_slowdown`, about
+//! 20 s of short calm jobs), `FLODL_CHAOS_SEED` seeds the kills.
 
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,8 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, records, soak_flags,
-    summary, trains_as_well,
+    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, records,
+    sized_slowdown, soak_flags, summary, trains_as_well,
 };
 
 const TRAIN: usize = 16384;
@@ -58,8 +58,8 @@ fn ranks_killed_at_random_moments_at_a_rate() -> Result {
     }
     let total: Duration = phases.iter().map(|p| p.1).sum();
     let long = total >= Duration::from_secs(300);
-    // About 2-3 s an epoch (slowdown sized from the clean run's speed on the machine now), so
-    // the job outlasts the chaos whether the machine is quiet or loaded.
+    // About 2-3 s an epoch (the slowdown sized on the machine now), so the job outlasts the
+    // chaos whether the machine is quiet or loaded.
     let epochs = (total.as_secs() / 2 + 10).max(20);
     let kills_max: u64 = phases.iter().map(|(r, d)| d.as_secs() / r.as_secs().max(1) + 1).sum();
     let restarts = (kills_max + 4).to_string();
@@ -68,12 +68,13 @@ fn ranks_killed_at_random_moments_at_a_rate() -> Result {
     let tmp = tempfile::tempdir()?;
     let clean = tmp.path().join("clean");
     let clean_epoch = clean_epoch(&flags, &clean, epochs)?;
-    // Measured: at 6 / clean epoch a 25-epoch job ended in 14 s under load 13, so 4 times it.
-    // On a quiet machine that sizing gives ~9 s an epoch (880 at load 0.5-2.5), which stretches
-    // the long form's job to four times its chaos: `FLODL_CHAOS_SLOWDOWN` sets it instead.
+    // Sized by short calm launched jobs: a factor from the clean run alone gave 9 to 30 s an
+    // epoch on the same quiet machine, and the 25-epoch job outlasted the test's deadline.
     let slowdown = match std::env::var("FLODL_CHAOS_SLOWDOWN") {
         Ok(v) => v.parse::<f64>().map_err(|e| format!("FLODL_CHAOS_SLOWDOWN={v}: {e}"))?,
-        Err(_) => (24.0 / clean_epoch.max(1e-3)).clamp(40.0, 4000.0).round(),
+        Err(_) => {
+            sized_slowdown(NPROC, TRAIN, Duration::from_millis(2500), clean_epoch, tmp.path())?
+        }
     };
     let slowdowns = vec![slowdown.to_string(); NPROC].join(",");
     let mut args = flags.clone();
@@ -127,6 +128,10 @@ fn ranks_killed_at_random_moments_at_a_rate() -> Result {
     }
     let (code, out) = job.finish(total + Duration::from_secs(120 + epochs * 10))?;
     assert_eq!(code, Some(0), "{}", out.lines().rev().take(60).collect::<Vec<_>>().join("\n"));
+    // The standby's process, however often replaced, mirrors the controller frame by frame: a
+    // refusal would leave the run without a standby that can take over.
+    let refused: Vec<&str> = out.lines().filter(|l| l.contains("a mirror frame refused")).collect();
+    assert!(refused.is_empty(), "the standby refused mirror frames:\n{}", refused.join("\n"));
     let s = summary(&dir)?;
     let faults = s["faults"].as_array().cloned().unwrap_or_default();
     let rejoins = s["rejoins"].as_array().cloned().unwrap_or_default();

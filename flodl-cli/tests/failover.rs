@@ -145,6 +145,64 @@ fn a_killed_standby_leaves_the_run_going_without_one() -> Result {
     Ok(())
 }
 
+/// The standby's process replaced between two reduces, then the controller killed (4 processes,
+/// `--max-restarts 4`, windows of seconds): `kill -9` of rank 1's process right after a cut
+/// that named the consensus its rank held by digest, so that its new process is admitted at
+/// the next reduce with that cut the last one mirrored (tried again, up to three times, when
+/// the new process came only after the next reduce). The new process is sent the whole state
+/// without that cut, which it never held, refuses no mirror frame, and the admitting reduce's
+/// cut completes its mirror; `kill -9` of the controller's process then: the new standby takes
+/// over from its mirror, and the run completes with every sample of every epoch once.
+#[test]
+fn a_replaced_standby_takes_over_when_the_controller_is_killed() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let mut flags: Vec<&str> = JOB.to_vec();
+    for (name, value) in [("--slowdown", "200,200,200,200"), ("--epochs", "6")] {
+        let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
+        *flags.get_mut(at + 1).ok_or(format!("no value after {name}"))? = value;
+    }
+    let log = ("RUST_LOG", "warn,flodl_ddp::runtime::engine::coordinator=debug");
+    let mut job = Launched::start_with(4, &["--max-restarts", "4"], &flags, &dir, &[log])?;
+    job.wait_for("epoch 1/6", Duration::from_secs(120))?;
+    let named = "a cut names the consensus the standby's rank holds";
+    let mut hit = false;
+    for _ in 0..3 {
+        job.wait_for(named, Duration::from_secs(60))?;
+        kill9(job.pids[1])?;
+        job.wait_for("[launch] restarting rank 1", Duration::from_secs(30))?;
+        // The new process is back before any cut (the order this test is for), or a cut came
+        // first (it carried its consensus: the standby's rank was dead).
+        let back = "the standby is back";
+        let first = job.wait_until(
+            "the standby back, or a cut",
+            |l| l.contains(back) || l.contains("a cut carries the consensus"),
+            Duration::from_secs(90),
+        )?;
+        job.wait_for("rank 1 rejoined at reduce", Duration::from_secs(90))?;
+        if first.contains(back) {
+            hit = true;
+            break;
+        }
+    }
+    if !hit {
+        return Err("the standby's new process never came back before the next cut".into());
+    }
+    // An epoch ended after the admission: its cuts have reached the new process.
+    let ended = |line: &str| line.starts_with("[rank 0] epoch");
+    job.wait_until("an epoch after the rejoin", ended, Duration::from_secs(90))?;
+    kill9(job.pids[0])?;
+    job.wait_for("rank 1 takes over as the controller of term 1", Duration::from_secs(90))?;
+    let (code, out) = job.finish(Duration::from_secs(300))?;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("a mirror frame refused"), "{out}");
+    let taken = tmp.path().join("run-term1");
+    let s = summary(&taken)?;
+    assert_eq!(s["epochs_completed"].as_u64(), Some(6), "{out}");
+    println!("{}", audit(&taken, &[&dir])?);
+    Ok(())
+}
+
 /// `kill -STOP` of the controller's process in a 4-process job with `--max-restarts 4`: the
 /// ranks find it silent, the standby takes over and announces its term to the launcher, which
 /// fences the stopped old controller (kills it: one controller per job), restarts rank 0's
