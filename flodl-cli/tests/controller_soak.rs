@@ -16,8 +16,8 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, soak_flags, summary,
-    trains_as_well,
+    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, sized_slowdown,
+    soak_flags, summary, trains_as_well,
 };
 
 /// Processes of the job.
@@ -40,10 +40,11 @@ fn the_controller_killed_every_interval_is_taken_over_each_time() -> Result {
     let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
     let tmp = tempfile::tempdir()?;
     let clean = tmp.path().join("clean");
-    // About 2-3 s an epoch (sized from the clean run's speed on this machine now, as the rank
-    // soak does), so the run outlasts the soak whether the machine is quiet or loaded.
+    // About 2-3 s an epoch (sized on this machine now, as the rank soak does), so the run
+    // outlasts the soak whether the machine is quiet or loaded.
     let clean_epoch = clean_epoch(&flags, &clean, epochs)?;
-    let slowdown = (6.0 / clean_epoch.max(1e-3)).clamp(40.0, 1000.0).round();
+    let slowdown =
+        sized_slowdown(WORLD, 16384, Duration::from_millis(2500), clean_epoch, tmp.path())?;
     let slowdowns = vec![slowdown.to_string(); WORLD].join(",");
     let dir = tmp.path().join("soak");
     let mut args = flags.clone();

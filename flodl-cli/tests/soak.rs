@@ -15,8 +15,8 @@ use rand::{RngExt, SeedableRng};
 mod support;
 
 use support::launched::{
-    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, records, soak_flags,
-    summary, trains_as_well,
+    Launched, Result, accuracy, audit, clean_epoch, env_secs, kill9, median, records,
+    sized_slowdown, soak_flags, summary, trains_as_well,
 };
 
 const TRAIN: usize = 16384;
@@ -49,19 +49,18 @@ fn ranks_killed_and_restarted_for_the_soak_duration() -> Result {
     let long = soak >= Duration::from_secs(300);
     let every = Duration::from_secs(env_secs("FLODL_SOAK_EVERY", if long { 60 } else { 15 })?);
     // About 2-3 s an epoch (each rank's batch held `slowdown` times its compute, sized below
-    // from the clean run's speed on this machine now), so the run lasts about the soak whether
-    // the machine is quiet or loaded.
+    // on this machine now), so the run lasts about the soak whether the machine is quiet or
+    // loaded.
     let epochs = (soak.as_secs() / 2).max(20);
     let restarts = (soak.as_secs() / every.as_secs().max(1) + 4).to_string();
     let owned = soak_flags(TRAIN, epochs);
     let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
     let tmp = tempfile::tempdir()?;
     let clean = tmp.path().join("clean");
-    // The launched job's epoch lasts about half the slowdown times the clean run's epoch
-    // (measured: 0.02 s a clean epoch and 0.4 s a launched one at 40 on a quiet machine, where
-    // a fixed 40 ended the job in 12 s, before the first kill).
+    // A fixed 40 ended the job in 12 s on a quiet machine, before the first kill; a factor from
+    // the clean run alone varies 2.5-fold with the machine's state (`sized_slowdown`).
     let clean_epoch = clean_epoch(&flags, &clean, epochs)?;
-    let slowdown = (6.0 / clean_epoch.max(1e-3)).clamp(40.0, 1000.0).round();
+    let slowdown = sized_slowdown(3, TRAIN, Duration::from_millis(2500), clean_epoch, tmp.path())?;
     let slowdowns = format!("{slowdown},{slowdown},{slowdown}");
     let dir = tmp.path().join("soak");
     let ckpt = tmp.path().join("ckpt");

@@ -106,6 +106,52 @@ pub(crate) fn records(dir: &Path, kind: &str) -> Result<Vec<Value>> {
         .collect())
 }
 
+/// The `--slowdown` (every rank's) under which an epoch of a calm `nproc`-process job of
+/// [`soak_flags`] with `train` samples lasts about `epoch` on this machine now, from a guess by
+/// the clean in-process run's epoch, `clean_epoch` seconds ([`clean_epoch`]). A slowed rank holds each step for the factor times its compute, and a step computed
+/// right after a sleep is slower than one in a busy loop (cold caches, a core clocked down): by
+/// several times on a quiet machine, less on a loaded one. So the clean in-process run does not
+/// size it (measured: a launched epoch of 0.5 to 1.25 times the factor times the clean run's
+/// epoch, 9 to 30 s at the same sizing on the same machine). Two calm jobs of an eighth of the
+/// samples for two epochs do: each scales the factor by the target over its ranks' median
+/// compute in its last epoch (times eight); the second runs at the first's estimate, since a
+/// step's compute depends on how long its rank slept before it.
+pub(crate) fn sized_slowdown(
+    nproc: usize,
+    train: usize,
+    epoch: Duration,
+    clean_epoch: f64,
+    dir: &Path,
+) -> Result<f64> {
+    const PART: usize = 8;
+    let mut factor = (6.0 / clean_epoch.max(1e-3)).clamp(40.0, 1000.0).round();
+    for round in 0..2 {
+        let owned = soak_flags(train / PART, 2);
+        let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let slowdowns = vec![factor.to_string(); nproc].join(",");
+        args.extend(["--slowdown", &slowdowns, "--quiet"]);
+        let out = dir.join(format!("sizing{round}"));
+        let job = Launched::start_with(nproc, &[], &args, &out, &[])?;
+        let (code, text) = job.finish(Duration::from_secs(180))?;
+        if code != Some(0) {
+            return Err(format!("the sizing job at --slowdown {factor}: {text}").into());
+        }
+        // The ranks' compute (slowdown included) in the last epoch, which scales with the
+        // samples; an epoch's evaluation and reduces do not, and the short one is mostly them.
+        let last = records(&out, "epoch")?.pop().ok_or("the sizing job recorded no epoch")?;
+        let computes: Vec<f64> = last["ranks"]
+            .as_array()
+            .map(|ranks| ranks.iter().filter_map(|r| r["compute_ms"].as_f64()).collect())
+            .unwrap_or_default();
+        let compute = median(computes).ok_or("the sizing job's epoch has no ranks")?;
+        let estimate = compute / 1000.0 * PART as f64;
+        let next = (factor * epoch.as_secs_f64() / estimate.max(1e-3)).clamp(10.0, 4000.0).round();
+        println!("sizing: {estimate:.1} s of compute an epoch at --slowdown {factor}; next {next}");
+        factor = next;
+    }
+    Ok(factor)
+}
+
 /// The job the soaks and the chaos run share: host backend, Cadence, `train` samples of a
 /// 64-wide MLP for `epochs` epochs, 1,000 test samples, a 10 s watchdog.
 pub(crate) fn soak_flags(train: usize, epochs: u64) -> Vec<String> {
