@@ -499,9 +499,11 @@ fn charts(devices: &[String], timeline: &Timeline<'_>) -> Vec<LineChart> {
         .series(Series::new("anchor", anchor_pts, Style::Step));
     // Why the anchor stopped growing or fell: the guard's verdicts, at their reduce.
     let verdicts = |nudge: bool| -> Vec<(f64, f64)> {
-        let marks = timeline.held.iter().filter(|(_, _, v)| {
-            matches!(v, Verdict::NudgeDown { .. }) == nudge && *v != Verdict::Stable
-        });
+        // `held` has no `Stable` verdict: any other is growth held or a nudge down.
+        let marks = timeline
+            .held
+            .iter()
+            .filter(|(_, _, v)| matches!(v, Verdict::NudgeDown { .. }) == nudge);
         marks.map(|(t, a, _)| (*t, *a as f64)).collect()
     };
     for (name, nudge) in [("guard: growth held", false), ("guard: window shrunk", true)] {
