@@ -217,6 +217,8 @@ pub(crate) struct Launched {
     lines: mpsc::Receiver<String>,
     pub(crate) pids: Vec<i32>,
     pub(crate) seen: Vec<String>,
+    /// The job's run directory, when known: a job that outlives its wait says how far it got.
+    out: Option<std::path::PathBuf>,
 }
 
 impl Launched {
@@ -242,6 +244,7 @@ impl Launched {
                 .args(args)
                 .envs(env.iter().copied()),
         )?;
+        job.out = Some(out.to_path_buf());
         for rank in 0..nproc {
             let line =
                 job.wait_for(&format!("[launch] rank {rank}: pid"), Duration::from_secs(20))?;
@@ -269,7 +272,7 @@ impl Launched {
                 }
             });
         }
-        Ok(Launched { child, lines, pids: Vec::new(), seen: Vec::new() })
+        Ok(Launched { child, lines, pids: Vec::new(), seen: Vec::new(), out: None })
     }
 
     /// Takes one line (within `wait`), keeping track of restarted ranks' pids; `None` when no
@@ -320,8 +323,9 @@ impl Launched {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
+                let progress = self.out.as_deref().map(progress).unwrap_or_default();
                 return Err(format!(
-                    "the launcher did not exit within {wait:?}:\n{}",
+                    "the launcher did not exit within {wait:?}{progress}:\n{}",
                     self.seen.join("\n")
                 )
                 .into());
@@ -329,6 +333,21 @@ impl Launched {
             while self.next_line(Duration::ZERO).is_some() {}
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// How far the run in `dir` got, by its records (a slow job and a stalled one differ here):
+/// `" (N epochs recorded; the last reduce, round R, at T s)"`.
+fn progress(dir: &Path) -> String {
+    let epochs = records(dir, "epoch").map_or(0, |e| e.len());
+    let last = records(dir, "reduce").ok().and_then(|mut r| r.pop());
+    match last {
+        Some(r) => format!(
+            " ({epochs} epochs recorded; the last reduce, round {}, at {:.1} s)",
+            r["round"],
+            r["at_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0
+        ),
+        None => format!(" ({epochs} epochs recorded, no reduce)"),
     }
 }
 
