@@ -5,8 +5,9 @@
 //! controller's to rank 0, rank r's to rank r), each output line prefixed with its rank, Ctrl-C and
 //! SIGTERM forwarded to the ranks by pid, and the job's status (rank 0's, whose process hosts
 //! the controller and decides the run; the standby's after a takeover, `term_notice`) returned.
-//! With `--max-restarts N`, a rank process other than the current controller's host that dies
-//! (exits non-zero or is killed) is started again with the same rank, at most N times over the job; it joins the
+//! With `--max-restarts N`, a rank process other than the current controller's host (or the
+//! standby about to take over from it) that dies (exits non-zero or is killed) is started again
+//! with the same rank, at most N times over the job; it joins the
 //! running job at its next reduce (host backend, and NCCL across GPU processes; an MPI world
 //! cannot grow, see `mpi_job`). After a takeover the old host's process is a rank like the
 //! others, restarted the same way into the new term.
@@ -494,7 +495,13 @@ fn wait_job(
             }
             let Ok(Some(status)) = children[rank].try_wait() else { continue };
             println!("[launch] rank {rank} {}", describe(status));
-            if since_decider.is_none() && restarts.restart(rank, status, children, relays) {
+            // The deciding process is never restarted: a standby chosen to take over that ended
+            // without announcing its term (nothing to take over from) ends the job, whose ranks
+            // would otherwise wait for a controller that never comes.
+            if since_decider.is_none()
+                && rank != decider
+                && restarts.restart(rank, status, children, relays)
+            {
                 continue;
             }
             ended[rank] = Some(status);

@@ -203,6 +203,30 @@ fn a_replaced_standby_takes_over_when_the_controller_is_killed() -> Result {
     Ok(())
 }
 
+/// `kill -9` of the controller's process before any reduce completed (3 processes, ranks slowed
+/// so the first window lasts seconds, `--max-restarts 2`): the standby has nothing to take over
+/// from and says so, and the job ends within the launcher's grace with the standby's failure as
+/// its status; the standby is not restarted as a rank, which would leave the others waiting for
+/// a controller that never comes.
+#[test]
+fn a_standby_with_nothing_to_take_over_from_ends_the_job() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let mut flags: Vec<&str> = JOB.to_vec();
+    let at = flags.iter().position(|f| *f == "--slowdown").ok_or("no --slowdown")?;
+    *flags.get_mut(at + 1).ok_or("no value after --slowdown")? = "3000,3000,3000";
+    let mut job = Launched::start_with(3, &["--max-restarts", "2"], &flags, &dir, &[])?;
+    for rank in 1..3 {
+        job.wait_for(&format!("rank {rank} of 3: joined the controller"), Duration::from_secs(60))?;
+    }
+    kill9(job.pids[0])?;
+    let (code, out) = job.finish(Duration::from_secs(90))?;
+    assert!(out.contains("nothing to take over from"), "{out}");
+    assert!(!out.contains("restarting rank 1"), "{out}");
+    assert_ne!(code, Some(0), "{out}");
+    Ok(())
+}
+
 /// `kill -STOP` of the controller's process in a 4-process job with `--max-restarts 4`: the
 /// ranks find it silent, the standby takes over and announces its term to the launcher, which
 /// fences the stopped old controller (kills it: one controller per job), restarts rank 0's
