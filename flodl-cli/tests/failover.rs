@@ -207,7 +207,9 @@ fn a_replaced_standby_takes_over_when_the_controller_is_killed() -> Result {
 /// so the first window lasts seconds, `--max-restarts 2`): the standby has nothing to take over
 /// from and says so, and the job ends within the launcher's grace with the standby's failure as
 /// its status; the standby is not restarted as a rank, which would leave the others waiting for
-/// a controller that never comes.
+/// a controller that never comes. The job runs `--fragments 2` without periodic saves, which
+/// the controller warns of at its start (no whole sync before the end: nothing to take over
+/// from at any time).
 #[test]
 fn a_standby_with_nothing_to_take_over_from_ends_the_job() -> Result {
     let tmp = tempfile::tempdir()?;
@@ -215,15 +217,47 @@ fn a_standby_with_nothing_to_take_over_from_ends_the_job() -> Result {
     let mut flags: Vec<&str> = JOB.to_vec();
     let at = flags.iter().position(|f| *f == "--slowdown").ok_or("no --slowdown")?;
     *flags.get_mut(at + 1).ok_or("no value after --slowdown")? = "3000,3000,3000";
+    flags.extend(["--fragments", "2"]);
     let mut job = Launched::start_with(3, &["--max-restarts", "2"], &flags, &dir, &[])?;
     for rank in 1..3 {
-        job.wait_for(&format!("rank {rank} of 3: joined the controller"), Duration::from_secs(60))?;
+        let joined = format!("rank {rank} of 3: joined the controller");
+        if !job.seen.iter().any(|l| l.contains(&joined)) {
+            job.wait_for(&joined, Duration::from_secs(60))?;
+        }
     }
     kill9(job.pids[0])?;
     let (code, out) = job.finish(Duration::from_secs(90))?;
     assert!(out.contains("nothing to take over from"), "{out}");
     assert!(!out.contains("restarting rank 1"), "{out}");
+    assert!(out.contains(WHOLE_SYNC_WARNING), "{out}");
     assert_ne!(code, Some(0), "{out}");
+    Ok(())
+}
+
+/// What the controller warns of when its standby can take over only at the run's end.
+const WHOLE_SYNC_WARNING: &str = "the standby can take over only from a whole sync";
+
+/// Under `--fragments 2` a cut of the run is a whole sync, which a reduce that saves a
+/// checkpoint makes (`--checkpoint-every-reduces 3`): `kill -9` of the controller's process
+/// after the first epoch, the standby takes over from the last one, and the run completes in its
+/// own directory with every sample of every epoch once.
+#[test]
+fn under_fragments_the_standby_takes_over_from_the_last_checkpointed_reduce() -> Result {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let ck = tmp.path().join("ck").to_string_lossy().into_owned();
+    let mut flags: Vec<&str> = JOB.to_vec();
+    flags.extend(["--fragments", "2", "--checkpoint-dir", &ck, "--checkpoint-every-reduces", "3"]);
+    let mut job = Launched::start_with(3, &[], &flags, &dir, &[])?;
+    job.wait_for("epoch 1/6", Duration::from_secs(90))?;
+    kill9(job.pids[0])?;
+    job.wait_for("rank 1 takes over as the controller of term 1", Duration::from_secs(60))?;
+    let (code, out) = job.finish(Duration::from_secs(240))?;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains(WHOLE_SYNC_WARNING), "{out}");
+    let taken = tmp.path().join("run-term1");
+    assert_eq!(summary(&taken)?["epochs_completed"].as_u64(), Some(EPOCHS as u64), "{out}");
+    println!("{}", audit(&taken, &[&dir])?);
     Ok(())
 }
 

@@ -28,6 +28,11 @@ impl SaveInterval {
         SaveInterval { every_reduces: None, every_epochs: NonZeroU64::new(n) }
     }
 
+    /// Whether any periodic save is set.
+    pub fn is_periodic(&self) -> bool {
+        self.every_reduces.is_some() || self.every_epochs.is_some()
+    }
+
     /// Whether a save is due right after the reduce that brought the count of completed
     /// reduces to `reduces_done` (no save at 0).
     pub fn due_after_reduce(&self, reduces_done: u64) -> bool {

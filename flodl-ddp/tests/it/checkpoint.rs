@@ -997,6 +997,10 @@ fn save_interval_matches_hand_computed_schedules() -> TestResult {
         if got_r != reduces || got_e != epochs {
             return Err(fail(format!("{interval:?}: reduces {got_r:?}, epochs {got_e:?}")));
         }
+        // Every case that saves at all saves within its first ten reduces or epochs.
+        if interval.is_periodic() == (reduces.is_empty() && epochs.is_empty()) {
+            return Err(fail(format!("{interval:?}: periodic {}", interval.is_periodic())));
+        }
     }
     Ok(())
 }

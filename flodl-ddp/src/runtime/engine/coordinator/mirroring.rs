@@ -23,6 +23,17 @@ impl Coordinator {
             }
             (None, _) => return,
         };
+        // Under `--fragments` only a whole sync is a cut of the run: a reduce that saves a
+        // checkpoint, and the run's last.
+        let saves = self.cfg.checkpoints.as_ref().is_some_and(|c| c.interval.is_periodic());
+        if self.cfg.spec.backend == Backend::Host && self.cfg.spec.fragments > 1 && !saves {
+            tracing::warn!(
+                fragments = self.cfg.spec.fragments,
+                "the standby can take over only from a whole sync, which under fragments is a \
+                 reduce that saves a checkpoint, and this run saves none before its end: give \
+                 it periodic saves (fdl train --checkpoint-every-reduces N)"
+            );
+        }
         let state = ControllerState::new(Term(self.cfg.spec.term), self.roster.standings());
         self.standby = Some(StandbyLane::new(state, tx));
         // The whole state goes out at once: the standby knows the run from its start.
