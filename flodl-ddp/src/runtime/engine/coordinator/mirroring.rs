@@ -54,33 +54,48 @@ impl Coordinator {
     /// its seat is admitted again, which is sent the whole state; so is a seat with no process
     /// taking part yet (one that died before a takeover joins the new term later).
     pub(super) fn pump_standby(&mut self) {
+        use crate::runtime::engine::roster::Standing;
         let Some(pump) = &mut self.pump else { return };
         let standing = self.roster.standing(pump.rank);
-        let alive = standing == Some(crate::runtime::engine::roster::Standing::Alive);
-        if pump.reach == Reach::Up && !alive {
-            // Its frames would reach no process, or one that missed the whole state.
-            if standing == Some(crate::runtime::engine::roster::Standing::Dead) {
-                standby_gone(pump.rank);
-            }
-            pump.reach = Reach::Lost { down: true };
-        }
-        if let Reach::Lost { down } = pump.reach {
-            if down && alive {
-                tracing::warn!(rank = pump.rank, "the standby is back: it is sent the whole state");
-                pump.reach = Reach::Up;
-                // The whole state supersedes the changes queued meanwhile (the one announcing
-                // this very admission among them), which would otherwise reach the process first.
-                pump.held = None;
-                pump.rx.drain().for_each(drop);
-                if let Some(lane) = &mut self.standby {
-                    lane.resync();
+        let alive = standing == Some(Standing::Alive);
+        // A process admitted (the first, or one after the link went) is sent the whole state.
+        let admitted = match (pump.reach, alive) {
+            (Reach::Up, true) | (Reach::Awaited, false) => false,
+            (Reach::Up, false) => {
+                if standing == Some(Standing::Dead) {
+                    standby_gone(pump.rank);
                 }
-            } else {
-                pump.reach = Reach::Lost { down: down || !alive };
-                pump.held = None;
-                pump.rx.drain().for_each(drop);
-                return;
+                pump.reach = Reach::Lost { down: true };
+                false
             }
+            (Reach::Awaited, true) => {
+                tracing::info!(rank = pump.rank, "the standby joined: it is sent the whole state");
+                true
+            }
+            (Reach::Lost { down: true }, true) => {
+                tracing::warn!(rank = pump.rank, "the standby is back: it is sent the whole state");
+                true
+            }
+            (Reach::Lost { down }, alive) => {
+                pump.reach = Reach::Lost { down: down || !alive };
+                false
+            }
+        };
+        if admitted {
+            pump.reach = Reach::Up;
+            // The whole state supersedes the changes queued meanwhile (the one announcing this
+            // very admission among them), which would otherwise reach the process first.
+            pump.held = None;
+            pump.rx.drain().for_each(drop);
+            if let Some(lane) = &mut self.standby {
+                lane.resync();
+            }
+        }
+        if pump.reach != Reach::Up {
+            // Its frames would reach no process, or one that missed the whole state.
+            pump.held = None;
+            pump.rx.drain().for_each(drop);
+            return;
         }
         while let Some(frame) = pump.held.take().or_else(|| pump.rx.try_recv().ok()) {
             match self.link.try_send(pump.rank, ToWorker::Mirror { frame: frame.clone() }) {

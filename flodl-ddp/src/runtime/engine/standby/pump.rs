@@ -17,14 +17,16 @@ impl Pump {
     /// A pump to `rank`'s process and the sending end of the lane it drains.
     pub(crate) fn to(rank: usize) -> (Pump, flume::Sender<Vec<u8>>) {
         let (tx, rx) = StandbyLane::channel();
-        (Pump { rank, rx, held: None, reach: Reach::Up }, tx)
+        (Pump { rank, rx, held: None, reach: Reach::Awaited }, tx)
     }
 }
 
-/// Whether the standby's process is reached: a standby whose link went is sent nothing until a
-/// process for its seat has been admitted again, which is then sent the whole state.
+/// Whether the standby's process is reached: one not admitted yet, or whose link went, is sent
+/// nothing until a process for its seat is admitted, which is then sent the whole state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reach {
+    /// No process for its seat has been admitted yet (the run is starting).
+    Awaited,
     Up,
     /// Its link is gone; `down` once its seat was seen not alive (dead, or joining again).
     Lost {
