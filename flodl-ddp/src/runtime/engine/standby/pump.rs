@@ -27,9 +27,8 @@ impl Pump {
 pub(crate) enum Reach {
     /// No process for its seat has been admitted yet (the run is starting).
     Awaited,
+    /// Its process is admitted and sent every frame.
     Up,
     /// Its link is gone; `down` once its seat was seen not alive (dead, or joining again).
-    Lost {
-        down: bool,
-    },
+    Lost { down: bool },
 }
