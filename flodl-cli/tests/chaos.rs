@@ -10,8 +10,8 @@
 //! speed assertion). The long form, torchft's rates: `FLODL_CHAOS_RATE=60 FLODL_CHAOS_SECS=600
 //! FLODL_CHAOS_THEN_RATE=15 FLODL_CHAOS_THEN_SECS=300`, which also runs the same job without
 //! failures and prints the throughput against it. `FLODL_CHAOS_SLOWDOWN=F` slows every rank by
-//! `F` instead of the factor sized on the machine for 2-3 s an epoch (`sized_slowdown`, about
-//! 20 s of short calm jobs), `FLODL_CHAOS_SEED` seeds the kills.
+//! `F` instead of the factor sized on the machine for 2-3 s an epoch (`sized_slowdown`, a few
+//! seconds of short calm jobs), `FLODL_CHAOS_SEED` seeds the kills.
 
 use std::time::{Duration, Instant};
 

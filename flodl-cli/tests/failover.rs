@@ -157,11 +157,7 @@ fn a_killed_standby_leaves_the_run_going_without_one() -> Result {
 fn a_replaced_standby_takes_over_when_the_controller_is_killed() -> Result {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
-    let mut flags: Vec<&str> = JOB.to_vec();
-    for (name, value) in [("--slowdown", "200,200,200,200"), ("--epochs", "6")] {
-        let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
-        *flags.get_mut(at + 1).ok_or(format!("no value after {name}"))? = value;
-    }
+    let flags = job_with(&[("--slowdown", "200,200,200,200"), ("--epochs", "6")], &[])?;
     let log = ("RUST_LOG", "warn,flodl_ddp::runtime::engine::coordinator=debug");
     let mut job = Launched::start_with(4, &["--max-restarts", "4"], &flags, &dir, &[log])?;
     job.wait_for("epoch 1/6", Duration::from_secs(120))?;
@@ -214,10 +210,7 @@ fn a_replaced_standby_takes_over_when_the_controller_is_killed() -> Result {
 fn a_standby_with_nothing_to_take_over_from_ends_the_job() -> Result {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
-    let mut flags: Vec<&str> = JOB.to_vec();
-    let at = flags.iter().position(|f| *f == "--slowdown").ok_or("no --slowdown")?;
-    *flags.get_mut(at + 1).ok_or("no value after --slowdown")? = "3000,3000,3000";
-    flags.extend(["--fragments", "2"]);
+    let flags = job_with(&[("--slowdown", "3000,3000,3000")], &["--fragments", "2"])?;
     let mut job = Launched::start_with(3, &["--max-restarts", "2"], &flags, &dir, &[])?;
     for rank in 1..3 {
         let joined = format!("rank {rank} of 3: joined the controller");
@@ -530,11 +523,17 @@ fn four_processes_with(
     dir: &std::path::Path,
     extra: &[&str],
 ) -> Result<Launched> {
+    let flags = job_with(&[("--slowdown", "60,60,60,60"), ("--epochs", epochs)], extra)?;
+    let restarts = restarts.to_string();
+    Launched::start_with(4, &["--max-restarts", &restarts], &flags, dir, &[])
+}
+
+/// [`JOB`] with the value after each flag `name` in `values` replaced, then `extra` flags.
+fn job_with<'a>(values: &[(&str, &'a str)], extra: &[&'a str]) -> Result<Vec<&'a str>> {
     let mut flags: Vec<&str> = JOB.iter().copied().chain(extra.iter().copied()).collect();
-    for (name, value) in [("--slowdown", "60,60,60,60"), ("--epochs", epochs)] {
+    for &(name, value) in values {
         let at = flags.iter().position(|f| *f == name).ok_or(format!("no {name}"))?;
         *flags.get_mut(at + 1).ok_or(format!("no value after {name}"))? = value;
     }
-    let restarts = restarts.to_string();
-    Launched::start_with(4, &["--max-restarts", &restarts], &flags, dir, &[])
+    Ok(flags)
 }

@@ -108,9 +108,10 @@ pub(crate) fn records(dir: &Path, kind: &str) -> Result<Vec<Value>> {
 
 /// The `--slowdown` (every rank's) under which an epoch of a calm `nproc`-process job of
 /// [`soak_flags`] with `train` samples lasts about `epoch` on this machine now, from a guess by
-/// the clean in-process run's epoch, `clean_epoch` seconds ([`clean_epoch`]). A slowed rank holds each step for the factor times its compute, and a step computed
-/// right after a sleep is slower than one in a busy loop (cold caches, a core clocked down): by
-/// several times on a quiet machine, less on a loaded one. So the clean in-process run does not
+/// the clean in-process run's epoch, `clean_epoch` seconds ([`clean_epoch`]). A slowed rank
+/// holds each step for the factor times its compute, and a step computed right after a sleep
+/// is slower than one in a busy loop (cold caches, a core clocked down): by several times on a
+/// quiet machine, less on a loaded one. So the clean in-process run does not
 /// size it (measured: a launched epoch of 0.5 to 1.25 times the factor times the clean run's
 /// epoch, 9 to 30 s at the same sizing on the same machine). Two calm jobs of an eighth of the
 /// samples for two epochs do: each scales the factor by the target over its ranks' median
@@ -183,8 +184,9 @@ pub(crate) fn clean_epoch(flags: &[&str], out: &Path, epochs: u64) -> Result<f64
     Ok(timed.elapsed().as_secs_f64() / epochs as f64)
 }
 
-/// `fdl audit dir` (through the runs it resumed, nearest first, when given): its report when it exits 0, every
-/// sample of every epoch in the final model exactly once; its output as the error otherwise.
+/// `fdl audit dir` (through the runs it resumed, nearest first, when given): its report when it
+/// exits 0, every sample of every epoch in the final model exactly once; its output as the
+/// error otherwise.
 pub(crate) fn audit(dir: &Path, resumed_from: &[&Path]) -> Result<String> {
     let mut command = Command::new(FDL);
     command.arg("audit").arg(dir);
