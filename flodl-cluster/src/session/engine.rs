@@ -18,7 +18,7 @@ use super::deadline::Deadline;
 use super::ends::{Core, LaneTx, SendLanes, Session};
 use super::lane::Lane;
 use super::merge::{Ending, LaneEvent, merge};
-use crate::wire::{DATA_HEADER, FrameDecoder, Message, codec, data_header};
+use crate::wire::{DATA_HEADER, FrameDecoder, FrameError, Message, codec, data_header};
 
 /// Frames queued per lane before `send` waits: many small ones, few large ones.
 const SEND_QUEUE: [usize; 2] = [64, 2];
@@ -61,7 +61,8 @@ where
     let watch = (caps, liveness, arrival.clone());
     let control = spawn_lane(handle, Lane::Control, control, watch.clone(), &cancel);
     let bulk = spawn_lane(handle, Lane::Bulk, bulk, watch, &cancel);
-    let merged = handle.spawn(merge([control.events, bulk.events], app_tx, cancel.clone()));
+    let lanes = [control.events, bulk.events];
+    let merged = handle.spawn(merge(lanes, app_tx, cancel.clone(), liveness.silence));
     handle.spawn(supervise(
         rank,
         [control.writer, bulk.writer],
@@ -213,7 +214,7 @@ async fn read_lane<R, D>(
     message_deadline: Option<Duration>,
 ) where
     R: AsyncRead + Unpin,
-    D: tokio_util::codec::Decoder<Item = BytesMut, Error = std::io::Error>,
+    D: tokio_util::codec::Decoder<Item = BytesMut, Error = FrameError>,
 {
     let mut last: Option<u64> = None;
     let ending = loop {
@@ -226,6 +227,12 @@ async fn read_lane<R, D>(
         };
         let bytes = match next {
             None => break Ending::Closed,
+            Some(Err(e @ FrameError::TooLarge { seq: Some(seq), .. }))
+                if last.is_none_or(|l| seq > l) =>
+            {
+                let _ = out.send_async(LaneEvent::Refused { seq, reason: e.to_string() }).await;
+                return;
+            }
             Some(Err(e)) => break Ending::Failed(e.to_string()),
             Some(Ok(bytes)) => bytes,
         };

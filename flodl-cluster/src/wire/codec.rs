@@ -24,12 +24,25 @@ pub fn codec(max_body: usize) -> LengthDelimitedCodec {
 /// most doubles with the bytes that have arrived.
 pub const FIRST_ROOM: usize = 64 * 1024;
 
+/// Why a lane's bytes could not be read as a message.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// Reading failed, or the bytes are not a length-prefixed message.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A message longer than the reader's cap. `seq` is its sequence number where it is a data
+    /// message: every frame the peer sent before it has a smaller one.
+    #[error("a message of {body} bytes, above the cap of {max} bytes")]
+    TooLarge { body: usize, max: usize, seq: Option<u64> },
+}
+
 /// [`codec`]'s framing for reading from a peer not yet trusted: the same bytes, but the buffer
 /// grows as the frame's bytes arrive instead of being reserved whole when its length prefix
 /// does, so a prefix announcing the cap costs [`FIRST_ROOM`] until the peer has sent (and the
 /// TLS layer has authenticated) as many bytes as it asks the reader to hold. Growth doubles, so
 /// a large frame is moved at most a logarithmic number of times (and a large buffer's growth is a
-/// `realloc`, which remaps pages instead of copying them).
+/// `realloc`, which remaps pages instead of copying them). A prefix above the cap is refused once
+/// the kind and sequence number behind it have arrived ([`FrameError::TooLarge`]).
 #[derive(Debug)]
 pub struct FrameDecoder {
     inner: LengthDelimitedCodec,
@@ -45,16 +58,27 @@ impl FrameDecoder {
 
 impl Decoder for FrameDecoder {
     type Item = BytesMut;
-    type Error = std::io::Error;
+    type Error = FrameError;
 
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, std::io::Error> {
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
         if let Some(&[a, b, c, d]) = src.get(..4) {
             let body = u32::from_be_bytes([a, b, c, d]) as usize;
             let whole = body.saturating_add(4);
+            if body > self.max_body {
+                // Refused, but only once the kind and sequence number behind the prefix are
+                // here (a few bytes more), so the session can still deliver the frames sent
+                // before this one.
+                let Some(head) = src.get(4..4 + DATA_HEADER) else { return Ok(None) };
+                let seq = (head[0] == super::message::kind::DATA).then(|| {
+                    let mut seq = [0u8; 8];
+                    seq.copy_from_slice(&head[1..]);
+                    u64::from_be_bytes(seq)
+                });
+                return Err(FrameError::TooLarge { body, max: self.max_body, seq });
+            }
             // An incomplete message of an allowed size: make room for what is on its way, at
-            // most as much as has already arrived. A too-large prefix goes to the inner codec,
-            // which refuses it.
-            if body <= self.max_body && src.len() < whole {
+            // most as much as has already arrived.
+            if src.len() < whole {
                 let want = (whole - src.len()).min(src.len().max(FIRST_ROOM));
                 if src.capacity() - src.len() < want {
                     src.reserve(want);
@@ -62,9 +86,9 @@ impl Decoder for FrameDecoder {
                 return Ok(None);
             }
         }
-        // A whole message (or a head still incomplete, or a refused prefix): the inner codec
-        // never needs to reserve here.
-        self.inner.decode(src)
+        // A whole message (or a head still incomplete): the inner codec never needs to reserve
+        // here.
+        Ok(self.inner.decode(src)?)
     }
 }
 

@@ -17,7 +17,9 @@ mod codec;
 mod hello;
 mod message;
 
-pub use codec::{DATA_HEADER, FIRST_ROOM, FrameDecoder, HANDSHAKE_MAX, codec, data_header};
+pub use codec::{
+    DATA_HEADER, FIRST_ROOM, FrameDecoder, FrameError, HANDSHAKE_MAX, codec, data_header,
+};
 pub use hello::{Hello, LaneHello, PROTOCOL};
 pub(crate) use message::kind;
 pub use message::{MAX_REASON, Message, WireError};

@@ -3,7 +3,8 @@
 use bytes::{Bytes, BytesMut};
 use flodl_cluster::Lane;
 use flodl_cluster::wire::{
-    DATA_HEADER, HANDSHAKE_MAX, Hello, LaneHello, Message, PROTOCOL, WireError, codec, data_header,
+    DATA_HEADER, FrameDecoder, FrameError, HANDSHAKE_MAX, Hello, LaneHello, Message, PROTOCOL,
+    WireError, codec, data_header,
 };
 use proptest::prelude::*;
 use tokio_util::codec::Decoder;
@@ -63,5 +64,37 @@ proptest! {
         let body = body.ok_or_else(|| TestCaseError::fail("no frame"))?;
         prop_assert_eq!(Message::decode(body), Ok(Message::Data { seq, frame: Bytes::from(frame) }));
         prop_assert!(wire.is_empty());
+    }
+
+    #[test]
+    fn a_message_above_the_cap_is_refused_by_its_sequence_number_once_it_is_known(seq in any::<u64>(), max in 0usize..4096, over in 1usize..4096, kind in prop_oneof![Just(4u8), any::<u8>()], tail in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let mut message = u32::try_from(max + over).map_err(|e| TestCaseError::fail(e.to_string()))?.to_be_bytes().to_vec();
+        message.push(kind);
+        message.extend_from_slice(&seq.to_be_bytes());
+        message.extend_from_slice(&tail);
+        let mut decoder = FrameDecoder::new(max);
+        let mut wire = BytesMut::new();
+        // Byte by byte: nothing until the kind and sequence number are in, then the refusal.
+        for (i, byte) in message.iter().enumerate() {
+            wire.extend_from_slice(&[*byte]);
+            match decoder.decode(&mut wire) {
+                Ok(None) if i + 1 < 4 + DATA_HEADER => {}
+                Err(FrameError::TooLarge { body, max: m, seq: got }) if i + 1 == 4 + DATA_HEADER => {
+                    prop_assert_eq!((body, m), (max + over, max));
+                    prop_assert_eq!(got, (kind == 4).then_some(seq));
+                    break;
+                }
+                other => return Err(TestCaseError::fail(format!("after {} bytes: {other:?}", i + 1))),
+            }
+        }
+    }
+
+    #[test]
+    fn any_bytes_through_the_lane_decoder_never_panic(max in 0usize..512, bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut decoder = FrameDecoder::new(max);
+        let mut wire = BytesMut::from(&bytes[..]);
+        while let Ok(Some(body)) = decoder.decode(&mut wire) {
+            prop_assert!(body.len() <= max);
+        }
     }
 }
