@@ -21,9 +21,10 @@
 //! format on loopback ("—" without that loopback job); each remote rank's exchange (encoding and handing its frame over) and
 //! its whole host round trip (exchange + reduce: the time it waited for or spent on the
 //! averaging) as shares of its wall; the final training loss at equal samples (the last
-//! epoch's mean) and the returned model's loss on the test subset, each with its relative gap
-//! to loopback f32 ("—" without a loopback f32 job); the job's whole wall (start-up, training
-//! and the end: what a user waits for). Repeats run round-robin; each cell is their median
+//! epoch's mean of the ranks' local losses), the returned model's loss on the first 5,000
+//! training samples (`--train-eval`) and on the test subset, each with its relative gap to
+//! loopback f32 ("—" without a loopback f32 job); the job's whole wall (start-up, training,
+//! the evaluations and the end: what a user waits for). Repeats run round-robin; each cell is their median
 //! (the upper one of an even count), and each job's line gives its own figures. `--keep`
 //! keeps the jobs' output directories and prints where.
 
@@ -45,6 +46,8 @@ use bench_kit::{BIG_MLP, Result, fdl};
 
 /// The added one-way delay of the controller's link.
 const LATENCY: Duration = Duration::from_millis(20);
+/// The training samples the returned model is scored on after each job.
+const TRAIN_EVAL: &str = "5000";
 /// How long one job may take.
 const JOB_LIMIT: Duration = Duration::from_secs(1800);
 /// The addresses on the A–B and A–C links: (A's, the other's).
@@ -59,6 +62,8 @@ struct Outcome {
     loss: f64,
     /// The returned model's loss on the test subset (`test.loss`).
     test_loss: f64,
+    /// The returned model's loss on the first training samples (`train_eval.loss`).
+    train_eval_loss: f64,
     reduces: f64,
     /// Per remote rank (1, 2): (exchange, exchange + reduce) as shares of its wall.
     shares: Vec<(f64, f64)>,
@@ -91,6 +96,7 @@ fn outcome(dir: &Path) -> Result<Outcome> {
         job_wall: s["run_wall_s"].as_f64().unwrap_or(f64::NAN),
         loss: s["final_train_loss"].as_f64().unwrap_or(f64::NAN),
         test_loss: s["test"]["loss"].as_f64().unwrap_or(f64::NAN),
+        train_eval_loss: s["train_eval"]["loss"].as_f64().unwrap_or(f64::NAN),
         reduces: s["syncs"].as_f64().unwrap_or(f64::NAN),
         shares,
     })
@@ -163,6 +169,8 @@ fn main() -> Result {
                     &samples,
                     "--test-subset",
                     "500",
+                    "--train-eval",
+                    TRAIN_EVAL,
                     "--epochs",
                     "1",
                     "--batch-size",
@@ -182,11 +190,13 @@ fn main() -> Result {
                 run_job(&fdl, &place, &keys, &dir, &job, JOB_LIMIT)?;
                 let o = outcome(&dir.join("rank0"))?;
                 eprintln!(
-                    "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, final loss {:.4}, test \
-                     loss {:.4}, {:.0} s, samples by rank {:?}, ranks declared dead: {:?}",
+                    "{link} {wire} #{repeat}: {:.0} samples/s, {} reduces, final loss {:.4}, \
+                     returned model's train loss {:.4}, test loss {:.4}, {:.0} s, samples by \
+                     rank {:?}, ranks declared dead: {:?}",
                     o.rate,
                     o.reduces,
                     o.loss,
+                    o.train_eval_loss,
                     o.test_loss,
                     started.elapsed().as_secs_f64(),
                     o.samples,
@@ -209,6 +219,7 @@ fn main() -> Result {
     };
     let base_loss = median("loopback", "f32", &|o| o.loss);
     let base_test = median("loopback", "f32", &|o| o.test_loss);
+    let base_train_eval = median("loopback", "f32", &|o| o.train_eval_loss);
     // Without a loopback f32 job there is nothing to compare a loss with.
     let gap = |loss: f64, base: f64| match base.is_nan() {
         true => "—".to_string(),
@@ -216,10 +227,11 @@ fn main() -> Result {
     };
     println!(
         "| link | wire | samples/s | × loopback | reduces | exchange % of wall (r1, r2) | \
-         exchange+reduce % of wall (r1, r2) | final loss | loss vs loopback f32 | test loss | \
-         test loss vs loopback f32 | job wall (s) |"
+         exchange+reduce % of wall (r1, r2) | final loss | loss vs loopback f32 | returned \
+         model's train loss | vs loopback f32 | test loss | test loss vs loopback f32 | job wall \
+         (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for link in links.split(',') {
         for wire in wires.split(',') {
             let rate = median(link, wire, &|o| o.rate);
@@ -230,6 +242,7 @@ fn main() -> Result {
             };
             let loss = median(link, wire, &|o| o.loss);
             let test = median(link, wire, &|o| o.test_loss);
+            let train_eval = median(link, wire, &|o| o.train_eval_loss);
             // Without a loopback job of the same format there is no ratio either.
             let own_loopback = median("loopback", wire, &|o| o.rate);
             let ratio = match own_loopback.is_nan() {
@@ -237,13 +250,14 @@ fn main() -> Result {
                 false => format!("{:.2}", rate / own_loopback),
             };
             println!(
-                "| {link} | {wire} | {rate:.0} | {ratio} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {} | {test:.4} | {} | {:.1} |",
+                "| {link} | {wire} | {rate:.0} | {ratio} | {:.1} | {:.1}, {:.1} | {:.1}, {:.1} | {loss:.4} | {} | {train_eval:.4} | {} | {test:.4} | {} | {:.1} |",
                 median(link, wire, &|o| o.reduces),
                 100.0 * share(0, false),
                 100.0 * share(1, false),
                 100.0 * share(0, true),
                 100.0 * share(1, true),
                 gap(loss, base_loss),
+                gap(train_eval, base_train_eval),
                 gap(test, base_test),
                 median(link, wire, &|o| o.job_wall),
             );

@@ -195,6 +195,12 @@ flodl_ddp::partial! {
         #[arg(long, value_name = "N")]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub(crate) test_subset: Option<usize>,
+        /// After the run, evaluate the returned model on the first N training samples too
+        /// (summary.json's `train_eval`): the final model's loss on data it trained on, beside
+        /// the epoch's mean of the ranks' local losses.
+        #[arg(long, value_name = "N")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(crate) train_eval: Option<usize>,
         /// Train on a record file (written by `fdl data write`), read from disk on every fetch,
         /// instead of MNIST's training images (the test set stays MNIST's).
         #[arg(long, value_name = "FILE")]

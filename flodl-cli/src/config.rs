@@ -263,6 +263,7 @@ fn check(cfg: &TrainConfig, opts: &RunFlags) -> Result<()> {
     ensure!(hidden.iter().all(|&h| h > 0), "hidden: layer widths must be positive");
     ensure!(cfg.local.train_subset != Some(0), "train-subset must be at least 1");
     ensure!(cfg.local.test_subset != Some(0), "test-subset must be at least 1");
+    ensure!(cfg.local.train_eval != Some(0), "train-eval must be at least 1");
     ensure!(
         opts.dashboard.is_some() || opts.dashboard_token.is_none(),
         "dashboard-token needs dashboard"
@@ -464,7 +465,7 @@ mod tests {
         let text = "ranks = 3\npolicy = \"async\"\nbackend = \"host\"\nepochs = 4\n\
             batch-size = 8\nlr = 1\nmomentum = 0.5\nschedule = \"one-cycle\"\n\
             warmup-epochs = 1\nseed = 7\nslowdown = [1, 2]\nhidden = [5]\ndata = \"d\"\n\
-            train-subset = 100\ntest-subset = 50\nprefetch = \"off\"\nwatchdog = 3\n\
+            train-subset = 100\ntest-subset = 50\ntrain-eval = 64\nprefetch = \"off\"\nwatchdog = 3\n\
             staging = \"64M:lru\"\nrecords = \"r.fdr\"\ndirect = true\n\
             max-failures = 2\nstandby = \"2\"\nfail-rank = \"0@1, 2@4\"\nwire = \"bf16\"\noverlap = 0.5\n\
             fragments = 2\noverhead-target = 0.03\n\
@@ -520,6 +521,7 @@ mod tests {
             data: Some("d".into()),
             train_subset: Some(100),
             test_subset: Some(50),
+            train_eval: Some(64),
             records: Some("r.fdr".into()),
             direct: Some(true),
             fail_rank: Some(vec![FailAt { rank: 0, batch: 1 }, FailAt { rank: 2, batch: 4 }]),

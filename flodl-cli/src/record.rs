@@ -82,6 +82,9 @@ pub(crate) struct Summary {
     pub(crate) final_train_loss: Option<f64>,
     /// Final test-set evaluation.
     pub(crate) test: Option<EvalMetrics>,
+    /// The returned model evaluated on the first `--train-eval` training samples, when asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) train_eval: Option<EvalMetrics>,
     /// Number of reduces.
     pub(crate) syncs: u64,
     /// Mean reduce time in milliseconds.

@@ -211,7 +211,7 @@ fn key_figures(html: &mut String, s: &Summary) {
     let test_loss = s.test.map_or("–".to_owned(), |t| format!("{:.4}", t.loss));
     let train_loss = s.final_train_loss.map_or("–".to_owned(), |l| format!("{l:.4}"));
     let avg_sync = s.avg_sync_ms.map_or("–".to_owned(), |m| format!("{m:.2} ms"));
-    let figures = [
+    let mut figures = vec![
         ("test accuracy", acc),
         ("test loss", test_loss),
         ("final train loss", train_loss),
@@ -224,6 +224,9 @@ fn key_figures(html: &mut String, s: &Summary) {
             format!("{} / {}", text(&s.config["policy"]), text(&s.config["backend"])),
         ),
     ];
+    if let Some(t) = s.train_eval {
+        figures.insert(3, ("returned model's train loss", format!("{:.4}", t.loss)));
+    }
     figure_cards(html, &figures);
 }
 
@@ -600,6 +603,7 @@ mod tests {
             run_wall_s: epochs as f64 + 0.5,
             final_train_loss: Some(0.1),
             test: Some(eval(1)),
+            train_eval: None,
             syncs: round,
             avg_sync_ms: Some(1.5),
             ranks: (0..2)

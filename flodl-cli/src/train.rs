@@ -9,9 +9,10 @@ use flodl_data::mnist::{self, Mnist, Split, Verify};
 use flodl_data::{Access, RecordFile};
 use flodl_data::{Dataset, Subset};
 use flodl_ddp::{
-    CacheTally, Devices, FaultEvent, ReplicaContext, RunSpec, TimeBreakdown, TrainedState, Trainer,
+    CacheTally, Devices, EvalMetrics, FaultEvent, ReplicaContext, RunSpec, TimeBreakdown,
+    TrainedState, Trainer,
 };
-use flodl_tensor::Device;
+use flodl_tensor::{Device, Stream};
 
 use crate::args::{RunFlags, TrainArgs};
 use crate::config::{self, TrainConfig};
@@ -195,7 +196,10 @@ impl Controller<'_> {
         if let Some(d) = dashboard {
             d.close(Ending::Completed);
         }
-        let summary = summarise(name, started_at, cfg, &opts, &outcome);
+        let mut summary = summarise(name, started_at, cfg, &opts, &outcome);
+        if let Some(n) = cfg.local.train_eval {
+            summary.train_eval = Some(train_eval(cfg, data, &outcome, n)?);
+        }
         dir.write_summary(&summary)?;
         let report_path =
             run_dir::write_report(dir.path(), &report::render(&summary, &outcome.lines))?;
@@ -312,6 +316,31 @@ impl Data {
         };
         Ok(Self { train, test, dir, model: crate::model::Model::Mlp })
     }
+}
+
+/// The model `outcome` returned, evaluated on the first `n` training samples of `data` (all of
+/// them when there are fewer) on the CPU: a replica built as the ranks build theirs, loaded
+/// with the trained state, in batches of the run's batch size.
+///
+/// # Errors
+/// The replica cannot be built or loaded, or its model does not evaluate.
+fn train_eval(cfg: &TrainConfig, data: &Data, outcome: &Outcome, n: usize) -> Result<EvalMetrics> {
+    let stream = Stream::cpu();
+    let spec = &outcome.spec;
+    let ctx = ReplicaContext {
+        rank: 0,
+        world: 1,
+        device: Device::Cpu,
+        stream: stream.clone(),
+        batch_size: spec.batch_size,
+        seed: spec.seed,
+    };
+    let mut replica = data.model.factory(cfg, &widths(cfg))(&ctx)
+        .context("cannot build a replica to evaluate the returned model")?;
+    outcome.state.load_into(replica.as_mut(), &stream)?;
+    let samples = Subset::first(data.train.clone(), n);
+    flodl_ddp::evaluate(replica.as_mut(), &samples, spec.batch_size, &stream)?
+        .context("the model does not evaluate, so --train-eval has nothing to report")
 }
 
 /// What a finished run produced.
@@ -606,6 +635,7 @@ pub(crate) fn summarise(
         run_wall_s: state.wall_ms / 1000.0,
         final_train_loss: state.epochs.last().map(|e| e.avg_loss),
         test: state.final_eval(),
+        train_eval: None,
         syncs: state.reduces,
         avg_sync_ms: (reduce_lines > 0).then(|| sync_ms / reduce_lines as f64),
         ranks,

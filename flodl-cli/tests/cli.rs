@@ -812,3 +812,46 @@ fn piped_logs_are_plain_text() -> Result {
     assert!(!all.contains("=Some("), "an optional field written as Some(..): {all}");
     Ok(())
 }
+
+/// `--train-eval N` scores the returned model on the first N training samples: where the test
+/// files are copies of the training files, it reads the samples the final test evaluation
+/// reads, of the same model, so both report the same loss and accuracy; the report shows it.
+#[test]
+fn train_eval_scores_the_returned_model_on_training_samples() -> Result {
+    let data = tempfile::tempdir()?;
+    for (train, test) in [
+        ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"),
+        ("train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+    ] {
+        fs::copy(mnist_dir().join(train), data.path().join(train))?;
+        fs::copy(mnist_dir().join(train), data.path().join(test))?;
+    }
+    let dir = data.path().to_str().ok_or("non-UTF-8 temp path")?;
+    let tmp = tempfile::tempdir()?;
+    // Case: the training samples it scores, and whether the test evaluation reads the same.
+    for (n, same) in [("300", true), ("200", false)] {
+        let run = tmp.path().join(format!("run-{n}"));
+        train_small(&run, &["--data", dir, "--train-eval", n])?;
+        let s: Value = serde_json::from_str(&fs::read_to_string(run.join("summary.json"))?)?;
+        let (test, train) = (&s["test"], &s["train_eval"]);
+        let loss = train["loss"].as_f64().ok_or("no train_eval.loss")?;
+        let accuracy = train["accuracy"].as_f64().ok_or("no train_eval.accuracy")?;
+        // An untrained MLP scores about ln 10 = 2.30; two epochs bring it well below.
+        if !(loss.is_finite() && loss < 1.5 && (0.0..=1.0).contains(&accuracy)) {
+            return Err(format!("train_eval {train} is no trained model's").into());
+        }
+        let test_loss = test["loss"].as_f64().ok_or("no test.loss")?;
+        let test_accuracy = test["accuracy"].as_f64().ok_or("no test.accuracy")?;
+        let agrees = (loss - test_loss).abs() <= 1e-5 * test_loss && accuracy == test_accuracy;
+        if agrees != same {
+            return Err(format!("{n} samples: train_eval {train} against test {test}").into());
+        }
+        let report = fs::read_to_string(run.join("report.html"))?;
+        if !report.contains("returned model&#39;s train loss")
+            && !report.contains("returned model's train loss")
+        {
+            return Err("the report does not show the returned model's train loss".into());
+        }
+    }
+    Ok(())
+}
