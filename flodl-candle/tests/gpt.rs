@@ -171,11 +171,6 @@ fn evaluate_state(
     state: &TrainedState,
     data: &dyn Dataset,
 ) -> anyhow::Result<EvalMetrics> {
-    let model = Gpt::new(config, 0)?;
-    anyhow::ensure!(model.vars().len() == state.params.len(), "parameter count");
-    for (v, p) in model.vars().iter().zip(&state.params) {
-        flodl_candle::write_var(v, &p.data)?;
-    }
     let stream = flodl_tensor::Stream::cpu_with_threads(1);
     let ctx = ReplicaContext {
         rank: 0,
@@ -185,7 +180,8 @@ fn evaluate_state(
         batch_size: BATCH,
         seed: 0,
     };
-    let mut replica = CandleReplica::new(model, gpt_optim(), &ctx)?;
+    let mut replica = CandleReplica::new(Gpt::new(config, 0)?, gpt_optim(), &ctx)?;
+    state.load_into(&mut replica, &stream)?;
     evaluate(&mut replica, data, 64, &stream)?.ok_or_else(|| anyhow::anyhow!("no evaluation"))
 }
 
@@ -210,5 +206,50 @@ fn sizes_hold_their_parameters() -> anyhow::Result<()> {
     assert_eq!(held, config.parameter_count());
     assert!(Gpt::new(GptConfig { heads: 3, ..config }, 1).is_err());
     let _ = ByteWindows::VOCAB;
+    Ok(())
+}
+
+/// `TrainedState::load_into` puts a state into a candle replica's model, not only into the
+/// flodl tensors beside it: a replica built from one seed, loaded with the variables of a
+/// model built from another, evaluates as a replica of that other model does.
+#[test]
+fn a_loaded_state_is_what_a_candle_replica_computes_with() -> anyhow::Result<()> {
+    let config = GptSize::Tiny.config();
+    let data = Subset::first(Shakespeare::vendored(TextSplit::Valid)?.windows(config.context)?, 32);
+    let stream = flodl_tensor::Stream::cpu_with_threads(1);
+    let ctx = |seed| ReplicaContext {
+        rank: 0,
+        world: 1,
+        device: flodl_tensor::Device::Cpu,
+        stream: stream.clone(),
+        batch_size: BATCH,
+        seed,
+    };
+    let source = Gpt::new(config, 7)?;
+    let state = TrainedState {
+        params: host_tensors(source.vars())?,
+        buffers: Vec::new(),
+        epochs: Vec::new(),
+        reduces: 0,
+        wall_ms: 0.0,
+        train_ms: 0.0,
+        samples: 0,
+        faults: Vec::new(),
+        rejoins: Vec::new(),
+    };
+    let mut want = CandleReplica::new(source, gpt_optim(), &ctx(7))?;
+    let mut loaded = CandleReplica::new(Gpt::new(config, 8)?, gpt_optim(), &ctx(8))?;
+    let before = evaluate(&mut loaded, &data, 16, &stream)?;
+    state.load_into(&mut loaded, &stream)?;
+    let (want, got) = (
+        evaluate(&mut want, &data, 16, &stream)?.ok_or_else(|| anyhow::anyhow!("no evaluation"))?,
+        evaluate(&mut loaded, &data, 16, &stream)?
+            .ok_or_else(|| anyhow::anyhow!("no evaluation"))?,
+    );
+    anyhow::ensure!(
+        before.is_some_and(|b| b.loss != want.loss),
+        "the two seeds' models evaluate alike, so the test shows nothing"
+    );
+    anyhow::ensure!(got == want, "loaded: {got:?}, the source model: {want:?}");
     Ok(())
 }

@@ -78,13 +78,17 @@ impl TrainedState {
 }
 
 impl TrainedState {
-    /// Writes the parameters and buffers into `replica` (same architecture) on `stream`.
+    /// Writes the parameters and buffers into `replica` (same architecture) on `stream`, then
+    /// has the replica take them into its model ([`Replica::import_parameters`]), so one whose
+    /// model lives in another stack's variables computes with the loaded state too.
     ///
     /// # Errors
-    /// [`Error::ReplicaMismatch`] when the counts or shapes differ; tensor errors.
+    /// [`Error::ReplicaMismatch`] when the counts or shapes differ; tensor errors; whatever the
+    /// replica's import raises.
     pub fn load_into(&self, replica: &mut dyn Replica, stream: &Stream) -> Result<()> {
         load(&self.params, replica.parameters_mut(), "parameters", stream)?;
-        load(&self.buffers, replica.buffers_mut(), "buffers", stream)
+        load(&self.buffers, replica.buffers_mut(), "buffers", stream)?;
+        replica.import_parameters()
     }
 }
 
