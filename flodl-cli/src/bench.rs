@@ -63,10 +63,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let (cfg, _) = config::resolve(&args.flags, &RunFlags::default())?;
     // Solo modes renumber the ranks, and a table of runs that lose ranks compares nothing.
     anyhow::ensure!(cfg.fail_rank().is_empty(), "fail-rank is for fdl train, not fdl bench");
-    // Every mode evaluates once, at the end, and saves nothing.
+    // Every mode evaluates once, at the end, on the test set, and saves nothing.
     let train_only = [
         ("eval-every", cfg.run.eval_every.is_some() && args.flags.settings.eval_every.is_some()),
         ("checkpoint-dir", cfg.run.checkpoint_dir.is_some()),
+        ("train-eval", cfg.local.train_eval.is_some()),
     ];
     if let Some((key, _)) = train_only.iter().find(|(_, given)| *given) {
         anyhow::bail!("{key} is for fdl train, not fdl bench");

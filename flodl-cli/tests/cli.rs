@@ -387,6 +387,8 @@ fn bad_flags_and_configs_fail_with_one_line() -> Result {
         ),
         (vec!["train".into(), "--fail-rank".into(), "1".into()], vec!["fail-rank", "RANK@BATCH"]),
         (vec!["bench".into(), "--fail-rank".into(), "1@3".into()], vec!["fail-rank", "bench"]),
+        (vec!["bench".into(), "--train-eval".into(), "100".into()], vec!["train-eval", "bench"]),
+        (vec!["train".into(), "--train-eval".into(), "0".into()], vec!["train-eval", "at least 1"]),
     ];
     for (args, needles) in cases {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
