@@ -216,13 +216,9 @@ fn a_standby_with_nothing_to_take_over_from_ends_the_job() -> Result {
     // after the joins: a kill before it would leave nothing to check).
     for rank in 1..3 {
         let joined = format!("rank {rank} of 3: joined the controller");
-        if !job.seen.iter().any(|l| l.contains(&joined)) {
-            job.wait_for(&joined, Duration::from_secs(60))?;
-        }
+        job.seen_or_wait_for(&joined, Duration::from_secs(60))?;
     }
-    if !job.seen.iter().any(|l| l.contains(WHOLE_SYNC_WARNING)) {
-        job.wait_for(WHOLE_SYNC_WARNING, Duration::from_secs(60))?;
-    }
+    job.seen_or_wait_for(WHOLE_SYNC_WARNING, Duration::from_secs(60))?;
     kill9(job.pids[0])?;
     let (code, out) = job.finish(Duration::from_secs(90))?;
     assert!(out.contains("nothing to take over from"), "{out}");
@@ -243,8 +239,8 @@ fn under_fragments_the_standby_takes_over_from_the_last_checkpointed_reduce() ->
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
     let ck = tmp.path().join("ck").to_string_lossy().into_owned();
-    let mut flags: Vec<&str> = JOB.to_vec();
-    flags.extend(["--fragments", "2", "--checkpoint-dir", &ck, "--checkpoint-every-reduces", "3"]);
+    let saves = ["--fragments", "2", "--checkpoint-dir", &ck, "--checkpoint-every-reduces", "3"];
+    let flags = job_with(&[], &saves)?;
     let mut job = Launched::start_with(3, &[], &flags, &dir, &[])?;
     job.wait_for("epoch 1/6", Duration::from_secs(90))?;
     kill9(job.pids[0])?;

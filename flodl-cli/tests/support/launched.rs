@@ -297,6 +297,14 @@ impl Launched {
         self.wait_until(&format!("a line with {what:?}"), |line| line.contains(what), wait)
     }
 
+    /// Returns once a line with `what` has been seen, earlier or within `wait`.
+    pub(crate) fn seen_or_wait_for(&mut self, what: &str, wait: Duration) -> Result<()> {
+        if !self.seen.iter().any(|l| l.contains(what)) {
+            self.wait_for(what, wait)?;
+        }
+        Ok(())
+    }
+
     /// The first line that passes `pick` (described by `what` in the error), within `wait`.
     pub(crate) fn wait_until(
         &mut self,

@@ -3,6 +3,8 @@
 use bytes::BytesMut;
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
+use super::message::Message;
+
 /// The bytes a data message adds to its frame inside the length prefix: the kind and the sequence
 /// number.
 pub const DATA_HEADER: usize = 1 + 8;
@@ -69,11 +71,10 @@ impl Decoder for FrameDecoder {
                 // here (a few bytes more), so the session can still deliver the frames sent
                 // before this one.
                 let Some(head) = src.get(4..4 + DATA_HEADER) else { return Ok(None) };
-                let seq = (head[0] == super::message::kind::DATA).then(|| {
-                    let mut seq = [0u8; 8];
-                    seq.copy_from_slice(&head[1..]);
-                    u64::from_be_bytes(seq)
-                });
+                let seq = match Message::decode(BytesMut::from(head)) {
+                    Ok(Message::Data { seq, .. }) => Some(seq),
+                    _ => None,
+                };
                 return Err(FrameError::TooLarge { body, max: self.max_body, seq });
             }
             // An incomplete message of an allowed size: make room for what is on its way, at
