@@ -158,6 +158,20 @@ pub(crate) const FOLLOW_SLACK: u32 = 4;
 /// How far past its count a rank may train in a probe window ([`Window::probing`]).
 pub(crate) const PROBE_STRETCH: usize = 32;
 
+/// A probe window trains at most this part of an epoch on one rank (`1 / PROBE_EPOCH_PART`),
+/// past its count: in a small epoch, a rank whose peers are slow to take their first steps
+/// must not train most of it alone before the first average.
+const PROBE_EPOCH_PART: usize = 8;
+
+/// The most batches one rank trains in a probe window of an epoch of `batches_per_epoch`
+/// ([`PROBE_EPOCH_PART`]; the `most` of [`Window::probing`]). It does not shrink with the
+/// world: a quarter of a rank's even share (an epoch over 4 × world) held the fast rank of 3
+/// and 4 ranks at 10× to 78 and 58 batches of MNIST's 937, below the ~100 the slowest's count
+/// of 10 takes, and it waited the rest of the window.
+pub(crate) fn probe_most(batches_per_epoch: usize) -> usize {
+    batches_per_epoch / PROBE_EPOCH_PART
+}
+
 impl Window {
     /// This window for a rank that follows the anchor (`Cadence` and `Async`): its count and
     /// wall time stretched by a quarter (`FOLLOW_SLACK`; at least one batch more), its
@@ -294,7 +308,9 @@ mod tests {
     use std::time::Duration;
 
     use crate::LogicError;
-    use crate::control::policy::{Backend, PROBE_STRETCH, Policy, Trigger, Window, should_reduce};
+    use crate::control::policy::{
+        Backend, PROBE_STRETCH, Policy, Trigger, Window, probe_most, should_reduce,
+    };
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -405,6 +421,30 @@ mod tests {
             let ended = probe.ended_at(count + 3);
             assert_eq!(ended.overshoot(), limit - count, "{policy:?}");
         }
+    }
+
+    /// A probe's bound on an MNIST epoch (937 batches of 64) lets the fastest rank train
+    /// through the slowest's blind count at a 10× skew (10 × 10 of its batches) in any world;
+    /// a small epoch still bounds it at an eighth.
+    #[test]
+    fn a_probe_covers_a_ten_times_skew_in_any_world() -> TestResult {
+        // (batches per epoch, the most one rank trains)
+        for (batches, most) in [(937, 117), (64, 8), (7, 0)] {
+            if probe_most(batches) != most {
+                return Err(
+                    format!("{batches} batches: {}, want {most}", probe_most(batches)).into()
+                );
+            }
+        }
+        let probe = Policy::Cadence.window(1, 10, 0, 0.0).probing(probe_most(937));
+        if probe.limit < 10 * 10 {
+            return Err(format!(
+                "a 10× skew's count needs 100 batches, the probe allows {}",
+                probe.limit
+            )
+            .into());
+        }
+        Ok(())
     }
 
     #[test]

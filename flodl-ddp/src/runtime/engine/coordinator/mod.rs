@@ -30,7 +30,7 @@ use crate::control::guard::{Guard, ReduceReport};
 use crate::control::metrics::{EpochMetrics, GuardEvent, ReduceEvent, WorkTally};
 use crate::control::outer::{OuterKind, OuterOptimizer};
 use crate::control::overshoot::Overshoot;
-use crate::control::policy::{Backend, Policy, Trigger, should_reduce};
+use crate::control::policy::{Backend, Policy, Trigger, probe_most, should_reduce};
 use crate::control::verdict::Verdict;
 use crate::error::{Internal, Peer};
 use crate::link::failure::RankFailure;
@@ -554,8 +554,7 @@ impl Coordinator {
         let anchor_wall_ms = elche.map_or(0.0, ElChe::anchor_wall_ms);
         let overshoot = self.cadence.overshoot.current();
         let probing = self.probing();
-        // A probe takes at most a quarter of a rank's even share of an epoch.
-        let most = self.cfg.batches_per_epoch() / (4 * self.cfg.world()).max(1);
+        let most = probe_most(self.cfg.batches_per_epoch());
         (0..self.cfg.world())
             .map(|r| {
                 let count = elche.and_then(|e| e.counts().get(r).copied()).unwrap_or(1);
