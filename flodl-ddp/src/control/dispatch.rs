@@ -222,7 +222,8 @@ impl Dispatcher {
     /// stays in the pool to follow a change of speed or a death, and for a rank that still holds
     /// work no more than takes it to when all would finish together (nothing, for now, when it
     /// holds that much already); before, a probe of `batches / (world × 10)`. Never under
-    /// `min_chunk` batches, unless less is left in the span it is cut from.
+    /// `min_chunk` batches, unless less is left in the span it is cut from or the rank's part
+    /// of what is left is less.
     ///
     /// `now` is when it is handed out: the first chunk of an epoch starts the epoch's clock.
     pub fn next_chunk(
@@ -273,11 +274,11 @@ impl Dispatcher {
                         continue;
                     }
                     let size = if calibrated {
-                        match share(left, rank, counts, &live, &ahead_of) {
+                        match share(left, rank, counts, &live, &ahead_of, min_chunk) {
                             // It holds its part of the end already: more would keep the
                             // others waiting for it. It asks again when its work runs out.
                             0 => return None,
-                            size => size.max(min_chunk),
+                            size => size,
                         }
                     } else {
                         (batches / (world * 10)).max(min_chunk)
@@ -416,7 +417,10 @@ impl Dispatcher {
                             let held: Vec<usize> = (0..world)
                                 .map(|r| ((clock[r] - clock[q]).max(0.0) * speed(r)) as usize)
                                 .collect();
-                            share(remaining, q, counts, &self.live, &held).max(min_chunk)
+                            match share(remaining, q, counts, &self.live, &held, min_chunk) {
+                                0 => min_chunk,
+                                size => size,
+                            }
                         } else {
                             (self.batches / (world * 10)).max(min_chunk)
                         }
@@ -702,8 +706,18 @@ impl Dispatcher {
 /// Σheld) / Σcounts) − held[r]`): 0 when it holds that much already. The last bound only ever
 /// trims the chunk of a rank that asks while it still holds one: a slow rank that took chunks
 /// ahead into an epoch's pool while it was full would otherwise train them at the end while
-/// the fast ranks wait.
-fn share(left: usize, rank: usize, counts: &[usize], live: &[bool], held: &[usize]) -> usize {
+/// the fast ranks wait. A chunk (when not 0) holds at least `min_chunk` batches, or the rank's
+/// part of `left` when that is less: at the end of the run a slow rank's part is a batch or
+/// two, and a floor of `min_chunk` of its batches held every faster rank waiting for it (a
+/// 10× rank's 4 batches are 40 of the fastest rank's).
+fn share(
+    left: usize,
+    rank: usize,
+    counts: &[usize],
+    live: &[bool],
+    held: &[usize],
+    min_chunk: usize,
+) -> usize {
     let count = |r: usize| counts.get(r).copied().unwrap_or(1).max(1);
     let members = (0..live.len()).filter(|&r| live[r]);
     let speed: usize = members.clone().map(count).sum::<usize>().max(1);
@@ -711,5 +725,8 @@ fn share(left: usize, rank: usize, counts: &[usize], live: &[bool], held: &[usiz
     let mine = count(rank);
     let of_left = left.saturating_mul(mine).div_ceil(speed);
     let together = backlog.saturating_mul(mine).div_ceil(speed);
-    of_left.min(together.saturating_sub(held.get(rank).copied().unwrap_or(0))).min(2 * mine)
+    match of_left.min(together.saturating_sub(held.get(rank).copied().unwrap_or(0))).min(2 * mine) {
+        0 => 0,
+        size => size.max(min_chunk.min(of_left)),
+    }
 }

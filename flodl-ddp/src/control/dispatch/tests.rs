@@ -588,7 +588,7 @@ fn the_consensus_holds_every_position_once() -> TestResult {
     let (mut lost_reports, mut joins) = (0usize, 0usize);
     // Runs whose last reduce was forecast as such.
     let mut last_reduces = 0usize;
-    for case in 0..600 {
+    for case in 0..800 {
         let world = rng.random_range(2..6);
         let bs = rng.random_range(1..4);
         let batches = rng.random_range(world..50);
@@ -781,7 +781,8 @@ fn the_consensus_holds_every_position_once() -> TestResult {
 /// A chunk's share, against an f64 reference: a rank's part of what is left at its speed,
 /// at most two of its windows, and no more than takes it to `T = (left + Σheld) / Σcounts` over
 /// the live ranks (when all would finish together, counting what each holds untrained), each
-/// within a batch's rounding; nothing for a rank that holds that much already.
+/// within a batch's rounding; nothing for a rank that holds that much already; otherwise at
+/// least `min_chunk` batches, or the rank's part of what is left when that is less.
 #[test]
 fn a_share_never_takes_a_rank_past_the_common_end() -> TestResult {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x5ea2e);
@@ -793,21 +794,26 @@ fn a_share_never_takes_a_rank_past_the_common_end() -> TestResult {
         let rank = rng.random_range(0..world);
         live[rank] = true;
         let left = rng.random_range(1..3_000);
-        let size = share(left, rank, &counts, &live, &held);
+        let min_chunk = rng.random_range(1..9);
+        let size = share(left, rank, &counts, &live, &held, min_chunk);
         let members = || (0..world).filter(|&r| live[r]);
         let speed: f64 = members().map(|r| counts[r] as f64).sum();
         let backlog = left as f64 + members().map(|r| held[r] as f64).sum::<f64>();
         let c = counts[rank] as f64;
         let to_end = c * backlog / speed - held[rank] as f64;
-        let want = (c * left as f64 / speed).min(to_end).min(2.0 * c);
+        let of_left = c * left as f64 / speed;
+        let want = of_left.min(to_end).min(2.0 * c);
+        // The floor: `min_chunk`, or the rank's whole part of what is left when less.
+        let floor = (min_chunk as f64).min(of_left.ceil());
         let ctx = format!(
-            "case {case}: counts {counts:?} held {held:?} live {live:?} rank {rank} left {left}: \
-             {size}, {want:.3} wanted"
+            "case {case}: counts {counts:?} held {held:?} live {live:?} rank {rank} left {left} \
+             min chunk {min_chunk}: {size}, {want:.3} wanted, floor {floor}"
         );
         let ok = if to_end <= 1e-9 {
             size == 0
         } else {
-            (size as f64) >= want - 1e-9 && (size as f64) <= want + 1.0 + 1e-9
+            let size = size as f64;
+            size >= want.max(floor) - 1e-9 && size <= (want + 1.0).max(floor) + 1e-9
         };
         if !ok {
             return Err(ctx.into());
