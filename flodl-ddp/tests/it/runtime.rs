@@ -367,7 +367,12 @@ fn adam_trains_and_bad_configs_are_errors() -> TestResult {
         .run()?
         .join()?;
     let last = state.epochs.last().ok_or("no epoch")?;
-    assert!(last.avg_loss < 0.6, "adam loss {}", last.avg_loss);
+    // An untrained model's loss is ln 10 (2.30); the second epoch's mean local loss is
+    // 0.50–0.58 on an idle machine and reached 0.60 under load (the windows, so the averages,
+    // move with the timing): a third of the untrained loss leaves that room and still fails an
+    // optimizer that does not train or trains a tenth as fast (lr 0.0002: 1.84).
+    let bar = std::f64::consts::LN_10 / 3.0;
+    assert!(last.avg_loss < bar, "adam loss {} (bar {bar})", last.avg_loss);
     let bad = [
         trainer(2, Policy::Sync, Backend::Host, data.clone()).batch_size(0).run().err(),
         trainer(2, Policy::Sync, Backend::Host, data.clone()).slowdown(vec![0.5]).run().err(),
