@@ -172,14 +172,7 @@ fn evaluate_state(
     data: &dyn Dataset,
 ) -> anyhow::Result<EvalMetrics> {
     let stream = flodl_tensor::Stream::cpu_with_threads(1);
-    let ctx = ReplicaContext {
-        rank: 0,
-        world: 1,
-        device: flodl_tensor::Device::Cpu,
-        stream: stream.clone(),
-        batch_size: BATCH,
-        seed: 0,
-    };
+    let ctx = ReplicaContext::alone(stream.clone(), BATCH, 0);
     let mut replica = CandleReplica::new(Gpt::new(config, 0)?, gpt_optim(), &ctx)?;
     state.load_into(&mut replica, &stream)?;
     evaluate(&mut replica, data, 64, &stream)?.ok_or_else(|| anyhow::anyhow!("no evaluation"))
@@ -217,14 +210,7 @@ fn a_loaded_state_is_what_a_candle_replica_computes_with() -> anyhow::Result<()>
     let config = GptSize::Tiny.config();
     let data = Subset::first(Shakespeare::vendored(TextSplit::Valid)?.windows(config.context)?, 32);
     let stream = flodl_tensor::Stream::cpu_with_threads(1);
-    let ctx = |seed| ReplicaContext {
-        rank: 0,
-        world: 1,
-        device: flodl_tensor::Device::Cpu,
-        stream: stream.clone(),
-        batch_size: BATCH,
-        seed,
-    };
+    let ctx = |seed| ReplicaContext::alone(stream.clone(), BATCH, seed);
     let source = Gpt::new(config, 7)?;
     let state = TrainedState {
         params: host_tensors(source.vars())?,

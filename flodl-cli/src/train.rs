@@ -327,14 +327,7 @@ impl Data {
 fn train_eval(cfg: &TrainConfig, data: &Data, outcome: &Outcome, n: usize) -> Result<EvalMetrics> {
     let stream = Stream::cpu();
     let spec = &outcome.spec;
-    let ctx = ReplicaContext {
-        rank: 0,
-        world: 1,
-        device: Device::Cpu,
-        stream: stream.clone(),
-        batch_size: spec.batch_size,
-        seed: spec.seed,
-    };
+    let ctx = ReplicaContext::alone(stream.clone(), spec.batch_size, spec.seed);
     let mut replica = data.model.factory(cfg, &widths(cfg))(&ctx)
         .context("cannot build a replica to evaluate the returned model")?;
     outcome.state.load_into(replica.as_mut(), &stream)?;

@@ -176,14 +176,7 @@ pub(crate) fn train(
     let state = run.join()?;
     // The averaged model, loaded into a fresh replica and evaluated on its own stream.
     let stream = Stream::cpu_with_threads(1);
-    let ctx = ReplicaContext {
-        rank: 0,
-        world: 1,
-        device: stream.device(),
-        stream,
-        batch_size: 32,
-        seed: 0,
-    };
+    let ctx = ReplicaContext::alone(stream, 32, 0);
     let mut model = SoftmaxRegression::new(&ctx)?;
     state.load_into(&mut model, &ctx.stream)?;
     let eval = flodl_ddp::evaluate(&mut model, test.as_ref(), 256, &ctx.stream)?

@@ -152,6 +152,15 @@ pub struct ReplicaContext {
     pub seed: u64,
 }
 
+impl ReplicaContext {
+    /// The context of a replica outside any run: rank 0 of 1, on `stream` and its device (to
+    /// load and evaluate a returned state with
+    /// [`TrainedState::load_into`](crate::TrainedState::load_into)).
+    pub fn alone(stream: Stream, batch_size: usize, seed: u64) -> ReplicaContext {
+        ReplicaContext { rank: 0, world: 1, device: stream.device(), stream, batch_size, seed }
+    }
+}
+
 /// Loss and correct predictions of one evaluated batch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchEval {
